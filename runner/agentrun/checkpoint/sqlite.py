@@ -1,0 +1,398 @@
+"""The embedded checkpointer: one SQLite file, safe for several local processes.
+
+WAL mode lets readers proceed while one process writes; every write runs in
+``BEGIN IMMEDIATE``, which takes SQLite's single write lock up front. That
+lock plays the part of PostgreSQL's ``SELECT ... FOR UPDATE``: the version
+check and the insert of the next version happen with no other writer in
+between, so of two processes that loaded the same version exactly one
+commits and the other gets ``StaleStateError``.
+
+All SQL runs on one private worker thread per checkpointer (sqlite3
+connections are not shared across threads), so the event loop never blocks
+on disk I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ..errors import FencedError, StaleStateError, StorageError
+from ..messages import Message
+from .base import Checkpoint, Checkpointer, CheckpointWrite, Intent, LedgerEntry
+
+T = TypeVar("T")
+
+# The position of a migration in this list is the schema version it produces
+# (PRAGMA user_version). Append only; never edit a released step.
+MIGRATIONS: list[str] = [
+    # 1: threads, versioned states, messages
+    """
+    CREATE TABLE IF NOT EXISTS threads (
+        thread_id TEXT PRIMARY KEY,
+        created_at REAL NOT NULL
+    );
+    CREATE TABLE IF NOT EXISTS states (
+        thread_id TEXT NOT NULL REFERENCES threads(thread_id) ON DELETE CASCADE,
+        version INTEGER NOT NULL,
+        current_node TEXT,
+        step INTEGER NOT NULL,
+        status TEXT NOT NULL,
+        state_values TEXT NOT NULL,
+        meta TEXT NOT NULL,
+        message_count INTEGER NOT NULL,
+        created_at REAL NOT NULL,
+        UNIQUE (thread_id, version)
+    );
+    CREATE TABLE IF NOT EXISTS messages (
+        thread_id TEXT NOT NULL REFERENCES threads(thread_id) ON DELETE CASCADE,
+        idx INTEGER NOT NULL,
+        message_id TEXT,
+        body TEXT NOT NULL,
+        version INTEGER NOT NULL,
+        PRIMARY KEY (thread_id, idx)
+    );
+    """,
+    # 2: the tool ledger and intents
+    """
+    CREATE TABLE IF NOT EXISTS tool_executions (
+        thread_id TEXT NOT NULL REFERENCES threads(thread_id) ON DELETE CASCADE,
+        tool_call_id TEXT NOT NULL,
+        tool_name TEXT NOT NULL,
+        result TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        PRIMARY KEY (thread_id, tool_call_id)
+    );
+    CREATE TABLE IF NOT EXISTS tool_intents (
+        thread_id TEXT NOT NULL REFERENCES threads(thread_id) ON DELETE CASCADE,
+        tool_call_id TEXT NOT NULL,
+        tool_name TEXT NOT NULL,
+        idempotency_key TEXT,
+        started_at REAL NOT NULL,
+        PRIMARY KEY (thread_id, tool_call_id)
+    );
+    """,
+    # 3: stop requests and fencing
+    """
+    CREATE TABLE IF NOT EXISTS stop_requests (
+        thread_id TEXT PRIMARY KEY REFERENCES threads(thread_id) ON DELETE CASCADE,
+        reason TEXT NOT NULL,
+        requested_at REAL NOT NULL
+    );
+    CREATE TABLE IF NOT EXISTS attempts (
+        thread_id TEXT PRIMARY KEY REFERENCES threads(thread_id) ON DELETE CASCADE,
+        attempt INTEGER NOT NULL,
+        registered_at REAL NOT NULL
+    );
+    """,
+]
+
+_ENSURE_THREAD = "INSERT OR IGNORE INTO threads (thread_id, created_at) VALUES (?, ?)"
+_MAX_VERSION = "SELECT COALESCE(MAX(version), 0) FROM states WHERE thread_id = ?"
+_LATEST = """
+    SELECT version, current_node, step, status, state_values, meta, message_count, created_at
+    FROM states WHERE thread_id = ? ORDER BY version DESC LIMIT 1
+"""
+_INSERT_STATE = """
+    INSERT INTO states (thread_id, version, current_node, step, status, state_values, meta, message_count, created_at)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+"""
+# Upsert: an index below the stored count replaces a message (add_messages with a known id).
+_PUT_MESSAGE = """
+    INSERT INTO messages (thread_id, idx, message_id, body, version) VALUES (?, ?, ?, ?, ?)
+    ON CONFLICT (thread_id, idx) DO UPDATE SET message_id = excluded.message_id,
+        body = excluded.body, version = excluded.version
+"""
+# DO NOTHING: the first recorded result stays authoritative.
+_PUT_LEDGER = """
+    INSERT INTO tool_executions (thread_id, tool_call_id, tool_name, result, created_at) VALUES (?, ?, ?, ?, ?)
+    ON CONFLICT (thread_id, tool_call_id) DO NOTHING
+"""
+_PUT_INTENT = """
+    INSERT INTO tool_intents (thread_id, tool_call_id, tool_name, idempotency_key, started_at)
+    VALUES (?, ?, ?, ?, ?) ON CONFLICT (thread_id, tool_call_id) DO NOTHING
+"""
+
+
+def _dumps(value: Any) -> str:
+    try:
+        return json.dumps(value, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as e:
+        raise StorageError(f"state is not JSON-serializable: {e}") from e
+
+
+class SqliteCheckpointer(Checkpointer):
+    """``SqliteCheckpointer("agentrun.db")``; ``":memory:"`` works for one process."""
+
+    backend = "sqlite"
+
+    def __init__(self, path: str | Path = "agentrun.db", *, busy_timeout: float = 30.0) -> None:
+        self.path = str(path)
+        self.busy_timeout = busy_timeout
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentrun-sqlite")
+        self._conn: sqlite3.Connection | None = None
+
+    # -- plumbing ------------------------------------------------------------
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL" if self.path == ":memory:" else "PRAGMA synchronous=FULL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            self._conn = conn
+        return self._conn
+
+    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        def call() -> T:
+            return fn(self._connection())
+
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, call)
+        except sqlite3.Error as e:
+            raise StorageError(f"sqlite {self.path}: {e}") from e
+
+    @staticmethod
+    def _write_txn(conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            result = fn(conn)
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+        return result
+
+    @staticmethod
+    def _check_fence(conn: sqlite3.Connection, thread_id: str, attempt: int | None) -> None:
+        if attempt is None:
+            return
+        row = conn.execute("SELECT attempt FROM attempts WHERE thread_id = ?", (thread_id,)).fetchone()
+        if row is not None and attempt < row[0]:
+            raise FencedError(f"thread {thread_id!r}: attempt {attempt} is fenced off by newer attempt {row[0]}")
+
+    # -- schema ----------------------------------------------------------------
+
+    async def setup(self) -> None:
+        def migrate(conn: sqlite3.Connection) -> None:
+            if conn.execute("PRAGMA user_version").fetchone()[0] >= len(MIGRATIONS):
+                return  # fast path: already current, no write lock taken
+
+            def apply(c: sqlite3.Connection) -> None:
+                # Re-read under the write lock: another process may have migrated meanwhile.
+                current = c.execute("PRAGMA user_version").fetchone()[0]
+                for version, script in enumerate(MIGRATIONS[current:], start=current + 1):
+                    for statement in filter(str.strip, script.split(";")):
+                        c.execute(statement)
+                    c.execute(f"PRAGMA user_version = {version}")
+
+            self._write_txn(conn, apply)
+
+        await self._run(migrate)
+
+    async def aclose(self) -> None:
+        def close(conn: sqlite3.Connection) -> None:
+            conn.close()
+
+        if self._conn is not None:
+            await self._run(close)
+            self._conn = None
+        self._executor.shutdown(wait=True)
+
+    # -- state -------------------------------------------------------------------
+
+    async def aget(self, thread_id: str) -> Checkpoint | None:
+        def load(conn: sqlite3.Connection) -> Checkpoint | None:
+            # One read transaction so the state row and its messages are a consistent snapshot.
+            conn.execute("BEGIN")
+            try:
+                row = conn.execute(_LATEST, (thread_id,)).fetchone()
+                if row is None:
+                    return None
+                version, node, step, status, values, meta, count, created = row
+                bodies = conn.execute(
+                    "SELECT body FROM messages WHERE thread_id = ? AND idx < ? ORDER BY idx", (thread_id, count)
+                ).fetchall()
+            finally:
+                conn.execute("COMMIT")
+            return Checkpoint(
+                thread_id=thread_id,
+                version=version,
+                values=json.loads(values),
+                messages=[Message.from_json(json.loads(b)) for (b,) in bodies],
+                current_node=node,
+                step=step,
+                status=status,
+                meta=json.loads(meta),
+                created_at=created,
+            )
+
+        return await self._run(load)
+
+    async def aput(
+        self, thread_id: str, write: CheckpointWrite, *, expected_version: int, attempt: int | None = None
+    ) -> int:
+        values, meta = _dumps(write.values), _dumps(write.meta)
+        bodies = [(i, m.id, json.dumps(m.to_json(), separators=(",", ":"))) for i, m in write.messages]
+        now = time.time()
+
+        def put(conn: sqlite3.Connection) -> int:
+            conn.execute(_ENSURE_THREAD, (thread_id, now))
+            self._check_fence(conn, thread_id, attempt)
+            current = conn.execute(_MAX_VERSION, (thread_id,)).fetchone()[0]
+            if current != expected_version:
+                raise StaleStateError(thread_id, expected_version, current)
+            version = current + 1
+            conn.execute(
+                _INSERT_STATE,
+                (thread_id, version, write.current_node, write.step, write.status, values, meta,
+                 write.message_count, now),
+            )
+            conn.executemany(_PUT_MESSAGE, [(thread_id, i, mid, body, version) for i, mid, body in bodies])
+            return version
+
+        return await self._run(lambda conn: self._write_txn(conn, put))
+
+    # -- ledger and intents ------------------------------------------------------
+
+    async def ledger_get(self, thread_id: str, key: str) -> LedgerEntry | None:
+        def get(conn: sqlite3.Connection) -> LedgerEntry | None:
+            row = conn.execute(
+                "SELECT tool_name, result, created_at FROM tool_executions WHERE thread_id = ? AND tool_call_id = ?",
+                (thread_id, key),
+            ).fetchone()
+            if row is None:
+                return None
+            try:
+                result = json.loads(row[1])
+            except (TypeError, ValueError):
+                result = None  # unreadable: the engine treats it as a miss
+            return LedgerEntry(key, row[0], result, row[2])
+
+        return await self._run(get)
+
+    async def ledger_put(
+        self, thread_id: str, key: str, tool_name: str, result: Any, *, attempt: int | None = None
+    ) -> bool:
+        body, now = _dumps(result), time.time()
+
+        def put(conn: sqlite3.Connection) -> bool:
+            conn.execute(_ENSURE_THREAD, (thread_id, now))
+            self._check_fence(conn, thread_id, attempt)
+            return conn.execute(_PUT_LEDGER, (thread_id, key, tool_name, body, now)).rowcount == 1
+
+        return await self._run(lambda conn: self._write_txn(conn, put))
+
+    async def ledger_list(self, thread_id: str) -> list[LedgerEntry]:
+        def get(conn: sqlite3.Connection) -> list[LedgerEntry]:
+            rows = conn.execute(
+                "SELECT tool_call_id, tool_name, result, created_at FROM tool_executions "
+                "WHERE thread_id = ? ORDER BY created_at, tool_call_id",
+                (thread_id,),
+            ).fetchall()
+            entries = []
+            for key, name, body, created in rows:
+                try:
+                    result = json.loads(body)
+                except (TypeError, ValueError):
+                    result = None
+                entries.append(LedgerEntry(key, name, result, created))
+            return entries
+
+        return await self._run(get)
+
+    async def intent_get(self, thread_id: str, key: str) -> Intent | None:
+        def get(conn: sqlite3.Connection) -> Intent | None:
+            row = conn.execute(
+                "SELECT tool_name, idempotency_key, started_at FROM tool_intents "
+                "WHERE thread_id = ? AND tool_call_id = ?",
+                (thread_id, key),
+            ).fetchone()
+            return None if row is None else Intent(key, row[0], row[1], row[2])
+
+        return await self._run(get)
+
+    async def intent_put(
+        self,
+        thread_id: str,
+        key: str,
+        tool_name: str,
+        idempotency_key: str | None,
+        *,
+        attempt: int | None = None,
+    ) -> None:
+        now = time.time()
+
+        def put(conn: sqlite3.Connection) -> None:
+            conn.execute(_ENSURE_THREAD, (thread_id, now))
+            self._check_fence(conn, thread_id, attempt)
+            conn.execute(_PUT_INTENT, (thread_id, key, tool_name, idempotency_key, now))
+
+        await self._run(lambda conn: self._write_txn(conn, put))
+
+    # -- fencing, stop, threads ----------------------------------------------------
+
+    async def register_attempt(self, thread_id: str, attempt: int) -> None:
+        now = time.time()
+
+        def put(conn: sqlite3.Connection) -> None:
+            conn.execute(_ENSURE_THREAD, (thread_id, now))
+            self._check_fence(conn, thread_id, attempt)
+            conn.execute(
+                "INSERT INTO attempts (thread_id, attempt, registered_at) VALUES (?, ?, ?) "
+                "ON CONFLICT (thread_id) DO UPDATE SET attempt = excluded.attempt, "
+                "registered_at = excluded.registered_at",
+                (thread_id, attempt, now),
+            )
+
+        await self._run(lambda conn: self._write_txn(conn, put))
+
+    async def request_stop(self, thread_id: str, reason: str = "") -> None:
+        now = time.time()
+
+        def put(conn: sqlite3.Connection) -> None:
+            conn.execute(_ENSURE_THREAD, (thread_id, now))
+            conn.execute(
+                "INSERT INTO stop_requests (thread_id, reason, requested_at) VALUES (?, ?, ?) "
+                "ON CONFLICT (thread_id) DO NOTHING",
+                (thread_id, reason, now),
+            )
+
+        await self._run(lambda conn: self._write_txn(conn, put))
+
+    async def stop_requested(self, thread_id: str) -> str | None:
+        def get(conn: sqlite3.Connection) -> str | None:
+            row = conn.execute("SELECT reason FROM stop_requests WHERE thread_id = ?", (thread_id,)).fetchone()
+            return None if row is None else str(row[0])
+
+        return await self._run(get)
+
+    async def clear_stop(self, thread_id: str) -> None:
+        await self._run(
+            lambda conn: self._write_txn(
+                conn, lambda c: c.execute("DELETE FROM stop_requests WHERE thread_id = ?", (thread_id,))
+            )
+        )
+
+    async def delete_thread(self, thread_id: str) -> None:
+        await self._run(
+            lambda conn: self._write_txn(
+                conn, lambda c: c.execute("DELETE FROM threads WHERE thread_id = ?", (thread_id,))
+            )
+        )
+
+    async def list_threads(self) -> list[str]:
+        def get(conn: sqlite3.Connection) -> list[str]:
+            rows = conn.execute(
+                "SELECT thread_id FROM threads t WHERE EXISTS (SELECT 1 FROM states s WHERE s.thread_id = t.thread_id) "
+                "ORDER BY created_at"
+            ).fetchall()
+            return [r[0] for r in rows]
+
+        return await self._run(get)

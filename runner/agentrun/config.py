@@ -1,0 +1,99 @@
+"""Run configuration: deadlines, checkpoint cadence, recursion limit.
+
+Accepted as a plain dict (``{"thread_id": ..., "tool_timeout": 60}``), with
+LangGraph's ``{"configurable": {...}}`` nesting also understood. Deadlines
+follow one rule everywhere: ``None`` or a value <= 0 disables the deadline;
+a value that is not a number logs a warning and the default is used, so a
+typo in a manifest never turns a deadline off silently.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import AgentRunError
+
+log = logging.getLogger("agentrun.config")
+
+# Above the model adapter's 600 s request timeout, so a slow model fails with
+# its own error (MODEL_ERROR_...) rather than an anonymous node timeout.
+DEFAULT_NODE_TIMEOUT = 900.0
+DEFAULT_TOOL_TIMEOUT = 300.0
+DEFAULT_RECURSION_LIMIT = 50
+_UNSET = object()
+
+
+class ConfigError(AgentRunError):
+    code = "CONFIG_INVALID_001"
+
+
+def parse_timeout(name: str, value: Any, default: float) -> float | None:
+    """Return the deadline in seconds, or ``None`` when disabled."""
+    if value is _UNSET:
+        return default
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        log.warning("%s=%r is not a number; using the default %ss", name, value, default)
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        log.warning("%s=%r is not a number; using the default %ss", name, value, default)
+        return default
+    if math.isnan(seconds):
+        log.warning("%s=%r is not a number; using the default %ss", name, value, default)
+        return default
+    if seconds <= 0 or math.isinf(seconds):
+        return None
+    return seconds
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    thread_id: str
+    node_timeout: float | None = DEFAULT_NODE_TIMEOUT
+    tool_timeout: float | None = DEFAULT_TOOL_TIMEOUT
+    durable_checkpoint_every_step: bool = True
+    recursion_limit: int = DEFAULT_RECURSION_LIMIT
+    # The pod attempt that runs this, for fencing and log context (1 outside Kubernetes).
+    attempt: int = 1
+    # How often a running node checks for a stop request; the contract is "at least once per second".
+    stop_poll_interval: float = 0.5
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_any(cls, config: RunConfig | dict[str, Any] | None, *, default_thread: str | None = None) -> RunConfig:
+        if isinstance(config, RunConfig):
+            return config
+        raw = dict(config or {})
+        raw.update(raw.pop("configurable", None) or {})
+        thread_id = raw.pop("thread_id", None) or default_thread
+        if not thread_id or not isinstance(thread_id, str):
+            raise ConfigError("a run needs a thread id: config={'thread_id': '...'}")
+        recursion = raw.pop("recursion_limit", DEFAULT_RECURSION_LIMIT)
+        if isinstance(recursion, bool) or not isinstance(recursion, int) or recursion < 1:
+            log.warning("recursion_limit=%r is not a positive integer; using %s", recursion, DEFAULT_RECURSION_LIMIT)
+            recursion = DEFAULT_RECURSION_LIMIT
+        durable = raw.pop("durable_checkpoint_every_step", True)
+        if not isinstance(durable, bool):
+            log.warning("durable_checkpoint_every_step=%r is not a boolean; using true", durable)
+            durable = True
+        attempt = raw.pop("attempt", 1)
+        poll = raw.pop("stop_poll_interval", 0.5)
+        if not isinstance(poll, int | float) or not 0 < poll <= 1:
+            log.warning("stop_poll_interval=%r must be in (0, 1]; using 0.5", poll)
+            poll = 0.5
+        return cls(
+            thread_id=thread_id,
+            node_timeout=parse_timeout("node_timeout", raw.pop("node_timeout", _UNSET), DEFAULT_NODE_TIMEOUT),
+            tool_timeout=parse_timeout("tool_timeout", raw.pop("tool_timeout", _UNSET), DEFAULT_TOOL_TIMEOUT),
+            durable_checkpoint_every_step=durable,
+            recursion_limit=recursion,
+            attempt=int(attempt),
+            stop_poll_interval=float(poll),
+            extra=raw,
+        )

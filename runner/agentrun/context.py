@@ -1,0 +1,80 @@
+"""The per-run context that nodes, tools and ``interrupt()`` read through contextvars.
+
+Each node runs in its own asyncio task, which copies the context at
+creation, so concurrent runs in one process never see each other's context.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from .checkpoint.base import Checkpointer
+from .config import RunConfig
+
+
+class RunLogger(logging.LoggerAdapter[logging.Logger]):
+    """Prefixes every line with the thread and attempt, so interleaved runs stay readable."""
+
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        extra = self.extra or {}
+        return f"[thread={extra.get('thread_id')} attempt={extra.get('attempt')}] {msg}", kwargs
+
+
+def run_logger(name: str, thread_id: str, attempt: int) -> RunLogger:
+    return RunLogger(logging.getLogger(name), {"thread_id": thread_id, "attempt": attempt})
+
+
+@dataclass
+class ToolCounts:
+    executed: int = 0
+    replayed: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {"executed": self.executed, "replayed": self.replayed}
+
+
+@dataclass
+class RunContext:
+    config: RunConfig
+    checkpointer: Checkpointer
+    run_id: str
+    node: str
+    step: int
+    log: RunLogger
+    # Resume values by interrupt id, from Command(resume=...); survives a crash in the checkpoint.
+    resume: dict[str, Any] = field(default_factory=dict)
+    counts: ToolCounts = field(default_factory=ToolCounts)
+
+    @property
+    def thread_id(self) -> str:
+        return self.config.thread_id
+
+
+@dataclass
+class CallScope:
+    """Where an ``interrupt()`` happens: a node, or one tool call inside the tool node."""
+
+    name: str
+    counter: int = 0
+    tool_call_id: str | None = None
+
+    def next_interrupt_id(self, ctx: RunContext) -> str:
+        # Stable across the re-run of the node after resume: same run, step, node, call, position.
+        raw = f"{ctx.thread_id}|{ctx.run_id}|{ctx.step}|{ctx.node}|{self.name}|{self.counter}"
+        self.counter += 1
+        return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+current_run: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar("agentrun_run", default=None)
+current_scope: contextvars.ContextVar[CallScope | None] = contextvars.ContextVar("agentrun_scope", default=None)
+
+
+def get_run_context() -> RunContext:
+    ctx = current_run.get()
+    if ctx is None:
+        raise RuntimeError("no agentrun run is active here: call this from inside a node or a tool")
+    return ctx

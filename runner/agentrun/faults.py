@@ -1,0 +1,30 @@
+"""Named fault points for crash tests: the process SIGKILLs itself exactly there.
+
+Set ``AGENTRUN_FAULT_POINT`` to ``<point>`` or ``<point>:<detail>`` (for tool
+points the detail is the tool name), e.g. ``after_ledger_record:charge_card``.
+Unset (always, in production) a fault point costs one dict lookup. Points:
+
+- ``before_tool``          intent recorded, tool not started
+- ``after_tool``           tool returned, result not yet recorded
+- ``after_ledger_record``  result recorded, node not finished
+- ``before_checkpoint``    node finished, its checkpoint not written
+- ``after_checkpoint``     checkpoint committed, next node not started
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+_SPEC = os.environ.get("AGENTRUN_FAULT_POINT", "")
+_POINT, _, _DETAIL = _SPEC.partition(":")
+
+
+def fault_point(point: str, detail: str = "") -> None:
+    if not _POINT or point != _POINT or (_DETAIL and detail != _DETAIL):
+        return
+    # A marker the test can wait for; then a real SIGKILL: no finally blocks, no flushes.
+    sys.stderr.write(f"AGENTRUN-FAULT {point}:{detail} pid={os.getpid()}\n")
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,163 @@
+"""The graph builder: nodes, edges, conditional edges, ``START`` and ``END``.
+
+Building is pure; ``compile()`` validates the shape and hands it to the
+engine. Nodes run one at a time (parallelism lives inside the tool node),
+so every node has exactly one way out: a plain edge or a conditional edge.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .errors import GraphDefinitionError
+from .state import StateSchema
+
+if TYPE_CHECKING:
+    from .checkpoint.base import Checkpointer
+    from .engine import CompiledGraph
+
+START = "__start__"
+END = "__end__"
+
+NodeFn = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    fn: NodeFn
+    wants_config: bool
+
+
+@dataclass(frozen=True)
+class Branch:
+    """A conditional edge: ``path(state)`` names the next node, optionally through ``path_map``."""
+
+    path: Callable[[dict[str, Any]], Hashable]
+    path_map: dict[Hashable, str] | None
+
+    def resolve(self, state: dict[str, Any], source: str) -> str:
+        result = self.path(state)
+        if self.path_map is not None:
+            if result not in self.path_map:
+                raise GraphDefinitionError(
+                    f"conditional edge from {source!r} returned {result!r}, "
+                    f"which is not in its path map {sorted(map(str, self.path_map))}"
+                )
+            return self.path_map[result]
+        if not isinstance(result, str):
+            raise GraphDefinitionError(
+                f"conditional edge from {source!r} must return a node name, got {result!r}"
+            )
+        return result
+
+
+def _wants_config(fn: NodeFn) -> bool:
+    try:
+        params = [
+            p
+            for p in inspect.signature(fn).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+    except (TypeError, ValueError):
+        return False
+    return len(params) >= 2
+
+
+class StateGraph:
+    """Build a graph over a state schema (a ``TypedDict``; default: ``MessagesState``)."""
+
+    def __init__(self, state_schema: type | None = None) -> None:
+        self.schema = StateSchema(state_schema)
+        self.nodes: dict[str, Node] = {}
+        self.edges: dict[str, str] = {}
+        self.branches: dict[str, Branch] = {}
+
+    def add_node(self, name: str | NodeFn, fn: NodeFn | None = None) -> StateGraph:
+        """Add a node. ``fn(state)`` or ``fn(state, config)``, sync or async, returns an update dict."""
+        if fn is None:
+            if isinstance(name, str):
+                raise GraphDefinitionError(f"node {name!r} needs a function")
+            fn, name = name, getattr(name, "name", None) or name.__name__
+        assert isinstance(name, str)
+        if name in (START, END):
+            raise GraphDefinitionError(f"{name!r} is reserved")
+        if name in self.nodes:
+            raise GraphDefinitionError(f"node {name!r} is already defined")
+        self.nodes[name] = Node(name, fn, _wants_config(fn))
+        return self
+
+    def add_edge(self, source: str, target: str) -> StateGraph:
+        if source == END or target == START:
+            raise GraphDefinitionError(f"invalid edge {source!r} -> {target!r}")
+        if source in self.edges or source in self.branches:
+            raise GraphDefinitionError(
+                f"node {source!r} already has a way out; nodes run one at a time, "
+                "so use a conditional edge to choose between targets"
+            )
+        self.edges[source] = target
+        return self
+
+    def add_conditional_edges(
+        self,
+        source: str,
+        path: Callable[[dict[str, Any]], Hashable],
+        path_map: dict[Hashable, str] | Sequence[str] | None = None,
+    ) -> StateGraph:
+        if source in self.edges or source in self.branches:
+            raise GraphDefinitionError(f"node {source!r} already has a way out")
+        mapping: dict[Hashable, str] | None
+        if path_map is None or isinstance(path_map, dict):
+            mapping = path_map
+        else:
+            mapping = {name: name for name in path_map}
+        self.branches[source] = Branch(path, mapping)
+        return self
+
+    def set_entry_point(self, name: str) -> StateGraph:
+        return self.add_edge(START, name)
+
+    def set_finish_point(self, name: str) -> StateGraph:
+        return self.add_edge(name, END)
+
+    def validate(self) -> None:
+        if START not in self.edges and START not in self.branches:
+            raise GraphDefinitionError("the graph has no entry point: add_edge(START, <node>)")
+        known = set(self.nodes) | {END}
+        for source, target in self.edges.items():
+            if source != START and source not in self.nodes:
+                raise GraphDefinitionError(f"edge from unknown node {source!r}")
+            if target not in known:
+                raise GraphDefinitionError(f"edge {source!r} -> unknown node {target!r}")
+        for source, branch in self.branches.items():
+            if source != START and source not in self.nodes:
+                raise GraphDefinitionError(f"conditional edge from unknown node {source!r}")
+            for target in (branch.path_map or {}).values():
+                if target not in known:
+                    raise GraphDefinitionError(f"conditional edge {source!r} -> unknown node {target!r}")
+        for name in self.nodes:
+            if name not in self.edges and name not in self.branches:
+                raise GraphDefinitionError(
+                    f"node {name!r} has no way out: add_edge({name!r}, END) or a conditional edge"
+                )
+
+    def next_node(self, source: str, state: dict[str, Any]) -> str:
+        if source in self.edges:
+            return self.edges[source]
+        target = self.branches[source].resolve(state, source)
+        if target != END and target not in self.nodes:
+            raise GraphDefinitionError(f"conditional edge from {source!r} chose unknown node {target!r}")
+        return target
+
+    def compile(self, checkpointer: Checkpointer | None = None, *, name: str = "graph") -> CompiledGraph:
+        """Validate the graph and return a runnable app bound to ``checkpointer``.
+
+        Without a checkpointer the app keeps state in process memory only.
+        """
+        from .engine import CompiledGraph
+
+        self.validate()
+        return CompiledGraph(self, checkpointer=checkpointer, name=name)

@@ -1,0 +1,47 @@
+"""Prometheus metrics of the runtime; every name starts with ``agentrun_``.
+
+Registered on the default registry, which the runner pod serves on its
+``/metrics`` port. Labels are bounded sets (node and tool names come from
+the graph's code, never from user input).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+NODE_TIMEOUTS = Counter("agentrun_node_timeouts_total", "Nodes that exceeded node_timeout (NODE_TIMEOUT_001)", ["node"])
+TOOL_TIMEOUTS = Counter("agentrun_tool_timeouts_total", "Tool calls that exceeded tool_timeout (NODE_TIMEOUT_002)", ["tool"])
+TOOL_ERRORS = Counter(
+    "agentrun_tool_errors_total", "Tool calls that ended in a tool error message", ["tool", "reason"]
+)
+TOOL_CALLS = Counter(
+    "agentrun_tool_calls_total", "Tool calls by outcome (executed, replayed from the ledger)", ["tool", "outcome"]
+)
+LEDGER_HITS = Counter("agentrun_ledger_hits_total", "Tool calls answered from the ledger", ["tool"])
+LEDGER_RECORD_FAILURES = Counter(
+    "agentrun_ledger_record_failures_total", "Completed tool calls whose result could not be recorded", ["tool"]
+)
+LEDGER_READ_FAILURES = Counter(
+    "agentrun_ledger_read_failures_total", "Ledger lookups that failed or found a malformed entry", ["reason"]
+)
+IN_DOUBT = Counter(
+    "agentrun_tool_in_doubt_total", "Side-effect calls found started but unrecorded on replay", ["tool", "policy"]
+)
+STALE_STATE = Counter(
+    "agentrun_stale_state_conflicts_total", "Checkpoint writes rejected by optimistic concurrency (STORAGE_CONFLICT_001)"
+)
+FENCED = Counter("agentrun_fenced_writes_total", "Writes rejected because a newer attempt owns the thread")
+STOPS = Counter("agentrun_stops_total", "Runs ended by a stop request")
+INTERRUPTS = Counter("agentrun_interrupts_total", "Runs paused by interrupt()")
+STEP_SECONDS = Histogram(
+    "agentrun_step_duration_seconds",
+    "Wall time of one node execution",
+    ["node"],
+    buckets=(0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900),
+)
+CHECKPOINT_SECONDS = Histogram(
+    "agentrun_checkpoint_write_seconds",
+    "Wall time of one durable checkpoint write",
+    ["backend"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+)

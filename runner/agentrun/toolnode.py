@@ -1,0 +1,246 @@
+"""The tool node: runs the tool calls of the last assistant message, through the ledger.
+
+For each call: look the ledger up (a hit returns the recorded result and is
+logged as a replay); otherwise validate the arguments, record an intent for
+tools with side effects, run the tool under its deadline and record the
+result the moment it returns, before any sibling or the rest of the node
+continues. Several calls run concurrently; each gets a deep copy of the
+state and only the fields it changed are merged back (a single call uses the
+shared state). Every sibling is awaited; a failure becomes a tool error
+message for the model, never a node failure.
+
+Limit: a tool that never returns control (a blocking C call in a sync tool
+running in a thread) cannot be cancelled by a deadline or a stop; make
+tools async, or keep their blocking calls short.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from . import ledger
+from .context import CallScope, RunContext, current_scope, get_run_context
+from .errors import DeterminismError, FencedError, GraphInterrupt, NodeTimeoutError
+from .faults import fault_point
+from .interrupts import interrupt
+from .messages import Message, ToolCall, tool_message
+from .metrics import IN_DOUBT, TOOL_CALLS, TOOL_ERRORS, TOOL_TIMEOUTS
+from .state import MESSAGES, Replace, changed_fields, snapshot_fields
+from .tools import Tool, ToolArgumentError, tool
+
+# Errors that must end the node rather than become a message for the model.
+_FATAL = (DeterminismError, FencedError)
+
+
+def last_tool_request(state: dict[str, Any]) -> Message | None:
+    messages = state.get(MESSAGES) or []
+    if messages and messages[-1].role == "assistant" and messages[-1].tool_calls:
+        return messages[-1]  # type: ignore[no-any-return]
+    return None
+
+
+def tools_condition(state: dict[str, Any]) -> str:
+    """Conditional edge helper: ``"tools"`` if the last message asks for tools, else ``END``."""
+    from .graph import END
+
+    return "tools" if last_tool_request(state) is not None else END
+
+
+def _result_message(result: Any, call: ToolCall, tool_name: str, key: str | None) -> Message:
+    if isinstance(result, Message):
+        return result.model_copy(update={"role": "tool", "tool_call_id": call.id, "name": tool_name})
+    content = result if isinstance(result, str) else json.dumps(result, default=str, ensure_ascii=False)
+    message = tool_message(content, tool_call_id=call.id, name=tool_name)
+    if key is not None:
+        # The same id on every replay, so a replayed step produces the identical message.
+        message.id = "msg_" + hashlib.sha256(f"result\x00{key}".encode()).hexdigest()[:32]
+    return message
+
+
+class _ToolFailed(Exception):
+    """The tool raised or timed out; carries the error message for the model (never recorded)."""
+
+    def __init__(self, message: Message) -> None:
+        super().__init__(message.content)
+        self.message = message
+
+
+def _error_message(call: ToolCall, text: str, reason: str) -> Message:
+    TOOL_ERRORS.labels(call.name, reason).inc()
+    return tool_message(f"Error: {text}", tool_call_id=call.id, name=call.name, is_error=True)
+
+
+class ToolNode:
+    """A node that executes tool calls; ``graph.add_node("tools", ToolNode([...]))``."""
+
+    def __init__(self, tools: Sequence[Tool | Callable[..., Any]], *, name: str = "tools") -> None:
+        self.name = name
+        self.tools: dict[str, Tool] = {}
+        for item in tools:
+            t = item if isinstance(item, Tool) else tool(item)
+            self.tools[t.name] = t
+
+    async def __call__(self, state: dict[str, Any]) -> dict[str, Any] | None:
+        ctx = get_run_context()
+        request = last_tool_request(state)
+        if request is None:
+            return None
+        calls = request.tool_calls
+        baseline = snapshot_fields(state)
+        if len(calls) == 1:
+            branches = [state]
+        else:
+            branches = [{**copy.deepcopy(baseline), MESSAGES: list(state.get(MESSAGES, []))} for _ in calls]
+        outcomes = await asyncio.gather(
+            *(self._run_call(ctx, request.id, call, branch) for call, branch in zip(calls, branches, strict=True)),
+            return_exceptions=True,
+        )
+        messages: list[Message] = []
+        interrupts: list[Any] = []
+        for call, outcome in zip(calls, outcomes, strict=True):
+            if isinstance(outcome, GraphInterrupt):
+                interrupts.extend(outcome.interrupts)
+            elif isinstance(outcome, _FATAL):
+                raise outcome
+            elif isinstance(outcome, BaseException):
+                if not isinstance(outcome, Exception):
+                    raise outcome  # cancellation or stop: the node is ending
+                # _run_call turns every tool failure into a message; this is a bug in the tool node itself.
+                ctx.log.exception("tool node failed on call %s", call.id, exc_info=outcome)
+                messages.append(_error_message(call, f"{type(outcome).__name__}: {outcome}", "internal"))
+            else:
+                messages.append(outcome)
+        if interrupts:
+            # Siblings that finished are already in the ledger; on resume they replay.
+            raise GraphInterrupt(interrupts)
+        update: dict[str, Any] = {MESSAGES: messages}
+        for branch in branches:
+            for key, value in changed_fields(baseline, branch).items():
+                if key in update and not isinstance(update[key], Replace):
+                    continue
+                if key in update:
+                    ctx.log.warning("parallel tool calls both changed %r; the later call's value wins", key)
+                update[key] = Replace(value)
+        return update
+
+    async def _run_call(
+        self, ctx: RunContext, origin_id: str | None, call: ToolCall, state: dict[str, Any]
+    ) -> Message:
+        key = ledger.ledger_key(origin_id, call.id)
+        current_scope.set(CallScope(name=f"tool:{key or call.id or call.name}", tool_call_id=call.id))
+        t = self.tools.get(call.name)
+        if t is None:
+            known = ", ".join(sorted(self.tools)) or "none"
+            return _error_message(call, f"unknown tool {call.name!r} (available: {known})", "unknown_tool")
+        if key is None:
+            ctx.log.warning(
+                "tool call %s has no %s; the ledger is skipped and the tool runs",
+                call.name,
+                "message id" if not origin_id else "call id",
+            )
+        else:
+            recorded = await ledger.lookup(ctx, key, t.name)
+            if not ledger.is_miss(recorded):
+                ctx.counts.replayed += 1
+                TOOL_CALLS.labels(t.name, "replayed").inc()
+                ctx.log.info("replayed %s (%s) from the ledger; not executed again", key, t.name)
+                return _result_message(recorded, call, t.name, key)
+        try:
+            arguments = t.validate_arguments(call.parsed_arguments())
+        except (ValueError, ToolArgumentError) as e:
+            return _error_message(call, f"{call.name}: {e}", "invalid_arguments")
+        idem = ledger.idempotency_key(ctx.thread_id, key)
+        if t.side_effects and key is not None:
+            decided = await self._check_intent(ctx, t, key, idem, call, arguments)
+            if decided is not None:
+                return decided
+        fault_point("before_tool", t.name)
+        try:
+            result = await self._invoke(ctx, t, call, arguments, state, idem)
+        except _ToolFailed as failed:
+            return failed.message
+        ctx.counts.executed += 1
+        TOOL_CALLS.labels(t.name, "executed").inc()
+        fault_point("after_tool", t.name)
+        if key is not None:
+            await ledger.record(ctx, key, t.name, result)
+            fault_point("after_ledger_record", t.name)
+        return _result_message(result, call, t.name, key)
+
+    async def _check_intent(
+        self, ctx: RunContext, t: Tool, key: str, idem: str | None, call: ToolCall, arguments: dict[str, Any]
+    ) -> Message | None:
+        """Apply the in-doubt policy if a previous attempt started this call; else record the intent."""
+        try:
+            intent = await ctx.checkpointer.intent_get(ctx.thread_id, key)
+        except Exception as e:
+            ctx.log.warning("intent lookup failed for %s (%s); assuming the call never started", key, e)
+            intent = None
+        if intent is None:
+            try:
+                await ctx.checkpointer.intent_put(ctx.thread_id, key, t.name, idem, attempt=ctx.config.attempt)
+            except FencedError:
+                raise
+            except Exception as e:
+                ctx.log.error("could not record the intent of %s (%s): %s; running it anyway", key, t.name, e)
+            return None
+        IN_DOUBT.labels(t.name, t.in_doubt).inc()
+        if t.in_doubt == "retry":
+            ctx.log.warning(
+                "%s (%s) started before but its outcome was not recorded; retrying with the same idempotency key",
+                key,
+                t.name,
+            )
+            return None
+        if t.in_doubt == "report":
+            ctx.log.warning("%s (%s) is in doubt; not retried, reported to the model", key, t.name)
+            return _error_message(
+                call,
+                f"{t.name} was started earlier but its outcome is unknown (the process stopped before the "
+                f"result was recorded); it was not retried. Idempotency key: {idem}",
+                "in_doubt",
+            )
+        decision = interrupt(
+            {"reason": "in_doubt", "tool": t.name, "arguments": arguments, "idempotency_key": idem},
+            message=f"{t.name} started but its outcome is unknown; resume with \"retry\" or {{\"result\": ...}}",
+        )
+        if decision == "retry":
+            return None
+        if isinstance(decision, dict) and "result" in decision:
+            ctx.log.info("%s (%s) resolved by a human; recording the given result", key, t.name)
+            await ledger.record(ctx, key, t.name, decision["result"])
+            return _result_message(decision["result"], call, t.name, key)
+        return _error_message(
+            call, f"in-doubt call {t.name} was not resolved (resume value {decision!r} is not understood)", "in_doubt"
+        )
+
+    async def _invoke(
+        self,
+        ctx: RunContext,
+        t: Tool,
+        call: ToolCall,
+        arguments: dict[str, Any],
+        state: dict[str, Any],
+        idem: str | None,
+    ) -> Any:
+        timeout = ctx.config.tool_timeout if t.timeout is None else (t.timeout if t.timeout > 0 else None)
+        try:
+            async with asyncio.timeout(timeout):
+                return await t.ainvoke(arguments, state=state, idempotency_key=idem)
+        except TimeoutError:
+            TOOL_TIMEOUTS.labels(t.name).inc()
+            err = NodeTimeoutError(
+                f"tool {t.name} did not finish within {timeout:g}s", code=NodeTimeoutError.TOOL, timeout=timeout or 0
+            )
+            ctx.log.warning("%s", err)
+            raise _ToolFailed(_error_message(call, str(err), "timeout")) from None
+        except GraphInterrupt:
+            raise
+        except Exception as e:
+            ctx.log.warning("tool %s (call %s) raised %s: %s", t.name, call.id, type(e).__name__, e)
+            raise _ToolFailed(_error_message(call, f"{type(e).__name__}: {e}", "exception")) from e
