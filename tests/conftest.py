@@ -1,0 +1,55 @@
+"""Shared test configuration: tiers by directory, an event-loop leak guard, hermetic env.
+
+Tiers (the marker is added from the directory, so a test cannot end up untiered):
+- tests/unit:        pure, in-process, no services, no subprocesses.
+- tests/integration: real SQLite files, real subprocesses and signals, local HTTP servers.
+- tests/postgres:    the real PostgreSQL and Redis of this machine (own database / key prefix).
+- tests/cluster:     the emulated Kubernetes cluster with the real kubectl.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # `examples` is importable from tests, as from the CLI in the repo root
+
+_TIERS = {"unit": "unit", "integration": "integration", "postgres": "postgres", "cluster": "cluster", "chart": "chart"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        parts = Path(str(item.fspath)).relative_to(ROOT / "tests").parts
+        if parts and parts[0] in _TIERS:
+            item.add_marker(getattr(pytest.mark, _TIERS[parts[0]]))
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_tasks() -> Iterator[None]:
+    """A test that leaves asyncio tasks running on its loop fails (kopf's hygiene rule)."""
+    yield
+    try:
+        loop = asyncio.get_event_loop_policy().get_event_loop()
+    except RuntimeError:
+        return
+    if loop.is_closed():
+        return
+    pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    assert not pending, f"test leaked asyncio tasks: {pending}"
+
+
+@pytest.fixture
+def subprocess_env(tmp_path: Path) -> dict[str, str]:
+    """Environment for child processes: the repo importable, no inherited fault points."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTRUN_", "SUPPORT_"))}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
+    env["PYTHONUNBUFFERED"] = "1"
+    env["SUPPORT_EFFECTS_DB"] = str(tmp_path / "effects.db")
+    return env
