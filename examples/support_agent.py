@@ -60,7 +60,7 @@ def count_effects(path: str) -> dict[str, int]:
         conn.close()
 
 
-def _side_effect(tool_name: str, table: str, row: tuple[object, ...], order_id: str, key: str | None) -> bool:
+def _side_effect(tool_name: str, table: str, row: tuple[object, ...], order_id: str, key: str | None) -> None:
     """Log the invocation, then apply the effect once per idempotency key (as a provider would)."""
     delay = float(os.environ.get("SUPPORT_TOOL_DELAY", "0") or 0)
     if delay:
@@ -73,8 +73,7 @@ def _side_effect(tool_name: str, table: str, row: tuple[object, ...], order_id: 
                 (tool_name, order_id, key, time.time()),
             )
             placeholders = ", ".join("?" for _ in range(len(row) + 1))
-            cur = conn.execute(f"INSERT OR IGNORE INTO {table} VALUES ({placeholders})", (*row, time.time()))
-            return cur.rowcount == 1
+            conn.execute(f"INSERT OR IGNORE INTO {table} VALUES ({placeholders})", (*row, time.time()))
     finally:
         conn.close()
 
@@ -95,9 +94,10 @@ def lookup_order(order_id: str) -> dict[str, object]:
 def charge_card(order_id: str, idempotency_key: str | None = None) -> dict[str, object]:
     """Charge the customer's saved card for the order total."""
     order = _order(order_id)
-    new = _side_effect("charge_card", "charges", (idempotency_key, order_id, order["amount_cents"]), order_id,
-                       idempotency_key)
-    return {"status": "succeeded", "amount_cents": order["amount_cents"], "card": order["card"], "deduplicated": not new}
+    _side_effect("charge_card", "charges", (idempotency_key, order_id, order["amount_cents"]), order_id,
+                 idempotency_key)
+    # Like a real provider, a repeated idempotency key gets the original answer, not a second charge.
+    return {"status": "succeeded", "amount_cents": order["amount_cents"], "card": order["card"]}
 
 
 @tool(side_effects=True, in_doubt="retry")

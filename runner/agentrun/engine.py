@@ -27,9 +27,9 @@ import asyncio
 import inspect
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from .checkpoint.base import Checkpoint, Checkpointer, CheckpointWrite, RunStatus
 from .checkpoint.memory import InMemoryCheckpointer
@@ -156,7 +156,7 @@ class CompiledGraph:
     def stream(self, input: Any, config: RunConfig | dict[str, Any] | None = None) -> Iterator[StreamEvent]:
         """Blocking ``astream`` on a private event loop."""
         loop = asyncio.new_event_loop()
-        agen = self.astream(input, config).__aiter__()
+        agen = self.astream(input, config)
         try:
             while True:
                 try:
@@ -184,7 +184,7 @@ class CompiledGraph:
 
     async def astream(
         self, input: Any, config: RunConfig | dict[str, Any] | None = None
-    ) -> AsyncIterator[StreamEvent]:
+    ) -> AsyncGenerator[StreamEvent, None]:
         """Run the graph, yielding an event after each durable (or cached) step.
 
         See ``ainvoke`` for what is raised; ``astream`` ends with an ``end``
@@ -204,12 +204,12 @@ class CompiledGraph:
                 yield self._event("end", run, cfg, None, values=True)
                 return
             if run.step >= cfg.recursion_limit:
-                error = GraphRecursionError(
+                limit = GraphRecursionError(
                     f"recursion limit of {cfg.recursion_limit} steps reached before node {node_name!r}; "
                     "raise recursion_limit in the run config if the graph really needs more steps"
                 )
-                await self._fail(run, cfg, log, error)
-                raise error
+                await self._fail(run, cfg, log, limit)
+                raise limit
             node = self.graph.nodes[node_name]
             reason = await self._stop_reason(cfg, log)
             if reason is not None:
@@ -385,7 +385,7 @@ class CompiledGraph:
             current_scope.set(CallScope(name=node.name))
             args: tuple[Any, ...] = (dict(state), cfg) if node.wants_config else (dict(state),)
             fn = node.fn
-            if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
+            if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__):
                 return await fn(*args)
             result = await asyncio.to_thread(fn, *args)
             return await result if inspect.isawaitable(result) else result
@@ -422,7 +422,9 @@ class CompiledGraph:
         task.cancel()
         done, _ = await asyncio.wait({task}, timeout=CANCEL_GRACE_SECONDS)
         if not done:
-            log.error("node task %s ignored cancellation for %.0fs; abandoning it", task.get_name(), CANCEL_GRACE_SECONDS)
+            log.error(
+                "node task %s ignored cancellation for %.0fs; abandoning it", task.get_name(), CANCEL_GRACE_SECONDS
+            )
         elif not task.cancelled() and task.exception() is not None:
             log.debug("node task ended with %r while being cancelled", task.exception())
 
@@ -433,7 +435,7 @@ class CompiledGraph:
             log.warning("could not check for a stop request: %s", e)
             return None
 
-    async def _stopped(self, run: _Run, cfg: RunConfig, log: RunLogger, reason: str) -> None:
+    async def _stopped(self, run: _Run, cfg: RunConfig, log: RunLogger, reason: str) -> NoReturn:
         """Persist the stop, acknowledge the request and raise ``RunStopped``."""
         run.meta["stop_reason"] = reason
         await self._finish(run, cfg, log, "stopped")

@@ -109,11 +109,9 @@ class StateGraph:
     ) -> StateGraph:
         if source in self.edges or source in self.branches:
             raise GraphDefinitionError(f"node {source!r} already has a way out")
-        mapping: dict[Hashable, str] | None
-        if path_map is None or isinstance(path_map, dict):
-            mapping = path_map
-        else:
-            mapping = {name: name for name in path_map}
+        mapping: dict[Hashable, str] | None = (
+            path_map if path_map is None or isinstance(path_map, dict) else {name: name for name in path_map}
+        )
         self.branches[source] = Branch(path, mapping)
         return self
 

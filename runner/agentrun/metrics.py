@@ -9,8 +9,12 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Histogram
 
-NODE_TIMEOUTS = Counter("agentrun_node_timeouts_total", "Nodes that exceeded node_timeout (NODE_TIMEOUT_001)", ["node"])
-TOOL_TIMEOUTS = Counter("agentrun_tool_timeouts_total", "Tool calls that exceeded tool_timeout (NODE_TIMEOUT_002)", ["tool"])
+NODE_TIMEOUTS = Counter(
+    "agentrun_node_timeouts_total", "Nodes that exceeded node_timeout (NODE_TIMEOUT_001)", ["node"]
+)
+TOOL_TIMEOUTS = Counter(
+    "agentrun_tool_timeouts_total", "Tool calls that exceeded tool_timeout (NODE_TIMEOUT_002)", ["tool"]
+)
 TOOL_ERRORS = Counter(
     "agentrun_tool_errors_total", "Tool calls that ended in a tool error message", ["tool", "reason"]
 )
@@ -28,7 +32,8 @@ IN_DOUBT = Counter(
     "agentrun_tool_in_doubt_total", "Side-effect calls found started but unrecorded on replay", ["tool", "policy"]
 )
 STALE_STATE = Counter(
-    "agentrun_stale_state_conflicts_total", "Checkpoint writes rejected by optimistic concurrency (STORAGE_CONFLICT_001)"
+    "agentrun_stale_state_conflicts_total",
+    "Checkpoint writes rejected by optimistic concurrency (STORAGE_CONFLICT_001)",
 )
 FENCED = Counter("agentrun_fenced_writes_total", "Writes rejected because a newer attempt owns the thread")
 STOPS = Counter("agentrun_stops_total", "Runs ended by a stop request")
@@ -44,4 +49,12 @@ CHECKPOINT_SECONDS = Histogram(
     "Wall time of one durable checkpoint write",
     ["backend"],
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+)
+MODEL_REQUEST_SECONDS = Histogram(
+    "agentrun_model_request_seconds",
+    "Wall time of one HTTP attempt to a model endpoint (each retry is observed on its own)",
+    buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+)
+MODEL_ERRORS = Counter(
+    "agentrun_model_errors_total", "Model calls that ended in a ModelError (after retries), by code", ["code"]
 )

@@ -1,4 +1,4 @@
-from agentrun import InMemoryCheckpointer, StateGraph, START, END, assistant
+from agentrun import END, START, InMemoryCheckpointer, StateGraph, assistant
 
 
 async def test_two_node_graph_completes_and_persists() -> None:

@@ -5,7 +5,6 @@ from .memory import InMemoryCheckpointer
 from .sqlite import SqliteCheckpointer
 
 
-
 def from_url(url: str) -> Checkpointer:
     """A checkpointer for a store URL: ``sqlite:///path/file.db``, ``memory://``, ``postgresql://...``.
 
@@ -25,7 +24,6 @@ def from_url(url: str) -> Checkpointer:
 
 
 __all__ = [
-    "from_url",
     "Checkpoint",
     "CheckpointWrite",
     "Checkpointer",
@@ -33,4 +31,5 @@ __all__ = [
     "Intent",
     "LedgerEntry",
     "SqliteCheckpointer",
+    "from_url",
 ]

@@ -245,7 +245,7 @@ class SqliteCheckpointer(Checkpointer):
         def put(conn: sqlite3.Connection) -> int:
             conn.execute(_ENSURE_THREAD, (thread_id, now))
             self._check_fence(conn, thread_id, attempt)
-            current = conn.execute(_MAX_VERSION, (thread_id,)).fetchone()[0]
+            current = int(conn.execute(_MAX_VERSION, (thread_id,)).fetchone()[0])
             if current != expected_version:
                 raise StaleStateError(thread_id, expected_version, current)
             version = current + 1

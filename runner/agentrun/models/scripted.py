@@ -10,7 +10,7 @@ import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from ..messages import Message, assistant
+from ..messages import Message, assistant, new_message_id
 from ..state import MESSAGES
 
 Respond = Callable[[Sequence[Message]], Message | str | Awaitable[Message | str]]
@@ -34,7 +34,9 @@ class ScriptedModel:
                 raise IndexError(f"scripted model has {len(replies)} replies, asked for reply {turn + 1}")
             reply = replies[turn]
             # A fresh copy each time: the same script must not reuse one message id across threads.
-            return reply.model_copy(update={"id": Message(role="assistant").id}) if isinstance(reply, Message) else reply
+            if isinstance(reply, Message):
+                return reply.model_copy(update={"id": new_message_id()})
+            return reply
 
         return cls(respond, name=name)
 

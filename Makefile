@@ -1,0 +1,38 @@
+# agentrun developer commands. Everything installs into ./.venv from pyproject.toml.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: dev test test-unit test-integration test-postgres lint demo clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	touch $(STAMP)
+
+dev: $(STAMP)  ## create .venv with the project and its test/lint tools
+
+test: $(STAMP)  ## every tier; needs PostgreSQL and Redis on 127.0.0.1 (.ci/run starts them)
+	$(BIN)/pytest -q
+
+test-unit: $(STAMP)
+	$(BIN)/pytest -q tests/unit
+
+test-integration: $(STAMP)
+	$(BIN)/pytest -q tests/integration
+
+test-postgres: $(STAMP)
+	$(BIN)/pytest -q tests/postgres
+
+lint: $(STAMP)  ## ruff, mypy --strict, import layers
+	$(BIN)/ruff check runner operator tests examples
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+demo: $(STAMP)  ## the support agent on SQLite: SIGKILL mid-tool, resume, charged once
+	$(BIN)/python examples/crash_resume_demo.py
+
+clean:
+	rm -rf $(VENV) .demo .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,211 @@
+"""The ``agentrun`` command: run a graph on a thread, inspect it, stop it.
+
+    agentrun run GRAPH_REF --thread-id ID --input TEXT   start a turn, streaming each step
+    agentrun run GRAPH_REF --thread-id ID                resume the thread's unfinished run
+    agentrun run GRAPH_REF --thread-id ID --resume JSON  answer a pending interrupt
+    agentrun state --thread-id ID                        version, node, step, messages, ledger
+    agentrun stop --thread-id ID                         ask the running process to stop
+
+The store defaults to a SQLite file ``agentrun.db`` in the current directory
+(``--store`` or ``AGENTRUN_STORE`` to change it). Exit codes match the runner
+pod: 0 completed, 3 interrupted, 4 stopped, 5 failed; 2 for a usage error
+(bad graph reference, unknown thread, bad JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from .checkpoint import Checkpointer, from_url
+from .errors import AgentRunError, GraphReferenceError, RunStopped, ThreadStateError
+from .interrupts import Command
+from .loader import compile_reference
+from .messages import Message
+
+EXIT_OK, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_STOPPED, EXIT_FAILED = 0, 2, 3, 4, 5
+DEFAULT_STORE = "sqlite:///agentrun.db"
+
+
+class UsageError(Exception):
+    pass
+
+
+def _describe(message: Message, width: int = 160) -> str:
+    if message.tool_calls:
+        calls = ", ".join(f"{c.name}({c.id})" for c in message.tool_calls)
+        text = f"{message.role}: calls {calls}"
+    elif message.role == "tool":
+        text = f"tool {message.name}{' ERROR' if message.is_error else ''}: {message.content}"
+    else:
+        text = f"{message.role}: {message.content}"
+    text = text.replace("\n", " ")
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _json_arg(name: str, raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{name} is not valid JSON: {e.msg} at position {e.pos}") from None
+
+
+async def _run(args: argparse.Namespace, checkpointer: Checkpointer) -> int:
+    app = compile_reference(args.graph, checkpointer)
+    config: dict[str, Any] = _json_arg("--config", args.config) if args.config else {}
+    if not isinstance(config, dict):
+        raise UsageError("--config must be a JSON object")
+    config["thread_id"] = args.thread_id
+    payload: Any
+    if args.resume is not None:
+        payload = Command(resume=_json_arg("--resume", args.resume))
+    elif args.input is not None:
+        payload = args.input
+    else:
+        payload = None
+    async for event in app.astream(payload, config):
+        if event.kind == "step":
+            print(f"[step {event.step}] {event.node}  version {event.version}", flush=True)
+            for message in event.new_messages:
+                print(f"    {_describe(message)}", flush=True)
+        elif event.kind == "interrupt":
+            print(f"interrupted at node {event.node} (version {event.version}); waiting for a human:")
+            for pending in event.interrupts:
+                print(f"    id {pending.id}: {pending.message or '(no message)'}")
+                print(f"        payload: {json.dumps(pending.payload, default=str)[:500]}")
+            example = json.dumps({i.id: "..." for i in event.interrupts})
+            print(f"resume with: agentrun run {args.graph} --thread-id {args.thread_id} --resume '{example}'")
+            return EXIT_INTERRUPTED
+        else:
+            snapshot = await app.aget_state(args.thread_id)
+            counts = (snapshot.meta.get("tool_calls") if snapshot else None) or {}
+            print(
+                f"completed: thread {args.thread_id} at version {event.version}, step {event.step} "
+                f"({counts.get('executed', 0)} tool calls executed, {counts.get('replayed', 0)} replayed)",
+                flush=True,
+            )
+    return EXIT_OK
+
+
+async def _state(args: argparse.Namespace, checkpointer: Checkpointer) -> int:
+    checkpoint = await checkpointer.aget(args.thread_id)
+    if checkpoint is None:
+        raise UsageError(f"thread {args.thread_id!r} not found in {args.store}")
+    ledger = await checkpointer.ledger_list(args.thread_id)
+    stop = await checkpointer.stop_requested(args.thread_id)
+    if args.json:
+        print(json.dumps({
+            "thread_id": checkpoint.thread_id,
+            "version": checkpoint.version,
+            "status": checkpoint.status,
+            "current_node": checkpoint.current_node,
+            "step": checkpoint.step,
+            "meta": checkpoint.meta,
+            "values": checkpoint.values,
+            "messages": [m.to_json() for m in checkpoint.messages],
+            "ledger": [{"key": e.key, "tool": e.tool_name, "result": e.result} for e in ledger],
+            "stop_requested": stop,
+        }, indent=2, default=str))
+        return EXIT_OK
+    print(f"thread:   {checkpoint.thread_id}")
+    print(f"status:   {checkpoint.status}" + (" (stop requested)" if stop is not None else ""))
+    print(f"version:  {checkpoint.version}")
+    print(f"node:     {checkpoint.current_node}")
+    print(f"step:     {checkpoint.step}")
+    if checkpoint.meta.get("error"):
+        error = checkpoint.meta["error"]
+        print(f"error:    {error.get('code')}: {error.get('message')}")
+    for pending in checkpoint.interrupts:
+        print(f"interrupt {pending['id']}: {pending.get('message') or ''}")
+    if checkpoint.values:
+        print(f"values:   {json.dumps(checkpoint.values, default=str)[:500]}")
+    print(f"messages ({len(checkpoint.messages)}):")
+    for message in checkpoint.messages:
+        print(f"    {_describe(message)}")
+    print(f"ledger ({len(ledger)} entries):")
+    for entry in ledger:
+        print(f"    {entry.key}  {entry.tool_name}")
+    return EXIT_OK
+
+
+async def _stop(args: argparse.Namespace, checkpointer: Checkpointer) -> int:
+    checkpoint = await checkpointer.aget(args.thread_id)
+    if checkpoint is None:
+        raise UsageError(f"thread {args.thread_id!r} not found in {args.store}")
+    await checkpointer.request_stop(args.thread_id, args.reason)
+    if checkpoint.status in ("running", "failed"):
+        print(f"stop requested for thread {args.thread_id}; a process running it stops within about a second")
+    else:
+        print(f"stop requested for thread {args.thread_id} (status {checkpoint.status}); "
+              "its next run will stop before running a node")
+    return EXIT_OK
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="agentrun", description="Run durable agent graphs.")
+    parser.add_argument("--store", default=os.environ.get("AGENTRUN_STORE", DEFAULT_STORE),
+                        help="store URL: sqlite:///path.db (default sqlite:///agentrun.db) or postgresql://...")
+    parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors on stderr")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser("run", help="run or resume a graph on a thread")
+    run.add_argument("graph", help="graph reference, module:attribute (e.g. examples.support_agent:app)")
+    run.add_argument("--thread-id", required=True)
+    what = run.add_mutually_exclusive_group()
+    what.add_argument("--input", help="the user's message; omit to resume the thread's unfinished run")
+    what.add_argument("--resume", help="JSON resume value for a pending interrupt, or {interrupt_id: value}")
+    run.add_argument("--config", help='run config JSON, e.g. \'{"tool_timeout": 60}\'')
+
+    state = commands.add_parser("state", help="show a thread's state, messages and ledger")
+    state.add_argument("--thread-id", required=True)
+    state.add_argument("--json", action="store_true")
+
+    stop = commands.add_parser("stop", help="ask the process running a thread to stop")
+    stop.add_argument("--thread-id", required=True)
+    stop.add_argument("--reason", default="requested from the command line")
+    return parser
+
+
+async def _main(args: argparse.Namespace) -> int:
+    try:
+        checkpointer = from_url(args.store)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    try:
+        await checkpointer.setup()
+        handler = {"run": _run, "state": _state, "stop": _stop}[args.command]
+        return await handler(args, checkpointer)
+    finally:
+        await checkpointer.aclose()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.WARNING if args.quiet else logging.INFO,
+        stream=sys.stderr,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return asyncio.run(_main(args))
+    except (UsageError, GraphReferenceError, ThreadStateError) as e:
+        print(f"agentrun: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except RunStopped as e:
+        print(f"stopped: {e}", file=sys.stderr)
+        return EXIT_STOPPED
+    except AgentRunError as e:
+        print(f"agentrun: failed: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
