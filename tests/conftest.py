@@ -12,14 +12,18 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
+from agentrun.checkpoint import Checkpointer
+
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # `examples` is importable from tests, as from the CLI in the repo root
+
+from tests.support.checkpointers import BACKENDS, Backend, postgres_unavailable  # noqa: E402
 
 _TIERS = {"unit": "unit", "integration": "integration", "postgres": "postgres", "cluster": "cluster", "chart": "chart"}
 
@@ -27,7 +31,9 @@ _TIERS = {"unit": "unit", "integration": "integration", "postgres": "postgres", 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         parts = Path(str(item.fspath)).relative_to(ROOT / "tests").parts
-        if parts and parts[0] in _TIERS:
+        # A parameter may carry its own tier (the postgres backend of the shared checkpointer
+        # suite in tests/unit): it keeps that tier, so `-m unit` never needs a server.
+        if parts and parts[0] in _TIERS and not any(item.iter_markers(name) for name in _TIERS.values()):
             item.add_marker(getattr(pytest.mark, _TIERS[parts[0]]))
 
 
@@ -43,6 +49,24 @@ def _no_leaked_tasks() -> Iterator[None]:
         return
     pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
     assert not pending, f"test leaked asyncio tasks: {pending}"
+
+
+@pytest.fixture(params=BACKENDS)
+async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
+    """One store per test, once per checkpointer backend (tests/support/checkpointers.py lists them)."""
+    if request.param == "postgres" and (reason := postgres_unavailable()):
+        pytest.skip(reason)
+    store = Backend(request.param, tmp_path)
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+@pytest.fixture
+async def checkpointer(backend: Backend) -> Checkpointer:
+    """A set-up checkpointer of the current backend; ``backend.open()`` gives a second one on the same store."""
+    return await backend.open()
 
 
 @pytest.fixture

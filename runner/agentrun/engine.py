@@ -54,6 +54,7 @@ from .interrupts import Command, Interrupt
 from .messages import Message, user
 from .metrics import CHECKPOINT_SECONDS, FENCED, INTERRUPTS, NODE_TIMEOUTS, STALE_STATE, STEP_SECONDS, STOPS
 from .state import MESSAGES
+from .sync import run_sync
 
 if TYPE_CHECKING:
     from .graph import Node, StateGraph
@@ -387,7 +388,7 @@ class CompiledGraph:
             fn = node.fn
             if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__):
                 return await fn(*args)
-            result = await asyncio.to_thread(fn, *args)
+            result = await run_sync(fn, *args)
             return await result if inspect.isawaitable(result) else result
 
         task = asyncio.create_task(body(), name=f"agentrun:{cfg.thread_id}:{node.name}")

@@ -20,12 +20,13 @@ applies ``in_doubt``:
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal, overload
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+
+from .sync import run_sync
 
 InDoubtPolicy = Literal["retry", "report", "interrupt"]
 INJECTED = frozenset({"state", "idempotency_key"})
@@ -88,7 +89,7 @@ class Tool:
             kwargs["idempotency_key"] = idempotency_key
         if inspect.iscoroutinefunction(self.fn):
             return await self.fn(**kwargs)
-        result = await asyncio.to_thread(self.fn, **kwargs)
+        result = await run_sync(self.fn, **kwargs)
         if inspect.isawaitable(result):
             return await result
         return result

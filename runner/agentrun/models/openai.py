@@ -184,7 +184,7 @@ class OpenAIChatModel:
         session = self._sessions.get(loop)
         if session is None or session.closed:
             self._forget_dead_loops()
-            timeout = aiohttp.ClientTimeout(total=self.request_timeout)
+            timeout = aiohttp.ClientTimeout(total=None)
             session = aiohttp.ClientSession(timeout=timeout)
             self._sessions[loop] = session
         return session
