@@ -18,7 +18,9 @@ REQUEST = "charge my saved card for order 4821 and email me the receipt"
 GRAPH = "examples.support_agent:app"
 
 
-def cli(env: dict[str, str], *args: str, timeout: float = 60, exe: str | None = None) -> subprocess.CompletedProcess[str]:
+def cli(
+    env: dict[str, str], *args: str, timeout: float = 60, exe: str | None = None
+) -> subprocess.CompletedProcess[str]:
     cmd = [exe] if exe else [sys.executable, "-m", "agentrun.cli"]
     return subprocess.run([*cmd, *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
@@ -83,7 +85,7 @@ def test_cli_stop_ends_a_run_hung_in_a_tool(env: dict[str, str]) -> None:
     finally:
         proc.kill()
         proc.wait()
-    out, err = proc.communicate()
+    _, err = proc.communicate()
     assert code == 4, f"a stopped run exits 4, got {code}\n{err}"
     assert latency < 10, f"stop took {latency:.1f}s"
     state = json.loads(cli(env, "state", "--thread-id", "t-stop", "--json").stdout)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from examples.support_agent import count_effects
 
 REQUEST = "charge my saved card for order 4821 and email me the receipt"

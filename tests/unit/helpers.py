@@ -1,0 +1,68 @@
+"""Small graphs and tools shared by the unit tests."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from agentrun import END, START, Message, StateGraph, ToolCall, ToolNode, assistant, tools_condition
+from agentrun.checkpoint import Checkpointer
+from agentrun.engine import CompiledGraph
+from agentrun.models import ScriptedModel
+from agentrun.tools import Tool
+
+
+def call(call_id: str | None, name: str, **arguments: Any) -> ToolCall:
+    return ToolCall(id=call_id, name=name, arguments=json.dumps(arguments))
+
+
+def calling_model(calls: Sequence[ToolCall], *, id_less: bool = False, final: str = "done") -> ScriptedModel:
+    """Answers a user message with one assistant message asking for ``calls``, anything else with ``final``.
+
+    ``id_less`` gives that message no id (so the ledger has no key for its calls).
+    """
+
+    def respond(messages: Sequence[Message]) -> Message:
+        if messages[-1].role == "user":
+            return assistant(tool_calls=list(calls), id=None) if id_less else assistant(tool_calls=list(calls))
+        return assistant(final)
+
+    return ScriptedModel(respond)
+
+
+def tool_graph(
+    tools: Sequence[Tool | Callable[..., Any]],
+    model: ScriptedModel | Callable[..., Any],
+    *,
+    schema: type | None = None,
+) -> StateGraph:
+    """model -> tools -> model ... -> END, the shape of every agent."""
+    graph = StateGraph(schema)
+    graph.add_node("model", model)
+    graph.add_node("tools", ToolNode(list(tools)))
+    graph.add_edge(START, "model")
+    graph.add_conditional_edges("model", tools_condition, {"tools": "tools", END: END})
+    graph.add_edge("tools", "model")
+    return graph
+
+
+def app_for(
+    tools: Sequence[Tool | Callable[..., Any]],
+    calls: Sequence[ToolCall],
+    checkpointer: Checkpointer,
+    *,
+    schema: type | None = None,
+    id_less: bool = False,
+) -> CompiledGraph:
+    return tool_graph(tools, calling_model(calls, id_less=id_less), schema=schema).compile(checkpointer)
+
+
+def tool_messages(values: dict[str, Any]) -> dict[str | None, Message]:
+    """The tool result messages of the last turn, by tool call id."""
+    return {m.tool_call_id: m for m in values["messages"] if m.role == "tool"}
+
+
+def records(caplog: Any, level: int = logging.DEBUG) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= level]
