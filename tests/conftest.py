@@ -10,9 +10,10 @@ Tiers (the marker is added from the directory, so a test cannot end up untiered)
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -35,19 +36,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         # suite in tests/unit): it keeps that tier, so `-m unit` never needs a server.
         if parts and parts[0] in _TIERS and not any(item.iter_markers(name) for name in _TIERS.values()):
             item.add_marker(getattr(pytest.mark, _TIERS[parts[0]]))
+        # First in line, so it is torn down after every other fixture (servers, sessions) of the test.
+        if isinstance(item, pytest.Function) and inspect.iscoroutinefunction(item.obj):
+            item.fixturenames.insert(0, "no_leaked_tasks")
 
 
-@pytest.fixture(autouse=True)
-def _no_leaked_tasks() -> Iterator[None]:
-    """A test that leaves asyncio tasks running on its loop fails (kopf's hygiene rule)."""
+@pytest.fixture
+async def no_leaked_tasks() -> AsyncIterator[None]:
+    """An async test that leaves asyncio tasks running on its loop fails (kopf's hygiene rule)."""
     yield
-    try:
-        loop = asyncio.get_event_loop_policy().get_event_loop()
-    except RuntimeError:
-        return
-    if loop.is_closed():
-        return
-    pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    await asyncio.sleep(0)
+    pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
     assert not pending, f"test leaked asyncio tasks: {pending}"
 
 

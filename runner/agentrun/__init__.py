@@ -7,7 +7,7 @@ ledger instead of executed twice.
 
 from .checkpoint import Checkpointer, InMemoryCheckpointer, SqliteCheckpointer
 from .config import RunConfig
-from .engine import CompiledGraph, StateSnapshot, StreamEvent
+from .engine import CompiledGraph, Preemption, StateSnapshot, StreamEvent
 from .errors import (
     AgentRunError,
     DeterminismError,
@@ -18,6 +18,7 @@ from .errors import (
     ModelError,
     NodeError,
     NodeTimeoutError,
+    RunPreempted,
     RunStopped,
     StaleStateError,
     StorageError,
@@ -51,7 +52,9 @@ __all__ = [
     "NodeError",
     "NodeTimeoutError",
     "Replace",
+    "Preemption",
     "RunConfig",
+    "RunPreempted",
     "RunStopped",
     "SqliteCheckpointer",
     "StaleStateError",

@@ -61,6 +61,9 @@ class RunConfig:
     recursion_limit: int = DEFAULT_RECURSION_LIMIT
     # The pod attempt that runs this, for fencing and log context (1 outside Kubernetes).
     attempt: int = 1
+    # The AgentRun (or other caller) this turn belongs to; recorded in the checkpoint so a
+    # rescheduled pod can tell "my turn already finished" from "a new turn to start".
+    run_uid: str | None = None
     # How often a running node checks for a stop request; the contract is "at least once per second".
     stop_poll_interval: float = 0.5
     extra: dict[str, Any] = field(default_factory=dict)
@@ -83,6 +86,7 @@ class RunConfig:
             log.warning("durable_checkpoint_every_step=%r is not a boolean; using true", durable)
             durable = True
         attempt = raw.pop("attempt", 1)
+        run_uid = raw.pop("run_uid", None)
         poll = raw.pop("stop_poll_interval", 0.5)
         if not isinstance(poll, int | float) or not 0 < poll <= 1:
             log.warning("stop_poll_interval=%r must be in (0, 1]; using 0.5", poll)
@@ -94,6 +98,7 @@ class RunConfig:
             durable_checkpoint_every_step=durable,
             recursion_limit=recursion,
             attempt=int(attempt),
+            run_uid=str(run_uid) if run_uid is not None else None,
             stop_poll_interval=float(poll),
             extra=raw,
         )

@@ -43,6 +43,8 @@ from .errors import (
     GraphRecursionError,
     NodeError,
     NodeTimeoutError,
+    Preempted,
+    RunPreempted,
     RunStopped,
     StaleStateError,
     StopRequested,
@@ -77,6 +79,19 @@ class StreamEvent:
     update: dict[str, Any] | None = None
     interrupts: list[Interrupt] = field(default_factory=list)
     values: dict[str, Any] | None = None
+
+
+@dataclass
+class Preemption:
+    """Set from a SIGTERM handler to end a run at a safe point, keeping it resumable.
+
+    ``requested``: start no further node (the current one may finish).
+    ``cancel_now``: cancel the current node as well; its tool calls that
+    completed are already in the ledger, so the next process replays them.
+    """
+
+    requested: bool = False
+    cancel_now: bool = False
 
 
 @dataclass
@@ -152,7 +167,14 @@ class CompiledGraph:
 
     def invoke(self, input: Any, config: RunConfig | dict[str, Any] | None = None) -> dict[str, Any]:
         """Blocking ``ainvoke``; not for use inside a running event loop."""
-        return asyncio.run(self.ainvoke(input, config))
+
+        async def invoke_and_close() -> dict[str, Any]:
+            try:
+                return await self.ainvoke(input, config)
+            finally:
+                await self._aclose_nodes()
+
+        return asyncio.run(invoke_and_close())
 
     def stream(self, input: Any, config: RunConfig | dict[str, Any] | None = None) -> Iterator[StreamEvent]:
         """Blocking ``astream`` on a private event loop."""
@@ -166,8 +188,16 @@ class CompiledGraph:
                     break
         finally:
             loop.run_until_complete(agen.aclose())
+            loop.run_until_complete(self._aclose_nodes())
             loop.run_until_complete(loop.shutdown_asyncgens())
             loop.close()
+
+    async def _aclose_nodes(self) -> None:
+        """Close what nodes hold on the private loop of the blocking wrappers (e.g. HTTP sessions)."""
+        for node in self.graph.nodes.values():
+            close = getattr(node.fn, "aclose", None)
+            if close is not None and inspect.iscoroutinefunction(close):
+                await close()
 
     async def aget_state(self, config: RunConfig | dict[str, Any] | str) -> StateSnapshot | None:
         thread_id = config if isinstance(config, str) else RunConfig.from_any(config).thread_id
@@ -184,12 +214,17 @@ class CompiledGraph:
         await self.checkpointer.request_stop(thread_id, reason)
 
     async def astream(
-        self, input: Any, config: RunConfig | dict[str, Any] | None = None
+        self,
+        input: Any,
+        config: RunConfig | dict[str, Any] | None = None,
+        *,
+        preemption: Preemption | None = None,
     ) -> AsyncGenerator[StreamEvent, None]:
         """Run the graph, yielding an event after each durable (or cached) step.
 
         See ``ainvoke`` for what is raised; ``astream`` ends with an ``end``
-        or an ``interrupt`` event.
+        or an ``interrupt`` event. With ``preemption`` set by a signal handler,
+        the run ends at the next safe point with ``RunPreempted``.
         """
         cfg = RunConfig.from_any(config, default_thread=f"ephemeral-{uuid.uuid4().hex}" if self._ephemeral else None)
         log = run_logger("agentrun.engine", cfg.thread_id, cfg.attempt)
@@ -212,6 +247,8 @@ class CompiledGraph:
                 await self._fail(run, cfg, log, limit)
                 raise limit
             node = self.graph.nodes[node_name]
+            if preemption is not None and preemption.requested:
+                await self._preempted(run, cfg, log)
             reason = await self._stop_reason(cfg, log)
             if reason is not None:
                 await self._stopped(run, cfg, log, reason)
@@ -227,7 +264,9 @@ class CompiledGraph:
             )
             started = time.perf_counter()
             try:
-                update = await self._run_node(node, run.state, cfg, ctx, log)
+                update = await self._run_node(node, run.state, cfg, ctx, log, preemption)
+            except Preempted:
+                await self._preempted(run, cfg, log)
             except StopRequested as stop:
                 await self._stopped(run, cfg, log, str(stop.args[0]) if stop.args else "")
             except GraphInterrupt as paused:
@@ -335,6 +374,8 @@ class CompiledGraph:
         run.status = "running"
         run.counts = ToolCounts()
         run.meta = {"run_id": uuid.uuid4().hex}
+        if cfg.run_uid is not None:
+            run.meta["run_uid"] = cfg.run_uid
         return run, True
 
     def _resume_map(self, checkpoint: Checkpoint, command: Command, cfg: RunConfig) -> dict[str, Any]:
@@ -377,7 +418,13 @@ class CompiledGraph:
         return any(m.tool_calls for m in run.messages[run.persisted_messages:])
 
     async def _run_node(
-        self, node: Node, state: dict[str, Any], cfg: RunConfig, ctx: RunContext, log: RunLogger
+        self,
+        node: Node,
+        state: dict[str, Any],
+        cfg: RunConfig,
+        ctx: RunContext,
+        log: RunLogger,
+        preemption: Preemption | None = None,
     ) -> Any:
         """Run one node as a cancellable task under its deadline, polling for stop requests."""
 
@@ -409,6 +456,11 @@ class CompiledGraph:
                         code=NodeTimeoutError.NODE,
                         timeout=cfg.node_timeout or 0,
                     )
+                if preemption is not None and preemption.cancel_now:
+                    log.info("preempted while node %s runs; cancelling it (completed tool calls are recorded)",
+                             node.name)
+                    await self._cancel(task, log)
+                    raise Preempted()
                 reason = await self._stop_reason(cfg, log)
                 if reason is not None:
                     log.info("stop requested while node %s runs; cancelling it", node.name)
@@ -444,6 +496,16 @@ class CompiledGraph:
         STOPS.inc()
         log.info("stopped at node %s (version %d)%s", run.current_node, run.version, f": {reason}" if reason else "")
         raise RunStopped(cfg.thread_id, node=run.current_node, version=run.version, reason=reason)
+
+    async def _preempted(self, run: _Run, cfg: RunConfig, log: RunLogger) -> NoReturn:
+        """Leave the thread resumable at ``current_node`` and raise ``RunPreempted``."""
+        if run.persisted_messages < len(run.messages) or run.replaced:
+            await self._persist(run, cfg, log, durable=True)  # steps kept only in the cache so far
+        log.info("preempted before node %s (version %d); the next attempt resumes here", run.current_node,
+                 run.version)
+        raise RunPreempted(
+            f"thread {cfg.thread_id!r} preempted at node {run.current_node!r} (version {run.version}); resumable"
+        )
 
     async def _fail(self, run: _Run, cfg: RunConfig, log: RunLogger, error: BaseException) -> None:
         code = getattr(error, "code", "NODE_ERROR_001")

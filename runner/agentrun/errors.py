@@ -140,6 +140,20 @@ class RunStopped(AgentRunError):
         self.reason = reason
 
 
+class RunPreempted(AgentRunError):
+    """Raised to the caller when the run was preempted (SIGTERM): it stopped at a safe point.
+
+    The thread stays resumable: its status is still ``running`` and the next
+    process resumes it from ``current_node``.
+    """
+
+    code = "RUN_PREEMPTED_001"
+
+
+class Preempted(BaseException):
+    """Internal: delivered into a node to cancel it because the process must go away."""
+
+
 class StopRequested(BaseException):
     """Internal: delivered into a node to end it because a stop was requested."""
 

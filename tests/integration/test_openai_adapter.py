@@ -125,6 +125,19 @@ def error_body(message: str) -> dict[str, Any]:
     return {"error": {"message": message, "type": "server_error", "code": None}}
 
 
+@pytest.fixture(autouse=True)
+async def _no_tasks_left_behind() -> AsyncIterator[None]:
+    """Fails a test that leaves tasks on its loop (sessions and servers closed, handlers ended).
+
+    Set up before, so torn down after, the server and model fixtures. Kept here because the
+    conftest guard looks at the policy's loop after pytest-asyncio has already closed it.
+    """
+    yield
+    await asyncio.sleep(0)
+    pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
+    assert not pending, f"test leaked asyncio tasks: {pending}"
+
+
 @pytest.fixture
 def api_key(monkeypatch: pytest.MonkeyPatch) -> str:
     key = f"sk-test-{secrets.token_hex(16)}"

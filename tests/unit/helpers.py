@@ -7,8 +7,10 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from agentrun import END, START, Message, StateGraph, ToolCall, ToolNode, assistant, tools_condition
-from agentrun.checkpoint import Checkpointer
+import pytest
+
+from agentrun import END, START, Message, StateGraph, ToolCall, ToolNode, assistant, tools_condition, user
+from agentrun.checkpoint import Checkpointer, CheckpointWrite
 from agentrun.engine import CompiledGraph
 from agentrun.models import ScriptedModel
 from agentrun.tools import Tool
@@ -27,7 +29,13 @@ def calling_model(calls: Sequence[ToolCall], *, id_less: bool = False, final: st
     def respond(messages: Sequence[Message]) -> Message:
         if messages[-1].role == "user":
             return assistant(tool_calls=list(calls), id=None) if id_less else assistant(tool_calls=list(calls))
-        return assistant(final)
+        # Echo what the tools answered, so a test can see which results reached the model.
+        results = []
+        for message in reversed(messages):
+            if message.role != "tool":
+                break
+            results.append(f"{message.tool_call_id}={message.content}")
+        return assistant(f"{final}: " + " | ".join(reversed(results)))
 
     return ScriptedModel(respond)
 
@@ -64,5 +72,26 @@ def tool_messages(values: dict[str, Any]) -> dict[str | None, Message]:
     return {m.tool_call_id: m for m in values["messages"] if m.role == "tool"}
 
 
-def records(caplog: Any, level: int = logging.DEBUG) -> list[str]:
+async def seed_tool_step(
+    checkpointer: Checkpointer, thread_id: str, calls: Sequence[ToolCall], *, message_id: str | None = "msg_request"
+) -> Message:
+    """A thread as a crash inside the tool node leaves it: the request is durable, ``current_node`` is tools."""
+    request = assistant(tool_calls=list(calls), id=message_id)
+    await checkpointer.aput(
+        thread_id,
+        CheckpointWrite(
+            values={},
+            current_node="tools",
+            step=1,
+            status="running",
+            meta={"run_id": "run-1"},
+            message_count=2,
+            messages=[(0, user("go")), (1, request)],
+        ),
+        expected_version=0,
+    )
+    return request
+
+
+def log_lines(caplog: pytest.LogCaptureFixture, level: int = logging.DEBUG) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno >= level]

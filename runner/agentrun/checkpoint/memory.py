@@ -138,7 +138,9 @@ class InMemoryCheckpointer(Checkpointer):
             thread.attempt = attempt
 
     async def request_stop(self, thread_id: str, reason: str = "") -> None:
-        self._threads.setdefault(thread_id, _Thread()).stop = reason
+        thread = self._threads.setdefault(thread_id, _Thread())
+        if thread.stop is None:  # a pending request keeps its first reason, as in the durable stores
+            thread.stop = reason
 
     async def stop_requested(self, thread_id: str) -> str | None:
         thread = self._threads.get(thread_id)

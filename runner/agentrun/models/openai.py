@@ -184,7 +184,7 @@ class OpenAIChatModel:
         session = self._sessions.get(loop)
         if session is None or session.closed:
             self._forget_dead_loops()
-            timeout = aiohttp.ClientTimeout(total=None)
+            timeout = aiohttp.ClientTimeout(total=self.request_timeout)
             session = aiohttp.ClientSession(timeout=timeout)
             self._sessions[loop] = session
         return session
@@ -224,7 +224,7 @@ class OpenAIChatModel:
                     retry_after = _retry_after(response.headers)
             except TimeoutError:
                 raise ModelError(
-                    f"{self.model} at {self.url} did not answer within {self.request_timeout:g}s "
+                    f"{self.model} at {self.url} did not answer within {self.request_timeout}s "
                     f"(request_timeout); not retried",
                     code=TIMEOUT,
                 ) from None

@@ -1,0 +1,280 @@
+"""The PostgreSQL schema of ``PgCheckpointer``: an ordered list of migrations and the code that applies them.
+
+The position of a migration in ``MIGRATIONS`` is the schema version it
+produces (1-based); ``agentrun_migrations`` holds one row per applied
+version. Append only: never edit or reorder a released step, since
+databases in the field already ran it.
+
+Safety when several pods start at once: ``apply_migrations`` first reads
+the version without any lock (the fast path every pod takes once the schema
+is current), and only when something is missing takes a session-level
+advisory lock, re-reads the version under it, and applies each missing step
+together with its version row in one transaction. A second migrator waits
+on the lock, then finds the work done. PostgreSQL DDL is transactional, so a
+step that fails leaves nothing behind and the version where it was.
+
+HAZARDS
+- The advisory lock is held for the whole migration; a migrator that hangs
+  (not one that dies: the lock goes with its session) blocks every other
+  pod's ``setup()``. Migrations here are small DDL on small tables; if one
+  ever rewrites a large table, ship it as its own release.
+- The thread id column type is chosen when migration 1 runs; changing
+  ``thread_id_type`` later does not alter existing columns (a warning says
+  so). Migrate by hand with ``ALTER TABLE ... ALTER COLUMN ... TYPE``.
+- A database whose version is newer than this code knows (an older runner
+  during a rolling upgrade) is used as is, with a warning: released
+  migrations only add tables, columns and indexes that older code ignores.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from dataclasses import dataclass
+
+import asyncpg
+
+from ..errors import StorageError
+
+log = logging.getLogger("agentrun.checkpoint.postgres")
+
+# The longest thread id the store accepts: a Kubernetes object name (DNS subdomain) is at most 253
+# characters, and the runner's namespace-qualified ids must fit the same bound as the CRD's threadId.
+MAX_THREAD_ID_LENGTH = 253
+
+_TYPE_RE = re.compile(r"^(text|varchar\((\d{1,3})\))$")
+_SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+class MigrationError(StorageError):
+    """A schema migration failed; the schema stays at the last version that completed."""
+
+    code = "STORAGE_MIGRATION_001"
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One schema step. ``sql`` may hold ``{thread_id_type}`` and ``{max_len}`` placeholders."""
+
+    description: str
+    sql: str
+
+    def render(self, thread_id_type: str) -> str:
+        return self.sql.format(thread_id_type=thread_id_type, max_len=MAX_THREAD_ID_LENGTH)
+
+
+# Plain CREATE TABLE (no IF NOT EXISTS): the version row makes a step run once, so a name that
+# already exists is someone else's table, and failing loudly beats writing into it.
+MIGRATIONS: list[Migration] = [
+    Migration(
+        "threads, versioned states, messages",
+        """
+        CREATE TABLE threads (
+            thread_id {thread_id_type} PRIMARY KEY CHECK (char_length(thread_id) BETWEEN 1 AND {max_len}),
+            -- A new id each time a thread row is created, so a cache entry of a deleted thread
+            -- can never pass for the state of a new thread with the same id.
+            incarnation UUID NOT NULL DEFAULT gen_random_uuid(),
+            created_at TIMESTAMPTZ NOT NULL DEFAULT now()
+        );
+        CREATE TABLE states (
+            thread_id {thread_id_type} NOT NULL REFERENCES threads (thread_id) ON DELETE CASCADE,
+            version BIGINT NOT NULL CHECK (version > 0),
+            current_node TEXT,
+            step INTEGER NOT NULL,
+            status TEXT NOT NULL,
+            -- JSON (verbatim text), not JSONB: never queried inside, and JSONB cannot hold U+0000.
+            state_values JSON NOT NULL,
+            meta JSONB NOT NULL,
+            message_count INTEGER NOT NULL,
+            created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+            -- The backstop of optimistic concurrency: two writers can never both own a version.
+            CONSTRAINT states_thread_version_key UNIQUE (thread_id, version)
+        );
+        CREATE TABLE messages (
+            thread_id {thread_id_type} NOT NULL REFERENCES threads (thread_id) ON DELETE CASCADE,
+            idx INTEGER NOT NULL CHECK (idx >= 0),
+            message_id TEXT,
+            body JSON NOT NULL,
+            -- The state version that last wrote this message.
+            version BIGINT NOT NULL,
+            PRIMARY KEY (thread_id, idx)
+        );
+        """,
+    ),
+    Migration(
+        "the tool ledger",
+        """
+        CREATE TABLE tool_executions (
+            thread_id {thread_id_type} NOT NULL REFERENCES threads (thread_id) ON DELETE CASCADE,
+            -- The ledger key: <origin message id>:<tool call id>.
+            tool_call_id TEXT NOT NULL,
+            tool_name TEXT NOT NULL,
+            result JSONB NOT NULL,
+            created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+            PRIMARY KEY (thread_id, tool_call_id)
+        );
+        """,
+    ),
+    Migration(
+        "tool intents",
+        """
+        CREATE TABLE tool_intents (
+            thread_id {thread_id_type} NOT NULL REFERENCES threads (thread_id) ON DELETE CASCADE,
+            tool_call_id TEXT NOT NULL,
+            tool_name TEXT NOT NULL,
+            idempotency_key TEXT,
+            started_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+            PRIMARY KEY (thread_id, tool_call_id)
+        );
+        """,
+    ),
+    Migration(
+        "stop requests, fencing, and the attempt that wrote each row",
+        """
+        CREATE TABLE stop_requests (
+            thread_id {thread_id_type} PRIMARY KEY REFERENCES threads (thread_id) ON DELETE CASCADE,
+            reason TEXT NOT NULL,
+            requested_at TIMESTAMPTZ NOT NULL DEFAULT now()
+        );
+        CREATE TABLE attempts (
+            thread_id {thread_id_type} PRIMARY KEY REFERENCES threads (thread_id) ON DELETE CASCADE,
+            attempt INTEGER NOT NULL,
+            registered_at TIMESTAMPTZ NOT NULL DEFAULT now()
+        );
+        -- NULL on rows written before fencing existed, or by callers that pass no attempt.
+        ALTER TABLE states ADD COLUMN attempt INTEGER;
+        ALTER TABLE tool_executions ADD COLUMN attempt INTEGER;
+        ALTER TABLE tool_intents ADD COLUMN attempt INTEGER;
+        """,
+    ),
+]
+
+_CREATE_VERSION_TABLE = """
+    CREATE TABLE IF NOT EXISTS agentrun_migrations (
+        version INTEGER PRIMARY KEY,
+        description TEXT NOT NULL,
+        thread_id_type TEXT NOT NULL,
+        applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
+    )
+"""
+# to_regclass follows the connection's search_path, i.e. the checkpointer's schema.
+_VERSION_TABLE_EXISTS = "SELECT to_regclass('agentrun_migrations') IS NOT NULL"
+_CURRENT_VERSION = "SELECT COALESCE(MAX(version), 0) FROM agentrun_migrations"
+_FIRST_TYPE = "SELECT thread_id_type FROM agentrun_migrations WHERE version = 1"
+_RECORD_VERSION = "INSERT INTO agentrun_migrations (version, description, thread_id_type) VALUES ($1, $2, $3)"
+_SCHEMA_EXISTS = "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)"
+# Session-level lock: it spans several transactions (one per step) and is released by
+# pg_advisory_unlock, or by PostgreSQL when the session ends, so a killed migrator frees it.
+_LOCK = "SELECT pg_advisory_lock($1)"
+_UNLOCK = "SELECT pg_advisory_unlock($1)"
+
+
+def normalize_thread_id_type(value: str) -> str:
+    """``"text"`` or ``"varchar(N)"`` with 1 <= N <= 253; raises ``ValueError`` otherwise."""
+    normalized = value.strip().lower().replace(" ", "")
+    match = _TYPE_RE.match(normalized)
+    if match is None or (match.group(2) is not None and not 1 <= int(match.group(2)) <= MAX_THREAD_ID_LENGTH):
+        raise ValueError(f"thread_id_type must be 'text' or 'varchar(N)' with N <= {MAX_THREAD_ID_LENGTH}, not {value!r}")
+    return normalized
+
+
+def validate_schema_name(schema: str) -> str:
+    if not _SCHEMA_RE.match(schema):
+        raise ValueError(f"schema must be a lower-case SQL identifier, not {schema!r}")
+    return schema
+
+
+def lock_key(schema: str) -> int:
+    """The advisory lock id for migrating ``schema`` (advisory locks are per database already)."""
+    digest = hashlib.sha256(f"agentrun.migrate:{schema}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+async def schema_version(conn: asyncpg.Connection) -> int:
+    """The applied schema version of the connection's schema; 0 for an empty database."""
+    if not await conn.fetchval(_VERSION_TABLE_EXISTS):
+        return 0
+    return int(await conn.fetchval(_CURRENT_VERSION))
+
+
+async def apply_migrations(
+    conn: asyncpg.Connection,
+    migrations: list[Migration],
+    *,
+    schema: str,
+    thread_id_type: str = "text",
+) -> list[int]:
+    """Bring ``schema`` up to ``len(migrations)``; returns the versions this call applied.
+
+    ``conn`` must have ``search_path`` set to ``schema``. Raises
+    ``MigrationError`` when a step fails (that step is rolled back, earlier
+    ones stay) and ``StorageError`` when the database cannot be reached.
+    """
+    target = len(migrations)
+    try:
+        current = await schema_version(conn)
+        if current >= target:
+            _warn_if_newer(current, target)
+            await _warn_if_type_differs(conn, thread_id_type)
+            return []
+        key = lock_key(schema)
+        await conn.execute(_LOCK, key)
+        try:
+            return await _migrate_locked(conn, migrations, schema=schema, thread_id_type=thread_id_type)
+        finally:
+            if not conn.is_closed():
+                await conn.execute(_UNLOCK, key)
+    except MigrationError:
+        raise
+    except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as e:
+        raise StorageError(f"could not migrate the agentrun schema {schema!r}: {e}") from e
+
+
+async def _migrate_locked(
+    conn: asyncpg.Connection, migrations: list[Migration], *, schema: str, thread_id_type: str
+) -> list[int]:
+    if not await conn.fetchval(_SCHEMA_EXISTS, schema):
+        # Only when missing: CREATE SCHEMA needs CREATE on the database even with IF NOT EXISTS,
+        # and a DBA may have created the schema for a role that lacks it.
+        await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+    await conn.execute(_CREATE_VERSION_TABLE)
+    # Re-read under the lock: another process may have migrated while this one waited.
+    current = await schema_version(conn)
+    applied: list[int] = []
+    for version, migration in enumerate(migrations[current:], start=current + 1):
+        try:
+            async with conn.transaction():
+                await conn.execute(migration.render(thread_id_type))
+                await conn.execute(_RECORD_VERSION, version, migration.description, thread_id_type)
+        except (asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+            raise MigrationError(
+                f"schema migration {version} ({migration.description}) failed: {e}; "
+                f"the schema stays at version {version - 1}"
+            ) from e
+        log.info("applied agentrun schema migration %d: %s", version, migration.description)
+        applied.append(version)
+    if not applied:
+        await _warn_if_type_differs(conn, thread_id_type)
+    return applied
+
+
+def _warn_if_newer(current: int, target: int) -> None:
+    if current > target:
+        log.warning(
+            "the agentrun schema is at version %d but this agentrun knows only %d; "
+            "continuing (newer migrations only add what older code ignores)",
+            current,
+            target,
+        )
+
+
+async def _warn_if_type_differs(conn: asyncpg.Connection, thread_id_type: str) -> None:
+    existing = await conn.fetchval(_FIRST_TYPE)
+    if existing is not None and existing != thread_id_type:
+        log.warning(
+            "thread_id_type=%r is configured but the schema was created with %r; the existing columns are "
+            "kept (alter them by hand to change the type)",
+            thread_id_type,
+            existing,
+        )

@@ -1,0 +1,274 @@
+"""The runner pod entrypoint: ``python -m agentrun.runner``.
+
+The operator starts one pod per attempt of an AgentRun and talks to it only
+through environment variables (in), the store and the exit code (out):
+
+| variable | meaning |
+|---|---|
+| ``AGENTRUN_GRAPH`` | graph reference ``module:attribute`` importable in the image |
+| ``AGENTRUN_THREAD_ID`` | namespace-qualified thread id (``<namespace>/<threadId>``) |
+| ``AGENTRUN_RUN_NAME``, ``AGENTRUN_RUN_UID`` | the AgentRun; the uid marks the turn in the store |
+| ``AGENTRUN_ATTEMPT`` | attempt number, registered for fencing |
+| ``AGENTRUN_CONFIG`` | run config JSON (CRD camelCase keys or snake_case) |
+| ``AGENTRUN_INPUT`` | input JSON (``{"messages": [...]}``), used when a new turn starts |
+| ``AGENTRUN_RESUME`` | ``{"value": v}`` or ``{"values": {interrupt_id: v}}`` answering an interrupt |
+| ``AGENTRUN_POSTGRES_DSN``, ``AGENTRUN_REDIS_URL`` | the store, from a Secret via ``secretKeyRef`` |
+| ``AGENTRUN_STORE`` | alternative store URL (``sqlite:///...``) for local use |
+| ``AGENTRUN_METRICS_PORT`` | Prometheus ``/metrics`` port (default 9090, 0 = off) |
+| ``AGENTRUN_PREEMPT_FINISH_SECONDS`` | after SIGTERM, how long the current node may finish before it is cancelled |
+
+Exit codes (DESIGN.md section 3): 0 completed, 3 interrupted, 4 stopped,
+5 failed permanently, 6 preempted (SIGTERM, checkpointed), 7 fenced (a newer
+attempt owns the thread: this pod is stale and did nothing), anything else a
+crash. The outcome is also in the store (the checkpoint's status and error),
+and a one-line reason goes to the termination log, so the operator never has
+to trust an exit code alone. The runner needs no Kubernetes credentials.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from .checkpoint import Checkpointer, from_url
+from .checkpoint.base import Checkpoint
+from .engine import CompiledGraph, Preemption
+from .errors import (
+    AgentRunError,
+    DeterminismError,
+    FencedError,
+    GraphDefinitionError,
+    GraphRecursionError,
+    GraphReferenceError,
+    InvalidUpdateError,
+    NodeError,
+    RunPreempted,
+    RunStopped,
+    ThreadStateError,
+)
+from .interrupts import Command
+from .loader import compile_reference
+
+EXIT_COMPLETED, EXIT_CRASH, EXIT_INTERRUPTED, EXIT_STOPPED = 0, 1, 3, 4
+EXIT_FAILED, EXIT_PREEMPTED, EXIT_FENCED = 5, 6, 7
+
+# Errors a retry cannot fix: the operator marks the run Failed instead of rescheduling.
+PERMANENT = (
+    GraphReferenceError,
+    GraphDefinitionError,
+    GraphRecursionError,
+    InvalidUpdateError,
+    DeterminismError,
+    NodeError,
+    ThreadStateError,
+)
+
+CONFIG_KEYS = {
+    "toolTimeoutSeconds": "tool_timeout",
+    "nodeTimeoutSeconds": "node_timeout",
+    "durableCheckpointEveryStep": "durable_checkpoint_every_step",
+    "recursionLimit": "recursion_limit",
+}
+
+log = logging.getLogger("agentrun.runner")
+
+
+class RunnerSettings(BaseSettings):
+    """The pod's environment contract (prefix ``AGENTRUN_``)."""
+
+    model_config = SettingsConfigDict(env_prefix="AGENTRUN_", extra="ignore")
+
+    graph: str
+    thread_id: str
+    run_name: str = ""
+    run_uid: str = ""
+    attempt: int = 1
+    config: dict[str, Any] = {}
+    input: dict[str, Any] | None = None
+    resume: dict[str, Any] | None = None
+    postgres_dsn: str | None = None
+    redis_url: str | None = None
+    store: str | None = None
+    metrics_port: int = 9090
+    preempt_finish_seconds: float = 5.0
+    log_format: str = "text"
+    termination_log: str = "/dev/termination-log"
+
+    def run_config(self) -> dict[str, Any]:
+        config = {CONFIG_KEYS.get(k, k): v for k, v in self.config.items()}
+        config.update(thread_id=self.thread_id, attempt=self.attempt, run_uid=self.run_uid or None)
+        return config
+
+
+class BadInput(AgentRunError):
+    code = "RUNNER_INPUT_001"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What this attempt does, decided from the thread's latest checkpoint (pure: unit-tested)."""
+
+    action: str  # "start" | "resume" | "exit"
+    payload: Any = None
+    exit_code: int = EXIT_COMPLETED
+    reason: str = ""
+
+
+def plan(checkpoint: Checkpoint | None, settings: RunnerSettings) -> Plan:
+    ours = checkpoint is not None and checkpoint.meta.get("run_uid") == (settings.run_uid or None)
+    if checkpoint is None or (not ours and checkpoint.status in ("completed", "stopped", "failed")):
+        if settings.input is None:
+            return Plan("exit", exit_code=EXIT_FAILED, reason="InputMissing: AGENTRUN_INPUT is required to start a run")
+        return Plan("start", payload=settings.input)
+    if not ours:
+        return Plan(
+            "exit",
+            exit_code=EXIT_FAILED,
+            reason=f"ThreadBusy: thread {settings.thread_id} has an unfinished run of another AgentRun "
+            f"(uid {checkpoint.meta.get('run_uid')}, status {checkpoint.status})",
+        )
+    if checkpoint.status in ("running", "failed"):
+        return Plan("resume", payload=None)
+    if checkpoint.status == "interrupted":
+        if settings.resume is None:
+            return Plan("exit", exit_code=EXIT_INTERRUPTED, reason="Interrupted: waiting for spec.resume")
+        values = settings.resume.get("values")
+        return Plan("resume", payload=Command(resume=values if values else settings.resume.get("value")))
+    if checkpoint.status == "stopped":
+        return Plan("exit", exit_code=EXIT_STOPPED, reason="Stopped")
+    return Plan("exit", exit_code=EXIT_COMPLETED, reason="Completed")
+
+
+def exit_code_for(error: BaseException) -> int:
+    if isinstance(error, RunStopped):
+        return EXIT_STOPPED
+    if isinstance(error, RunPreempted):
+        return EXIT_PREEMPTED
+    if isinstance(error, FencedError):
+        return EXIT_FENCED
+    if isinstance(error, PERMANENT | BadInput):
+        return EXIT_FAILED
+    return EXIT_CRASH
+
+
+def _checkpointer(settings: RunnerSettings) -> Checkpointer:
+    if settings.postgres_dsn:
+        from .checkpoint.postgres import PgCheckpointer
+
+        return PgCheckpointer(settings.postgres_dsn, redis_url=settings.redis_url)
+    if settings.store:
+        return from_url(settings.store)
+    raise BadInput("no store configured: set AGENTRUN_POSTGRES_DSN (from the store Secret) or AGENTRUN_STORE")
+
+
+def _start_metrics(port: int) -> None:
+    if port <= 0:
+        return
+    from prometheus_client import start_http_server
+
+    try:
+        start_http_server(port)
+    except OSError as e:  # several runners on one host (local tests) share the port space
+        log.warning("metrics port %d unavailable (%s); continuing without /metrics", port, e)
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return json.dumps(
+            {"time": self.formatTime(record), "level": record.levelname, "logger": record.name,
+             "message": record.getMessage()}
+        )
+
+
+def _configure_logging(fmt: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
+
+
+async def run(settings: RunnerSettings) -> int:
+    """One attempt, start to exit code. Never raises."""
+    preemption = Preemption()
+    loop = asyncio.get_running_loop()
+
+    def on_sigterm() -> None:
+        if preemption.requested:
+            return
+        log.info("SIGTERM: finishing the current node for up to %.0fs, then checkpointing and exiting 6",
+                 settings.preempt_finish_seconds)
+        preemption.requested = True
+        loop.call_later(settings.preempt_finish_seconds, lambda: setattr(preemption, "cancel_now", True))
+
+    loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+    checkpointer: Checkpointer | None = None
+    try:
+        app: CompiledGraph | None = None
+        checkpointer = _checkpointer(settings)
+        app = compile_reference(settings.graph, checkpointer)
+        await checkpointer.setup()
+        await checkpointer.register_attempt(settings.thread_id, settings.attempt)
+        decided = plan(await checkpointer.aget(settings.thread_id), settings)
+        if decided.action == "exit":
+            log.info("nothing to run: %s", decided.reason)
+            _termination(settings, decided.reason)
+            return decided.exit_code
+        log.info("attempt %d of run %s: %s thread %s", settings.attempt, settings.run_name or "-", decided.action,
+                 settings.thread_id)
+        last = None
+        async for event in app.astream(decided.payload, settings.run_config(), preemption=preemption):
+            last = event
+        if last is not None and last.kind == "interrupt":
+            _termination(settings, "Interrupted: " + ", ".join(i.id for i in last.interrupts))
+            return EXIT_INTERRUPTED
+        return EXIT_COMPLETED
+    except BaseException as e:
+        if isinstance(e, KeyboardInterrupt | SystemExit | asyncio.CancelledError):
+            raise
+        code = exit_code_for(e)
+        name = getattr(e, "code", type(e).__name__)
+        level = logging.INFO if code in (EXIT_STOPPED, EXIT_PREEMPTED) else logging.ERROR
+        log.log(level, "exit %d: %s", code, e, exc_info=code == EXIT_CRASH)
+        _termination(settings, f"{name}: {e}")
+        return code
+    finally:
+        if checkpointer is not None:
+            try:
+                await checkpointer.aclose()
+            except Exception as e:
+                log.warning("closing the store failed: %s", e)
+
+
+def _termination(settings: RunnerSettings, message: str) -> None:
+    try:
+        with open(settings.termination_log, "w") as f:
+            f.write(message[:4000])  # Kubernetes keeps at most 4096 bytes
+    except OSError:
+        pass  # not in a pod, or a read-only path: the store and exit code still tell
+
+
+def main() -> int:
+    try:
+        settings = RunnerSettings()  # type: ignore[call-arg]
+    except ValidationError as e:
+        _configure_logging("text")
+        problems = "; ".join(f"AGENTRUN_{'_'.join(map(str, err['loc'])).upper()}: {err['msg']}" for err in e.errors())
+        log.error("invalid runner environment: %s", problems)
+        return EXIT_FAILED
+    _configure_logging(settings.log_format)
+    _start_metrics(settings.metrics_port)
+    return asyncio.run(run(settings))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,341 @@
+"""The checkpointer contract, run against every backend (the ``backend``/``checkpointer`` fixtures).
+
+Each test names the guarantee of ``agentrun.checkpoint.base`` it protects.
+The last tests run the engine on each backend where the store is what makes
+the guarantee hold: a completed tool call is not executed again after a crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from agentrun import Command, FencedError, Message, StaleStateError, interrupt, tool, user
+from agentrun.checkpoint import Checkpointer, CheckpointWrite
+from agentrun.messages import assistant
+from tests.support.checkpointers import Backend
+
+from .helpers import app_for, call, tool_messages
+
+
+def write(
+    *messages: tuple[int, Message],
+    count: int,
+    step: int = 0,
+    status: Any = "running",
+    node: str | None = "model",
+    values: dict[str, Any] | None = None,
+    meta: dict[str, Any] | None = None,
+) -> CheckpointWrite:
+    return CheckpointWrite(
+        values=values or {},
+        current_node=node,
+        step=step,
+        status=status,
+        meta=meta or {},
+        message_count=count,
+        messages=list(messages),
+    )
+
+
+def envelope(value: Any) -> dict[str, Any]:
+    return {"__kind__": "raw", "value": value}
+
+
+# -- versioned writes -----------------------------------------------------------------------------
+
+
+async def test_versions_start_at_1_and_each_write_advances_by_one(backend: Backend, checkpointer: Checkpointer) -> None:
+    t = backend.thread()
+    assert await checkpointer.aget(t) is None, "an unknown thread must read as None"
+    m1 = user("hello")
+    v1 = await checkpointer.aput(t, write((0, m1), count=1, values={"n": 1}, meta={"run_id": "r"}), expected_version=0)
+    v2 = await checkpointer.aput(t, write(count=1, step=1, node="tools", values={"n": 2}), expected_version=1)
+    assert (v1, v2) == (1, 2)
+    cp = await checkpointer.aget(t)
+    assert cp is not None
+    assert (cp.version, cp.current_node, cp.step, cp.status, cp.values) == (2, "tools", 1, "running", {"n": 2})
+    assert [m.id for m in cp.messages] == [m1.id], "the message written at version 1 belongs to version 2 too"
+
+
+async def test_stale_expected_version_raises_storage_conflict_and_nothing_of_it_lands(
+    backend: Backend, checkpointer: Checkpointer
+) -> None:
+    t = backend.thread()
+    first = user("first")
+    await checkpointer.aput(t, write((0, first), count=1, values={"who": "a"}), expected_version=0)
+    with pytest.raises(StaleStateError) as raised:
+        await checkpointer.aput(
+            t,
+            write((0, user("replaced")), (1, assistant("appended")), count=2, values={"who": "b"}, status="completed"),
+            expected_version=0,
+        )
+    assert raised.value.code == "STORAGE_CONFLICT_001"
+    assert (raised.value.expected, raised.value.actual) == (0, 1)
+    assert "STORAGE_CONFLICT_001" in str(raised.value)
+    cp = await checkpointer.aget(t)
+    assert cp is not None
+    assert cp.version == 1 and cp.values == {"who": "a"} and cp.status == "running", "a rejected write changed state"
+    assert [m.content for m in cp.messages] == ["first"], "a rejected write's messages landed"
+    with pytest.raises(StaleStateError):
+        await checkpointer.aput(t, write(count=1), expected_version=5)  # ahead of the store is stale too
+
+
+async def test_messages_are_written_incrementally_and_replaced_by_index(
+    backend: Backend, checkpointer: Checkpointer
+) -> None:
+    t = backend.thread()
+    a, b, c = user("a"), assistant("b"), user("c")
+    await checkpointer.aput(t, write((0, a), (1, b), count=2), expected_version=0)
+    await checkpointer.aput(t, write((2, c), count=3), expected_version=1)  # only the new one
+    cp = await checkpointer.aget(t)
+    assert cp is not None and [m.content for m in cp.messages] == ["a", "b", "c"]
+    b2 = b.model_copy(update={"content": "b, edited"})
+    await checkpointer.aput(t, write((1, b2), count=3), expected_version=2)  # replace in place
+    cp = await checkpointer.aget(t)
+    assert cp is not None
+    assert [m.content for m in cp.messages] == ["a", "b, edited", "c"]
+    assert [m.id for m in cp.messages] == [a.id, b.id, c.id]
+    assert cp.messages[0] == a, "a message must round-trip unchanged"
+
+
+async def test_setup_is_idempotent_and_keeps_data(backend: Backend, checkpointer: Checkpointer) -> None:
+    t = backend.thread()
+    await checkpointer.aput(t, write((0, user("x")), count=1), expected_version=0)
+    await checkpointer.ledger_put(t, "m:c", "tool", envelope(1))
+    await checkpointer.setup()
+    await checkpointer.setup()
+    second = await backend.open()  # another process migrating the same store
+    await second.setup()
+    for cp in (checkpointer, second):
+        state = await cp.aget(t)
+        assert state is not None and state.version == 1 and [m.content for m in state.messages] == ["x"]
+        entry = await cp.ledger_get(t, "m:c")
+        assert entry is not None and entry.result == envelope(1)
+
+
+# -- the ledger and intents ---------------------------------------------------------------------
+
+
+async def test_ledger_first_write_wins(backend: Backend, checkpointer: Checkpointer) -> None:
+    t = backend.thread()
+    assert await checkpointer.ledger_get(t, "msg_1:call_1") is None
+    assert await checkpointer.ledger_put(t, "msg_1:call_1", "charge_card", envelope({"charged": 1})) is True
+    assert await checkpointer.ledger_put(t, "msg_1:call_1", "other_tool", envelope({"charged": 2})) is False
+    entry = await checkpointer.ledger_get(t, "msg_1:call_1")
+    assert entry is not None
+    assert (entry.key, entry.tool_name, entry.result) == ("msg_1:call_1", "charge_card", envelope({"charged": 1}))
+
+
+async def test_ledger_is_scoped_by_thread_and_listed_in_order(backend: Backend, checkpointer: Checkpointer) -> None:
+    t, other = backend.thread("a"), backend.thread("b")
+    for key in ("m1:call_1", "m1:call_2", "m2:call_1"):
+        await checkpointer.ledger_put(t, key, "tool", envelope(key))
+    assert await checkpointer.ledger_get(other, "m1:call_1") is None, "a ledger entry leaked into another thread"
+    entries = await checkpointer.ledger_list(t)
+    assert [e.key for e in entries] == ["m1:call_1", "m1:call_2", "m2:call_1"]
+    assert [e.result for e in entries] == [envelope(k) for k in ("m1:call_1", "m1:call_2", "m2:call_1")]
+    assert await checkpointer.ledger_list(other) == []
+
+
+async def test_intents_are_kept_once_recorded(backend: Backend, checkpointer: Checkpointer) -> None:
+    t = backend.thread()
+    assert await checkpointer.intent_get(t, "m:c") is None
+    await checkpointer.intent_put(t, "m:c", "charge_card", "ar-key-1")
+    await checkpointer.intent_put(t, "m:c", "charge_card", "ar-key-2")
+    intent = await checkpointer.intent_get(t, "m:c")
+    assert intent is not None
+    assert (intent.key, intent.tool_name, intent.idempotency_key) == ("m:c", "charge_card", "ar-key-1")
+    await checkpointer.intent_put(t, "m:d", "send_receipt", None)
+    none_key = await checkpointer.intent_get(t, "m:d")
+    assert none_key is not None and none_key.idempotency_key is None
+    assert await checkpointer.intent_get(backend.thread("other"), "m:c") is None
+
+
+# -- stop requests ------------------------------------------------------------------------------
+
+
+async def test_stop_request_is_kept_until_cleared(backend: Backend, checkpointer: Checkpointer) -> None:
+    t = backend.thread()
+    assert await checkpointer.stop_requested(t) is None
+    await checkpointer.request_stop(t, "operator asked")
+    assert await checkpointer.stop_requested(t) == "operator asked"
+    await checkpointer.request_stop(t, "second request")
+    assert await checkpointer.stop_requested(t) == "operator asked", "a pending request keeps its first reason"
+    await checkpointer.clear_stop(t)
+    assert await checkpointer.stop_requested(t) is None
+    await checkpointer.request_stop(t)
+    assert await checkpointer.stop_requested(t) == "", "a stop without a reason is still a stop"
+    await checkpointer.clear_stop(backend.thread("never-stopped"))  # clearing nothing is fine
+
+
+async def test_stop_request_is_seen_by_another_connection(backend: Backend, checkpointer: Checkpointer) -> None:
+    t = backend.thread()
+    other = await backend.open()
+    await other.request_stop(t, "from another process")
+    assert await checkpointer.stop_requested(t) == "from another process"
+    await checkpointer.clear_stop(t)
+    assert await other.stop_requested(t) is None
+
+
+# -- fencing ------------------------------------------------------------------------------------
+
+
+async def test_register_attempt_fences_off_older_attempts(backend: Backend, checkpointer: Checkpointer) -> None:
+    t = backend.thread()
+    await checkpointer.register_attempt(t, 1)
+    await checkpointer.aput(t, write((0, user("a")), count=1), expected_version=0, attempt=1)
+    await checkpointer.register_attempt(t, 2)
+    await checkpointer.register_attempt(t, 2)  # re-registering the newest attempt is fine
+    with pytest.raises(FencedError) as raised:
+        await checkpointer.aput(t, write((1, user("zombie")), count=2), expected_version=1, attempt=1)
+    assert raised.value.code == "STORAGE_FENCED_001"
+    with pytest.raises(FencedError):
+        await checkpointer.ledger_put(t, "m:c", "tool", envelope(1), attempt=1)
+    with pytest.raises(FencedError):
+        await checkpointer.intent_put(t, "m:c", "tool", None, attempt=1)
+    with pytest.raises(FencedError):
+        await checkpointer.register_attempt(t, 1)
+    cp = await checkpointer.aget(t)
+    assert cp is not None and cp.version == 1 and [m.content for m in cp.messages] == ["a"], "a fenced write landed"
+    assert await checkpointer.ledger_get(t, "m:c") is None and await checkpointer.intent_get(t, "m:c") is None
+    assert await checkpointer.aput(t, write((1, user("b")), count=2), expected_version=1, attempt=2) == 2
+    assert await checkpointer.ledger_put(t, "m:c", "tool", envelope(1), attempt=3) is True
+
+
+# -- threads ------------------------------------------------------------------------------------
+
+
+async def test_delete_thread_cascades_to_ledger_intents_and_stop(backend: Backend, checkpointer: Checkpointer) -> None:
+    t, kept = backend.thread("deleted"), backend.thread("kept")
+    for thread in (t, kept):
+        await checkpointer.aput(thread, write((0, user("x")), count=1), expected_version=0)
+        await checkpointer.ledger_put(thread, "m:c", "tool", envelope(1))
+        await checkpointer.intent_put(thread, "m:c", "tool", "k")
+        await checkpointer.request_stop(thread, "stop")
+        await checkpointer.register_attempt(thread, 3)
+    await checkpointer.delete_thread(t)
+    assert await checkpointer.aget(t) is None
+    assert await checkpointer.ledger_get(t, "m:c") is None and await checkpointer.ledger_list(t) == []
+    assert await checkpointer.intent_get(t, "m:c") is None
+    assert await checkpointer.stop_requested(t) is None
+    assert t not in await checkpointer.list_threads()
+    # The attempt registry went with it: a new thread under the old id starts unfenced.
+    await checkpointer.aput(t, write((0, user("again")), count=1), expected_version=0, attempt=1)
+    # The other thread is untouched.
+    cp = await checkpointer.aget(kept)
+    assert cp is not None and cp.version == 1
+    assert await checkpointer.ledger_get(kept, "m:c") is not None
+    assert await checkpointer.intent_get(kept, "m:c") is not None
+    assert await checkpointer.stop_requested(kept) == "stop"
+    await checkpointer.delete_thread(backend.thread("never-existed"))  # deleting nothing is fine
+
+
+async def test_list_threads_lists_threads_with_state(backend: Backend, checkpointer: Checkpointer) -> None:
+    a, b, ledger_only, stop_only = (backend.thread(n) for n in ("a", "b", "ledger-only", "stop-only"))
+    await checkpointer.aput(a, write(count=0), expected_version=0)
+    await checkpointer.aput(b, write(count=0), expected_version=0)
+    await checkpointer.ledger_put(ledger_only, "m:c", "tool", envelope(1))
+    await checkpointer.request_stop(stop_only)
+    mine = [t for t in await checkpointer.list_threads() if t.startswith(backend.prefix)]
+    assert sorted(mine) == sorted([a, b])
+
+
+# -- the engine on each backend -------------------------------------------------------------------
+
+
+class Crash(BaseException):
+    """Stands in for the process dying: nothing after it runs, nothing catches it."""
+
+
+async def test_completed_tool_is_replayed_not_rerun_after_a_crash(backend: Backend, checkpointer: Checkpointer) -> None:
+    t = backend.thread()
+    ran: Counter[str] = Counter()
+    crash = True
+
+    @tool(side_effects=True, in_doubt="retry")
+    async def charge_card(order_id: str) -> dict[str, Any]:
+        ran["charge_card"] += 1
+        return {"charged": order_id}
+
+    @tool
+    async def send_receipt(order_id: str, state: dict[str, Any]) -> str:
+        ran["send_receipt"] += 1
+        if crash:
+            # The process dies once charge_card's result is in the ledger, before the node finishes.
+            key = f"{state['messages'][-1].id}:call_1"
+            while await checkpointer.ledger_get(t, key) is None:
+                await asyncio.sleep(0.001)
+            raise Crash
+        return "sent"
+
+    calls = [call("call_1", "charge_card", order_id="4821"), call("call_2", "send_receipt", order_id="4821")]
+    app = app_for([charge_card, send_receipt], calls, checkpointer)
+    with pytest.raises(Crash):
+        await app.ainvoke("charge order 4821", {"thread_id": t})
+    assert ran == {"charge_card": 1, "send_receipt": 1}
+
+    crash = False
+    restarted = app_for([charge_card, send_receipt], calls, await backend.open())  # a new process
+    values = await restarted.ainvoke(None, {"thread_id": t})
+    assert ran == {"charge_card": 1, "send_receipt": 2}, "a tool whose result was recorded ran again after a crash"
+    results = tool_messages(values)
+    assert results["call_1"].content == '{"charged": "4821"}' and results["call_2"].content == "sent"
+    state = await restarted.aget_state(t)
+    assert state is not None and state.status == "completed"
+    assert state.meta["tool_calls"] == {"executed": 1, "replayed": 1}
+
+
+async def test_cancelled_run_resumes_from_the_last_checkpoint(backend: Backend, checkpointer: Checkpointer) -> None:
+    """A run cancelled mid-node (the process going away) leaves a resumable thread and its ledger."""
+    t = backend.thread()
+    ran: Counter[str] = Counter()
+    release = asyncio.Event()
+
+    @tool
+    async def quick() -> str:
+        ran["quick"] += 1
+        return "quick result"
+
+    @tool
+    async def slow() -> str:
+        ran["slow"] += 1
+        await release.wait()
+        return "slow result"
+
+    app = app_for([quick, slow], [call("call_1", "quick"), call("call_2", "slow")], checkpointer)
+    run = asyncio.create_task(app.ainvoke("go", {"thread_id": t}))
+    while not await checkpointer.ledger_list(t):
+        await asyncio.sleep(0.001)
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    state = await app.aget_state(t)
+    assert state is not None and state.status == "running" and state.current_node == "tools"
+
+    release.set()
+    values = await app_for([quick, slow], [], await backend.open()).ainvoke(None, {"thread_id": t})
+    assert ran == {"quick": 1, "slow": 2}
+    assert [m.content for m in values["messages"] if m.role == "tool"] == ["quick result", "slow result"]
+
+
+async def test_interrupt_and_resume_round_trip(backend: Backend, checkpointer: Checkpointer) -> None:
+    t = backend.thread()
+
+    @tool
+    async def approve(amount: int) -> str:
+        answer = interrupt({"amount": amount}, message="approve the refund?")
+        return f"approved={answer}"
+
+    app = app_for([approve], [call("call_1", "approve", amount=5)], checkpointer)
+    paused = await app.ainvoke("refund", {"thread_id": t})
+    [pending] = paused["__interrupt__"]
+    assert pending.payload == {"amount": 5} and pending.tool_call_id == "call_1"
+    restarted = app_for([approve], [], await backend.open())
+    state = await restarted.aget_state(t)
+    assert state is not None and state.status == "interrupted" and [i.id for i in state.interrupts] == [pending.id]
+    values = await restarted.ainvoke(Command(resume="yes"), {"thread_id": t})
+    assert tool_messages(values)["call_1"].content == "approved=yes"

@@ -1,0 +1,266 @@
+"""The tool ledger (DESIGN §2): its key, and what a broken ledger may and may not cost.
+
+A broken ledger may cost a duplicate call, never a lost, wrong or
+misattributed result, and never a stuck run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentrun import DeterminismError, InMemoryCheckpointer, SqliteCheckpointer, StorageError, tool
+from agentrun.checkpoint import Checkpointer, LedgerEntry
+from agentrun.ledger import idempotency_key, ledger_key
+from tests.support.checkpointers import Backend
+
+from .helpers import app_for, call, log_lines, seed_tool_step, tool_messages
+
+
+class Crash(BaseException):
+    """Stands in for the process dying."""
+
+
+def test_ledger_key_is_origin_message_id_and_tool_call_id() -> None:
+    assert ledger_key("msg_abc", "call_1") == "msg_abc:call_1"
+    for origin, call_id in ((None, "call_1"), ("", "call_1"), ("msg_abc", None), ("msg_abc", "")):
+        assert ledger_key(origin, call_id) is None, f"a key without both parts must be None: {origin!r}, {call_id!r}"
+    assert idempotency_key("thread", None) is None
+
+
+async def test_recorded_key_is_the_requesting_message_id_and_call_id(
+    backend: Backend, checkpointer: Checkpointer
+) -> None:
+    t = backend.thread()
+
+    @tool
+    async def lookup(order_id: str) -> dict[str, str]:
+        return {"order": order_id}
+
+    app = app_for([lookup], [call("call_1", "lookup", order_id="4821")], checkpointer)
+    values = await app.ainvoke("look it up", {"thread_id": t})
+    request = next(m for m in values["messages"] if m.tool_calls)
+    [entry] = await checkpointer.ledger_list(t)
+    assert entry.key == f"{request.id}:call_1"
+    assert entry.tool_name == "lookup"
+    assert entry.result == {"__kind__": "raw", "value": {"order": "4821"}}, "the stored envelope changed"
+
+
+@pytest.mark.parametrize("missing", ["message id", "call id"])
+async def test_missing_message_or_call_id_skips_the_ledger_and_the_tool_runs_every_time(
+    backend: Backend, checkpointer: Checkpointer, missing: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    t = backend.thread()
+    ran: Counter[str] = Counter()
+    finished = asyncio.Event()
+    crash = True
+
+    @tool(side_effects=True, in_doubt="report")
+    async def charge() -> str:
+        ran["charge"] += 1
+        finished.set()
+        return "charged"
+
+    @tool
+    async def crasher() -> str:
+        if crash:
+            await finished.wait()
+            raise Crash
+        return "ok"
+
+    call_id = None if missing == "call id" else "call_1"
+    calls = [call(call_id, "charge"), call("call_2", "crasher")]
+    app = app_for([charge, crasher], calls, checkpointer, id_less=missing == "message id")
+    with pytest.raises(Crash):
+        await app.ainvoke("go", {"thread_id": t})
+    crash = False
+    values = await app.ainvoke(None, {"thread_id": t})
+    assert ran["charge"] == 2, "without a safe ledger key the tool must run again on every replay"
+    assert not [e for e in await checkpointer.ledger_list(t) if e.tool_name == "charge"], "an unsafe key was recorded"
+    assert [m.content for m in values["messages"] if m.name == "charge"] == ["charged"]
+    assert any(f"has no {missing}; the ledger is skipped and the tool runs" in line for line in log_lines(caplog))
+
+
+GARBAGE = [
+    pytest.param({"not": "an envelope"}, id="not-an-envelope"),
+    pytest.param("just a string", id="string"),
+    pytest.param(None, id="null"),
+    pytest.param({"__kind__": "message", "value": {"role": "robot"}}, id="message-that-does-not-parse"),
+    pytest.param({"__kind__": "pickle", "value": "gASV"}, id="unknown-kind"),
+    pytest.param({"__kind__": "raw", "value": 1, "extra": 2}, id="extra-field"),
+]
+
+
+@pytest.mark.parametrize("garbage", GARBAGE)
+async def test_malformed_ledger_entry_is_a_miss_and_the_tool_runs_again(
+    backend: Backend, checkpointer: Checkpointer, garbage: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    t = backend.thread()
+    ran: Counter[str] = Counter()
+
+    @tool
+    async def lookup() -> str:
+        ran["lookup"] += 1
+        return "fresh result"
+
+    request = await seed_tool_step(checkpointer, t, [call("call_1", "lookup")])
+    await checkpointer.ledger_put(t, f"{request.id}:call_1", "lookup", garbage)
+    values = await app_for([lookup], [], checkpointer).ainvoke(None, {"thread_id": t})
+    assert ran["lookup"] == 1, "a malformed ledger entry must be a miss: the tool runs"
+    assert tool_messages(values)["call_1"].content == "fresh result"
+    assert any("is malformed" in line and "will run again" in line for line in log_lines(caplog, logging.WARNING))
+
+
+async def test_unparsable_ledger_row_written_with_raw_sql_is_a_miss(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    ran: Counter[str] = Counter()
+
+    @tool
+    async def lookup() -> str:
+        ran["lookup"] += 1
+        return "fresh result"
+
+    path = tmp_path / "store.db"
+    checkpointer = SqliteCheckpointer(path)
+    try:
+        await checkpointer.setup()
+        request = await seed_tool_step(checkpointer, "t", [call("call_1", "lookup")])
+        db = sqlite3.connect(path)
+        with db:
+            db.execute(
+                "INSERT INTO tool_executions (thread_id, tool_call_id, tool_name, result, created_at) "
+                "VALUES (?, ?, ?, ?, 0)",
+                ("t", f"{request.id}:call_1", "lookup", '{"__kind__": "raw", "value": tru'),
+            )
+        db.close()
+        values = await app_for([lookup], [], checkpointer).ainvoke(None, {"thread_id": "t"})
+    finally:
+        await checkpointer.aclose()
+    assert ran["lookup"] == 1, "an unparsable ledger row must be a miss: the tool runs"
+    assert tool_messages(values)["call_1"].content == "fresh result"
+    assert any("is malformed" in line for line in log_lines(caplog, logging.WARNING))
+
+
+class UnreadableLedger(InMemoryCheckpointer):
+    async def ledger_get(self, thread_id: str, key: str) -> LedgerEntry | None:
+        raise StorageError("disk on fire")
+
+
+class UnwritableLedger(InMemoryCheckpointer):
+    async def ledger_put(
+        self, thread_id: str, key: str, tool_name: str, result: Any, *, attempt: int | None = None
+    ) -> bool:
+        raise StorageError("disk full")
+
+
+async def test_ledger_read_failure_is_logged_and_the_tool_runs(caplog: pytest.LogCaptureFixture) -> None:
+    ran: Counter[str] = Counter()
+
+    @tool
+    async def lookup() -> str:
+        ran["lookup"] += 1
+        return "fresh result"
+
+    checkpointer = UnreadableLedger()
+    values = await app_for([lookup], [call("call_1", "lookup")], checkpointer).ainvoke("go", {"thread_id": "t"})
+    assert ran["lookup"] == 1
+    assert tool_messages(values)["call_1"].content == "fresh result"
+    state = await checkpointer.aget("t")
+    assert state is not None and state.status == "completed", "a ledger read failure must not fail the run"
+    warnings = log_lines(caplog, logging.WARNING)
+    assert any("ledger read failed" in line and "disk on fire" in line for line in warnings), warnings
+
+
+async def test_ledger_write_failure_logs_completed_but_not_recorded_and_the_run_continues(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    @tool
+    async def charge() -> dict[str, str]:
+        return {"charge": "ch_1"}
+
+    checkpointer = UnwritableLedger()
+    values = await app_for([charge], [call("call_1", "charge")], checkpointer).ainvoke("go", {"thread_id": "t"})
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert any("COMPLETED but could not be recorded" in r.getMessage() for r in errors), [
+        r.getMessage() for r in errors
+    ]
+    line = next(r.getMessage() for r in errors if "COMPLETED" in r.getMessage())
+    assert "charge" in line and ":call_1" in line and "disk full" in line, "the line must say which call to reconcile"
+    assert tool_messages(values)["call_1"].content == '{"charge": "ch_1"}'
+    assert values["messages"][-1].content == 'done: call_1={"charge": "ch_1"}', "the result must reach the model"
+    state = await checkpointer.aget("t")
+    assert state is not None and state.status == "completed"
+
+
+async def test_result_that_cannot_be_serialized_is_reported_as_not_recorded(
+    backend: Backend, checkpointer: Checkpointer, caplog: pytest.LogCaptureFixture
+) -> None:
+    t = backend.thread()
+
+    @tool
+    async def odd() -> Any:
+        return {"value": {1, 2}}  # a set: not JSON
+
+    values = await app_for([odd], [call("call_1", "odd")], checkpointer).ainvoke("go", {"thread_id": t})
+    assert any("COMPLETED but could not be recorded" in line for line in log_lines(caplog, logging.ERROR))
+    assert tool_messages(values)["call_1"].content == '{"value": "{1, 2}"}'
+    assert await checkpointer.ledger_list(t) == []
+
+
+async def test_entry_recorded_by_another_tool_is_a_determinism_error_not_its_result(
+    backend: Backend, checkpointer: Checkpointer
+) -> None:
+    t = backend.thread()
+    ran: Counter[str] = Counter()
+
+    @tool
+    async def refund_payment() -> str:
+        ran["refund_payment"] += 1
+        return "refunded"
+
+    request = await seed_tool_step(checkpointer, t, [call("call_1", "refund_payment")])
+    await checkpointer.ledger_put(t, f"{request.id}:call_1", "lookup_order", {"__kind__": "raw", "value": "ORDER"})
+    app = app_for([refund_payment], [], checkpointer)
+    with pytest.raises(DeterminismError) as raised:
+        await app.ainvoke(None, {"thread_id": t})
+    assert raised.value.code == "LEDGER_DETERMINISM_001"
+    assert "lookup_order" in str(raised.value) and "refund_payment" in str(raised.value)
+    assert ran["refund_payment"] == 0, "the tool must not run when the ledger disagrees about what was called"
+    state = await app.aget_state(t)
+    assert state is not None and state.status == "failed"
+    assert state.meta["error"]["code"] == "LEDGER_DETERMINISM_001"
+    assert all("ORDER" not in m.content for m in state.values["messages"]), "another tool's result was handed out"
+
+
+async def test_turn_9_refund_as_call_1_executes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The support example: every turn's model reuses call_1; the ledger never confuses turns."""
+    effects = tmp_path / "effects.db"
+    monkeypatch.setenv("SUPPORT_EFFECTS_DB", str(effects))
+    from examples.support_agent import count_effects, graph
+
+    checkpointer = SqliteCheckpointer(tmp_path / "agentrun.db")
+    try:
+        app = graph.compile(checkpointer)
+        config = {"thread_id": "order-4821"}
+        for _ in range(8):
+            await app.ainvoke("charge my saved card for order 4821 and email me the receipt", config)
+        values = await app.ainvoke("I changed my mind: please refund order 4821", config)
+        ledger = await checkpointer.ledger_list("order-4821")
+    finally:
+        await checkpointer.aclose()
+    counts = count_effects(str(effects))
+    assert counts["refunds"] == 1, "turn 9's refund_payment (call_1) was answered from an earlier turn's call_1"
+    assert counts["charges"] == 8 and counts["receipts"] == 8, "every turn's charge and receipt run exactly once"
+    refund = values["messages"][-2]
+    assert refund.role == "tool" and refund.name == "refund_payment" and refund.tool_call_id == "call_1"
+    assert '"refunded"' in refund.content
+    call_1 = [e for e in ledger if e.key.endswith(":call_1")]
+    assert len(call_1) == 9 and len({e.key for e in call_1}) == 9
+    assert [e.tool_name for e in call_1] == ["lookup_order"] * 8 + ["refund_payment"]
