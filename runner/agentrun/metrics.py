@@ -7,7 +7,7 @@ the graph's code, never from user input).
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 NODE_TIMEOUTS = Counter(
     "agentrun_node_timeouts_total", "Nodes that exceeded node_timeout (NODE_TIMEOUT_001)", ["node"]
@@ -57,4 +57,17 @@ MODEL_REQUEST_SECONDS = Histogram(
 )
 MODEL_ERRORS = Counter(
     "agentrun_model_errors_total", "Model calls that ended in a ModelError (after retries), by code", ["code"]
+)
+CACHE_ERRORS = Counter(
+    "agentrun_cache_errors_total",
+    "Redis hot cache operations that failed (Redis unreachable or erroring); the store continued on PostgreSQL",
+    ["op"],
+)
+CACHE_AVAILABLE = Gauge(
+    "agentrun_cache_available", "1 while the Redis hot cache answers, 0 after a failure until it answers again"
+)
+CACHE_READS = Counter(
+    "agentrun_cache_reads_total",
+    "Checkpoint reads through the Redis hot cache by result (hit, miss, stale: older than PostgreSQL, malformed)",
+    ["result"],
 )

@@ -154,7 +154,9 @@ def exit_code_for(error: BaseException) -> int:
         return EXIT_PREEMPTED
     if isinstance(error, FencedError):
         return EXIT_FENCED
-    if isinstance(error, PERMANENT | BadInput):
+    if isinstance(error, NodeError) and isinstance(error.__cause__, OSError | TimeoutError):
+        return EXIT_CRASH  # a node hit the network or disk: worth a retry with backoff
+    if isinstance(error, (*PERMANENT, BadInput)):
         return EXIT_FAILED
     return EXIT_CRASH
 

@@ -75,6 +75,15 @@ def _error_message(call: ToolCall, text: str, reason: str) -> Message:
     return tool_message(f"Error: {text}", tool_call_id=call.id, name=call.name, is_error=True)
 
 
+def _answered_interrupts(ctx: RunContext, scope_name: str) -> int:
+    """How many of the scope's ``interrupt()`` calls, in order, already have a resume value."""
+    probe = CallScope(name=scope_name)
+    answered = 0
+    while probe.next_interrupt_id(ctx) in ctx.resume:
+        answered += 1
+    return answered
+
+
 class ToolNode:
     """A node that executes tool calls; ``graph.add_node("tools", ToolNode([...]))``."""
 
@@ -175,19 +184,31 @@ class ToolNode:
     async def _check_intent(
         self, ctx: RunContext, t: Tool, key: str, idem: str | None, call: ToolCall, arguments: dict[str, Any]
     ) -> Message | None:
-        """Apply the in-doubt policy if a previous attempt started this call; else record the intent."""
+        """Apply the in-doubt policy if a previous start of this call has no outcome; else record the intent.
+
+        Each start of a call has its own intent: the first one, and one after
+        each resume of an ``interrupt()`` inside the tool. A start that paused
+        at the tool's own ``interrupt()`` stopped at a known point (code before
+        ``interrupt()`` must have no side effects), so it is not in doubt; a
+        start that began after a resume and left no result is.
+        """
+        scope = current_scope.get()
+        resumes = _answered_interrupts(ctx, scope.name) if scope is not None else 0
+        intent_key = key if resumes == 0 else f"{key}#resume{resumes}"
         try:
-            intent = await ctx.checkpointer.intent_get(ctx.thread_id, key)
+            intent = await ctx.checkpointer.intent_get(ctx.thread_id, intent_key)
         except Exception as e:
-            ctx.log.warning("intent lookup failed for %s (%s); assuming the call never started", key, e)
+            ctx.log.warning("intent lookup failed for %s (%s); assuming the call never started", intent_key, e)
             intent = None
         if intent is None:
             try:
-                await ctx.checkpointer.intent_put(ctx.thread_id, key, t.name, idem, attempt=ctx.config.attempt)
+                await ctx.checkpointer.intent_put(
+                    ctx.thread_id, intent_key, t.name, idem, attempt=ctx.config.attempt
+                )
             except FencedError:
                 raise
             except Exception as e:
-                ctx.log.error("could not record the intent of %s (%s): %s; running it anyway", key, t.name, e)
+                ctx.log.error("could not record the intent of %s (%s): %s; running it anyway", intent_key, t.name, e)
             return None
         IN_DOUBT.labels(t.name, t.in_doubt).inc()
         if t.in_doubt == "retry":
@@ -205,10 +226,15 @@ class ToolNode:
                 f"result was recorded); it was not retried. Idempotency key: {idem}",
                 "in_doubt",
             )
-        decision = interrupt(
-            {"reason": "in_doubt", "tool": t.name, "arguments": arguments, "idempotency_key": idem},
-            message=f"{t.name} started but its outcome is unknown; resume with \"retry\" or {{\"result\": ...}}",
-        )
+        # A scope of its own: the decision must never take the answer meant for an interrupt() of the tool.
+        token = current_scope.set(CallScope(name=f"in-doubt:{intent_key}", tool_call_id=call.id))
+        try:
+            decision = interrupt(
+                {"reason": "in_doubt", "tool": t.name, "arguments": arguments, "idempotency_key": idem},
+                message=f"{t.name} started but its outcome is unknown; resume with \"retry\" or {{\"result\": ...}}",
+            )
+        finally:
+            current_scope.reset(token)
         if decision == "retry":
             return None
         if isinstance(decision, dict) and "result" in decision:

@@ -71,6 +71,43 @@ class CheckpointWrite:
 
 
 @dataclass(frozen=True)
+class Progress:
+    """Where a thread is, read cheaply: what the operator mirrors into the AgentRun status."""
+
+    thread_id: str
+    version: int
+    current_node: str | None
+    step: int
+    status: RunStatus
+    updated_at: float
+    # False when the step is known only from a hot cache (``durable_checkpoint_every_step: false``):
+    # a crash resumes from ``version``, not from this step.
+    durable: bool = True
+    # The newest attempt registered for the thread, where the backend tracks it.
+    attempt: int | None = None
+    error: dict[str, Any] | None = None
+    stop_reason: str | None = None
+    tool_calls: dict[str, int] = field(default_factory=dict)
+    interrupts: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint: Checkpoint) -> Progress:
+        meta = checkpoint.meta
+        return cls(
+            thread_id=checkpoint.thread_id,
+            version=checkpoint.version,
+            current_node=checkpoint.current_node,
+            step=checkpoint.step,
+            status=checkpoint.status,
+            updated_at=checkpoint.created_at,
+            error=meta.get("error"),
+            stop_reason=meta.get("stop_reason"),
+            tool_calls=dict(meta.get("tool_calls") or {}),
+            interrupts=list(meta.get("interrupts") or []),
+        )
+
+
+@dataclass(frozen=True)
 class LedgerEntry:
     key: str
     tool_name: str
@@ -114,6 +151,14 @@ class Checkpointer(abc.ABC):
         ``expected_version``, and ``FencedError`` if ``attempt`` is older than
         the newest attempt registered for the thread.
         """
+
+    async def aget_progress(self, thread_id: str) -> Progress | None:
+        """Version, node, step and outcome of the thread's latest state, or ``None`` for an unknown thread.
+
+        This default reads the whole checkpoint; backends override it with a cheaper query.
+        """
+        checkpoint = await self.aget(thread_id)
+        return None if checkpoint is None else Progress.from_checkpoint(checkpoint)
 
     async def cache_put(self, thread_id: str, write: CheckpointWrite, *, version: int) -> None:
         """Record a non-durable step (``durable_checkpoint_every_step: false``).

@@ -1,0 +1,183 @@
+"""What the emulated API server serves: resources learned from CRD files plus a few built-ins.
+
+A ``ResourceDef`` carries everything the server needs about one resource:
+discovery names, scope, subresources, printer columns (for ``kubectl get``)
+and the schema its objects are defaulted, pruned and validated against. Custom
+resources take all of it from their ``CustomResourceDefinition`` (the storage
+version); built-ins use the upstream JSON schemas of Kubernetes 1.32 shipped
+with ``kubernetes-validate``, so a misspelt pod field from the operator is
+caught here as it would be by a real cluster.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kmock
+import referencing
+import yaml
+from kubernetes_validate import utils as kv_utils
+
+from tests.cluster.schema import SchemaValidator
+
+KUBERNETES_VERSION = "1.32"
+ALL_VERBS = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
+
+
+@dataclass(frozen=True)
+class Column:
+    """A printer column (``additionalPrinterColumns`` or a built-in's table column)."""
+
+    name: str
+    type: str
+    json_path: str = ""
+    description: str = ""
+    priority: int = 0
+    format: str = ""
+    compute: Callable[[dict[str, Any]], Any] | None = None
+
+
+@dataclass
+class ResourceDef:
+    group: str
+    version: str
+    plural: str
+    kind: str
+    singular: str
+    namespaced: bool
+    short_names: tuple[str, ...] = ()
+    categories: tuple[str, ...] = ()
+    subresources: frozenset[str] = frozenset()
+    verbs: tuple[str, ...] = ALL_VERBS
+    columns: list[Column] = field(default_factory=list)
+    schema: dict[str, Any] | None = None  # openAPIV3Schema (custom resources only)
+    custom: bool = False
+    has_generation: bool = False
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def group_resource(self) -> str:
+        """``agentruns.agentrun.dev`` / ``pods``: how error messages name the resource."""
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+    @property
+    def key(self) -> kmock.resource:
+        return kmock.resource(self.group, self.version, self.plural)
+
+    @property
+    def list_kind(self) -> str:
+        return f"{self.kind}List"
+
+    @functools.cached_property
+    def validator(self) -> SchemaValidator | None:
+        return SchemaValidator(self.schema) if self.schema is not None else None
+
+    def path(self, namespace: str | None = None, name: str | None = None) -> str:
+        prefix = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        ns = f"/namespaces/{namespace}" if self.namespaced and namespace else ""
+        return f"{prefix}{ns}/{self.plural}" + (f"/{name}" if name else "")
+
+
+def load_crds(paths: Iterable[Path]) -> list[ResourceDef]:
+    """Every served version of every CRD in these YAML files (multi-document files allowed)."""
+    defs: list[ResourceDef] = []
+    for path in paths:
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc and doc.get("kind") == "CustomResourceDefinition":
+                defs.extend(crd_resources(doc))
+    return defs
+
+
+def crd_resources(crd: dict[str, Any]) -> list[ResourceDef]:
+    spec = crd["spec"]
+    names = spec["names"]
+    defs = []
+    for version in spec["versions"]:
+        if not version.get("served", True):
+            continue
+        columns = [Column("Name", "string", "", "Name must be unique within a namespace. Is required when "
+                          "creating resources, although some resources may allow a client to request the "
+                          "generation of an appropriate name automatically.", 0, "name")]
+        printer = version.get("additionalPrinterColumns")
+        if printer is None:
+            printer = [{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}]
+        for col in printer:
+            columns.append(Column(col["name"], col["type"], col["jsonPath"], col.get("description", ""),
+                                  col.get("priority", 0), col.get("format", "")))
+        defs.append(ResourceDef(
+            group=spec["group"], version=version["name"], plural=names["plural"], kind=names["kind"],
+            singular=names.get("singular", names["kind"].lower()), namespaced=spec["scope"] == "Namespaced",
+            short_names=tuple(names.get("shortNames", ())), categories=tuple(names.get("categories", ())),
+            subresources=frozenset(version.get("subresources", {}) or {}),
+            columns=columns, schema=version["schema"]["openAPIV3Schema"], custom=True, has_generation=True,
+        ))
+    return defs
+
+
+def _age() -> Column:
+    return Column("Age", "date", ".metadata.creationTimestamp",
+                  "CreationTimestamp is a timestamp representing the server time when this object was created.")
+
+
+def _name() -> Column:
+    return Column("Name", "string", ".metadata.name", "Name must be unique within a namespace.", 0, "name")
+
+
+def builtin_resources() -> list[ResourceDef]:
+    """The built-in resources an operator, a kubelet and kubectl need here."""
+    from tests.cluster import tables  # the pod status column lives with the other table logic
+
+    return [
+        ResourceDef("", "v1", "pods", "Pod", "pod", True, ("po",), ("all",),
+                    frozenset({"status", "binding", "eviction"}), columns=tables.pod_columns()),
+        ResourceDef("", "v1", "events", "Event", "event", True, ("ev",), columns=tables.event_columns()),
+        ResourceDef("", "v1", "secrets", "Secret", "secret", True, columns=[
+            _name(), Column("Type", "string", ".type"),
+            Column("Data", "integer", compute=lambda o: len(o.get("data") or {})), _age()]),
+        ResourceDef("", "v1", "configmaps", "ConfigMap", "configmap", True, ("cm",), columns=[
+            _name(), Column("Data", "integer", compute=lambda o: len(o.get("data") or {})
+                            + len(o.get("binaryData") or {})), _age()]),
+        ResourceDef("", "v1", "namespaces", "Namespace", "namespace", False, ("ns",),
+                    subresources=frozenset({"status", "finalize"}),
+                    verbs=("create", "delete", "get", "list", "patch", "update", "watch"),
+                    columns=[_name(), Column("Status", "string", ".status.phase"), _age()]),
+        ResourceDef("", "v1", "nodes", "Node", "node", False, ("no",), subresources=frozenset({"status"}),
+                    columns=[_name(), Column("Status", "string", compute=tables.node_status),
+                             Column("Roles", "string", compute=lambda o: "<none>"), _age(),
+                             Column("Version", "string", ".status.nodeInfo.kubeletVersion")]),
+        ResourceDef("", "v1", "serviceaccounts", "ServiceAccount", "serviceaccount", True, ("sa",),
+                    columns=[_name(), Column("Secrets", "integer", compute=lambda o: len(o.get("secrets") or [])),
+                             _age()]),
+        ResourceDef("coordination.k8s.io", "v1", "leases", "Lease", "lease", True, columns=[
+            _name(), Column("Holder", "string", ".spec.holderIdentity"), _age()]),
+    ]
+
+
+class BuiltinSchemas:
+    """Upstream JSON schemas of the built-in kinds (strict: unknown fields are reported)."""
+
+    def __init__(self, version: str = KUBERNETES_VERSION) -> None:
+        versions = [v for v in kv_utils.all_versions() if kv_utils.major_minor(v) == version]
+        self._dir = f"kubernetes-json-schema/v{versions[-1]}-local-strict"
+        self._version = version
+        defs = kv_utils.schema_contents(f"{self._dir}/_definitions.json", version)
+        self._registry: referencing.Registry[Any] = referencing.Resource.from_contents(defs) @ referencing.Registry()
+
+    @functools.lru_cache(maxsize=None)  # noqa: B019 (one instance per server, kept for its lifetime)
+    def validator(self, kind: str, api_version: str) -> jsonschema.Draft202012Validator | None:
+        group_version = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)  # coordination.k8s.io/v1
+        name = f"{self._dir}/{kind.lower()}-{group_version}.json"
+        try:
+            schema = kv_utils.schema_contents(name, self._version)
+        except FileNotFoundError:
+            return None
+        return jsonschema.Draft202012Validator(schema, registry=self._registry)

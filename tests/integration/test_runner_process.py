@@ -1,0 +1,163 @@
+"""The runner pod entrypoint as a real process: env contract in, exit code and store out, signals for real."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from examples.support_agent import count_effects
+from tests.conftest import ROOT
+
+INPUT = {"messages": [{"role": "user", "content": "charge my saved card for order 4821 and email me the receipt"}]}
+
+
+@pytest.fixture
+def pod_env(tmp_path: Path, subprocess_env: dict[str, str]) -> dict[str, str]:
+    return dict(
+        subprocess_env,
+        AGENTRUN_GRAPH="examples.support_agent:app",
+        AGENTRUN_THREAD_ID="default/order-4821",
+        AGENTRUN_RUN_NAME="order-4821",
+        AGENTRUN_RUN_UID="uid-1",
+        AGENTRUN_ATTEMPT="1",
+        AGENTRUN_INPUT=json.dumps(INPUT),
+        AGENTRUN_STORE=f"sqlite:///{tmp_path / 'agentrun.db'}",
+        AGENTRUN_METRICS_PORT="0",
+        AGENTRUN_TERMINATION_LOG=str(tmp_path / "termination-log"),
+    )
+
+
+def start(env: dict[str, str], **overrides: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "agentrun.runner"], env={**env, **overrides}, cwd=ROOT,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def run(env: dict[str, str], **overrides: str) -> tuple[int, str]:
+    proc = start(env, **overrides)
+    _, err = proc.communicate(timeout=60)
+    return proc.returncode, err
+
+
+def status(env: dict[str, str]) -> tuple[str, str | None]:
+    conn = sqlite3.connect(env["AGENTRUN_STORE"].removeprefix("sqlite:///"))
+    try:
+        row = conn.execute(
+            "SELECT status, current_node FROM states WHERE thread_id = ? ORDER BY version DESC LIMIT 1",
+            (env["AGENTRUN_THREAD_ID"],),
+        ).fetchone()
+    finally:
+        conn.close()
+    return row
+
+
+def wait_for_node(env: dict[str, str], node: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if status(env) == ("running", node):
+                return
+        except (sqlite3.Error, TypeError):
+            pass
+        time.sleep(0.1)
+    pytest.fail(f"the runner never reached node {node}")
+
+
+def test_completed_run_exits_0_and_a_rescheduled_pod_does_not_run_the_turn_again(pod_env: dict[str, str]) -> None:
+    code, err = run(pod_env)
+    assert code == 0, err
+    assert status(pod_env) == ("completed", "__end__")
+    # The operator could start attempt 2 if it missed attempt 1's exit; it must not charge again.
+    code, err = run(pod_env, AGENTRUN_ATTEMPT="2")
+    assert code == 0, err
+    assert count_effects(pod_env["SUPPORT_EFFECTS_DB"])["tool_invocations"] == 2  # charge + receipt, once each
+
+
+def test_sigterm_preempts_at_a_safe_point_exit_6_and_the_next_attempt_finishes(pod_env: dict[str, str]) -> None:
+    """Preemption: the current node finishes (within the window), the state is checkpointed, exit 6."""
+    proc = start(pod_env, SUPPORT_TOOL_DELAY="1.5", AGENTRUN_PREEMPT_FINISH_SECONDS="20")
+    wait_for_node(pod_env, "tools")
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 6, err
+    assert status(pod_env) == ("running", "model"), "the tool node should have finished and been checkpointed"
+    code, err = run(pod_env, AGENTRUN_ATTEMPT="2")
+    assert code == 0, err
+    effects = count_effects(pod_env["SUPPORT_EFFECTS_DB"])
+    assert effects["charges"] == 1 and effects["tool_invocations"] == 2, effects
+
+
+def test_sigterm_cancels_a_hung_node_after_the_window_and_stays_resumable(pod_env: dict[str, str]) -> None:
+    proc = start(pod_env, SUPPORT_TOOL_DELAY="3600", AGENTRUN_PREEMPT_FINISH_SECONDS="0.5")
+    wait_for_node(pod_env, "tools")
+    time.sleep(0.3)
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 6, err
+    assert time.monotonic() - started < 10, "preemption must fit in a pod's termination grace period"
+    assert status(pod_env) == ("running", "tools")
+    code, err = run(pod_env, AGENTRUN_ATTEMPT="2")
+    assert code == 0, err
+    assert count_effects(pod_env["SUPPORT_EFFECTS_DB"])["charges"] == 1
+
+
+def test_stop_request_exits_4(pod_env: dict[str, str]) -> None:
+    proc = start(pod_env, SUPPORT_TOOL_DELAY="3600")
+    wait_for_node(pod_env, "tools")
+    # As the operator will: a stop request in the store, from another process.
+    asked = subprocess.run(
+        [sys.executable, "-m", "agentrun.cli", "stop", "--thread-id", pod_env["AGENTRUN_THREAD_ID"]],
+        env={**pod_env, "AGENTRUN_STORE": pod_env["AGENTRUN_STORE"]}, cwd=ROOT, capture_output=True, text=True,
+    )
+    assert asked.returncode == 0, asked.stderr
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 4, err
+    assert status(pod_env) == ("stopped", "tools")
+    assert "RUN_STOPPED_001" in Path(pod_env["AGENTRUN_TERMINATION_LOG"]).read_text()
+
+
+def test_unknown_graph_exits_5_with_the_reason_in_the_termination_log(pod_env: dict[str, str]) -> None:
+    code, err = run(pod_env, AGENTRUN_GRAPH="examples.nope:app")
+    assert code == 5, err
+    message = Path(pod_env["AGENTRUN_TERMINATION_LOG"]).read_text()
+    assert "GRAPH_REFERENCE_001" in message and "examples.nope" in message
+
+
+def test_missing_environment_exits_5_naming_the_variable(pod_env: dict[str, str]) -> None:
+    env = {k: v for k, v in pod_env.items() if k != "AGENTRUN_GRAPH"}
+    code, err = run(env)
+    assert code == 5 and "AGENTRUN_GRAPH" in err
+
+
+def test_a_superseded_attempt_exits_7_and_does_nothing(pod_env: dict[str, str]) -> None:
+    code, err = run(pod_env, AGENTRUN_ATTEMPT="3", AGENTRUN_INPUT="null", AGENTRUN_GRAPH="examples.support_agent:app")
+    # Attempt 3 registered (and failed for lack of input); attempt 2 arriving late must be fenced off.
+    assert code == 5, err
+    code, err = run(pod_env, AGENTRUN_ATTEMPT="2")
+    assert code == 7, err
+    assert count_effects(pod_env["SUPPORT_EFFECTS_DB"])["tool_invocations"] == 0
+
+
+def test_interrupt_exits_3_and_resume_value_completes(pod_env: dict[str, str], tmp_path: Path) -> None:
+    """The refund tool is in doubt after a crash between its start and its record; in_doubt=interrupt pauses."""
+    refund = {"messages": [{"role": "user", "content": "please refund order 4821"}]}
+    env = dict(pod_env, AGENTRUN_INPUT=json.dumps(refund))
+    code, err = run(env, AGENTRUN_FAULT_POINT="after_tool:refund_payment")
+    assert code == -signal.SIGKILL, err
+    code, err = run(env, AGENTRUN_ATTEMPT="2")
+    assert code == 3, err
+    assert status(env) == ("interrupted", "tools")
+    assert "Interrupted" in Path(env["AGENTRUN_TERMINATION_LOG"]).read_text()
+    answer = {"value": {"result": {"status": "refunded"}}}
+    code, err = run(env, AGENTRUN_ATTEMPT="3", AGENTRUN_RESUME=json.dumps(answer))
+    assert code == 0, err
+    assert count_effects(env["SUPPORT_EFFECTS_DB"])["refunds"] == 1, "the human's answer must not refund again"
