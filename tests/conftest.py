@@ -34,7 +34,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         parts = Path(str(item.fspath)).relative_to(ROOT / "tests").parts
         # A parameter may carry its own tier (the postgres backend of the shared checkpointer
         # suite in tests/unit): it keeps that tier, so `-m unit` never needs a server.
-        if parts and parts[0] in _TIERS and not any(item.iter_markers(name) for name in _TIERS.values()):
+        if parts and parts[0] in _TIERS and not any(item.get_closest_marker(name) for name in _TIERS.values()):
             item.add_marker(getattr(pytest.mark, _TIERS[parts[0]]))
         # First in line, so it is torn down after every other fixture (servers, sessions) of the test.
         if isinstance(item, pytest.Function) and inspect.iscoroutinefunction(item.obj):
@@ -53,8 +53,11 @@ async def no_leaked_tasks() -> AsyncIterator[None]:
 @pytest.fixture(params=BACKENDS)
 async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
     """One store per test, once per checkpointer backend (tests/support/checkpointers.py lists them)."""
-    if request.param == "postgres" and (reason := postgres_unavailable()):
-        pytest.skip(reason)
+    if request.param == "postgres":
+        if reason := postgres_unavailable():
+            pytest.skip(reason)
+        if request.node.get_closest_marker("looptime"):
+            pytest.skip("looptime fakes the loop clock, which breaks real network I/O (connect timeouts)")
     store = Backend(request.param, tmp_path)
     try:
         yield store

@@ -255,10 +255,14 @@ class ToolNode:
         idem: str | None,
     ) -> Any:
         timeout = ctx.config.tool_timeout if t.timeout is None else (t.timeout if t.timeout > 0 else None)
+        deadline = asyncio.timeout(timeout)
         try:
-            async with asyncio.timeout(timeout):
+            async with deadline:
                 return await t.ainvoke(arguments, state=state, idempotency_key=idem)
-        except TimeoutError:
+        except TimeoutError as e:
+            if not deadline.expired():  # the tool's own TimeoutError (e.g. an HTTP client's): a tool error
+                ctx.log.warning("tool %s (call %s) raised %s: %s", t.name, call.id, type(e).__name__, e)
+                raise _ToolFailed(_error_message(call, f"{type(e).__name__}: {e}", "exception")) from e
             TOOL_TIMEOUTS.labels(t.name).inc()
             err = NodeTimeoutError(
                 f"tool {t.name} did not finish within {timeout:g}s", code=NodeTimeoutError.TOOL, timeout=timeout or 0

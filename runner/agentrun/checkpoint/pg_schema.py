@@ -32,10 +32,17 @@ import hashlib
 import logging
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeAlias
 
 import asyncpg
 
 from ..errors import StorageError
+
+if TYPE_CHECKING:
+    from asyncpg.pool import PoolConnectionProxy
+
+    # A plain connection or one borrowed from a pool: both run the same SQL.
+    Connection: TypeAlias = asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyncpg.Record]
 
 log = logging.getLogger("agentrun.checkpoint.postgres")
 
@@ -175,7 +182,9 @@ def normalize_thread_id_type(value: str) -> str:
     normalized = value.strip().lower().replace(" ", "")
     match = _TYPE_RE.match(normalized)
     if match is None or (match.group(2) is not None and not 1 <= int(match.group(2)) <= MAX_THREAD_ID_LENGTH):
-        raise ValueError(f"thread_id_type must be 'text' or 'varchar(N)' with N <= {MAX_THREAD_ID_LENGTH}, not {value!r}")
+        raise ValueError(
+            f"thread_id_type must be 'text' or 'varchar(N)' with N <= {MAX_THREAD_ID_LENGTH}, not {value!r}"
+        )
     return normalized
 
 
@@ -191,7 +200,7 @@ def lock_key(schema: str) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
-async def schema_version(conn: asyncpg.Connection) -> int:
+async def schema_version(conn: Connection) -> int:
     """The applied schema version of the connection's schema; 0 for an empty database."""
     if not await conn.fetchval(_VERSION_TABLE_EXISTS):
         return 0
@@ -199,7 +208,7 @@ async def schema_version(conn: asyncpg.Connection) -> int:
 
 
 async def apply_migrations(
-    conn: asyncpg.Connection,
+    conn: Connection,
     migrations: list[Migration],
     *,
     schema: str,
@@ -232,7 +241,7 @@ async def apply_migrations(
 
 
 async def _migrate_locked(
-    conn: asyncpg.Connection, migrations: list[Migration], *, schema: str, thread_id_type: str
+    conn: Connection, migrations: list[Migration], *, schema: str, thread_id_type: str
 ) -> list[int]:
     if not await conn.fetchval(_SCHEMA_EXISTS, schema):
         # Only when missing: CREATE SCHEMA needs CREATE on the database even with IF NOT EXISTS,
@@ -269,7 +278,7 @@ def _warn_if_newer(current: int, target: int) -> None:
         )
 
 
-async def _warn_if_type_differs(conn: asyncpg.Connection, thread_id_type: str) -> None:
+async def _warn_if_type_differs(conn: Connection, thread_id_type: str) -> None:
     existing = await conn.fetchval(_FIRST_TYPE)
     if existing is not None and existing != thread_id_type:
         log.warning(

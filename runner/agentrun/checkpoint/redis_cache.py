@@ -238,7 +238,7 @@ class RedisHotCache:
         return result
 
     def _safe_url(self) -> str:
-        head, sep, tail = self.url.rpartition("@")
+        _, sep, tail = self.url.rpartition("@")
         return f"redis://***@{tail}" if sep else self.url
 
     # -- state -------------------------------------------------------------------------
@@ -405,7 +405,7 @@ class RedisHotCache:
                 if isinstance(event, dict):
                     yield event
         finally:
-            await pubsub.aclose()
+            await pubsub.aclose()  # type: ignore[no-untyped-call]  # untyped in redis-py
 
     async def aclose(self) -> None:
         await self.client.aclose()

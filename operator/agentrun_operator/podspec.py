@@ -1,0 +1,131 @@
+"""The runner pod for one attempt (pure).
+
+Security by default: no service account token, the restricted Pod Security
+profile (non-root, read-only root filesystem, no capabilities, seccomp
+RuntimeDefault), store credentials only through ``secretKeyRef``, and from
+``spec.podTemplate`` only fields that cannot widen privileges.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .settings import OperatorSettings
+from .spec import AgentRunSpec, thread_key
+
+GROUP, VERSION, PLURAL, KIND = "agentrun.dev", "v1alpha1", "agentruns", "AgentRun"
+RUN_LABEL = "agentrun.dev/run"
+ATTEMPT_LABEL = "agentrun.dev/attempt"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "agentrun-operator"}
+RESERVED_ENV_PREFIX = "AGENTRUN_"
+RUNNER_UID = 65532  # the conventional "nonroot" user of distroless images
+
+
+def pod_name(run_name: str, attempt: int) -> str:
+    return f"{run_name}-{attempt}"
+
+
+def store_secret(spec: AgentRunSpec, settings: OperatorSettings) -> str:
+    return spec.store.secretRef.name if spec.store else settings.default_store_secret
+
+
+def build_pod(
+    run: dict[str, Any],
+    spec: AgentRunSpec,
+    attempt: int,
+    settings: OperatorSettings,
+    *,
+    resume: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    meta = run["metadata"]
+    name, namespace = meta["name"], meta["namespace"]
+    template = spec.podTemplate
+    secret = store_secret(spec, settings)
+    env: list[dict[str, Any]] = [
+        {"name": "AGENTRUN_GRAPH", "value": spec.graph},
+        {"name": "AGENTRUN_THREAD_ID", "value": thread_key(namespace, spec.threadId)},
+        {"name": "AGENTRUN_RUN_NAME", "value": name},
+        {"name": "AGENTRUN_RUN_UID", "value": meta["uid"]},
+        {"name": "AGENTRUN_ATTEMPT", "value": str(attempt)},
+        {"name": "AGENTRUN_CONFIG", "value": json.dumps(spec.run_config())},
+        {"name": "AGENTRUN_INPUT", "value": json.dumps(spec.input) if spec.input is not None else "null"},
+        {"name": "AGENTRUN_METRICS_PORT", "value": str(settings.runner_metrics_port)},
+        {"name": "AGENTRUN_POSTGRES_DSN", "valueFrom": {"secretKeyRef": {"name": secret, "key": "postgresDsn"}}},
+        {"name": "AGENTRUN_REDIS_URL",
+         "valueFrom": {"secretKeyRef": {"name": secret, "key": "redisUrl", "optional": True}}},
+    ]
+    if resume is not None:
+        env.append({"name": "AGENTRUN_RESUME", "value": json.dumps(resume)})
+    if spec.userId:
+        env.append({"name": "AGENTRUN_USER_ID", "value": spec.userId})
+    for var in (template.env if template and template.env else []):
+        if var.name.startswith(RESERVED_ENV_PREFIX):
+            continue  # the contract's variables are the operator's to set
+        env.append(var.model_dump(exclude_none=True))
+    labels = {
+        **((template.labels or {}) if template else {}),
+        "app.kubernetes.io/name": "agentrun-runner",
+        "app.kubernetes.io/instance": name,
+        **MANAGED_BY,
+        RUN_LABEL: name,
+        ATTEMPT_LABEL: str(attempt),
+    }
+    container: dict[str, Any] = {
+        "name": "runner",
+        "image": spec.image or settings.default_image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": list(settings.runner_command),
+        "env": env,
+        "ports": [{"name": "metrics", "containerPort": settings.runner_metrics_port}],
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    if template and template.resources:
+        container["resources"] = template.resources
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": settings.pod_grace_seconds,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUNNER_UID,
+            "runAsGroup": RUNNER_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}}],
+    }
+    if template and template.nodeSelector:
+        pod_spec["nodeSelector"] = template.nodeSelector
+    if template and template.tolerations:
+        pod_spec["tolerations"] = template.tolerations
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod_name(name, attempt),
+            "namespace": namespace,
+            "labels": labels,
+            "annotations": dict(template.annotations or {}) if template else {},
+            "ownerReferences": [
+                {
+                    "apiVersion": f"{GROUP}/{VERSION}",
+                    "kind": KIND,
+                    "name": name,
+                    "uid": meta["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": pod_spec,
+    }

@@ -1,0 +1,49 @@
+"""Operator configuration: environment variables prefixed ``AGENTRUN_OPERATOR_`` (or flags in ``__main__``)."""
+
+from __future__ import annotations
+
+import json
+import socket
+from typing import Annotated, Any
+
+from pydantic import field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+class OperatorSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="AGENTRUN_OPERATOR_", extra="ignore")
+
+    # Namespaces to watch (comma-separated or JSON list); empty: the whole cluster.
+    namespaces: Annotated[list[str], NoDecode] = []
+    default_image: str = "ghcr.io/agentrun/agentrun:0.1.0"
+    # Store secret used when an AgentRun names none (keys postgresDsn, redisUrl), looked up in the run's namespace.
+    default_store_secret: str = "agentrun-store"
+    # The runner command inside the image.
+    runner_command: Annotated[list[str], NoDecode] = ["python", "-m", "agentrun.runner"]
+    image_pull_policy: str = "IfNotPresent"
+    log_format: str = "text"
+    metrics_port: int = 8080
+    # Leader election (coordination.k8s.io Lease).
+    leader_election: bool = True
+    lease_name: str = "agentrun-operator"
+    lease_namespace: str = "default"
+    lease_duration_seconds: float = 15.0
+    identity: str = socket.gethostname()
+    # Run policy.
+    reconcile_interval_seconds: float = 1.0
+    stop_grace_seconds: float = 30.0
+    pod_grace_seconds: int = 30
+    lost_node_timeout_seconds: float = 60.0
+    max_disruptions: int = 50
+    max_backoff_seconds: float = 300.0
+    runner_metrics_port: int = 9090
+
+    @field_validator("namespaces", "runner_command", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [part.strip() for part in text.split(",") if part.strip()]
+        return value

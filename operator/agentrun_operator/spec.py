@@ -1,0 +1,106 @@
+"""The AgentRun spec as a pydantic model.
+
+The CRD schema is the first line of validation; this model is the second,
+because an API server may run without the schema (old clusters, emulators)
+and because some rules do not fit OpenAPI (a resume with several values
+must name interrupt ids). Field names are the CRD's camelCase.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+GRAPH_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
+THREAD_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9._:-]{0,198}[A-Za-z0-9])?$"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class RunConfigSpec(_Model):
+    toolTimeoutSeconds: float | None = Field(default=None, ge=0)
+    nodeTimeoutSeconds: float | None = Field(default=None, ge=0)
+    durableCheckpointEveryStep: bool = True
+    recursionLimit: int = Field(default=50, ge=1, le=10000)
+
+
+class ResumeSpec(_Model):
+    value: Any = None
+    values: dict[str, Any] | None = None
+
+    def digest(self) -> str:
+        """Identifies this answer, so one spec.resume starts exactly one attempt."""
+        raw = json.dumps(self.model_dump(), sort_keys=True, default=str)
+        return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+class RestartPolicySpec(_Model):
+    maxRestarts: int = Field(default=3, ge=0, le=100)
+    backoffSeconds: float = Field(default=5, ge=0, le=3600)
+
+
+class SecretRef(_Model):
+    name: str = Field(min_length=1, max_length=253)
+
+
+class StoreSpec(_Model):
+    secretRef: SecretRef
+
+
+class EnvVar(_Model):
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    value: str | None = None
+    valueFrom: dict[str, Any] | None = None
+
+
+class PodTemplateSpec(_Model):
+    """The safe subset: nothing here can add privileges, volumes or a service account."""
+
+    resources: dict[str, Any] | None = None
+    nodeSelector: dict[str, str] | None = None
+    tolerations: list[dict[str, Any]] | None = None
+    env: list[EnvVar] | None = None
+    annotations: dict[str, str] | None = None
+    labels: dict[str, str] | None = None
+
+
+class AgentRunSpec(_Model):
+    graph: str = Field(pattern=GRAPH_PATTERN)
+    image: str | None = None
+    threadId: str = Field(pattern=THREAD_PATTERN, min_length=1, max_length=200)
+    userId: str | None = None
+    input: dict[str, Any] | None = None
+    config: RunConfigSpec = RunConfigSpec()
+    stop: bool = False
+    resume: ResumeSpec | None = None
+    restartPolicy: RestartPolicySpec = RestartPolicySpec()
+    store: StoreSpec | None = None
+    podTemplate: PodTemplateSpec | None = None
+
+    def run_config(self) -> dict[str, Any]:
+        """The runner's AGENTRUN_CONFIG: only what the user set, so the runtime's defaults apply."""
+        return self.config.model_dump(exclude_unset=True)
+
+
+class InvalidSpec(ValueError):
+    """A spec the operator refuses; the message names each offending field."""
+
+
+def parse_spec(raw: dict[str, Any]) -> AgentRunSpec:
+    try:
+        return AgentRunSpec.model_validate(raw)
+    except ValidationError as e:
+        problems = "; ".join(
+            f"spec.{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors()
+        )
+        raise InvalidSpec(problems) from None
+
+
+def thread_key(namespace: str, thread_id: str) -> str:
+    """Threads are scoped by namespace in the store: two namespaces never share a thread."""
+    return f"{namespace}/{thread_id}"

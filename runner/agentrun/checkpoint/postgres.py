@@ -1,0 +1,626 @@
+"""The production checkpointer: PostgreSQL through an asyncpg pool, with an optional Redis hot cache.
+
+Every runner pod of a cluster writes here, so these are the product's
+guarantees (DESIGN.md section 2, "PostgreSQL rules" and "Fencing"):
+
+- Versioned writes. ``aput`` runs one transaction: ensure the thread row,
+  lock it with ``SELECT ... FOR UPDATE``, compare the latest version with the
+  version the run started from, insert the next version with that step's new
+  messages. A mismatch raises ``StaleStateError`` (``STORAGE_CONFLICT_001``)
+  and nothing of the write lands; ``UNIQUE (thread_id, version)`` backs the
+  lock up. Only the messages a step added or replaced are sent.
+- The ledger (``tool_executions``) is insert-if-absent: the first recorded
+  result stays authoritative. Ledger rows, intents, stop requests and
+  attempts go with their thread (``ON DELETE CASCADE``); nothing is deleted
+  implicitly, only by ``delete_thread``.
+- Fencing. ``register_attempt`` records the pod attempt that owns a thread;
+  every write that carries an older attempt is refused with ``FencedError``.
+  Writes and registration serialize on the thread row lock, so no write of
+  an older attempt commits after a newer attempt's registration committed.
+- The schema migrates itself (``pg_schema``), under an advisory lock.
+- Redis (``redis_cache``), when configured, caches the latest checkpoint and
+  publishes progress and stop requests; it is never the source of truth and
+  its failure never fails a run.
+
+HAZARDS (what this store cannot promise, and what to do):
+- Fencing refuses *writes*; it cannot recall a tool call that an old
+  attempt already started (a pod frozen mid-call resumes the call when it
+  thaws). Side effects must carry the idempotency key agentrun passes.
+- A connection lost during COMMIT leaves the outcome unknown to this
+  process. The call raises ``StorageError`` and the run should end (the
+  runner exits, the operator restarts it); the next attempt reads what
+  actually committed. Nothing here retries a write for that reason. Reads
+  retry once on a dropped connection (a pool's idle connections all die
+  when the server restarts).
+- A frozen process (SIGSTOP, a stalled VM) that holds a write transaction
+  holds the thread's row lock. ``idle_in_transaction_timeout`` makes the
+  server end such a session and release the lock; ``lock_timeout`` bounds
+  how long others wait for it (they fail with ``StorageError``).
+- Thread ids are at most 253 characters (``MAX_THREAD_ID_LENGTH``). Behind
+  PgBouncer in transaction mode, pass ``pool_options={"statement_cache_size": 0}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import asyncpg
+
+from ..errors import FencedError, StaleStateError, StorageError
+from ..faults import fault_point
+from ..messages import Message
+from .base import Checkpoint, Checkpointer, CheckpointWrite, Intent, LedgerEntry, Progress
+from .pg_schema import (
+    MAX_THREAD_ID_LENGTH,
+    MIGRATIONS,
+    apply_migrations,
+    normalize_thread_id_type,
+    validate_schema_name,
+)
+from .redis_cache import RedisHotCache
+
+if TYPE_CHECKING:
+    from .pg_schema import Connection
+
+log = logging.getLogger("agentrun.checkpoint.postgres")
+
+T = TypeVar("T")
+
+# -- SQL: thread row and fencing --------------------------------------------------------------
+
+_ENSURE_THREAD = "INSERT INTO threads (thread_id) VALUES ($1) ON CONFLICT (thread_id) DO NOTHING"
+# FOR UPDATE: one writer of versions at a time per thread, and registration of an attempt
+# excludes every write of the thread while it commits (fencing needs that order).
+_LOCK_THREAD = "SELECT incarnation::text FROM threads WHERE thread_id = $1 FOR UPDATE"
+# FOR SHARE: ledger and intent writes of parallel tool calls do not wait for each other, but do
+# wait for a checkpoint or a registration in flight, and then see the registered attempt.
+_SHARE_THREAD = "SELECT incarnation::text FROM threads WHERE thread_id = $1 FOR SHARE"
+# Read in a statement after the lock is granted: in READ COMMITTED each statement takes a new
+# snapshot, so this sees whatever the transaction we waited for committed.
+_REGISTERED_ATTEMPT = "SELECT attempt FROM attempts WHERE thread_id = $1"
+_HEAD = """
+    SELECT (SELECT attempt FROM attempts WHERE thread_id = $1) AS attempt,
+           (SELECT COALESCE(MAX(version), 0) FROM states WHERE thread_id = $1) AS version
+"""
+# The lock on the thread row is held, so no other registration can interleave; GREATEST keeps
+# the newest attempt even if a caller skipped the fence check.
+_REGISTER_ATTEMPT = """
+    INSERT INTO attempts (thread_id, attempt) VALUES ($1, $2)
+    ON CONFLICT (thread_id) DO UPDATE SET attempt = GREATEST(attempts.attempt, EXCLUDED.attempt),
+        registered_at = now()
+"""
+
+# -- SQL: state and messages ------------------------------------------------------------------
+
+_INSERT_STATE = """
+    INSERT INTO states (thread_id, version, current_node, step, status, state_values, meta, message_count, attempt)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+    RETURNING extract(epoch FROM created_at)::float8
+"""
+# Upsert by index: an index below the stored count replaces a message (add_messages with a known id).
+_PUT_MESSAGE = """
+    INSERT INTO messages (thread_id, idx, message_id, body, version) VALUES ($1, $2, $3, $4, $5)
+    ON CONFLICT (thread_id, idx) DO UPDATE SET message_id = EXCLUDED.message_id, body = EXCLUDED.body,
+        version = EXCLUDED.version
+"""
+# The cheap head of a thread: what a cache entry must match exactly to be served.
+_HEAD_VERSION = """
+    SELECT t.incarnation::text AS incarnation,
+           (SELECT MAX(version) FROM states s WHERE s.thread_id = t.thread_id) AS version
+    FROM threads t WHERE t.thread_id = $1
+"""
+_LATEST = """
+    SELECT t.incarnation::text AS incarnation, s.version, s.current_node, s.step, s.status,
+           s.state_values, s.meta, s.message_count, extract(epoch FROM s.created_at)::float8 AS created_at
+    FROM threads t JOIN states s ON s.thread_id = t.thread_id
+    WHERE t.thread_id = $1 ORDER BY s.version DESC LIMIT 1
+"""
+_MESSAGES = "SELECT body FROM messages WHERE thread_id = $1 AND idx < $2 ORDER BY idx"
+_PROGRESS = """
+    SELECT t.incarnation::text AS incarnation, s.version, s.current_node, s.step, s.status,
+           extract(epoch FROM s.created_at)::float8 AS updated_at,
+           s.meta -> 'error' AS error, s.meta ->> 'stop_reason' AS stop_reason,
+           s.meta -> 'tool_calls' AS tool_calls, s.meta -> 'interrupts' AS interrupts,
+           (SELECT attempt FROM attempts a WHERE a.thread_id = t.thread_id) AS attempt
+    FROM threads t JOIN states s ON s.thread_id = t.thread_id
+    WHERE t.thread_id = $1 ORDER BY s.version DESC LIMIT 1
+"""
+
+# -- SQL: ledger, intents, stop, threads --------------------------------------------------------
+
+# DO NOTHING: the first recorded result stays authoritative; a replayed record is a no-op.
+_PUT_LEDGER = """
+    INSERT INTO tool_executions (thread_id, tool_call_id, tool_name, result, attempt) VALUES ($1, $2, $3, $4, $5)
+    ON CONFLICT (thread_id, tool_call_id) DO NOTHING
+"""
+_GET_LEDGER = """
+    SELECT tool_name, result, extract(epoch FROM created_at)::float8 AS created_at
+    FROM tool_executions WHERE thread_id = $1 AND tool_call_id = $2
+"""
+_LIST_LEDGER = """
+    SELECT tool_call_id, tool_name, result, extract(epoch FROM created_at)::float8 AS created_at
+    FROM tool_executions WHERE thread_id = $1 ORDER BY created_at, tool_call_id
+"""
+# DO NOTHING: the first intent (its start time and idempotency key) is what a replay must see.
+_PUT_INTENT = """
+    INSERT INTO tool_intents (thread_id, tool_call_id, tool_name, idempotency_key, attempt)
+    VALUES ($1, $2, $3, $4, $5) ON CONFLICT (thread_id, tool_call_id) DO NOTHING
+"""
+_GET_INTENT = """
+    SELECT tool_name, idempotency_key, extract(epoch FROM started_at)::float8 AS started_at
+    FROM tool_intents WHERE thread_id = $1 AND tool_call_id = $2
+"""
+# DO NOTHING: a pending request keeps its first reason until the run acknowledges it.
+_REQUEST_STOP = """
+    INSERT INTO stop_requests (thread_id, reason) VALUES ($1, $2) ON CONFLICT (thread_id) DO NOTHING
+"""
+_STOP_REQUESTED = "SELECT reason FROM stop_requests WHERE thread_id = $1"
+_CLEAR_STOP = "DELETE FROM stop_requests WHERE thread_id = $1"
+# Every other table references threads with ON DELETE CASCADE: one statement removes it all.
+_DELETE_THREAD = "DELETE FROM threads WHERE thread_id = $1"
+_LIST_THREADS = """
+    SELECT thread_id FROM threads t WHERE EXISTS (SELECT 1 FROM states s WHERE s.thread_id = t.thread_id)
+    ORDER BY created_at, thread_id
+"""
+
+# Errors that mean "the database did not answer", as opposed to a conflict or a bug.
+_DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
+# Of those, the ones after which the same read on a fresh connection may well succeed.
+_CONNECTION_LOST = (
+    asyncpg.PostgresConnectionError,
+    asyncpg.exceptions.OperatorInterventionError,
+    asyncpg.InterfaceError,
+    ConnectionError,
+)
+
+
+def _dumps(value: Any, *, what: str, jsonb: bool = False) -> str:
+    try:
+        text = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError) as e:
+        raise StorageError(f"{what} is not JSON-serializable: {e}") from e
+    if jsonb and "\\u0000" in text:
+        raise StorageError(f"{what} contains the character U+0000, which PostgreSQL JSONB cannot store")
+    return text
+
+
+def _loads(text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def check_thread_id(thread_id: str) -> None:
+    """Raise ``ValueError`` unless ``thread_id`` is a non-empty string of at most 253 characters."""
+    if not isinstance(thread_id, str) or not 0 < len(thread_id) <= MAX_THREAD_ID_LENGTH:
+        raise ValueError(
+            f"thread id must be 1 to {MAX_THREAD_ID_LENGTH} characters, got {len(str(thread_id))}: "
+            f"{str(thread_id)[:40]!r}..."
+        )
+
+
+def _check_fence(thread_id: str, attempt: int | None, registered: int | None) -> None:
+    if attempt is not None and registered is not None and attempt < registered:
+        raise FencedError(
+            f"thread {thread_id!r}: attempt {attempt} is fenced off by newer attempt {registered}; "
+            "this attempt must stop without further side effects"
+        )
+
+
+async def _lock_thread(conn: Connection, thread_id: str, lock_sql: str) -> str:
+    """Ensure the thread row exists and lock it; returns its incarnation."""
+    for _ in range(3):
+        incarnation = await conn.fetchval(lock_sql, thread_id)
+        if incarnation is not None:
+            return str(incarnation)
+        # First write of the thread: create the row, then lock it like any other.
+        await conn.execute(_ENSURE_THREAD, thread_id)
+    raise StorageError(f"thread {thread_id!r} was deleted while being written, three times in a row")
+
+
+class PgCheckpointer(Checkpointer):
+    """``PgCheckpointer("postgresql://user@host/db", redis_url="redis://host:6379/0")``.
+
+    ``schema``: the PostgreSQL schema of the tables (created if missing).
+    ``thread_id_type``: ``"text"`` (default) or ``"varchar(N)"``, N <= 253;
+    chosen when the schema is first created. ``redis_prefix`` namespaces the
+    Redis keys and channels (use one per environment sharing a Redis).
+    """
+
+    backend = "postgres"
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        redis_url: str | None = None,
+        redis_prefix: str = "agentrun",
+        cache_ttl: float = 3600.0,
+        schema: str = "agentrun",
+        thread_id_type: str = "text",
+        min_pool_size: int = 1,
+        max_pool_size: int = 5,
+        connect_timeout: float = 10.0,
+        lock_timeout: float = 30.0,
+        idle_in_transaction_timeout: float = 60.0,
+        pool_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.dsn = dsn
+        self.schema = validate_schema_name(schema)
+        self.thread_id_type = normalize_thread_id_type(thread_id_type)
+        self._pool_kwargs: dict[str, Any] = {
+            "min_size": min_pool_size,
+            "max_size": max_pool_size,
+            "timeout": connect_timeout,
+            "server_settings": {
+                "search_path": self.schema,
+                "application_name": "agentrun",
+                "lock_timeout": f"{int(lock_timeout * 1000)}ms",
+                "idle_in_transaction_session_timeout": f"{int(idle_in_transaction_timeout * 1000)}ms",
+            },
+            **(pool_options or {}),
+        }
+        self.cache: RedisHotCache | None = (
+            RedisHotCache(redis_url, prefix=redis_prefix, ttl=cache_ttl) if redis_url else None
+        )
+        self._pool: asyncpg.Pool[asyncpg.Record] | None = None
+        self._pool_lock = asyncio.Lock()
+        self._setup_done = False
+        # Incarnation of each thread this process touched, so non-durable progress can carry it.
+        self._incarnations: dict[str, str] = {}
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    async def _get_pool(self) -> asyncpg.Pool[asyncpg.Record]:
+        if self._pool is not None and self._setup_done:
+            return self._pool
+        async with self._pool_lock:
+            if self._pool is None:
+                try:
+                    self._pool = await asyncpg.create_pool(self.dsn, **self._pool_kwargs)
+                except _DB_ERRORS as e:
+                    raise StorageError(f"cannot connect to PostgreSQL: {e}") from e
+            if not self._setup_done:
+                async with self._pool.acquire() as conn:
+                    await apply_migrations(conn, MIGRATIONS, schema=self.schema, thread_id_type=self.thread_id_type)
+                self._setup_done = True
+        return self._pool
+
+    async def _write(self, op: str, txn: Callable[[Connection], Awaitable[T]]) -> T:
+        """Run ``txn`` in one transaction; database failures become ``StorageError``, nothing is retried."""
+        pool = await self._get_pool()
+        try:
+            async with pool.acquire() as conn, conn.transaction():
+                return await txn(conn)
+        except _DB_ERRORS as e:
+            raise StorageError(f"postgres {op} failed: {type(e).__name__}: {e}") from e
+
+    async def _read(
+        self, op: str, query: Callable[[Connection], Awaitable[T]], *, snapshot: bool = False
+    ) -> T:
+        """Run a read, once more on a fresh connection if the first one was dropped."""
+        pool = await self._get_pool()
+        for retry in (False, True):
+            try:
+                async with pool.acquire() as conn:
+                    if not snapshot:
+                        return await query(conn)
+                    # One snapshot for the state row and its messages (messages are updated in place).
+                    async with conn.transaction(isolation="repeatable_read", readonly=True):
+                        return await query(conn)
+            except _CONNECTION_LOST as e:
+                if retry:
+                    raise StorageError(f"postgres {op} failed: {type(e).__name__}: {e}") from e
+                log.info("postgres connection lost during %s (%s); retrying once on a new connection", op, e)
+            except _DB_ERRORS as e:
+                raise StorageError(f"postgres {op} failed: {type(e).__name__}: {e}") from e
+        raise AssertionError("unreachable")
+
+    def _remember(self, thread_id: str, incarnation: str) -> None:
+        if len(self._incarnations) > 10_000:
+            self._incarnations.clear()
+        self._incarnations[thread_id] = incarnation
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    async def setup(self) -> None:
+        """Connect and create or migrate the schema (fast when current); raises ``StorageError``."""
+        await self._get_pool()
+
+    async def aclose(self) -> None:
+        if self.cache is not None:
+            await self.cache.aclose()
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            try:
+                await asyncio.wait_for(pool.close(), timeout=5)
+            except (TimeoutError, *_DB_ERRORS):
+                pool.terminate()
+        self._setup_done = False
+
+    # -- state -----------------------------------------------------------------------------
+
+    async def aget(self, thread_id: str) -> Checkpoint | None:
+        """The latest checkpoint; from the hot cache only if it holds exactly PostgreSQL's latest version."""
+        if self.cache is not None and self.cache.usable:
+            head = await self._read("aget", lambda conn: conn.fetchrow(_HEAD_VERSION, thread_id))
+            if head is None or head["version"] is None:
+                return None
+            cached = await self.cache.get(thread_id, head["incarnation"], int(head["version"]))
+            if cached is not None:
+                self._remember(thread_id, head["incarnation"])
+                return cached
+        loaded = await self._read("aget", lambda conn: self._load_txn(conn, thread_id), snapshot=True)
+        if loaded is None:
+            return None
+        checkpoint, incarnation, bodies = loaded
+        self._remember(thread_id, incarnation)
+        if self.cache is not None:
+            await self.cache.fill(thread_id, incarnation, checkpoint, bodies)
+        return checkpoint
+
+    @staticmethod
+    async def _load_txn(conn: Connection, thread_id: str) -> tuple[Checkpoint, str, list[str]] | None:
+        row = await conn.fetchrow(_LATEST, thread_id)
+        if row is None:
+            return None
+        bodies = [r["body"] for r in await conn.fetch(_MESSAGES, thread_id, row["message_count"])]
+        checkpoint = Checkpoint(
+            thread_id=thread_id,
+            version=int(row["version"]),
+            values=json.loads(row["state_values"]),
+            messages=[Message.from_json(json.loads(body)) for body in bodies],
+            current_node=row["current_node"],
+            step=row["step"],
+            status=row["status"],
+            meta=json.loads(row["meta"]),
+            created_at=row["created_at"],
+        )
+        return checkpoint, row["incarnation"], bodies
+
+    async def aput(
+        self, thread_id: str, write: CheckpointWrite, *, expected_version: int, attempt: int | None = None
+    ) -> int:
+        check_thread_id(thread_id)
+        values = _dumps(write.values, what="state")
+        meta = _dumps(write.meta, what="run metadata", jsonb=True)
+        bodies = [(index, message.id, _dumps(message.to_json(), what="a message")) for index, message in write.messages]
+        try:
+            version, incarnation, created_at = await self._write(
+                "checkpoint",
+                lambda conn: self._put_txn(conn, thread_id, write, values, meta, bodies, expected_version, attempt),
+            )
+        except StaleStateError:
+            if self.cache is not None:
+                await self.cache.invalidate(thread_id)
+            raise
+        self._remember(thread_id, incarnation)
+        if self.cache is not None:
+            await self.cache.apply_write(
+                thread_id,
+                incarnation,
+                base_version=expected_version,
+                version=version,
+                write=write,
+                created_at=created_at,
+                bodies=[(index, body) for index, _, body in bodies],
+                event=self._progress_event(thread_id, incarnation, version, write, durable=True, attempt=attempt),
+            )
+        return version
+
+    @staticmethod
+    async def _put_txn(
+        conn: Connection,
+        thread_id: str,
+        write: CheckpointWrite,
+        values: str,
+        meta: str,
+        bodies: list[tuple[int, str | None, str]],
+        expected_version: int,
+        attempt: int | None,
+    ) -> tuple[int, str, float]:
+        incarnation = await _lock_thread(conn, thread_id, _LOCK_THREAD)
+        head = await conn.fetchrow(_HEAD, thread_id)
+        assert head is not None  # an aggregate query always returns one row
+        _check_fence(thread_id, attempt, head["attempt"])
+        current = int(head["version"])
+        if current != expected_version:
+            raise StaleStateError(thread_id, expected_version, current)
+        version = current + 1
+        try:
+            created_at = await conn.fetchval(
+                _INSERT_STATE, thread_id, version, write.current_node, write.step, write.status, values, meta,
+                write.message_count, attempt,
+            )
+        except asyncpg.UniqueViolationError as e:
+            # Unreachable while every writer takes the row lock; kept as the documented backstop.
+            raise StaleStateError(thread_id, expected_version, version) from e
+        if bodies:
+            await conn.executemany(_PUT_MESSAGE, [(thread_id, i, mid, body, version) for i, mid, body in bodies])
+        fault_point("in_checkpoint_txn", write.current_node or "")
+        return version, incarnation, float(created_at)
+
+    async def cache_put(self, thread_id: str, write: CheckpointWrite, *, version: int) -> None:
+        """Publish a non-durable step's progress on Redis; PostgreSQL is not touched (nothing without Redis)."""
+        if self.cache is None:
+            return
+        incarnation = self._incarnations.get(thread_id, "")
+        event = self._progress_event(thread_id, incarnation, version, write, durable=False, attempt=None)
+        await self.cache.put_progress(thread_id, event)
+
+    @staticmethod
+    def _progress_event(
+        thread_id: str, incarnation: str, version: int, write: CheckpointWrite, *, durable: bool, attempt: int | None
+    ) -> dict[str, Any]:
+        return {
+            "type": "progress",
+            "thread_id": thread_id,
+            "incarnation": incarnation,
+            "version": version,
+            "current_node": write.current_node,
+            "step": write.step,
+            "status": write.status,
+            "durable": durable,
+            "attempt": attempt,
+        }
+
+    async def aget_progress(self, thread_id: str) -> Progress | None:
+        """Latest version, node, step and outcome from one indexed query (no messages read).
+
+        With Redis, a newer non-durable step of the same version is reported
+        with ``durable=False``; PostgreSQL's version is never understated.
+        """
+        row = await self._read("progress", lambda conn: conn.fetchrow(_PROGRESS, thread_id))
+        if row is None:
+            return None
+        progress = Progress(
+            thread_id=thread_id,
+            version=int(row["version"]),
+            current_node=row["current_node"],
+            step=row["step"],
+            status=row["status"],
+            updated_at=row["updated_at"],
+            attempt=row["attempt"],
+            error=_loads(row["error"]),
+            stop_reason=row["stop_reason"],
+            tool_calls=_loads(row["tool_calls"]) or {},
+            interrupts=_loads(row["interrupts"]) or [],
+        )
+        if self.cache is None:
+            return progress
+        live = await self.cache.get_progress(thread_id)
+        if (
+            live is not None
+            and not live.get("durable", True)
+            and live.get("incarnation") in ("", row["incarnation"])
+            and live.get("version") == progress.version
+            and isinstance(live.get("step"), int)
+            and live["step"] > progress.step
+        ):
+            return dataclasses.replace(
+                progress,
+                current_node=live.get("current_node"),
+                step=live["step"],
+                status=live.get("status", progress.status),
+                durable=False,
+            )
+        return progress
+
+    async def events(self, thread_id: str | None = None) -> AsyncIterator[dict[str, Any]]:
+        """Progress and stop events from Redis as they happen (``StorageError`` without Redis)."""
+        if self.cache is None:
+            raise StorageError("events need the Redis hot cache (redis_url); poll aget_progress instead")
+        async for event in self.cache.events(thread_id):
+            yield event
+
+    # -- ledger and intents ------------------------------------------------------------------
+
+    async def ledger_get(self, thread_id: str, key: str) -> LedgerEntry | None:
+        row = await self._read("ledger read", lambda conn: conn.fetchrow(_GET_LEDGER, thread_id, key))
+        if row is None:
+            return None
+        return LedgerEntry(key, row["tool_name"], _loads(row["result"]), row["created_at"])
+
+    async def ledger_put(
+        self, thread_id: str, key: str, tool_name: str, result: Any, *, attempt: int | None = None
+    ) -> bool:
+        check_thread_id(thread_id)
+        body = _dumps(result, what=f"the result of {tool_name}", jsonb=True)
+        return await self._write(
+            "ledger record", lambda conn: self._ledger_put_txn(conn, thread_id, key, tool_name, body, attempt)
+        )
+
+    @staticmethod
+    async def _ledger_put_txn(
+        conn: Connection, thread_id: str, key: str, tool_name: str, body: str, attempt: int | None
+    ) -> bool:
+        await _lock_thread(conn, thread_id, _SHARE_THREAD)
+        _check_fence(thread_id, attempt, await conn.fetchval(_REGISTERED_ATTEMPT, thread_id))
+        status = await conn.execute(_PUT_LEDGER, thread_id, key, tool_name, body, attempt)
+        return bool(status == "INSERT 0 1")
+
+    async def ledger_list(self, thread_id: str) -> list[LedgerEntry]:
+        rows = await self._read("ledger list", lambda conn: conn.fetch(_LIST_LEDGER, thread_id))
+        return [LedgerEntry(r["tool_call_id"], r["tool_name"], _loads(r["result"]), r["created_at"]) for r in rows]
+
+    async def intent_get(self, thread_id: str, key: str) -> Intent | None:
+        row = await self._read("intent read", lambda conn: conn.fetchrow(_GET_INTENT, thread_id, key))
+        return None if row is None else Intent(key, row["tool_name"], row["idempotency_key"], row["started_at"])
+
+    async def intent_put(
+        self,
+        thread_id: str,
+        key: str,
+        tool_name: str,
+        idempotency_key: str | None,
+        *,
+        attempt: int | None = None,
+    ) -> None:
+        check_thread_id(thread_id)
+        await self._write(
+            "intent record",
+            lambda conn: self._intent_put_txn(conn, thread_id, key, tool_name, idempotency_key, attempt),
+        )
+
+    @staticmethod
+    async def _intent_put_txn(
+        conn: Connection,
+        thread_id: str,
+        key: str,
+        tool_name: str,
+        idempotency_key: str | None,
+        attempt: int | None,
+    ) -> None:
+        await _lock_thread(conn, thread_id, _SHARE_THREAD)
+        _check_fence(thread_id, attempt, await conn.fetchval(_REGISTERED_ATTEMPT, thread_id))
+        await conn.execute(_PUT_INTENT, thread_id, key, tool_name, idempotency_key, attempt)
+
+    # -- fencing, stop, threads ---------------------------------------------------------------
+
+    async def register_attempt(self, thread_id: str, attempt: int) -> None:
+        check_thread_id(thread_id)
+        await self._write("attempt registration", lambda conn: self._register_attempt_txn(conn, thread_id, attempt))
+
+    @staticmethod
+    async def _register_attempt_txn(conn: Connection, thread_id: str, attempt: int) -> None:
+        await _lock_thread(conn, thread_id, _LOCK_THREAD)
+        _check_fence(thread_id, attempt, await conn.fetchval(_REGISTERED_ATTEMPT, thread_id))
+        await conn.execute(_REGISTER_ATTEMPT, thread_id, attempt)
+
+    async def request_stop(self, thread_id: str, reason: str = "") -> None:
+        """Record the request in PostgreSQL (the truth the run polls), then announce it on Redis."""
+        check_thread_id(thread_id)
+        await self._write("stop request", lambda conn: self._request_stop_txn(conn, thread_id, reason))
+        if self.cache is not None:
+            await self.cache.publish(thread_id, {"type": "stop", "thread_id": thread_id, "reason": reason})
+
+    @staticmethod
+    async def _request_stop_txn(conn: Connection, thread_id: str, reason: str) -> None:
+        await conn.execute(_ENSURE_THREAD, thread_id)
+        await conn.execute(_REQUEST_STOP, thread_id, reason)
+
+    async def stop_requested(self, thread_id: str) -> str | None:
+        reason = await self._read("stop poll", lambda conn: conn.fetchval(_STOP_REQUESTED, thread_id))
+        return None if reason is None else str(reason)
+
+    async def clear_stop(self, thread_id: str) -> None:
+        await self._write("stop acknowledgement", lambda conn: conn.execute(_CLEAR_STOP, thread_id))
+
+    async def delete_thread(self, thread_id: str) -> None:
+        """Delete the thread; states, messages, ledger, intents, stop request and attempt go by cascade."""
+        await self._write("thread deletion", lambda conn: conn.execute(_DELETE_THREAD, thread_id))
+        self._incarnations.pop(thread_id, None)
+        if self.cache is not None:
+            await self.cache.forget(thread_id)
+
+    async def list_threads(self) -> list[str]:
+        rows = await self._read("thread list", lambda conn: conn.fetch(_LIST_THREADS))
+        return [r["thread_id"] for r in rows]

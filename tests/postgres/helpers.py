@@ -1,0 +1,160 @@
+"""Helpers of the PostgreSQL tier: driving the support example in child processes and reading the store."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from agentrun.checkpoint.base import CheckpointWrite
+from agentrun.messages import Message
+
+REQUEST = "charge my saved card for order 4821 and email me the receipt"
+SIDE_EFFECT_TOOLS = ("charge_card", "send_receipt")
+
+
+def write(
+    *messages: tuple[int, Message],
+    count: int,
+    step: int = 0,
+    status: Any = "running",
+    node: str | None = "model",
+    values: dict[str, Any] | None = None,
+    meta: dict[str, Any] | None = None,
+) -> CheckpointWrite:
+    return CheckpointWrite(
+        values=values or {},
+        current_node=node,
+        step=step,
+        status=status,
+        meta=meta or {},
+        message_count=count,
+        messages=list(messages),
+    )
+
+
+async def fetch(dsn: str, query: str, *args: Any) -> list[asyncpg.Record]:
+    """Run one query on a connection of its own (a reader outside the checkpointer)."""
+    conn = await asyncpg.connect(dsn, server_settings={"search_path": "agentrun"})
+    try:
+        return list(await conn.fetch(query, *args))
+    finally:
+        await conn.close()
+
+
+async def fetchval(dsn: str, query: str, *args: Any) -> Any:
+    rows = await fetch(dsn, query, *args)
+    return rows[0][0] if rows else None
+
+
+def invocations(effects_db: str, tool: str) -> int:
+    """How often a side-effect tool body ran (the example logs every invocation)."""
+    conn = sqlite3.connect(effects_db)
+    try:
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS tool_invocations (id INTEGER PRIMARY KEY AUTOINCREMENT, tool TEXT NOT NULL, "
+            "order_id TEXT, idempotency_key TEXT, at REAL NOT NULL)"
+        )
+        return int(conn.execute("SELECT COUNT(*) FROM tool_invocations WHERE tool = ?", (tool,)).fetchone()[0])
+    finally:
+        conn.close()
+
+
+@dataclass
+class Driven:
+    """A finished child process of ``tests.postgres.drive_pg``."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def final(self) -> list[dict[str, Any]]:
+        lines = [line for line in self.stdout.splitlines() if line.startswith("FINAL ")]
+        assert lines, f"no final state printed (exit {self.returncode})\nstdout:\n{self.stdout}\nstderr:\n{self.stderr}"
+        return json.loads(lines[-1].removeprefix("FINAL "))  # type: ignore[no-any-return]
+
+    def __str__(self) -> str:
+        return f"exit {self.returncode}\nstdout:\n{self.stdout}\nstderr:\n{self.stderr}"
+
+
+def driver_args(
+    dsn: str,
+    thread_id: str,
+    *,
+    text: str | None = None,
+    auto: str | None = None,
+    attempt: int | None = None,
+    redis: str | None = None,
+    redis_prefix: str | None = None,
+    freeze_before: int | None = None,
+) -> list[str]:
+    cmd = [sys.executable, "-m", "tests.postgres.drive_pg", dsn, thread_id]
+    if text is not None:
+        cmd += ["--input", text]
+    if auto is not None:
+        cmd += ["--auto", auto]
+    if attempt is not None:
+        cmd += ["--attempt", str(attempt)]
+    if redis is not None:
+        cmd += ["--redis", redis]
+    if redis_prefix is not None:
+        cmd += ["--redis-prefix", redis_prefix]
+    if freeze_before is not None:
+        cmd += ["--stop-self-before-version", str(freeze_before)]
+    return cmd
+
+
+async def spawn(env: dict[str, str], cmd: Sequence[str], *, fault: str | None = None) -> asyncio.subprocess.Process:
+    child_env = dict(env)
+    if fault:
+        child_env["AGENTRUN_FAULT_POINT"] = fault
+    return await asyncio.create_subprocess_exec(
+        *cmd, env=child_env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+
+
+async def finish(process: asyncio.subprocess.Process, *, timeout: float = 60) -> Driven:
+    stdout, stderr = await asyncio.wait_for(process.communicate(), timeout)
+    assert process.returncode is not None
+    return Driven(process.returncode, stdout.decode(), stderr.decode())
+
+
+async def drive(env: dict[str, str], cmd: Sequence[str], *, fault: str | None = None, timeout: float = 60) -> Driven:
+    return await finish(await spawn(env, cmd, fault=fault), timeout=timeout)
+
+
+async def wait_for_line(process: asyncio.subprocess.Process, prefix: str, *, timeout: float = 30) -> list[str]:
+    """Read stdout until a line starting with ``prefix``; returns the lines read (the rest stays buffered)."""
+    assert process.stdout is not None
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"no {prefix!r} line within {timeout}s; got {seen}"
+        raw = await asyncio.wait_for(process.stdout.readline(), remaining)
+        assert raw, f"the process ended before printing {prefix!r}; got {seen}"
+        line = raw.decode().rstrip("\n")
+        seen.append(line)
+        if line.startswith(prefix):
+            return seen
+
+
+async def wait_until(predicate: Any, *, timeout: float = 20, what: str = "condition") -> None:
+    """Poll an async predicate every 20 ms."""
+    deadline = time.monotonic() + timeout
+    while not await predicate():
+        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
+def process_state(pid: int) -> str:
+    """The kernel's one-letter state of a process (``T`` when stopped by a signal)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]

@@ -1,0 +1,15 @@
+"""The shared checkpointer contract (tests/unit/test_checkpointers.py) again, with the Redis hot cache on.
+
+tests/unit runs the suite on PostgreSQL without Redis; here every
+checkpointer the suite opens has the cache, on a fresh database, so each
+guarantee of the contract (versions, ``StaleStateError``, ledger first write
+wins, intents, stop, fencing, delete cascade, resume after a crash) is
+proven to hold when reads and writes also go through Redis.
+"""
+
+from __future__ import annotations
+
+from tests.unit import test_checkpointers as suite
+
+# Collected here with this directory's `backend` fixture (PostgreSQL + Redis, see conftest.py).
+globals().update({name: test for name, test in vars(suite).items() if name.startswith("test_")})
