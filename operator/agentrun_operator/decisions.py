@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from agentrun.checkpoint.base import Progress
+
 from .spec import AgentRunSpec
 
 PENDING, RUNNING, INTERRUPTED, STOPPING = "Pending", "Running", "Interrupted", "Stopping"
@@ -128,22 +130,6 @@ def classify(pod: PodView | None) -> Outcome:
 
 
 @dataclass(frozen=True)
-class Progress:
-    """The store's view of the thread (the source of truth for version, node and step)."""
-
-    status: str
-    version: int
-    current_node: str | None
-    step: int
-    executed: int = 0
-    replayed: int = 0
-    checkpoint_time: datetime | None = None
-    interrupts: tuple[dict[str, Any], ...] = ()
-    error: dict[str, Any] | None = None
-    run_uid: str | None = None
-
-
-@dataclass(frozen=True)
 class Limits:
     stop_grace: float = 30.0
     lost_node_timeout: float = 60.0
@@ -193,15 +179,16 @@ def mirror(progress: Progress | None) -> dict[str, Any]:
     """Status fields copied from the store."""
     if progress is None:
         return {}
-    fields: dict[str, Any] = {
+    return {
         "stateVersion": progress.version,
         "currentNode": progress.current_node,
         "step": progress.step,
-        "toolCalls": {"executed": progress.executed, "replayed": progress.replayed},
+        "toolCalls": {
+            "executed": int(progress.tool_calls.get("executed", 0)),
+            "replayed": int(progress.tool_calls.get("replayed", 0)),
+        },
+        "lastCheckpointTime": iso(datetime.fromtimestamp(progress.updated_at, UTC)),
     }
-    if progress.checkpoint_time is not None:
-        fields["lastCheckpointTime"] = iso(progress.checkpoint_time)
-    return fields
 
 
 def _interrupt_status(progress: Progress | None) -> dict[str, Any] | None:

@@ -73,7 +73,9 @@ class KubeClient:
         context_name = config.get("current-context")
         context = next(c["context"] for c in config["contexts"] if c["name"] == context_name)
         cluster = next(c["cluster"] for c in config["clusters"] if c["name"] == context["cluster"])
-        user = next((u["user"] for u in config.get("users", []) if u["name"] == context.get("user")), {})
+        user: dict[str, Any] = next(
+            (u["user"] for u in config.get("users", []) if u["name"] == context.get("user")), {}
+        )
         server = cluster["server"]
         ssl_context: ssl.SSLContext | bool = True
         if server.startswith("https"):

@@ -101,10 +101,19 @@ async def lookup(ctx: RunContext, key: str, tool_name: str) -> Any:
 
 
 async def record(ctx: RunContext, key: str, tool_name: str, result: Any) -> bool:
-    """Record a completed call. Never raises except ``FencedError`` (this attempt must stop)."""
+    """Record a completed call; ``False`` if it was not recorded. Never raises except ``FencedError``."""
     try:
         envelope = encode(result)
-        await ctx.checkpointer.ledger_put(ctx.thread_id, key, tool_name, envelope, attempt=ctx.config.attempt)
+        if not await ctx.checkpointer.ledger_put(ctx.thread_id, key, tool_name, envelope, attempt=ctx.config.attempt):
+            # First write wins: an entry that was unreadable (malformed) or written meanwhile by another
+            # process stays authoritative, so this result reaches the model but a replay will not see it.
+            ctx.log.warning(
+                "tool call %s (%s) COMPLETED but the ledger already holds an entry for it, which stays "
+                "authoritative; this result goes to the model only",
+                key,
+                tool_name,
+            )
+            return False
         return True
     except FencedError:
         raise

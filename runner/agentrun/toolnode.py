@@ -70,8 +70,12 @@ class _ToolFailed(Exception):
         self.message = message
 
 
-def _error_message(call: ToolCall, text: str, reason: str) -> Message:
-    TOOL_ERRORS.labels(call.name, reason).inc()
+# The metric label for a tool name the model made up: labels must stay a bounded set.
+UNKNOWN_TOOL_LABEL = "<unknown>"
+
+
+def _error_message(call: ToolCall, text: str, reason: str, *, known: bool = True) -> Message:
+    TOOL_ERRORS.labels(call.name if known else UNKNOWN_TOOL_LABEL, reason).inc()
     return tool_message(f"Error: {text}", tool_call_id=call.id, name=call.name, is_error=True)
 
 
@@ -121,7 +125,8 @@ class ToolNode:
                     raise outcome  # cancellation or stop: the node is ending
                 # _run_call turns every tool failure into a message; this is a bug in the tool node itself.
                 ctx.log.exception("tool node failed on call %s", call.id, exc_info=outcome)
-                messages.append(_error_message(call, f"{type(outcome).__name__}: {outcome}", "internal"))
+                text = f"{type(outcome).__name__}: {outcome}"
+                messages.append(_error_message(call, text, "internal", known=call.name in self.tools))
             else:
                 messages.append(outcome)
         if interrupts:
@@ -145,7 +150,9 @@ class ToolNode:
         t = self.tools.get(call.name)
         if t is None:
             known = ", ".join(sorted(self.tools)) or "none"
-            return _error_message(call, f"unknown tool {call.name!r} (available: {known})", "unknown_tool")
+            return _error_message(
+                call, f"unknown tool {call.name!r} (available: {known})", "unknown_tool", known=False
+            )
         if key is None:
             ctx.log.warning(
                 "tool call %s has no %s; the ledger is skipped and the tool runs",

@@ -172,7 +172,7 @@ class BuiltinSchemas:
         defs = kv_utils.schema_contents(f"{self._dir}/_definitions.json", version)
         self._registry: referencing.Registry[Any] = referencing.Resource.from_contents(defs) @ referencing.Registry()
 
-    @functools.lru_cache(maxsize=None)  # noqa: B019 (one instance per server, kept for its lifetime)
+    @functools.cache  # noqa: B019 (one instance per server, kept for its lifetime)
     def validator(self, kind: str, api_version: str) -> jsonschema.Draft202012Validator | None:
         group_version = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)  # coordination.k8s.io/v1
         name = f"{self._dir}/{kind.lower()}-{group_version}.json"

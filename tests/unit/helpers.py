@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import pytest
@@ -95,3 +96,12 @@ async def seed_tool_step(
 
 def log_lines(caplog: pytest.LogCaptureFixture, level: int = logging.DEBUG) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno >= level]
+
+
+async def eventually(check: Callable[[], Awaitable[Any]], what: str, *, attempts: int = 5000) -> None:
+    """Poll the store until ``check()`` is truthy (the store is the only channel a crashed process leaves)."""
+    for _ in range(attempts):
+        if await check():
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError(f"never happened: {what}")

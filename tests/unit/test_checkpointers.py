@@ -18,7 +18,7 @@ from agentrun.checkpoint import Checkpointer, CheckpointWrite
 from agentrun.messages import assistant
 from tests.support.checkpointers import Backend
 
-from .helpers import app_for, call, tool_messages
+from .helpers import app_for, call, eventually, tool_messages
 
 
 def write(
@@ -267,8 +267,7 @@ async def test_completed_tool_is_replayed_not_rerun_after_a_crash(backend: Backe
         if crash:
             # The process dies once charge_card's result is in the ledger, before the node finishes.
             key = f"{state['messages'][-1].id}:call_1"
-            while await checkpointer.ledger_get(t, key) is None:
-                await asyncio.sleep(0.001)
+            await eventually(lambda: checkpointer.ledger_get(t, key), "charge_card recorded")
             raise Crash
         return "sent"
 
@@ -308,8 +307,7 @@ async def test_cancelled_run_resumes_from_the_last_checkpoint(backend: Backend, 
 
     app = app_for([quick, slow], [call("call_1", "quick"), call("call_2", "slow")], checkpointer)
     run = asyncio.create_task(app.ainvoke("go", {"thread_id": t}))
-    while not await checkpointer.ledger_list(t):
-        await asyncio.sleep(0.001)
+    await eventually(lambda: checkpointer.ledger_list(t), "quick recorded")
     run.cancel()
     with pytest.raises(asyncio.CancelledError):
         await run

@@ -123,8 +123,10 @@ async def test_none_or_non_positive_deadlines_disable_them(looptime: Any, disabl
     assert tool_messages(values)["call_1"].content == "long done", f"tool_timeout={disabled!r} did not disable it"
 
     seconds = {"work": DEFAULT_NODE_TIMEOUT + 1}
-    values = await sleeping_graph(seconds).compile(InMemoryCheckpointer()).ainvoke(
-        "go", {"thread_id": "t", "node_timeout": disabled, "stop_poll_interval": 1}
+    values = (
+        await sleeping_graph(seconds)
+        .compile(InMemoryCheckpointer())
+        .ainvoke("go", {"thread_id": "t", "node_timeout": disabled, "stop_poll_interval": 1})
     )
     assert values["messages"][-1].content == "worked", f"node_timeout={disabled!r} did not disable it"
 

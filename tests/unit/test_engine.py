@@ -27,7 +27,7 @@ from agentrun.checkpoint import Checkpointer
 from agentrun.errors import InvalidUpdateError
 from tests.support.checkpointers import Backend
 
-from .helpers import app_for, call
+from .helpers import app_for, call, eventually
 
 
 def loop_graph() -> StateGraph:
@@ -43,7 +43,9 @@ def loop_graph() -> StateGraph:
     return graph
 
 
-async def test_recursion_limit_raises_and_persists_the_run_as_failed(backend: Backend, checkpointer: Checkpointer) -> None:
+async def test_recursion_limit_raises_and_persists_the_run_as_failed(
+    backend: Backend, checkpointer: Checkpointer
+) -> None:
     t = backend.thread()
     app = loop_graph().compile(checkpointer)
     with pytest.raises(GraphRecursionError) as raised:
@@ -65,11 +67,19 @@ def node(state: dict[str, Any]) -> dict[str, Any]:
         (lambda g: g.add_node("a", node), "no entry point"),
         (lambda g: (g.add_node("a", node), g.add_edge(START, "a")), "node 'a' has no way out"),
         (lambda g: (g.add_node("a", node), g.add_edge(START, "a"), g.add_edge("a", "b")), "unknown node 'b'"),
-        (lambda g: (g.add_edge(START, "ghost")), "unknown node 'ghost'"),
-        (lambda g: (g.add_node("a", node), g.add_edge(START, "a"), g.add_edge("x", "a"), g.add_edge("a", END)),
-         "edge from unknown node 'x'"),
-        (lambda g: (g.add_node("a", node), g.add_edge(START, "a"), g.add_conditional_edges("a", len, {1: "nowhere"})),
-         "conditional edge 'a' -> unknown node 'nowhere'"),
+        (lambda g: g.add_edge(START, "ghost"), "unknown node 'ghost'"),
+        (
+            lambda g: (g.add_node("a", node), g.add_edge(START, "a"), g.add_edge("x", "a"), g.add_edge("a", END)),
+            "edge from unknown node 'x'",
+        ),
+        (
+            lambda g: (
+                g.add_node("a", node),
+                g.add_edge(START, "a"),
+                g.add_conditional_edges("a", len, {1: "nowhere"}),
+            ),
+            "conditional edge 'a' -> unknown node 'nowhere'",
+        ),
     ],
     ids=["no-entry", "no-way-out", "edge-to-unknown", "entry-to-unknown", "edge-from-unknown", "branch-to-unknown"],
 )
@@ -99,7 +109,9 @@ def test_invalid_graph_is_rejected_while_building(build: Callable[[StateGraph], 
     assert message in str(raised.value)
 
 
-async def test_conditional_edge_to_an_unknown_node_fails_the_run_clearly(checkpointer: Checkpointer, backend: Backend) -> None:
+async def test_conditional_edge_to_an_unknown_node_fails_the_run_clearly(
+    checkpointer: Checkpointer, backend: Backend
+) -> None:
     graph = StateGraph()
     graph.add_node("a", node)
     graph.add_edge(START, "a")
@@ -176,8 +188,7 @@ async def test_new_input_on_a_running_thread_is_refused(checkpointer: Checkpoint
     graph.add_edge("slow", END)
     app = graph.compile(checkpointer)
     run = asyncio.create_task(app.ainvoke("first", {"thread_id": t}))
-    while await checkpointer.aget(t) is None:
-        await asyncio.sleep(0.001)
+    await eventually(lambda: checkpointer.aget(t), "the run's first checkpoint")
     with pytest.raises(ThreadStateError) as raised:
         await app.ainvoke("second", {"thread_id": t})
     assert "has an unfinished run (running at node 'slow', step 0)" in str(raised.value)

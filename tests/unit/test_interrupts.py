@@ -45,7 +45,11 @@ async def test_interrupt_in_one_of_three_parallel_calls_resumes_only_that_call(
     app = app_for([lookup, approve, email], calls, checkpointer)
     paused = await app.ainvoke("go", {"thread_id": t})
     [pending] = paused["__interrupt__"]
-    assert (pending.payload, pending.message, pending.tool_call_id) == ({"amount": 4999}, "approve the charge?", "call_2")
+    assert (pending.payload, pending.message, pending.tool_call_id) == (
+        {"amount": 4999},
+        "approve the charge?",
+        "call_2",
+    )
     assert pending.node == "tools"
     recorded = sorted(e.key.rsplit(":", 1)[1] for e in await checkpointer.ledger_list(t))
     assert recorded == ["call_1", "call_3"], "the siblings that finished must be in the ledger before the pause"
@@ -80,8 +84,8 @@ async def test_parallel_interrupts_have_distinct_ids_and_get_their_own_resume_va
 
     with pytest.raises(ThreadStateError) as raised:
         await app.ainvoke(Command(resume="yes"), {"thread_id": t})
-    assert "2 pending interrupts" in str(raised.value) and first.id in str(raised.value) and second.id in str(
-        raised.value
+    assert (
+        "2 pending interrupts" in str(raised.value) and first.id in str(raised.value) and second.id in str(raised.value)
     )
     assert "mapping" in str(raised.value)
     state = await app.aget_state(t)
@@ -98,6 +102,7 @@ async def test_answering_one_of_two_interrupts_pauses_again_on_the_other(
     backend: Backend, checkpointer: Checkpointer
 ) -> None:
     t = backend.thread()
+
     @tool
     async def ask(question: str) -> str:
         return f"{question} -> {interrupt(question)}"

@@ -114,7 +114,12 @@ async def test_malformed_ledger_entry_is_a_miss_and_the_tool_runs_again(
     values = await app_for([lookup], [], checkpointer).ainvoke(None, {"thread_id": t})
     assert ran["lookup"] == 1, "a malformed ledger entry must be a miss: the tool runs"
     assert tool_messages(values)["call_1"].content == "fresh result"
-    assert any("is malformed" in line and "will run again" in line for line in log_lines(caplog, logging.WARNING))
+    warnings = log_lines(caplog, logging.WARNING)
+    assert any("is malformed" in line and "will run again" in line for line in warnings)
+    # First write wins, even over garbage; the run says so instead of pretending it recorded the result.
+    entry = await checkpointer.ledger_get(t, f"{request.id}:call_1")
+    assert entry is not None and entry.result == garbage
+    assert any("COMPLETED but the ledger already holds an entry" in line for line in warnings), warnings
 
 
 async def test_unparsable_ledger_row_written_with_raw_sql_is_a_miss(

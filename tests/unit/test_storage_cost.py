@@ -65,8 +65,7 @@ async def test_bytes_per_step_do_not_grow_with_history(tmp_path: Path) -> None:
     steps_per_turn = 4  # the input, the model's request, the tool result, the model's answer
     assert len(checkpointer.writes) == TURNS * steps_per_turn
     assert all(len(w.messages) == 1 for w in checkpointer.writes), (
-        "a checkpoint re-sent messages that were already stored: "
-        f"{[len(w.messages) for w in checkpointer.writes]}"
+        f"a checkpoint re-sent messages that were already stored: {[len(w.messages) for w in checkpointer.writes]}"
     )
     total = rows(path, "SELECT COUNT(*) FROM messages WHERE thread_id = 't'")[0][0]
     assert total == TURNS * steps_per_turn

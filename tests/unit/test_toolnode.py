@@ -33,7 +33,9 @@ class OrderState(TypedDict, total=False):
 # -- parallel calls and state ---------------------------------------------------------------------
 
 
-async def test_parallel_tools_changing_different_fields_both_survive(backend: Backend, checkpointer: Checkpointer) -> None:
+async def test_parallel_tools_changing_different_fields_both_survive(
+    backend: Backend, checkpointer: Checkpointer
+) -> None:
     t = backend.thread()
     both_started = asyncio.Barrier(2)
 
@@ -193,9 +195,9 @@ async def test_unknown_tool_is_a_tool_error(checkpointer: Checkpointer, backend:
     async def lookup() -> str:
         return "ok"
 
-    values = await app_for([lookup], [call("call_1", "launch_missiles"), call("call_2", "lookup")], checkpointer).ainvoke(
-        "go", {"thread_id": t}
-    )
+    values = await app_for(
+        [lookup], [call("call_1", "launch_missiles"), call("call_2", "lookup")], checkpointer
+    ).ainvoke("go", {"thread_id": t})
     results = tool_messages(values)
     assert results["call_1"].is_error
     assert "unknown tool 'launch_missiles'" in results["call_1"].content and "lookup" in results["call_1"].content
@@ -271,7 +273,9 @@ async def test_tool_without_a_ledger_key_gets_no_idempotency_key(checkpointer: C
 # -- intents and the in-doubt policy ------------------------------------------------------------------
 
 
-async def test_intent_is_recorded_before_a_side_effect_tool_starts(backend: Backend, checkpointer: Checkpointer) -> None:
+async def test_intent_is_recorded_before_a_side_effect_tool_starts(
+    backend: Backend, checkpointer: Checkpointer
+) -> None:
     t = backend.thread()
     seen: list[Any] = []
 
@@ -329,7 +333,8 @@ async def test_in_doubt_report_is_a_tool_error_without_running(backend: Backend,
     values = await app_for([charge_tool("report", ran)], [], checkpointer).ainvoke(None, {"thread_id": t})
     assert ran == [], "report must not run an in-doubt call"
     result = tool_messages(values)["call_1"]
-    assert result.is_error and "outcome is unknown" in result.content and idempotency_key(t, key) in result.content
+    assert result.is_error and "outcome is unknown" in result.content
+    assert f"Idempotency key: {idempotency_key(t, key)}" in result.content, "the human needs the key to reconcile"
     assert await checkpointer.ledger_get(t, key) is None
     state = await checkpointer.aget(t)
     assert state is not None and state.status == "completed"

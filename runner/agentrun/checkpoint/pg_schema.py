@@ -224,8 +224,9 @@ async def apply_migrations(
     try:
         current = await schema_version(conn)
         if current >= target:
-            _warn_if_newer(current, target)
-            await _warn_if_type_differs(conn, thread_id_type)
+            if current > 0:
+                _warn_if_newer(current, target)
+                await _warn_if_type_differs(conn, thread_id_type)
             return []
         key = lock_key(schema)
         await conn.execute(_LOCK, key)

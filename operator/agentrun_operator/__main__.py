@@ -1,0 +1,147 @@
+"""The operator process: ``python -m agentrun_operator`` (configuration: ``AGENTRUN_OPERATOR_*``).
+
+Serves ``/healthz`` (liveness), ``/readyz`` and ``/metrics`` on the metrics
+port from the start, waits for the leader Lease, then runs kopf until it is
+stopped (SIGTERM: graceful, lease released) or loses the lease (exit 1, so
+Kubernetes restarts it as a standby and it never acts without the lease).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import sys
+
+import kopf
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from . import metrics
+from .handlers import register
+from .kube import KubeClient
+from .leader import LeaderElector
+from .reconcile import Reconciler
+from .settings import OperatorSettings
+from .store import StoreRegistry
+
+log = logging.getLogger("agentrun_operator")
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return json.dumps({"time": self.formatTime(record), "level": record.levelname, "logger": record.name,
+                           "message": record.getMessage()})
+
+
+def _logging(fmt: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_JsonFormatter() if fmt == "json" else logging.Formatter(
+        "%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
+    logging.getLogger("kopf").setLevel(logging.WARNING)
+
+
+async def _serve_http(port: int, state: dict[str, str]) -> web.AppRunner:
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def readyz(_: web.Request) -> web.Response:
+        return web.Response(text=state["role"])
+
+    async def metrics_endpoint(_: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics_endpoint)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "0.0.0.0", port).start()
+    return runner
+
+
+async def run(settings: OperatorSettings) -> int:
+    state = {"role": "starting"}
+    http = await _serve_http(settings.metrics_port, state) if settings.metrics_port else None
+    kube = KubeClient.from_environment()
+    stores = StoreRegistry(kube)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    elector = LeaderElector(kube, settings.lease_namespace, settings.lease_name, settings.identity,
+                            settings.lease_duration_seconds) if settings.leader_election else None
+    code = 0
+    try:
+        if elector is not None:
+            state["role"] = "standby"
+            acquiring = asyncio.create_task(elector.acquire())
+            stopping = asyncio.create_task(stop.wait())
+            await asyncio.wait({acquiring, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if stop.is_set():
+                acquiring.cancel()
+                return 0
+            stopping.cancel()
+        state["role"] = "leader"
+        metrics.LEADER.set(1)
+        log.info("leading as %s; watching %s", settings.identity,
+                 ", ".join(settings.namespaces) if settings.namespaces else "all namespaces")
+        registry = kopf.OperatorRegistry()
+        register(registry, Reconciler(kube, settings, stores), settings)
+        kopf_stop = asyncio.Event()
+        operator = asyncio.create_task(kopf.operator(
+            registry=registry, standalone=True, clusterwide=not settings.namespaces,
+            namespaces=settings.namespaces, stop_flag=kopf_stop,
+        ))
+        watchers = {operator, asyncio.create_task(stop.wait())}
+        holding = asyncio.create_task(elector.hold()) if elector is not None else None
+        if holding is not None:
+            watchers.add(holding)
+        done, _ = await asyncio.wait(watchers, return_when=asyncio.FIRST_COMPLETED)
+        if holding is not None and holding in done:
+            log.error("leadership lost: stopping so that only the new leader acts")
+            code = 1
+        kopf_stop.set()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await asyncio.wait_for(operator, timeout=10)
+        for task in watchers:
+            task.cancel()
+        if code == 0 and elector is not None:
+            await elector.release()
+        return code
+    finally:
+        metrics.LEADER.set(0)
+        await stores.close()
+        await kube.close()
+        if http is not None:
+            await http.cleanup()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="agentrun-operator", description="The agentrun Kubernetes operator.")
+    parser.add_argument("--namespace", action="append", help="watch this namespace (repeatable); default: all")
+    parser.add_argument("--default-image", help="runner image when an AgentRun names none")
+    parser.add_argument("--log-format", choices=["text", "json"])
+    parser.add_argument("--no-leader-election", action="store_true")
+    args = parser.parse_args(argv)
+    overrides: dict[str, object] = {}
+    if args.namespace:
+        overrides["namespaces"] = args.namespace
+    if args.default_image:
+        overrides["default_image"] = args.default_image
+    if args.log_format:
+        overrides["log_format"] = args.log_format
+    if args.no_leader_election:
+        overrides["leader_election"] = False
+    settings = OperatorSettings(**overrides)  # type: ignore[arg-type]
+    _logging(settings.log_format)
+    return asyncio.run(run(settings))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""The operator's view of run stores: one checkpointer per store Secret, read for progress, written for stops.
+
+An AgentRun names its store by Secret (``spec.store.secretRef``, keys
+``postgresDsn`` and optional ``redisUrl``). The operator reads that Secret
+in the run's namespace (RBAC: ``get`` on secrets, nothing more) and keeps
+one connection pool per Secret version. Credentials never leave this module:
+not in logs, not in status, not in events.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from dataclasses import dataclass
+
+from agentrun.checkpoint.base import Checkpointer
+from agentrun.checkpoint.postgres import PgCheckpointer
+
+from .kube import KubeClient, NotFound, secret_path
+
+log = logging.getLogger("agentrun_operator.store")
+
+
+class StoreUnavailable(Exception):
+    """The Secret is missing or unusable; ``reason`` is a CamelCase status reason."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass
+class _Entry:
+    version: str
+    checkpointer: Checkpointer
+
+
+class StoreRegistry:
+    def __init__(self, kube: KubeClient) -> None:
+        self.kube = kube
+        self._stores: dict[tuple[str, str], _Entry] = {}
+
+    async def get(self, namespace: str, secret: str) -> Checkpointer:
+        try:
+            body = await self.kube.get(secret_path(namespace, secret))
+        except NotFound:
+            raise StoreUnavailable(
+                "StoreSecretNotFound", f"store secret {namespace}/{secret} does not exist"
+            ) from None
+        version = str(body.get("metadata", {}).get("resourceVersion", ""))
+        key = (namespace, secret)
+        entry = self._stores.get(key)
+        if entry is not None and entry.version == version:
+            return entry.checkpointer
+        data = body.get("data") or {}
+        if "postgresDsn" not in data:
+            raise StoreUnavailable("StoreSecretInvalid", f"store secret {namespace}/{secret} has no key postgresDsn")
+        try:
+            dsn = base64.b64decode(data["postgresDsn"]).decode()
+            redis_url = base64.b64decode(data["redisUrl"]).decode() if data.get("redisUrl") else None
+        except ValueError:
+            raise StoreUnavailable(
+                "StoreSecretInvalid", f"store secret {namespace}/{secret} is not valid base64 text"
+            ) from None
+        checkpointer = PgCheckpointer(dsn, redis_url=redis_url)
+        if entry is not None:
+            await entry.checkpointer.aclose()
+        self._stores[key] = _Entry(version, checkpointer)
+        log.info("store for secret %s/%s opened (secret version %s)", namespace, secret, version)
+        return checkpointer
+
+    async def close(self) -> None:
+        for entry in self._stores.values():
+            await entry.checkpointer.aclose()
+        self._stores.clear()
