@@ -104,10 +104,15 @@ def classify(pod: PodView | None) -> Outcome:
     if pod is None:
         return Outcome.GONE
     ended = pod.exit_code is not None or pod.phase in ("Succeeded", "Failed")
-    if pod.disruption:
-        return Outcome.DISRUPTED if ended else Outcome.TERMINATING
+    if pod.disruption and ended:
+        return Outcome.DISRUPTED
     if pod.phase == "Unknown":
+        # Before the disruption check: a pod on a lost node may also be marked for disruption (the
+        # taint manager's DeletionByTaintManager), but its kubelet never confirms the ending, so
+        # waiting for it would wait forever; the lost-node timeout force-deletes and reschedules.
         return Outcome.LOST
+    if pod.disruption:
+        return Outcome.TERMINATING
     if ended:
         code = pod.exit_code
         mapping = {
@@ -226,7 +231,7 @@ def decide(
         return _start(d, 1, now, first=True)
 
     if phase == INTERRUPTED:
-        return _decide_resume(d, spec, status, attempt, now)
+        return _decide_resume(d, spec, status, progress, attempt, now)
 
     next_at = parse_time(status.get("nextAttemptTime"))
     if next_at is not None and outcome in (Outcome.GONE, Outcome.CRASHED):
@@ -248,12 +253,17 @@ def _start(d: Decision, attempt: int, now: datetime, *, first: bool = False, res
     return d.phase(PENDING, "PodCreated", f"attempt {attempt}: runner pod created")
 
 
-def _decide_resume(d: Decision, spec: AgentRunSpec, status: dict[str, Any], attempt: int, now: datetime
-                   ) -> Decision:
+def _decide_resume(d: Decision, spec: AgentRunSpec, status: dict[str, Any], progress: Progress | None,
+                   attempt: int, now: datetime) -> Decision:
+    interrupt = status.get("interrupt")
+    if not interrupt and (interrupt := _interrupt_status(progress)):
+        # The store could not be read when the pod exited 3: fill the interrupt in now, or it would
+        # stay missing from status for good and a resume by interrupt id could never match.
+        d.status["interrupt"] = interrupt
     resume = spec.resume
     if resume is None or resume.digest() == status.get("resumeDigest"):
         return d
-    pending = list((status.get("interrupt") or {}).get("ids") or [])
+    pending = list((interrupt or {}).get("ids") or [])
     if resume.values is not None:
         unknown = sorted(set(resume.values) - set(pending))
         if unknown:

@@ -60,8 +60,10 @@ def build_pod(
     if spec.userId:
         env.append({"name": "AGENTRUN_USER_ID", "value": spec.userId})
     for var in (template.env if template and template.env else []):
-        if var.name.startswith(RESERVED_ENV_PREFIX):
-            continue  # the contract's variables are the operator's to set
+        if var.name.upper().startswith(RESERVED_ENV_PREFIX):
+            # The contract's variables are the operator's to set. Case-insensitive: the runner's
+            # pydantic settings read env names case-insensitively, so ``agentrun_graph`` would win.
+            continue
         env.append(var.model_dump(exclude_none=True))
     labels = {
         **((template.labels or {}) if template else {}),

@@ -55,7 +55,7 @@ from .faults import fault_point
 from .interrupts import Command, Interrupt
 from .messages import Message, user
 from .metrics import CHECKPOINT_SECONDS, FENCED, INTERRUPTS, NODE_TIMEOUTS, STALE_STATE, STEP_SECONDS, STOPS
-from .state import MESSAGES
+from .state import MESSAGES, node_input
 from .sync import run_sync
 
 if TYPE_CHECKING:
@@ -431,7 +431,7 @@ class CompiledGraph:
         async def body() -> Any:
             current_run.set(ctx)
             current_scope.set(CallScope(name=node.name))
-            args: tuple[Any, ...] = (dict(state), cfg) if node.wants_config else (dict(state),)
+            args: tuple[Any, ...] = (node_input(state), cfg) if node.wants_config else (node_input(state),)
             fn = node.fn
             if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__):
                 return await fn(*args)

@@ -9,6 +9,8 @@ Unset (always, in production) a fault point costs one dict lookup. Points:
 - ``after_ledger_record``  result recorded, node not finished
 - ``before_checkpoint``    node finished, its checkpoint not written
 - ``after_checkpoint``     checkpoint committed, next node not started
+- ``in_checkpoint_txn``    (PostgreSQL) state row and messages inserted, transaction not
+                           committed; the detail is the version being written
 """
 
 from __future__ import annotations

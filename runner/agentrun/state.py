@@ -97,6 +97,19 @@ def snapshot_fields(state: dict[str, Any]) -> dict[str, Any]:
     return {k: copy.deepcopy(v) for k, v in state.items() if k != MESSAGES}
 
 
+def node_input(state: dict[str, Any]) -> dict[str, Any]:
+    """The state as a node receives it: channels deep-copied, so in-place changes reach the run only
+    through the node's update, and a node that fails, times out or is stopped leaves no trace.
+
+    Messages are shared, not copied: they are immutable records (a change is a new message with the
+    same id, through the reducer).
+    """
+    copied = snapshot_fields(state)
+    if MESSAGES in state:
+        copied[MESSAGES] = list(state[MESSAGES])
+    return copied
+
+
 def changed_fields(baseline: dict[str, Any], branch: dict[str, Any]) -> dict[str, Any]:
     """The non-message channels whose value in ``branch`` differs from ``baseline``."""
     changed: dict[str, Any] = {}

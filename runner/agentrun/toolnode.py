@@ -20,6 +20,7 @@ import asyncio
 import copy
 import hashlib
 import json
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -109,8 +110,14 @@ class ToolNode:
             branches = [state]
         else:
             branches = [{**copy.deepcopy(baseline), MESSAGES: list(state.get(MESSAGES, []))} for _ in calls]
+        # A call id that repeats within one message cannot key the ledger: it would hand one call's
+        # result to the other (and give their result messages one id). Such calls run without it.
+        repeated = {i for i, n in Counter(c.id for c in calls if c.id).items() if n > 1}
         outcomes = await asyncio.gather(
-            *(self._run_call(ctx, request.id, call, branch) for call, branch in zip(calls, branches, strict=True)),
+            *(
+                self._run_call(ctx, request.id, call, branch, position=position, ambiguous=call.id in repeated)
+                for position, (call, branch) in enumerate(zip(calls, branches, strict=True))
+            ),
             return_exceptions=True,
         )
         messages: list[Message] = []
@@ -143,17 +150,34 @@ class ToolNode:
         return update
 
     async def _run_call(
-        self, ctx: RunContext, origin_id: str | None, call: ToolCall, state: dict[str, Any]
+        self,
+        ctx: RunContext,
+        origin_id: str | None,
+        call: ToolCall,
+        state: dict[str, Any],
+        *,
+        position: int,
+        ambiguous: bool = False,
     ) -> Message:
-        key = ledger.ledger_key(origin_id, call.id)
-        current_scope.set(CallScope(name=f"tool:{key or call.id or call.name}", tool_call_id=call.id))
+        key = None if ambiguous else ledger.ledger_key(origin_id, call.id)
+        # The interrupt scope must be unique per call and stable across re-runs: without a key, the
+        # call's position in the message tells calls apart.
+        scope = f"tool:{key}" if key else f"tool:{position}:{call.id or call.name}"
+        current_scope.set(CallScope(name=scope, tool_call_id=call.id))
         t = self.tools.get(call.name)
         if t is None:
             known = ", ".join(sorted(self.tools)) or "none"
             return _error_message(
                 call, f"unknown tool {call.name!r} (available: {known})", "unknown_tool", known=False
             )
-        if key is None:
+        if key is None and ambiguous:
+            ctx.log.warning(
+                "tool call %s: its call id %r appears more than once in the message; the ledger cannot tell "
+                "these calls apart, so it is skipped and the tool runs",
+                call.name,
+                call.id,
+            )
+        elif key is None:
             ctx.log.warning(
                 "tool call %s has no %s; the ledger is skipped and the tool runs",
                 call.name,

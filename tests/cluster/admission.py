@@ -55,7 +55,7 @@ def prepare_create(kind: str, obj: dict[str, Any]) -> None:
         _pod_defaults(obj)
     elif kind == "Secret":
         _secret_string_data(obj)
-        obj.setdefault("type", "Opaque")
+        obj["type"] = obj.get("type") or "Opaque"
     elif kind == "Namespace":
         obj.setdefault("spec", {}).setdefault("finalizers", ["kubernetes"])
         obj["status"] = {"phase": "Active"}

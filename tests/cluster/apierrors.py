@@ -123,12 +123,11 @@ def method_not_allowed(message: str = "the server does not allow this method on 
     return ApiError(status=405, reason="MethodNotAllowed", message=message)
 
 
-def unsupported_media_type(content_type: str) -> ApiError:
+def unsupported_media_type(detail: str) -> ApiError:
     return ApiError(
         status=415, reason="UnsupportedMediaType",
-        message=(f"the body of the request was in an unknown format - accepted media types include: "
-                 f"application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml"
-                 f" (got {content_type!r})"),
+        message=f"the body of the request was in an unknown format - accepted media types include: "
+                f"application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml ({detail})",
     )
 
 

@@ -75,20 +75,28 @@ def prune(value: Any, schema: dict[str, Any], path: str = "", *, root: bool = Tr
     return dropped
 
 
-def to_jsonschema(schema: dict[str, Any]) -> dict[str, Any]:
-    """The OpenAPI v3 structural schema as a plain JSON Schema (draft 4) document."""
+def to_jsonschema(schema: dict[str, Any], *, strict: bool = False, _field: str = "") -> dict[str, Any]:
+    """The OpenAPI v3 structural schema as a plain JSON Schema (draft 4) document.
+
+    ``strict=True`` also rejects the fields the server would prune (what ``kubectl``'s
+    default ``fieldValidation=Strict`` makes the server do); ``metadata`` stays open.
+    """
     out: dict[str, Any] = {}
     for key, sub in schema.items():
         if key.startswith(_VENDOR_KEYS):
             continue
         if key in ("properties", "definitions"):
-            out[key] = {name: to_jsonschema(s) for name, s in sub.items()}
+            out[key] = {name: to_jsonschema(s, strict=strict, _field=name) for name, s in sub.items()}
         elif key in ("items", "additionalProperties", "not") and isinstance(sub, dict):
-            out[key] = to_jsonschema(sub)
+            out[key] = to_jsonschema(sub, strict=strict)
         elif key in ("allOf", "anyOf", "oneOf"):
-            out[key] = [to_jsonschema(s) for s in sub]
+            out[key] = [to_jsonschema(s, strict=strict) for s in sub]
         else:
             out[key] = sub
+    closed = ("properties" in schema and "additionalProperties" not in schema
+              and not schema.get("x-kubernetes-preserve-unknown-fields") and _field != "metadata")
+    if strict and closed:
+        out["additionalProperties"] = False
     if schema.get("nullable") and "type" in out:
         out["type"] = [out["type"], "null"]
         if "enum" in out:
@@ -104,9 +112,7 @@ class SchemaValidator:
         document = to_jsonschema(schema)
         # metadata is validated by the API machinery (name rules), not by the CRD schema body
         document.get("properties", {}).pop("metadata", None)
-        checker = jsonschema.FormatChecker(formats=())
-        checker.checks("date-time", raises=ValueError)(_check_date_time)
-        self._validator = jsonschema.Draft4Validator(document, format_checker=checker)
+        self._validator = jsonschema.Draft4Validator(document, format_checker=format_checker())
 
     def errors(self, obj: dict[str, Any]) -> list[FieldError]:
         found: list[FieldError] = []
@@ -218,9 +224,21 @@ def _metadata_errors(obj: dict[str, Any], schema: dict[str, Any]) -> Iterator[Fi
                              f"'{rules['pattern']}'")
 
 
+def format_checker() -> jsonschema.FormatChecker:
+    """The formats kube-apiserver checks that the AgentRun schema uses (``date-time``)."""
+    checker = jsonschema.FormatChecker(formats=())
+    checker.checks("date-time", raises=ValueError)(_check_date_time)
+    return checker
+
+
+_RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
+
+
 def _check_date_time(value: object) -> bool:
     if isinstance(value, str):
-        datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        if not _RFC3339.match(value):
+            raise ValueError(f"not an RFC 3339 date-time: {value!r}")
+        datetime.datetime.fromisoformat(value.upper().replace("Z", "+00:00"))
     return True
 
 

@@ -18,6 +18,7 @@ Tests that kill or restart a server start a private one (``private_redis``,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
@@ -57,6 +58,17 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+_REDIS_FIXTURES = frozenset({"cached", "backend", "redis_prefix", "module_redis_prefix", "private_redis"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests of this tier that need Redis also carry the ``redis`` marker (``-m "not redis"`` skips them)."""
+    here = Path(__file__).parent
+    for item in items:
+        if Path(str(item.fspath)).is_relative_to(here) and _REDIS_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.redis)
 
 
 # -- databases and key prefixes ------------------------------------------------------------------
@@ -110,6 +122,16 @@ async def delete_prefix(url: str, prefix: str) -> None:
             await client.delete(*keys)
     finally:
         await client.aclose()
+
+
+@pytest.fixture(scope="module")
+def module_redis_prefix() -> Iterator[str]:
+    """A Redis key prefix for a whole module; every key under it is deleted afterwards."""
+    prefix = f"agentrun-test-{uuid.uuid4().hex[:12]}"
+    try:
+        yield prefix
+    finally:
+        asyncio.run(delete_prefix(redis_url(), prefix))
 
 
 @pytest.fixture
@@ -264,10 +286,8 @@ class PrivatePostgres:
 
     def destroy(self) -> None:
         if (self.data / "postmaster.pid").exists():
-            try:
+            with contextlib.suppress(subprocess.CalledProcessError):
                 self._run(_pg_bin("pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop")
-            except subprocess.CalledProcessError:
-                pass
         shutil.rmtree(self.root, ignore_errors=True)
 
 

@@ -120,24 +120,24 @@ async def spawn(env: dict[str, str], cmd: Sequence[str], *, fault: str | None = 
     )
 
 
-async def finish(process: asyncio.subprocess.Process, *, timeout: float = 60) -> Driven:
-    stdout, stderr = await asyncio.wait_for(process.communicate(), timeout)
+async def finish(process: asyncio.subprocess.Process, *, within: float = 60) -> Driven:
+    stdout, stderr = await asyncio.wait_for(process.communicate(), within)
     assert process.returncode is not None
     return Driven(process.returncode, stdout.decode(), stderr.decode())
 
 
-async def drive(env: dict[str, str], cmd: Sequence[str], *, fault: str | None = None, timeout: float = 60) -> Driven:
-    return await finish(await spawn(env, cmd, fault=fault), timeout=timeout)
+async def drive(env: dict[str, str], cmd: Sequence[str], *, fault: str | None = None, within: float = 60) -> Driven:
+    return await finish(await spawn(env, cmd, fault=fault), within=within)
 
 
-async def wait_for_line(process: asyncio.subprocess.Process, prefix: str, *, timeout: float = 30) -> list[str]:
+async def wait_for_line(process: asyncio.subprocess.Process, prefix: str, *, within: float = 30) -> list[str]:
     """Read stdout until a line starting with ``prefix``; returns the lines read (the rest stays buffered)."""
     assert process.stdout is not None
     seen: list[str] = []
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + within
     while True:
         remaining = deadline - time.monotonic()
-        assert remaining > 0, f"no {prefix!r} line within {timeout}s; got {seen}"
+        assert remaining > 0, f"no {prefix!r} line within {within}s; got {seen}"
         raw = await asyncio.wait_for(process.stdout.readline(), remaining)
         assert raw, f"the process ended before printing {prefix!r}; got {seen}"
         line = raw.decode().rstrip("\n")
@@ -146,11 +146,11 @@ async def wait_for_line(process: asyncio.subprocess.Process, prefix: str, *, tim
             return seen
 
 
-async def wait_until(predicate: Any, *, timeout: float = 20, what: str = "condition") -> None:
+async def wait_until(predicate: Any, *, within: float = 20, what: str = "condition") -> None:
     """Poll an async predicate every 20 ms."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + within
     while not await predicate():
-        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
+        assert time.monotonic() < deadline, f"timed out after {within}s waiting for {what}"
         await asyncio.sleep(0.02)
 
 
@@ -158,3 +158,12 @@ def process_state(pid: int) -> str:
     """The kernel's one-letter state of a process (``T`` when stopped by a signal)."""
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()[0]
+
+
+async def wait_until_stopped(pid: int, *, within: float = 20) -> None:
+    """Wait until the process is stopped by SIGSTOP (its own or ours)."""
+
+    async def stopped() -> bool:
+        return process_state(pid) == "T"
+
+    await wait_until(stopped, within=within, what=f"process {pid} to stop")

@@ -11,5 +11,11 @@ from __future__ import annotations
 
 from tests.unit import test_checkpointers as suite
 
+# Left out: it cancels the run once `quick` is recorded, assuming the parallel `slow` call has
+# started by then; on a store with real connection latency `slow` may still be in its ledger
+# lookup, and then it runs once instead of twice. (Reported; the fix belongs in the suite: also
+# wait for `slow` to start before cancelling.)
+_RACY = {"test_cancelled_run_resumes_from_the_last_checkpoint"}
+
 # Collected here with this directory's `backend` fixture (PostgreSQL + Redis, see conftest.py).
-globals().update({name: test for name, test in vars(suite).items() if name.startswith("test_")})
+globals().update({name: test for name, test in vars(suite).items() if name.startswith("test_") and name not in _RACY})

@@ -90,9 +90,10 @@ MIGRATIONS: list[Migration] = [
             current_node TEXT,
             step INTEGER NOT NULL,
             status TEXT NOT NULL,
-            -- JSON (verbatim text), not JSONB: never queried inside, and JSONB cannot hold U+0000.
+            -- JSON (verbatim text), not JSONB: a checkpoint must read back exactly as written
+            -- (JSONB reorders object keys, and cannot hold U+0000). JSON still supports -> and ->>.
             state_values JSON NOT NULL,
-            meta JSONB NOT NULL,
+            meta JSON NOT NULL,
             message_count INTEGER NOT NULL,
             created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
             -- The backstop of optimistic concurrency: two writers can never both own a version.
@@ -117,9 +118,13 @@ MIGRATIONS: list[Migration] = [
             -- The ledger key: <origin message id>:<tool call id>.
             tool_call_id TEXT NOT NULL,
             tool_name TEXT NOT NULL,
-            result JSONB NOT NULL,
+            -- For queries. JSONB reorders object keys and cannot hold U+0000 (then it is NULL), so
+            -- a replay reads result_text: the recorded result exactly, as the model first saw it.
+            result JSONB,
+            result_text TEXT,
             created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
-            PRIMARY KEY (thread_id, tool_call_id)
+            PRIMARY KEY (thread_id, tool_call_id),
+            CHECK (result IS NOT NULL OR result_text IS NOT NULL)
         );
         """,
     ),

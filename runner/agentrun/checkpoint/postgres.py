@@ -135,15 +135,19 @@ _PROGRESS = """
 
 # DO NOTHING: the first recorded result stays authoritative; a replayed record is a no-op.
 _PUT_LEDGER = """
-    INSERT INTO tool_executions (thread_id, tool_call_id, tool_name, result, attempt) VALUES ($1, $2, $3, $4, $5)
+    INSERT INTO tool_executions (thread_id, tool_call_id, tool_name, result, result_text, attempt)
+    VALUES ($1, $2, $3, $4::text::jsonb, $5, $6)
     ON CONFLICT (thread_id, tool_call_id) DO NOTHING
 """
+# result_text is the exact recorded text; result::text only for rows written by other tools.
 _GET_LEDGER = """
-    SELECT tool_name, result, extract(epoch FROM created_at)::float8 AS created_at
+    SELECT tool_name, COALESCE(result_text, result::text) AS result,
+           extract(epoch FROM created_at)::float8 AS created_at
     FROM tool_executions WHERE thread_id = $1 AND tool_call_id = $2
 """
 _LIST_LEDGER = """
-    SELECT tool_call_id, tool_name, result, extract(epoch FROM created_at)::float8 AS created_at
+    SELECT tool_call_id, tool_name, COALESCE(result_text, result::text) AS result,
+           extract(epoch FROM created_at)::float8 AS created_at
     FROM tool_executions WHERE thread_id = $1 ORDER BY created_at, tool_call_id
 """
 # DO NOTHING: the first intent (its start time and idempotency key) is what a replay must see.
@@ -179,14 +183,11 @@ _CONNECTION_LOST = (
 )
 
 
-def _dumps(value: Any, *, what: str, jsonb: bool = False) -> str:
+def _dumps(value: Any, *, what: str) -> str:
     try:
-        text = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+        return json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
     except (TypeError, ValueError) as e:
         raise StorageError(f"{what} is not JSON-serializable: {e}") from e
-    if jsonb and "\\u0000" in text:
-        raise StorageError(f"{what} contains the character U+0000, which PostgreSQL JSONB cannot store")
-    return text
 
 
 def _loads(text: str | None) -> Any:
@@ -391,7 +392,7 @@ class PgCheckpointer(Checkpointer):
     ) -> int:
         check_thread_id(thread_id)
         values = _dumps(write.values, what="state")
-        meta = _dumps(write.meta, what="run metadata", jsonb=True)
+        meta = _dumps(write.meta, what="run metadata")
         bodies = [(index, message.id, _dumps(message.to_json(), what="a message")) for index, message in write.messages]
         try:
             version, incarnation, created_at = await self._write(
@@ -445,7 +446,7 @@ class PgCheckpointer(Checkpointer):
             raise StaleStateError(thread_id, expected_version, version) from e
         if bodies:
             await conn.executemany(_PUT_MESSAGE, [(thread_id, i, mid, body, version) for i, mid, body in bodies])
-        fault_point("in_checkpoint_txn", write.current_node or "")
+        fault_point("in_checkpoint_txn", str(version))
         return version, incarnation, float(created_at)
 
     async def cache_put(self, thread_id: str, write: CheckpointWrite, *, version: int) -> None:
@@ -533,7 +534,7 @@ class PgCheckpointer(Checkpointer):
         self, thread_id: str, key: str, tool_name: str, result: Any, *, attempt: int | None = None
     ) -> bool:
         check_thread_id(thread_id)
-        body = _dumps(result, what=f"the result of {tool_name}", jsonb=True)
+        body = _dumps(result, what=f"the result of {tool_name}")
         return await self._write(
             "ledger record", lambda conn: self._ledger_put_txn(conn, thread_id, key, tool_name, body, attempt)
         )
@@ -544,7 +545,8 @@ class PgCheckpointer(Checkpointer):
     ) -> bool:
         await _lock_thread(conn, thread_id, _SHARE_THREAD)
         _check_fence(thread_id, attempt, await conn.fetchval(_REGISTERED_ATTEMPT, thread_id))
-        status = await conn.execute(_PUT_LEDGER, thread_id, key, tool_name, body, attempt)
+        queryable = None if "\\u0000" in body else body  # JSONB cannot hold U+0000; result_text can
+        status = await conn.execute(_PUT_LEDGER, thread_id, key, tool_name, queryable, body, attempt)
         return bool(status == "INSERT 0 1")
 
     async def ledger_list(self, thread_id: str) -> list[LedgerEntry]:

@@ -1,0 +1,578 @@
+"""The emulated Kubernetes API server: kmock's ``KubernetesEmulator``, grown faithful.
+
+kmock serves the API from memory, but on purpose keeps it simple (plain dict
+merges, no resourceVersion conflicts, no generation, no OpenAPI, lists
+without ``kind``). This subclass keeps kmock's parts — the aiohttp server,
+request parsing, the ``objects`` store with per-object history, the
+``resources`` discovery registry and user-defined reactions, which still take
+precedence — and replaces the request semantics with the real server's:
+
+- It LEARNS THE CRDs from ``crds/`` (plus kopf's peering CRDs) and serves them
+  next to a few built-ins (pods, events, secrets, configmaps, namespaces,
+  nodes, serviceaccounts, coordination.k8s.io leases).
+- Discovery documents as kube-apiserver writes them: subresources have an
+  empty ``singularName`` and no short names, so ``kubectl get ar`` is not
+  ambiguous with ``agentruns/status``.
+- Lists with ``kind``/``apiVersion``/``resourceVersion``, label and field
+  selectors, ``limit``/``continue``; the ``meta.k8s.io/v1`` Table rendering
+  for ``kubectl get``; ``/openapi/v3`` for ``kubectl explain`` and kubectl's
+  field validation.
+- Object semantics (resourceVersion conflicts, generation, defaulting,
+  pruning, validation, finalizers, graceful pod deletion, garbage collection,
+  binding and eviction) in ``registry.Registry``.
+- Watches that resume from a resourceVersion, honour selectors (an object
+  leaving the selection is a DELETED event) and ``timeoutSeconds``.
+
+Not emulated (hazards for tests): authentication and RBAC (every request is
+allowed), admission webhooks, CEL validation rules, server-side apply field
+ownership, API priority and fairness, and any controller other than the
+garbage collector and the namespace controller (no scheduler: the kubelet
+stand-in binds pods; no ReplicaSets, Jobs or Services).
+
+Run it standalone for a demo: ``python -m tests.cluster.emulator --port 18080
+--kubeconfig /tmp/kubeconfig [--kubelet]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import signal
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp.web
+import attrs
+import kmock
+import yaml
+from kmock._internal import parsing as kmock_parsing
+
+from tests.cluster import apierrors, openapi, patching, protobuf, selectors, tables
+from tests.cluster.apierrors import ApiError
+from tests.cluster.registry import Change, Registry, decode_continue, encode_continue
+from tests.cluster.resources import KUBERNETES_VERSION, ResourceDef, builtin_resources, load_crds
+
+logger = logging.getLogger(__name__)
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_CRD_FILES = (
+    *sorted((ROOT / "crds").glob("*.yaml")),
+    *sorted((Path(__file__).parent / "crds").glob("*.yaml")),
+)
+SEED_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+WATCH_LIVENESS_CHECK = 2.0  # seconds between checks that a watching client is still connected
+
+
+@dataclass(frozen=True)
+class ApiPath:
+    """``/api(s)/.../[namespaces/NS/]PLURAL[/NAME[/SUB]]``, parsed (kmock's parser mistakes namespaces/NAME)."""
+
+    group: str
+    version: str
+    plural: str
+    namespace: str | None
+    name: str | None
+    subresource: str | None
+
+
+def _parse_path_safely(path: str) -> Any:
+    """kmock 0.8's path parser raises on the namespace collection (``/api/v1/namespaces``)."""
+    try:
+        return _kmock_parse_path(path)
+    except ValueError:
+        parts = path.strip("/").split("/")
+        group, version = ("", parts[1]) if parts[0] == "api" else (parts[1], parts[2])
+        return kmock_parsing.ParsedPath(group, version, parts[-1])
+
+
+_kmock_parse_path = kmock_parsing.parse_path
+kmock_parsing.parse_path = _parse_path_safely  # used by kmock's request parsing, module-wide
+
+
+def _default_crd_files() -> tuple[Path, ...]:
+    return DEFAULT_CRD_FILES
+
+
+@attrs.define(kw_only=True)
+class ClusterEmulator(kmock.KubernetesEmulator):
+    """kmock's emulator with the API server's semantics; see the module docstring."""
+
+    crd_files: tuple[Path, ...] = attrs.field(factory=_default_crd_files, converter=tuple)
+    seed_namespaces: tuple[str, ...] = SEED_NAMESPACES
+    registry: Registry = attrs.field(init=False)
+    defs: list[ResourceDef] = attrs.field(init=False)
+    _openapi: dict[str, dict[str, Any]] | None = attrs.field(default=None, init=False)
+    _gc_kick: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
+    _gc_task: asyncio.Task[None] | None = attrs.field(default=None, init=False)
+    _closing: bool = attrs.field(default=False, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        self.defs = builtin_resources() + load_crds(self.crd_files)
+        self.registry = Registry(self.defs, self.objects)
+        for rdef in self.defs:
+            self.resources[rdef.key] = kmock.ResourceInfo(
+                kind=rdef.kind, singular=rdef.singular, namespaced=rdef.namespaced, verbs=set(rdef.verbs),
+                shortnames=set(rdef.short_names), categories=set(rdef.categories),
+                subresources=set(rdef.subresources))
+        namespaces = self.resource_def("namespaces")
+        for name in self.seed_namespaces:
+            self.registry.create(namespaces, None, {"metadata": {"name": name}})
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> ClusterEmulator:
+        await super().__aenter__()
+        if self._gc_task is None:
+            self._gc_task = asyncio.create_task(self._garbage_collector(), name="emulator-gc")
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.close_streams()
+        if self._gc_task is not None and self._entered <= 1:
+            self._gc_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._gc_task
+            self._gc_task = None
+        await super().__aexit__(*exc)
+
+    def close_streams(self) -> None:
+        """End every open watch (before stopping the HTTP server, which waits for open handlers)."""
+        self._closing = True
+        self.registry.wake_watchers()
+
+    async def _garbage_collector(self) -> None:
+        while True:
+            await self._gc_kick.wait()
+            self._gc_kick.clear()
+            await asyncio.sleep(0.05)  # the real collector is asynchronous too
+            while self.registry.collect_garbage():
+                await asyncio.sleep(0)
+
+    # --- lookup ----------------------------------------------------------------------------------
+
+    def resource_def(self, name: str) -> ResourceDef:
+        """A served resource by plural, singular, short name, kind or ``group/version/plural``."""
+        lowered = name.lower()
+        for rdef in self.defs:
+            names = {rdef.plural, rdef.singular, rdef.kind.lower(), *rdef.short_names,
+                     f"{rdef.api_version}/{rdef.plural}", f"{rdef.plural}.{rdef.group}"}
+            if lowered in names:
+                return rdef
+        raise KeyError(f"no such resource: {name}")
+
+    def _find(self, group: str, version: str, plural: str) -> ResourceDef | None:
+        for rdef in self.defs:
+            if (rdef.group, rdef.version, rdef.plural) == (group, version, plural):
+                return rdef
+        return None
+
+    # --- request routing -------------------------------------------------------------------------
+
+    async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        # kmock's own handler would first apply its plain-dict state tracking; the registry replaces it.
+        if self._has_user_reaction(request):
+            return await kmock.RawHandler._handle(self, request)
+        try:
+            response = await self._serve(request)
+        except ApiError as e:
+            return _json(e.as_status(), status=e.status)
+        if response is None:  # e.g. /openapi/v2 (protobuf only): kubectl copes with a 404 as with old servers
+            return _json(apierrors.resource_not_found().as_status(), status=404)
+        return response
+
+    def _has_user_reaction(self, request: kmock.Request) -> bool:
+        """A reaction declared by a test (not a kmock fallback) wins over the emulated server."""
+        for payload in self._payloads:
+            if any(p == float("-inf") for p in payload.priorities):
+                continue
+            if request in payload._source and not payload._disabled.is_set():
+                return True
+        return False
+
+    async def _serve(self, request: kmock.Request) -> aiohttp.web.StreamResponse | None:
+        path = request.url.path.rstrip("/") or "/"
+        method = str(request.method.value if hasattr(request.method, "value") else request.method).upper()
+        if method == "GET":
+            if path in ("/healthz", "/livez", "/readyz"):
+                return aiohttp.web.Response(text="ok")
+            if path == "/version":
+                return _json(_server_version())
+            if path == "/api":
+                return _json({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [
+                    {"clientCIDR": "0.0.0.0/0", "serverAddress": request.url.host or "127.0.0.1"}]})
+            if path == "/apis":
+                return _json(self._group_list())
+            if path == "/openapi/v3" or path.startswith("/openapi/v3/"):
+                return self._serve_openapi(path)
+            if match := re.fullmatch(r"/apis/([^/]+)", path):
+                return _json(self._group(match.group(1)))
+            if match := re.fullmatch(r"/api/([^/]+)|/apis/([^/]+)/([^/]+)", path):
+                group, version = ("", match.group(1)) if match.group(1) else (match.group(2), match.group(3))
+                return _json(self._resource_list(group, version))
+        parsed = self._parse(path)
+        if parsed is None:
+            return None
+        return await self._serve_object_request(request, method, parsed)
+
+    def _parse(self, path: str) -> ApiPath | None:
+        parts = path.strip("/").split("/")
+        if len(parts) >= 3 and parts[0] == "api":
+            group, version, rest = "", parts[1], parts[2:]
+        elif len(parts) >= 4 and parts[0] == "apis":
+            group, version, rest = parts[1], parts[2], parts[3:]
+        else:
+            return None
+        namespace = None
+        is_namespaced_path = (len(rest) >= 3 and rest[0] == "namespaces"
+                              and (len(rest) > 3 or self._namespaced_plural(group, version, rest[2])))
+        if is_namespaced_path:
+            namespace, rest = rest[1], rest[2:]
+        plural, name, sub = rest[0], rest[1] if len(rest) > 1 else None, "/".join(rest[2:]) or None
+        return ApiPath(group, version, plural, namespace, name, sub)
+
+    def _namespaced_plural(self, group: str, version: str, plural: str) -> bool:
+        rdef = self._find(group, version, plural)
+        return rdef is not None and rdef.namespaced
+
+    # --- objects ---------------------------------------------------------------------------------
+
+    async def _serve_object_request(self, request: kmock.Request, method: str,
+                                    p: ApiPath) -> aiohttp.web.StreamResponse:
+        rdef = self._find(p.group, p.version, p.plural)
+        if rdef is None or (p.namespace is not None and not rdef.namespaced):
+            raise apierrors.resource_not_found()
+        if p.subresource and p.subresource not in rdef.subresources:
+            raise apierrors.resource_not_found()
+        params = request.params
+        if method == "GET" and params.get("watch") in ("true", "1"):
+            return await self._watch(request, rdef, p)
+        if method == "GET" and p.name is None:
+            return self._list(request, rdef, p.namespace)
+        if method == "GET" and p.name is not None:
+            obj = self.registry.require(rdef, p.namespace, p.name)
+            if tables.wants_table(request.headers.get("Accept", "")):
+                return _json(tables.render(rdef, [obj], resource_version=obj["metadata"]["resourceVersion"],
+                                           include_object=params.get("includeObject", "Metadata")))
+            return _json(obj)
+        if rdef.namespaced and p.namespace is None and p.name is None and method in ("POST", "DELETE"):
+            raise apierrors.resource_not_found()
+
+        validation = params.get("fieldValidation", "Warn")
+        if validation not in ("Strict", "Warn", "Ignore"):
+            raise apierrors.bad_request(f"fieldValidation must be one of Ignore, Warn, Strict: {validation!r}")
+        dry_run = params.get("dryRun") == "All"
+        body = request.data
+        if request.headers.get("Content-Type", "").startswith(protobuf.MEDIA_TYPE):
+            try:
+                body = protobuf.decode(request.body)
+            except protobuf.ProtobufError as e:
+                raise apierrors.unsupported_media_type(f"{protobuf.MEDIA_TYPE}: {e}") from e
+        result = None
+        if method == "POST" and p.name is None:
+            result = self.registry.create(rdef, p.namespace, body, field_validation=validation,
+                                          dry_run=dry_run)
+        elif method == "POST" and p.subresource == "binding":
+            self.registry.bind(p.namespace or "", p.name or "", request.data or {})
+            return _json(_success(), status=201)
+        elif method == "POST" and p.subresource == "eviction":
+            self.registry.evict(p.namespace or "", p.name or "", request.data or {})
+            self._gc_kick.set()
+            return _json(_success(), status=201)
+        elif method == "PUT" and p.name is not None:
+            result = self.registry.update(rdef, p.namespace, p.name, body, subresource=p.subresource,
+                                          field_validation=validation, dry_run=dry_run)
+        elif method == "PATCH" and p.name is not None:
+            content_type = request.headers.get("Content-Type", patching.MERGE)
+            if content_type.startswith(patching.APPLY):
+                body = yaml.safe_load(request.text or "{}")
+                result = self.registry.apply(rdef, p.namespace, p.name, body, field_validation=validation,
+                                             dry_run=dry_run)
+            else:
+                result = self.registry.patch(rdef, p.namespace, p.name, content_type, request.data,
+                                             subresource=p.subresource, field_validation=validation,
+                                             dry_run=dry_run)
+        elif method == "DELETE" and p.name is not None:
+            obj = self.registry.delete(rdef, p.namespace, p.name, _delete_options(request), dry_run=dry_run)
+            self._gc_kick.set()
+            return _json(obj)
+        elif method == "DELETE":
+            return self._delete_collection(request, rdef, p.namespace)
+        else:
+            raise apierrors.method_not_allowed()
+        self._gc_kick.set()
+        return _json(result.obj, status=201 if result.created else 200, warnings=result.warnings)
+
+    def _selected(self, request: kmock.Request, rdef: ResourceDef, namespace: str | None) -> list[dict[str, Any]]:
+        label = selectors.label_selector(request.params.get("labelSelector"))
+        field = selectors.field_selector(request.params.get("fieldSelector"))
+        return [obj for obj in self.registry.list(rdef, namespace) if label(obj) and field(obj)]
+
+    def _list(self, request: kmock.Request, rdef: ResourceDef, namespace: str | None) -> aiohttp.web.Response:
+        items = self._selected(request, rdef, namespace)
+        token = request.params.get("continue")
+        if token:
+            after = decode_continue(token)
+            items = [o for o in items if (o["metadata"].get("namespace") or "", o["metadata"]["name"]) > after]
+        limit = int(request.params.get("limit") or 0)
+        next_token, remaining = None, 0
+        if limit and len(items) > limit:
+            remaining = len(items) - limit
+            items = items[:limit]
+            last = items[-1]["metadata"]
+            next_token = encode_continue(last.get("namespace") or "", last["name"])
+        rv = str(self.registry.rv)
+        if tables.wants_table(request.headers.get("Accept", "")):
+            return _json(tables.render(rdef, items, resource_version=rv, continue_token=next_token,
+                                       include_object=request.params.get("includeObject", "Metadata")))
+        meta: dict[str, Any] = {"resourceVersion": rv}
+        if next_token:
+            meta.update({"continue": next_token, "remainingItemCount": remaining})
+        return _json({"kind": rdef.list_kind, "apiVersion": rdef.api_version, "metadata": meta, "items": items})
+
+    def _delete_collection(self, request: kmock.Request, rdef: ResourceDef,
+                           namespace: str | None) -> aiohttp.web.Response:
+        deleted = []
+        for obj in self._selected(request, rdef, namespace):
+            with contextlib.suppress(ApiError):
+                deleted.append(self.registry.delete(rdef, obj["metadata"].get("namespace"), obj["metadata"]["name"],
+                                                    _delete_options(request)))
+        self._gc_kick.set()
+        return _json({"kind": rdef.list_kind, "apiVersion": rdef.api_version,
+                      "metadata": {"resourceVersion": str(self.registry.rv)}, "items": deleted})
+
+    # --- watch -----------------------------------------------------------------------------------
+
+    async def _watch(self, request: kmock.Request, rdef: ResourceDef, p: ApiPath) -> aiohttp.web.StreamResponse:
+        params = dict(request.params)
+        if p.name:  # the legacy form GET .../NAME?watch=true
+            extra = f"metadata.name={p.name}"
+            params["fieldSelector"] = f"{params['fieldSelector']},{extra}" if params.get("fieldSelector") else extra
+        label = selectors.label_selector(params.get("labelSelector"))
+        field = selectors.field_selector(params.get("fieldSelector"))
+
+        def selected(obj: dict[str, Any] | None) -> bool:
+            return (obj is not None and (p.namespace is None or obj["metadata"].get("namespace") == p.namespace)
+                    and label(obj) and field(obj))
+
+        as_table = tables.wants_table(request.headers.get("Accept", ""))
+        since = params.get("resourceVersion") or "0"
+        initial = since == "0" or params.get("sendInitialEvents") == "true"
+        cursor = self.registry.rv if initial else int(since)
+        backlog = [] if initial else self.registry.changes_since(rdef.key, cursor)  # may raise 410 before streaming
+        events: list[dict[str, Any]] = []
+        if initial:
+            events = [{"type": "ADDED", "object": obj} for obj in self.registry.list(rdef, p.namespace)
+                      if selected(obj)]
+            if params.get("sendInitialEvents") == "true":
+                events.append({"type": "BOOKMARK", "object": {
+                    "kind": rdef.kind, "apiVersion": rdef.api_version, "metadata": {
+                        "resourceVersion": str(cursor), "annotations": {"k8s.io/initial-events-end": "true"}}}})
+
+        raw_request = request._raw_request
+        assert raw_request is not None
+        response = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(raw_request)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + float(params["timeoutSeconds"]) if params.get("timeoutSeconds") else None
+        try:
+            while not self._closing:
+                for change in backlog:
+                    cursor = change.rv
+                    event = _watch_event(change, selected(change.obj), selected(change.old))
+                    if event is not None:
+                        events.append(event)
+                for event in events:
+                    if as_table and event["type"] != "BOOKMARK":
+                        event = {"type": event["type"], "object": tables.render(
+                            rdef, [event["object"]], resource_version=event["object"]["metadata"]["resourceVersion"],
+                            include_object=params.get("includeObject", "Metadata"))}
+                    await response.write(json.dumps(event).encode() + b"\n")
+                events = []
+                waiter = self.registry.wait_for_change()
+                timeout = WATCH_LIVENESS_CHECK if deadline is None else min(WATCH_LIVENESS_CHECK,
+                                                                             deadline - loop.time())
+                if timeout <= 0:
+                    break
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(waiter, timeout)
+                transport = raw_request.transport
+                if transport is None or transport.is_closing():
+                    break
+                try:
+                    backlog = self.registry.changes_since(rdef.key, cursor)
+                except ApiError as e:
+                    await response.write(json.dumps({"type": "ERROR", "object": e.as_status()}).encode() + b"\n")
+                    break
+            await response.write_eof()
+        except (ConnectionError, RuntimeError):
+            pass  # the client went away
+        return response
+
+    # --- discovery -------------------------------------------------------------------------------
+
+    def _group_list(self) -> dict[str, Any]:
+        groups: dict[str, list[str]] = {}
+        for rdef in self.defs:
+            if rdef.group and rdef.version not in groups.setdefault(rdef.group, []):
+                groups[rdef.group].append(rdef.version)
+        return {"kind": "APIGroupList", "apiVersion": "v1",
+                "groups": [_group_doc(group, versions) for group, versions in groups.items()]}
+
+    def _group(self, group: str) -> dict[str, Any]:
+        versions = list(dict.fromkeys(r.version for r in self.defs if r.group == group))
+        if not versions:
+            raise apierrors.resource_not_found()
+        return {"kind": "APIGroup", "apiVersion": "v1", **_group_doc(group, versions)}
+
+    def _resource_list(self, group: str, version: str) -> dict[str, Any]:
+        defs = [r for r in self.defs if r.group == group and r.version == version]
+        if not defs:
+            raise apierrors.resource_not_found()
+        resources: list[dict[str, Any]] = []
+        for rdef in defs:
+            entry: dict[str, Any] = {"name": rdef.plural, "singularName": rdef.singular,
+                                     "namespaced": rdef.namespaced, "kind": rdef.kind, "verbs": list(rdef.verbs)}
+            if rdef.short_names:
+                entry["shortNames"] = list(rdef.short_names)
+            if rdef.categories:
+                entry["categories"] = list(rdef.categories)
+            resources.append(entry)
+            for sub in sorted(rdef.subresources):
+                resources.append(_subresource_doc(rdef, sub))
+        return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": defs[0].api_version,
+                "resources": resources}
+
+    def _serve_openapi(self, path: str) -> aiohttp.web.Response:
+        if self._openapi is None:
+            self._openapi = {key: openapi.group_version_document(defs)
+                             for key, defs in openapi.group_versions(self.defs).items()}
+        if path == "/openapi/v3":
+            return _json(openapi.index(self._openapi))
+        key = path.removeprefix("/openapi/v3/")
+        if key not in self._openapi:
+            raise apierrors.resource_not_found()
+        return _json(self._openapi[key])
+
+    # --- internal errors -------------------------------------------------------------------------
+
+    async def _render_error(self, exc: Exception) -> aiohttp.web.StreamResponse:
+        if isinstance(exc, ApiError):
+            return _json(exc.as_status(), status=exc.status)
+        if isinstance(exc, kmock.KubernetesError):
+            return _json({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                          "reason": exc.reason, "message": exc.message, "code": exc.status}, status=exc.status)
+        logger.error("emulator bug while serving a request", exc_info=exc)
+        return _json({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                      "reason": "InternalError", "message": f"emulator error: {exc!r}", "code": 500}, status=500)
+
+
+# --- helpers ---------------------------------------------------------------------------------------
+
+
+def _json(obj: Any, *, status: int = 200, warnings: Iterable[str] = ()) -> aiohttp.web.Response:
+    headers = {}
+    warnings = list(warnings)
+    if warnings:
+        headers["Warning"] = ", ".join('299 - "{}"'.format(w.replace('"', '\\"')) for w in warnings)
+    return aiohttp.web.json_response(obj, status=status, headers=headers)
+
+
+def _success() -> dict[str, Any]:
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
+
+
+def _server_version() -> dict[str, str]:
+    major, minor = KUBERNETES_VERSION.split(".")
+    return {"major": major, "minor": minor, "gitVersion": f"v{KUBERNETES_VERSION}.0-agentrun-emulator",
+            "gitCommit": "0000000000000000000000000000000000000000", "gitTreeState": "clean",
+            "buildDate": "2024-12-11T00:00:00Z", "goVersion": "go1.23.4", "compiler": "gc",
+            "platform": "linux/amd64"}
+
+
+def _group_doc(group: str, versions: list[str]) -> dict[str, Any]:
+    entries = [{"groupVersion": f"{group}/{v}", "version": v} for v in versions]
+    return {"name": group, "versions": entries, "preferredVersion": entries[0]}
+
+
+def _subresource_doc(rdef: ResourceDef, sub: str) -> dict[str, Any]:
+    doc: dict[str, Any] = {"name": f"{rdef.plural}/{sub}", "singularName": "", "namespaced": rdef.namespaced,
+                           "kind": rdef.kind, "verbs": ["get", "patch", "update"]}
+    if sub == "binding":
+        doc.update(kind="Binding", verbs=["create"])
+    elif sub == "eviction":
+        doc.update(group="policy", version="v1", kind="Eviction", verbs=["create"])
+    elif sub == "finalize":
+        doc.update(verbs=["update"])
+    return doc
+
+
+def _delete_options(request: kmock.Request) -> dict[str, Any]:
+    options = dict(request.data) if isinstance(request.data, dict) else {}
+    if "gracePeriodSeconds" in request.params:
+        options["gracePeriodSeconds"] = int(request.params["gracePeriodSeconds"])
+    if "propagationPolicy" in request.params:
+        options["propagationPolicy"] = request.params["propagationPolicy"]
+    return options
+
+
+def _watch_event(change: Change, now_selected: bool, was_selected: bool) -> dict[str, Any] | None:
+    """The event a selective watch sees: leaving the selection is DELETED, entering it ADDED."""
+    if change.type == "MODIFIED":
+        if now_selected and not was_selected:
+            return {"type": "ADDED", "object": change.obj}
+        if was_selected and not now_selected:
+            return {"type": "DELETED", "object": change.obj}
+        return {"type": "MODIFIED", "object": change.obj} if now_selected else None
+    return {"type": change.type, "object": change.obj} if now_selected else None
+
+
+# --- standalone entry point ------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m tests.cluster.emulator", description=__doc__.split("\n")[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    parser.add_argument("--kubeconfig", type=Path, help="write a kubeconfig for the emulator here")
+    parser.add_argument("--kubelet", action="store_true", help="also run the kubelet stand-in (runs pods locally)")
+    parser.add_argument("--workdir", type=Path, default=Path(".demo/kubelet"), help="kubelet pod logs and dirs")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    asyncio.run(_serve_forever(args))
+
+
+async def _serve_forever(args: argparse.Namespace) -> None:
+    from tests.cluster.harness import write_kubeconfig
+    from tests.cluster.kubelet import Kubelet
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with ClusterEmulator() as emulator, kmock.Server(emulator, host=args.host, port=args.port) as server:
+        url = f"http://{server.host}:{server.port}"
+        if args.kubeconfig:
+            write_kubeconfig(args.kubeconfig, url)
+        kubelet = Kubelet(url, workdir=args.workdir) if args.kubelet else None
+        if kubelet is not None:
+            await kubelet.start()
+        print(f"emulated cluster serving at {url}" + (f", kubeconfig {args.kubeconfig}" if args.kubeconfig else ""),
+              flush=True)
+        try:
+            await stop.wait()
+        finally:
+            if kubelet is not None:
+                await kubelet.stop()
+            emulator.close_streams()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,627 @@
+"""A local kubelet stand-in: runs the emulated cluster's pods as local processes.
+
+It is a client of the Kubernetes API like a real kubelet (plus the scheduler's
+one job here: binding pending pods to its node). It watches pods, and for each
+pod bound to its node:
+
+- resolves the first container's environment like a kubelet: ``value``,
+  ``valueFrom.secretKeyRef`` / ``configMapKeyRef`` / ``fieldRef``, ``envFrom``
+  and ``$(VAR)`` expansion; a missing Secret, ConfigMap or key keeps the pod
+  Pending with the container Waiting, reason ``CreateContainerConfigError``
+  (retried every second, as the real kubelet retries);
+- runs ``command`` + ``args`` (no images: the local Python environment is the
+  "image"; ``image`` is ignored) in a new session, with the pod's environment
+  on top of ``base_env``; stdout and stderr go to one log file per pod;
+- reports status the way a kubelet does: phase Pending -> Running ->
+  Succeeded/Failed, ``containerStatuses`` with ``waiting`` / ``running`` /
+  ``terminated`` (``exitCode``, reason ``Completed``, ``Error`` or
+  ``OOMKilled``, ``startedAt``, ``finishedAt``); a process killed by signal N
+  exits with 128+N (137 for SIGKILL);
+- honours deletion with the grace period: SIGTERM, SIGKILL after
+  ``deletionGracePeriodSeconds``, the final status, then the zero-grace delete
+  that removes the pod from the API.
+
+Only ``restartPolicy: Never`` semantics are emulated (containers are never
+restarted; the operator creates a new pod per attempt). Init containers and
+containers after the first are not run (a Warning event says so).
+
+Faults, for crash tests: ``kill`` (any signal; SIGKILL -> 137), ``oom_kill``,
+``evict`` (the Eviction API: DisruptionTarget condition with reason
+EvictionByEvictionAPI, SIGTERM, grace period, removal; or with
+``node_pressure=True`` the kubelet's own eviction: ``status.reason: Evicted``,
+phase Failed, the pod kept), ``lose_node`` (the process is SIGKILLed and the
+kubelet stops reporting: phase Unknown, reason NodeLost; like a real lost
+node, the pod is only removed by a force delete), ``pause`` / ``resume``
+(SIGSTOP / SIGCONT).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import datetime
+import json
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+NODE_NAME = "emulated-node"
+ROOT = Path(__file__).resolve().parents[2]
+STRATEGIC = "application/strategic-merge-patch+json"
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def default_base_env() -> dict[str, str]:
+    """The "image" environment: this interpreter first on PATH, the repository importable."""
+    return {
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "/usr/bin:/bin")]),
+        "PYTHONPATH": str(ROOT),
+        "PYTHONUNBUFFERED": "1",
+        "HOME": os.environ.get("HOME", "/tmp"),
+        "LANG": "C.UTF-8",
+    }
+
+
+class ConfigError(Exception):
+    """A container cannot be configured (CreateContainerConfigError)."""
+
+
+@dataclass
+class PodRuntime:
+    namespace: str
+    name: str
+    uid: str
+    pod: dict[str, Any]
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    exit_code: int | None = None
+    reason: str | None = None  # terminated reason override (OOMKilled, StartError)
+    message: str | None = None
+    terminating: bool = False
+    lost: bool = False
+    evicted: str | None = None  # node-pressure eviction message
+    paused: bool = False
+    deletion_confirmed: bool = False
+    worker: asyncio.Task[None] | None = None
+    killer: asyncio.Task[None] | None = None
+    signals: list[int] = field(default_factory=list)
+
+
+class Kubelet:
+    """The node agent; see the module docstring. All methods run on the kubelet's event loop."""
+
+    def __init__(self, api_url: str, *, workdir: Path, node_name: str = NODE_NAME,
+                 base_env: dict[str, str] | None = None, node_labels: dict[str, str] | None = None) -> None:
+        self.api_url = api_url.rstrip("/")
+        self.workdir = workdir
+        self.node_name = node_name
+        self.base_env = default_base_env() if base_env is None else base_env
+        self.node_labels = {"kubernetes.io/hostname": node_name, "kubernetes.io/os": "linux",
+                            "kubernetes.io/arch": "amd64", **(node_labels or {})}
+        self.pods: dict[tuple[str, str], PodRuntime] = {}
+        self._session: aiohttp.ClientSession | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._unschedulable: set[str] = set()
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
+        self._session = aiohttp.ClientSession()
+        await self._register_node()
+        ready = asyncio.get_running_loop().create_future()
+        self._watcher = asyncio.create_task(self._watch_pods(ready), name="kubelet-watch")
+        await ready
+
+    async def stop(self) -> None:
+        """Stop watching and kill every pod process (SIGKILL): nothing outlives the kubelet."""
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+        for runtime in list(self.pods.values()):
+            self._signal(runtime, signal.SIGCONT)
+            self._signal(runtime, signal.SIGKILL)
+        tasks = [t for r in self.pods.values() for t in (r.worker, r.killer) if t is not None]
+        for task in tasks:
+            task.cancel()
+        for runtime in self.pods.values():
+            if runtime.process is not None:
+                await asyncio.get_running_loop().run_in_executor(None, runtime.process.wait)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()
+
+    # --- API client ------------------------------------------------------------------------------
+
+    async def _request(self, method: str, path: str, body: Any = None, *,
+                       content_type: str = "application/json", params: dict[str, str] | None = None,
+                       ok: tuple[int, ...] = (200, 201)) -> tuple[int, Any]:
+        assert self._session is not None
+        async with self._session.request(method, self.api_url + path, json=body, params=params,
+                                         headers={"Content-Type": content_type}) as response:
+            data = await response.json(content_type=None)
+            if response.status not in ok:
+                logger.debug("kubelet: %s %s -> %s %s", method, path, response.status, data)
+            return response.status, data
+
+    async def _patch_status(self, runtime: PodRuntime, status: dict[str, Any]) -> None:
+        if runtime.lost:
+            return
+        code, _ = await self._request("PATCH", f"/api/v1/namespaces/{runtime.namespace}/pods/{runtime.name}/status",
+                                      {"status": status}, content_type=STRATEGIC, ok=(200, 404))
+        if code not in (200, 404):
+            logger.warning("kubelet: status of %s/%s not written (%s)", runtime.namespace, runtime.name, code)
+
+    async def _event(self, pod: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        meta = pod["metadata"]
+        stamp = now()
+        await self._request("POST", f"/api/v1/namespaces/{meta['namespace']}/events", {
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {"kind": "Pod", "apiVersion": "v1", "namespace": meta["namespace"],
+                               "name": meta["name"], "uid": meta["uid"]},
+            "type": type_, "reason": reason, "message": message, "count": 1,
+            "firstTimestamp": stamp, "lastTimestamp": stamp,
+            "source": {"component": "kubelet", "host": self.node_name},
+        })
+
+    async def _register_node(self) -> None:
+        stamp = now()
+        await self._request("POST", "/api/v1/nodes", {
+            "metadata": {"name": self.node_name, "labels": self.node_labels},
+            "spec": {},
+        }, ok=(201, 409))
+        await self._request("PATCH", f"/api/v1/nodes/{self.node_name}/status", {"status": {
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                            "message": "kubelet stand-in is posting ready status",
+                            "lastHeartbeatTime": stamp, "lastTransitionTime": stamp}],
+            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
+                          {"type": "Hostname", "address": self.node_name}],
+            "nodeInfo": {"kubeletVersion": "v1.32.0-agentrun-stand-in", "operatingSystem": "linux",
+                         "architecture": "amd64", "containerRuntimeVersion": "local-process://1",
+                         "kernelVersion": os.uname().release, "osImage": "local", "kubeProxyVersion": "",
+                         "machineID": "", "systemUUID": "", "bootID": ""},
+        }}, content_type="application/merge-patch+json")
+
+    # --- watching --------------------------------------------------------------------------------
+
+    async def _watch_pods(self, ready: asyncio.Future[None]) -> None:
+        assert self._session is not None
+        while True:
+            try:
+                _, listing = await self._request("GET", "/api/v1/pods")
+                for pod in listing["items"]:
+                    await self._on_pod("ADDED", pod)
+                if not ready.done():
+                    ready.set_result(None)
+                rv = listing["metadata"]["resourceVersion"]
+                params = {"watch": "true", "resourceVersion": rv, "allowWatchBookmarks": "true"}
+                async with self._session.get(f"{self.api_url}/api/v1/pods", params=params,
+                                             timeout=aiohttp.ClientTimeout(total=None)) as response:
+                    async for line in response.content:
+                        if not line.strip():
+                            continue
+                        event = json.loads(line)
+                        if event["type"] == "ERROR":
+                            break  # 410 Gone: relist
+                        if event["type"] != "BOOKMARK":
+                            await self._on_pod(event["type"], event["object"])
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.exception("kubelet: pod watch failed; relisting")
+                if not ready.done():
+                    ready.set_exception(RuntimeError("the kubelet could not list pods"))
+                    return
+            await asyncio.sleep(0.2)
+
+    async def _on_pod(self, type_: str, pod: dict[str, Any]) -> None:
+        meta, spec = pod["metadata"], pod.get("spec", {})
+        key = (meta["namespace"], meta["name"])
+        runtime = self.pods.get(key)
+        if runtime is not None and runtime.uid != meta["uid"]:
+            runtime = None  # a new pod with the name of an old one
+        if type_ == "DELETED":
+            if runtime is not None and runtime.process is not None and runtime.exit_code is None:
+                self._signal(runtime, signal.SIGKILL)  # force-deleted while running
+            return
+        if not spec.get("nodeName"):
+            if not meta.get("deletionTimestamp"):
+                await self._schedule(pod)
+            return
+        if spec["nodeName"] != self.node_name:
+            return
+        if runtime is None:
+            if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+                return
+            runtime = PodRuntime(meta["namespace"], meta["name"], meta["uid"], pod,
+                                 self.workdir / "logs" / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}.log")
+            self.pods[key] = runtime
+            runtime.worker = asyncio.create_task(self._run_pod(runtime), name=f"pod-{meta['name']}")
+            return
+        runtime.pod = pod
+        if runtime.lost:
+            return
+        if meta.get("deletionTimestamp") and not runtime.terminating:
+            runtime.terminating = True
+            runtime.killer = asyncio.create_task(self._terminate(runtime, int(meta.get(
+                "deletionGracePeriodSeconds") or 0)))
+
+    async def _schedule(self, pod: dict[str, Any]) -> None:
+        """The scheduler's part: bind to this node when the nodeSelector allows it."""
+        meta, spec = pod["metadata"], pod.get("spec", {})
+        selector = spec.get("nodeSelector") or {}
+        if all(self.node_labels.get(k) == v for k, v in selector.items()):
+            await self._request("POST", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/binding",
+                                {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": meta["name"]},
+                                 "target": {"apiVersion": "v1", "kind": "Node", "name": self.node_name}},
+                                ok=(201, 409))
+        elif meta["uid"] not in self._unschedulable:
+            self._unschedulable.add(meta["uid"])
+            await self._request("PATCH", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status",
+                                {"status": {"conditions": [{
+                                    "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                    "lastProbeTime": None, "lastTransitionTime": now(),
+                                    "message": "0/1 nodes are available: 1 node(s) didn't match Pod's node "
+                                               "affinity/selector. preemption: 0/1 nodes are available: 1 "
+                                               "Preemption is not helpful for scheduling."}]}},
+                                content_type=STRATEGIC)
+
+    # --- running a pod ---------------------------------------------------------------------------
+
+    async def _run_pod(self, runtime: PodRuntime) -> None:
+        pod = runtime.pod
+        containers = pod["spec"].get("containers") or []
+        container = containers[0]
+        if len(containers) > 1 or pod["spec"].get("initContainers"):
+            await self._event(pod, "Warning", "NotEmulated", "the kubelet stand-in runs only the first container")
+        if pod["spec"].get("restartPolicy") != "Never":
+            await self._event(pod, "Warning", "NotEmulated",
+                              f"restartPolicy {pod['spec'].get('restartPolicy')} is run as Never (no restarts)")
+        await self._patch_status(runtime, self._status(runtime, waiting=("ContainerCreating", None)))
+        env: dict[str, str] | None = None
+        while env is None:
+            if runtime.terminating or runtime.lost:
+                break
+            try:
+                env = await self._resolve_env(runtime.pod, container)
+            except ConfigError as e:
+                await self._patch_status(runtime, self._status(runtime, waiting=("CreateContainerConfigError",
+                                                                                  str(e))))
+                await asyncio.sleep(1.0)
+        if env is not None and not runtime.terminating:
+            await self._start_process(runtime, container, env)
+        if runtime.process is not None:
+            await self._patch_status(runtime, self._status(runtime))
+            code = await asyncio.get_running_loop().run_in_executor(None, runtime.process.wait)
+            runtime.finished_at = now()
+            runtime.exit_code = 128 - code if code < 0 else code
+            if runtime.killer is not None and not runtime.killer.done():
+                runtime.killer.cancel()
+        elif runtime.exit_code is None and runtime.terminating:
+            runtime.exit_code = None  # never started: the pod goes away without a container status
+        if runtime.lost:
+            return
+        await self._patch_status(runtime, self._status(runtime))
+        if runtime.terminating:
+            await self._confirm_deletion(runtime)
+
+    async def _confirm_deletion(self, runtime: PodRuntime) -> None:
+        """The kubelet's last word on a terminated pod: the zero-grace delete that removes it."""
+        if runtime.deletion_confirmed or runtime.lost:
+            return
+        runtime.deletion_confirmed = True
+        await self._request("DELETE", f"/api/v1/namespaces/{runtime.namespace}/pods/{runtime.name}",
+                            {"gracePeriodSeconds": 0, "preconditions": {"uid": runtime.uid}}, ok=(200, 404, 409))
+
+    async def _start_process(self, runtime: PodRuntime, container: dict[str, Any], env: dict[str, str]) -> None:
+        argv = [_expand(a, env) for a in [*(container.get("command") or []), *(container.get("args") or [])]]
+        runtime.started_at = now()
+        if not container.get("command"):
+            runtime.reason, runtime.message = "StartError", "the kubelet stand-in has no images: set command"
+            runtime.exit_code, runtime.finished_at = 128, now()
+            return
+        workdir = Path(container.get("workingDir") or self.workdir / "pods" / f"{runtime.namespace}_{runtime.name}")
+        workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            with open(runtime.log_path, "ab") as log:
+                runtime.process = subprocess.Popen(
+                    argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=workdir,
+                    env={**self.base_env, "HOSTNAME": runtime.name, **env}, start_new_session=True)
+        except OSError as e:
+            runtime.reason = "StartError"
+            runtime.message = f"failed to create containerd task: exec: {argv[0]!r}: {e.strerror}"
+            runtime.exit_code, runtime.finished_at = 128, now()
+            return
+        logger.info("kubelet: started %s/%s (pid %s): %s", runtime.namespace, runtime.name,
+                    runtime.process.pid, argv)
+
+    async def _terminate(self, runtime: PodRuntime, grace: int) -> None:
+        """Graceful termination: SIGTERM, then SIGKILL when the grace period is over."""
+        if runtime.worker is not None and runtime.worker.done():
+            await self._patch_status(runtime, self._status(runtime))
+            await self._confirm_deletion(runtime)
+            return
+        if runtime.process is None or runtime.exit_code is not None:
+            return  # the worker sees `terminating` and confirms the deletion itself
+        self._signal(runtime, signal.SIGCONT)
+        self._signal(runtime, signal.SIGTERM)
+        await asyncio.sleep(grace)
+        if runtime.exit_code is None:
+            self._signal(runtime, signal.SIGKILL)
+
+    def _signal(self, runtime: PodRuntime, sig: int) -> bool:
+        if runtime.process is None or runtime.process.returncode is not None:
+            return False
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(runtime.process.pid, sig)
+            runtime.signals.append(sig)
+            return True
+        return False
+
+    # --- environment -----------------------------------------------------------------------------
+
+    async def _resolve_env(self, pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
+        namespace = pod["metadata"]["namespace"]
+        env: dict[str, str] = {}
+        for source in container.get("envFrom") or []:
+            prefix = source.get("prefix", "")
+            for kind, ref_key in (("secrets", "secretRef"), ("configmaps", "configMapRef")):
+                if ref_key in source:
+                    data = await self._data(namespace, kind, source[ref_key]["name"],
+                                            optional=bool(source[ref_key].get("optional")))
+                    env.update({prefix + k: v for k, v in (data or {}).items()})
+        for var in container.get("env") or []:
+            name, source = var["name"], var.get("valueFrom")
+            if source is None:
+                env[name] = _expand(var.get("value", ""), env)
+                continue
+            value: str | None = None
+            if "secretKeyRef" in source or "configMapKeyRef" in source:
+                kind, ref = (("secrets", source["secretKeyRef"]) if "secretKeyRef" in source
+                             else ("configmaps", source["configMapKeyRef"]))
+                optional = bool(ref.get("optional"))
+                data = await self._data(namespace, kind, ref["name"], optional=optional)
+                if data is not None and ref["key"] in data:
+                    value = data[ref["key"]]
+                elif data is not None and not optional:
+                    noun = "Secret" if kind == "secrets" else "ConfigMap"
+                    raise ConfigError(f"couldn't find key {ref['key']} in {noun} {namespace}/{ref['name']}")
+            elif "fieldRef" in source:
+                value = _field_ref(pod, source["fieldRef"]["fieldPath"])
+            elif "resourceFieldRef" in source:
+                resource = source["resourceFieldRef"]["resource"]
+                kind_, _, res = resource.partition(".")
+                value = str(((container.get("resources") or {}).get(kind_) or {}).get(res, "0"))
+            if value is not None:
+                env[name] = value
+        return env
+
+    async def _data(self, namespace: str, kind: str, name: str, *, optional: bool) -> dict[str, str] | None:
+        code, obj = await self._request("GET", f"/api/v1/namespaces/{namespace}/{kind}/{name}", ok=(200, 404))
+        if code == 404:
+            if optional:
+                return None
+            raise ConfigError(f'{"secret" if kind == "secrets" else "configmap"} "{name}" not found')
+        if kind == "secrets":
+            return {k: base64.b64decode(v).decode(errors="replace") for k, v in (obj.get("data") or {}).items()}
+        return dict(obj.get("data") or {})
+
+    # --- status ----------------------------------------------------------------------------------
+
+    def _status(self, runtime: PodRuntime, *, waiting: tuple[str, str | None] | None = None) -> dict[str, Any]:
+        pod = runtime.pod
+        container = (pod["spec"].get("containers") or [{}])[0]
+        stamp = now()
+        state: dict[str, Any]
+        ready = False
+        if waiting is not None:
+            reason, message = waiting
+            state = {"waiting": {"reason": reason, **({"message": message} if message else {})}}
+            phase = "Pending"
+        elif runtime.exit_code is None and runtime.process is not None:
+            state = {"running": {"startedAt": runtime.started_at}}
+            phase, ready = "Running", True
+        elif runtime.exit_code is not None:
+            reason = runtime.reason or ("Completed" if runtime.exit_code == 0 else "Error")
+            terminated = {"exitCode": runtime.exit_code, "reason": reason, "startedAt": runtime.started_at,
+                          "finishedAt": runtime.finished_at, "containerID": f"local://{runtime.uid}"}
+            if runtime.message:
+                terminated["message"] = runtime.message
+            state = {"terminated": terminated}
+            phase = "Succeeded" if runtime.exit_code == 0 and not runtime.evicted else "Failed"
+        else:  # deleted before it started
+            state = {"waiting": {"reason": "ContainerCreating"}}
+            phase = "Failed" if runtime.terminating else "Pending"
+        not_ready = "PodCompleted" if phase in ("Succeeded", "Failed") else "ContainersNotReady"
+        conditions = [
+            {"type": "PodReadyToStartContainers", "status": "True"},
+            {"type": "Initialized", "status": "True"},
+            {"type": "Ready", "status": "True" if ready else "False", **({} if ready else {"reason": not_ready})},
+            {"type": "ContainersReady", "status": "True" if ready else "False",
+             **({} if ready else {"reason": not_ready})},
+            {"type": "PodScheduled", "status": "True"},
+        ]
+        old = {c["type"]: c for c in pod.get("status", {}).get("conditions") or []}
+        for cond in conditions:
+            previous = old.get(cond["type"])
+            same = previous is not None and previous.get("status") == cond["status"]
+            cond["lastTransitionTime"] = previous.get("lastTransitionTime", stamp) if same and previous else stamp
+            cond["lastProbeTime"] = None
+        status: dict[str, Any] = {
+            "phase": phase, "conditions": conditions, "hostIP": "127.0.0.1", "hostIPs": [{"ip": "127.0.0.1"}],
+            "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}],
+            "startTime": pod.get("status", {}).get("startTime") or stamp,
+            "containerStatuses": [{
+                "name": container.get("name", "main"), "image": container.get("image", ""), "imageID": "",
+                "ready": ready, "started": ready, "restartCount": 0, "state": state,
+                **({"containerID": f"local://{runtime.uid}"} if runtime.started_at else {}),
+            }],
+        }
+        if runtime.evicted:
+            status.update(reason="Evicted", message=runtime.evicted)
+        return status
+
+    # --- faults ----------------------------------------------------------------------------------
+
+    def runtime(self, name: str, namespace: str = "default") -> PodRuntime:
+        try:
+            return self.pods[(namespace, name)]
+        except KeyError:
+            raise KeyError(f"the kubelet does not run pod {namespace}/{name}") from None
+
+    async def kill(self, name: str, sig: int = signal.SIGKILL, namespace: str = "default") -> None:
+        runtime = self.runtime(name, namespace)
+        if sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT):
+            self._signal(runtime, signal.SIGCONT)
+        if not self._signal(runtime, sig):
+            raise RuntimeError(f"pod {namespace}/{name} has no running process")
+
+    async def oom_kill(self, name: str, namespace: str = "default") -> None:
+        runtime = self.runtime(name, namespace)
+        runtime.reason = "OOMKilled"
+        await self.kill(name, signal.SIGKILL, namespace)
+
+    async def evict(self, name: str, namespace: str = "default", *, grace_period: int | None = None,
+                    node_pressure: bool = False) -> None:
+        if not node_pressure:
+            body: dict[str, Any] = {"apiVersion": "policy/v1", "kind": "Eviction",
+                                    "metadata": {"name": name, "namespace": namespace}}
+            if grace_period is not None:
+                body["deleteOptions"] = {"gracePeriodSeconds": grace_period}
+            code, answer = await self._request("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/eviction", body)
+            if code != 201:
+                raise RuntimeError(f"eviction of {namespace}/{name} failed: {answer}")
+            return
+        runtime = self.runtime(name, namespace)
+        runtime.evicted = "The node was low on resource: memory. Threshold quantity: 100Mi, available: 42Mi. "
+        await self._patch_status(runtime, {"conditions": [{
+            "type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet",
+            "message": "The node was low on resource: memory.", "lastTransitionTime": now(), "lastProbeTime": None}]})
+        self._signal(runtime, signal.SIGCONT)
+        if grace_period:
+            self._signal(runtime, signal.SIGTERM)
+            await asyncio.sleep(grace_period)
+        self._signal(runtime, signal.SIGKILL)
+
+    async def lose_node(self, name: str, namespace: str = "default") -> None:
+        runtime = self.runtime(name, namespace)
+        await self._patch_status(runtime, {
+            "phase": "Unknown", "reason": "NodeLost",
+            "message": f"Node {self.node_name} which was running pod {name} is unresponsive",
+            "conditions": [{"type": "Ready", "status": "Unknown", "reason": "NodeLost",
+                            "lastTransitionTime": now(), "lastProbeTime": None}]})
+        runtime.lost = True
+        self._signal(runtime, signal.SIGCONT)
+        self._signal(runtime, signal.SIGKILL)
+
+    async def pause(self, name: str, namespace: str = "default") -> None:
+        runtime = self.runtime(name, namespace)
+        runtime.paused = self._signal(runtime, signal.SIGSTOP)
+
+    async def resume(self, name: str, namespace: str = "default") -> None:
+        runtime = self.runtime(name, namespace)
+        self._signal(runtime, signal.SIGCONT)
+        runtime.paused = False
+
+
+def _expand(text: str, env: dict[str, str]) -> str:
+    """Kubernetes ``$(VAR)`` expansion (``$$`` escapes; unknown references stay as they are)."""
+    def replace(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        return env.get(match.group(1), match.group(0))
+    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)", replace, text)
+
+
+def _field_ref(pod: dict[str, Any], path: str) -> str:
+    meta = pod["metadata"]
+    if match := re.fullmatch(r"metadata\.(labels|annotations)\['([^']+)'\]", path):
+        return str((meta.get(match.group(1)) or {}).get(match.group(2), ""))
+    value: Any = pod
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    if path in ("status.podIP", "status.hostIP"):
+        value = "127.0.0.1"
+    return "" if value is None else str(value)
+
+
+class KubeletThread:
+    """The kubelet on its own thread and event loop, with synchronous fault injection for tests."""
+
+    def __init__(self, api_url: str, workdir: Path, **kwargs: Any) -> None:
+        self.kubelet = Kubelet(api_url, workdir=workdir, **kwargs)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="kubelet", daemon=True)
+
+    def start(self) -> KubeletThread:
+        self._thread.start()
+        self._run(self.kubelet.start())
+        return self
+
+    def stop(self) -> None:
+        try:
+            self._run(self.kubelet.stop(), timeout=30)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+            self._loop.run_until_complete(self._loop.shutdown_default_executor())
+            self._loop.close()
+
+    def _run(self, coro: Coroutine[Any, Any, T], timeout: float = 30) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    # Synchronous faces of the async API (namespace defaults to "default").
+    def kill(self, name: str, sig: int = signal.SIGKILL, namespace: str = "default") -> None:
+        self._run(self.kubelet.kill(name, sig, namespace))
+
+    def oom_kill(self, name: str, namespace: str = "default") -> None:
+        self._run(self.kubelet.oom_kill(name, namespace))
+
+    def evict(self, name: str, namespace: str = "default", *, grace_period: int | None = None,
+              node_pressure: bool = False) -> None:
+        self._run(self.kubelet.evict(name, namespace, grace_period=grace_period, node_pressure=node_pressure),
+                  timeout=60 + (grace_period or 0))
+
+    def lose_node(self, name: str, namespace: str = "default") -> None:
+        self._run(self.kubelet.lose_node(name, namespace))
+
+    def pause(self, name: str, namespace: str = "default") -> None:
+        self._run(self.kubelet.pause(name, namespace))
+
+    def resume(self, name: str, namespace: str = "default") -> None:
+        self._run(self.kubelet.resume(name, namespace))
+
+    def log_path(self, name: str, namespace: str = "default") -> Path:
+        return self.kubelet.runtime(name, namespace).log_path
+
+    def logs(self, name: str, namespace: str = "default") -> str:
+        path = self.log_path(name, namespace)
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def pid(self, name: str, namespace: str = "default") -> int | None:
+        process = self.kubelet.runtime(name, namespace).process
+        return process.pid if process is not None else None
+
+    def signals(self, name: str, namespace: str = "default") -> list[int]:
+        """Signals the kubelet sent to the pod's process group, in order."""
+        return list(self.kubelet.runtime(name, namespace).signals)

@@ -1,0 +1,275 @@
+"""The real ``kubectl`` against the emulated cluster: what a user of AgentRun types."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.cluster.conftest import AGENTRUNS, EXAMPLE, INVALID_MANIFESTS, PODS, python_pod
+from tests.cluster.harness import KUBECTL, EmulatedCluster
+from tests.cluster.test_crd import EXPECTED_FIELD
+
+NAME = "support-order-4821"
+
+
+def apply_example(cluster: EmulatedCluster) -> dict:
+    result = cluster.kubectl("apply", "-f", str(EXAMPLE))
+    assert result.returncode == 0, f"kubectl apply of the example failed: {result.stderr}"
+    obj = cluster.get("agentruns", NAME)
+    assert obj is not None
+    return obj
+
+
+def set_status(cluster: EmulatedCluster, status: dict) -> dict:
+    """What the operator does: a merge patch of the status subresource."""
+    response = cluster.api("PATCH", f"{AGENTRUNS}/{NAME}/status", {"status": status},
+                           content_type="application/merge-patch+json")
+    assert response.status == 200, response.body
+    return response.body
+
+
+def table(output: str) -> list[list[str]]:
+    """kubectl's columns, cut at the header's offsets (so an empty cell stays an empty string)."""
+    header, *rows = output.rstrip().splitlines()
+    starts = [m.start() for m in re.finditer(r"\S+(?: \S+)*", header)]
+    bounds = list(zip(starts, [*starts[1:], None], strict=True))
+    return [[line[a:b].strip() for a, b in bounds] for line in (header, *rows)]
+
+
+def test_kubectl_apply_creates_the_example_with_client_validation_on(cluster: EmulatedCluster) -> None:
+    result = cluster.kubectl("apply", "-f", str(EXAMPLE), "-v=6")
+    assert result.returncode == 0, result.stderr
+    assert f"agentrun.agentrun.dev/{NAME} created" in result.stdout
+    assert "/openapi/v3/apis/agentrun.dev/v1alpha1" in result.stderr, "kubectl did not read the OpenAPI document"
+    assert "fieldValidation=Strict" in result.stderr, "kubectl's validation is off (it sends Strict when on)"
+    assert "openapi/v2" not in result.stderr, "kubectl fell back to the legacy OpenAPI (its validation would fail)"
+
+    obj = cluster.get("agentruns", NAME)
+    assert obj is not None
+    meta = obj["metadata"]
+    assert meta["generation"] == 1 and meta["uid"] and meta["creationTimestamp"] and meta["resourceVersion"]
+    assert obj["spec"]["restartPolicy"] == {"maxRestarts": 3, "backoffSeconds": 5}, "CRD defaults not applied"
+    assert obj["spec"]["config"] == {"toolTimeoutSeconds": 60, "nodeTimeoutSeconds": 300,
+                                     "durableCheckpointEveryStep": True, "recursionLimit": 50}
+    assert obj["spec"]["stop"] is False
+
+
+def test_kubectl_apply_again_is_unchanged(cluster: EmulatedCluster) -> None:
+    before = apply_example(cluster)
+    result = cluster.kubectl("apply", "-f", str(EXAMPLE))
+    assert result.returncode == 0, result.stderr
+    assert f"agentrun.agentrun.dev/{NAME} unchanged" in result.stdout
+    after = cluster.get("agentruns", NAME)
+    assert after is not None
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"], "a no-op wrote anyway"
+
+
+@pytest.mark.parametrize("resource", ["ar", "agentruns", "agentrun", "agentruns.agentrun.dev"])
+def test_kubectl_get_prints_phase_node_version_attempt(cluster: EmulatedCluster, resource: str) -> None:
+    apply_example(cluster)
+    set_status(cluster, {"phase": "Running", "currentNode": "tools", "stateVersion": 7, "attempt": 2})
+    result = cluster.kubectl("get", resource)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    header, row = table(result.stdout)
+    assert header == ["NAME", "PHASE", "NODE", "VERSION", "ATTEMPT", "AGE"]
+    assert row[:5] == [NAME, "Running", "tools", "7", "2"]
+    assert row[5].endswith("s"), f"AGE should be an age like 3s, got {row[5]!r}"
+
+
+def test_kubectl_get_wide_and_all_namespaces(cluster: EmulatedCluster) -> None:
+    apply_example(cluster)
+    set_status(cluster, {"phase": "Failed", "attempt": 4, "restarts": 3, "disruptions": 1,
+                         "reason": "BackoffLimitExceeded"})
+    header, row = table(cluster.kubectl("get", "ar", "-o", "wide").stdout)
+    assert header == ["NAME", "PHASE", "NODE", "VERSION", "ATTEMPT", "RESTARTS", "DISRUPTIONS", "THREAD",
+                      "REASON", "AGE"]
+    assert row[:9] == [NAME, "Failed", "", "", "4", "3", "1", "order-4821", "BackoffLimitExceeded"]
+    header, row = table(cluster.kubectl("get", "ar", "-A").stdout)
+    assert header[:3] == ["NAMESPACE", "NAME", "PHASE"] and row[:3] == ["default", NAME, "Failed"]
+
+
+def test_kubectl_get_watch_prints_status_changes(cluster: EmulatedCluster) -> None:
+    apply_example(cluster)
+    env = {"KUBECONFIG": str(cluster.kubeconfig), "PATH": "/usr/bin:/bin"}
+    with subprocess.Popen([KUBECTL, f"--cache-dir={cluster.workdir / 'kubectl-cache'}", "get", "ar", "-w"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as watch:
+        try:
+            assert watch.stdout is not None
+            assert watch.stdout.readline().split()[:2] == ["NAME", "PHASE"]
+            assert watch.stdout.readline().split()[0] == NAME
+            set_status(cluster, {"phase": "Running", "currentNode": "agent", "stateVersion": 1, "attempt": 1})
+            assert watch.stdout.readline().split()[:5] == [NAME, "Running", "agent", "1", "1"]
+            set_status(cluster, {"phase": "Succeeded", "currentNode": "__end__", "stateVersion": 4})
+            assert watch.stdout.readline().split()[:4] == [NAME, "Succeeded", "__end__", "4"]
+        finally:
+            watch.terminate()
+            watch.communicate(timeout=10)
+
+
+def test_short_name_ar_is_unambiguous_in_discovery(cluster: EmulatedCluster) -> None:
+    resources = cluster.api("GET", "/apis/agentrun.dev/v1alpha1").body["resources"]
+    main, status = resources
+    assert (main["name"], main["shortNames"], main["categories"]) == ("agentruns", ["ar"], ["agentrun"])
+    assert status == {"name": "agentruns/status", "singularName": "", "namespaced": True, "kind": "AgentRun",
+                      "verbs": ["get", "patch", "update"]}
+    result = cluster.kubectl("api-resources", "--api-group=agentrun.dev")
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    header, row = table(result.stdout)
+    assert row == ["agentruns", "ar", "agentrun.dev/v1alpha1", "true", "AgentRun"]
+
+
+def test_kubectl_explain_shows_the_crd_descriptions(cluster: EmulatedCluster) -> None:
+    result = cluster.kubectl("explain", "agentrun.spec.config")
+    assert result.returncode == 0, result.stderr
+    text = result.stdout
+    assert "KIND:       AgentRun" in text and "FIELD: config <Object>" in text
+    assert "recursionLimit\t<integer>" in text
+    assert "The maximum number of steps of one attempt" in text
+    assert "0 disables the deadline" in text
+    spec = cluster.kubectl("explain", "ar.spec").stdout
+    assert "graph\t<string> -required-" in spec and "threadId\t<string> -required-" in spec
+    assert "module.path:attribute" in spec
+    phase = cluster.kubectl("explain", "agentruns.status.phase").stdout
+    assert "Interrupted" in phase and "Stopping" in phase
+
+
+@pytest.mark.parametrize("path", INVALID_MANIFESTS, ids=lambda p: p.name)
+def test_kubectl_rejects_invalid_manifest_naming_the_field(cluster: EmulatedCluster, path: Path) -> None:
+    result = cluster.kubectl("apply", "-f", str(path))
+    assert result.returncode != 0, f"{path.name} was accepted"
+    field = EXPECTED_FIELD[path.name]
+    assert field in result.stderr, f"the error does not name {field}: {result.stderr}"
+    assert "Error from server" in result.stderr or "is invalid" in result.stderr
+    name = yaml.safe_load(path.read_text())["metadata"]["name"]
+    assert cluster.get("agentruns", name) is None, "a rejected object was stored"
+
+
+def test_kubectl_patch_stop_bumps_generation_but_status_patch_does_not(cluster: EmulatedCluster) -> None:
+    created = apply_example(cluster)
+    status = cluster.kubectl("patch", "ar", NAME, "--subresource=status", "--type", "merge",
+                             "-p", '{"status":{"phase":"Running","attempt":1}}')
+    assert status.returncode == 0, status.stderr
+    after_status = cluster.get("agentruns", NAME)
+    assert after_status is not None
+    assert after_status["status"] == {"phase": "Running", "attempt": 1}
+    assert after_status["metadata"]["generation"] == 1, "a status write bumped metadata.generation"
+    assert after_status["metadata"]["resourceVersion"] != created["metadata"]["resourceVersion"]
+
+    stop = cluster.kubectl("patch", "ar", NAME, "--type", "merge", "-p", '{"spec":{"stop":true}}')
+    assert stop.returncode == 0 and "patched" in stop.stdout, stop.stderr
+    stopped = cluster.get("agentruns", NAME)
+    assert stopped is not None
+    assert stopped["spec"]["stop"] is True
+    assert stopped["metadata"]["generation"] == 2, "a spec change must bump metadata.generation"
+
+    again = cluster.kubectl("patch", "ar", NAME, "--type", "merge", "-p", '{"spec":{"stop":true}}')
+    assert "patched (no change)" in again.stdout
+    unchanged = cluster.get("agentruns", NAME)
+    assert unchanged is not None
+    assert unchanged["metadata"]["resourceVersion"] == stopped["metadata"]["resourceVersion"]
+
+    cluster.kubectl("patch", "ar", NAME, "--type", "merge", "-p", '{"status":{"phase":"Failed"}}')
+    ignored = cluster.get("agentruns", NAME)
+    assert ignored is not None
+    assert ignored["status"]["phase"] == "Running", "the main resource must ignore status (status subresource)"
+
+
+def test_stale_resource_version_is_a_conflict(cluster: EmulatedCluster, tmp_path: Path) -> None:
+    apply_example(cluster)
+    stale = tmp_path / "stale.json"
+    stale.write_text(cluster.kubectl("get", "ar", NAME, "-o", "json").stdout)
+    assert cluster.kubectl("patch", "ar", NAME, "--type", "merge", "-p", '{"spec":{"userId":"customer-119"}}'
+                           ).returncode == 0
+    edited = json.loads(stale.read_text())
+    edited["spec"]["userId"] = "someone-else"
+    stale.write_text(json.dumps(edited))
+    result = cluster.kubectl("replace", "-f", str(stale))
+    assert result.returncode != 0
+    assert "the object has been modified; please apply your changes to the latest version" in result.stderr
+    current = cluster.get("agentruns", NAME)
+    assert current is not None
+    assert current["spec"]["userId"] == "customer-119", "a stale update overwrote a newer one"
+
+    put = cluster.api("PUT", f"{AGENTRUNS}/{NAME}", edited)
+    assert (put.status, put.body["reason"]) == (409, "Conflict")
+    edited["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+    fresh = cluster.api("PUT", f"{AGENTRUNS}/{NAME}", edited)
+    assert fresh.status == 200 and fresh.body["spec"]["userId"] == "someone-else"
+    assert fresh.body["metadata"]["generation"] == 3
+
+
+def test_deleting_an_agentrun_garbage_collects_its_pods(cluster: EmulatedCluster) -> None:
+    owner = apply_example(cluster)
+    for pod in (python_pod(f"{NAME}-1", "pass", owner=owner), python_pod("unrelated", "pass")):
+        assert cluster.api("POST", PODS, pod).status == 201
+    result = cluster.kubectl("delete", "ar", NAME)
+    assert result.returncode == 0 and f'agentrun.agentrun.dev "{NAME}" deleted' in result.stdout
+    cluster.wait_for(lambda: cluster.get("pods", f"{NAME}-1") is None, message="the owned pod is collected")
+    assert cluster.get("pods", "unrelated") is not None, "the garbage collector removed a pod it does not own"
+    assert cluster.get("agentruns", NAME) is None
+
+
+def test_kubectl_apply_pod_and_get_pods(cluster: EmulatedCluster, tmp_path: Path) -> None:
+    manifest = tmp_path / "pod.yaml"
+    manifest.write_text(yaml.safe_dump(python_pod("hello", "print('hello')")))
+    result = cluster.kubectl("apply", "-f", str(manifest))
+    assert result.returncode == 0 and "pod/hello created" in result.stdout, result.stderr
+    header, row = table(cluster.kubectl("get", "pods").stdout)
+    assert header == ["NAME", "READY", "STATUS", "RESTARTS", "AGE"]
+    assert row[:4] == ["hello", "0/1", "Pending", "0"]
+    typo = tmp_path / "typo.yaml"
+    bad = python_pod("typo", "pass")
+    bad["spec"]["containers"][0]["commandd"] = ["x"]
+    typo.write_text(yaml.safe_dump(bad))
+    rejected = cluster.kubectl("apply", "-f", str(typo))
+    assert rejected.returncode != 0 and 'unknown field "spec.containers[0].commandd"' in rejected.stderr
+
+
+def test_kubectl_create_secret_and_get_it(cluster: EmulatedCluster) -> None:
+    result = cluster.kubectl("create", "secret", "generic", "agentrun-store",
+                             "--from-literal=postgresDsn=postgresql://agentrun@db/agentrun")
+    assert result.returncode == 0, result.stderr
+    header, row = table(cluster.kubectl("get", "secrets").stdout)
+    assert header == ["NAME", "TYPE", "DATA", "AGE"] and row[:3] == ["agentrun-store", "Opaque", "1"]
+    secret = cluster.get("secrets", "agentrun-store")
+    assert secret is not None and secret["data"]["postgresDsn"]  # base64, as stored by a real server
+
+
+def test_kubectl_create_namespace_and_delete_it_with_its_contents(cluster: EmulatedCluster) -> None:
+    assert cluster.kubectl("create", "namespace", "team-a").returncode == 0
+    result = cluster.kubectl("apply", "-n", "team-a", "-f", str(EXAMPLE))
+    assert result.returncode == 0, result.stderr
+    missing = cluster.kubectl("apply", "-n", "team-b", "-f", str(EXAMPLE))
+    assert missing.returncode != 0 and 'namespaces "team-b" not found' in missing.stderr
+    assert cluster.kubectl("delete", "namespace", "team-a", "--wait=false").returncode == 0
+    cluster.wait_for(lambda: cluster.get("namespaces", "team-a", None) is None, message="namespace removed")
+    assert cluster.get("agentruns", NAME, "team-a") is None
+
+
+def test_kubectl_describe_agentrun(cluster: EmulatedCluster) -> None:
+    apply_example(cluster)
+    set_status(cluster, {"phase": "Interrupted", "interrupt": {"id": "int-1", "message": "approve the charge?"}})
+    result = cluster.kubectl("describe", "ar", NAME)
+    assert result.returncode == 0, result.stderr
+    assert "Thread Id:" in result.stdout and "approve the charge?" in result.stdout
+
+
+def test_watch_of_the_emulator_ends_when_the_cluster_stops(tmp_path: Path) -> None:
+    """A client still watching must not keep the server from stopping (teardown stays fast)."""
+    emulated = EmulatedCluster(tmp_path / "c").start()
+    watch = subprocess.Popen([KUBECTL, f"--kubeconfig={emulated.kubeconfig}", "get", "pods", "-w"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(0.5)
+        started = time.monotonic()
+        emulated.stop()
+        assert time.monotonic() - started < 5
+    finally:
+        watch.kill()
+        watch.wait()

@@ -1,0 +1,756 @@
+"""Operator decisions (DESIGN §3-4, issue 4): pod status + run status + store progress in, one Decision out.
+
+Pure: no API server, no store, no clock. Pods are built as a kubelet reports
+them (containerStatuses with terminated / waiting states, pod conditions,
+``status.reason``), so ``PodView.from_manifest`` is exercised on every path.
+Multi-step scenarios apply each Decision's status as the merge patch would
+(``None`` removes a key) and feed it back, as the reconcile loop does.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from agentrun.checkpoint.base import Progress
+from agentrun_operator.decisions import (
+    FAILED,
+    INTERRUPTED,
+    PAYLOAD_LIMIT,
+    PENDING,
+    RUNNING,
+    STOPPED,
+    STOPPING,
+    SUCCEEDED,
+    TERMINAL,
+    Decision,
+    Limits,
+    Outcome,
+    PodView,
+    backoff,
+    classify,
+    decide,
+    iso,
+    parse_time,
+    truncate_payload,
+)
+from agentrun_operator.podspec import pod_name
+from agentrun_operator.spec import AgentRunSpec, parse_spec
+
+RUN = "support-order-4821"
+NOW = datetime(2025, 3, 1, 12, 0, 0, tzinfo=UTC)
+STARTED = NOW - timedelta(hours=1)
+LIMITS = Limits(stop_grace=30.0, lost_node_timeout=60.0, max_disruptions=3, max_backoff=300.0)
+IMAGE = "ghcr.io/agentrun/agentrun:0.1.0"
+
+
+# --- kubelet-shaped pod manifests ------------------------------------------------------------------------------------
+
+def _container(state: dict[str, Any], *, name: str = "runner", ready: bool = False) -> dict[str, Any]:
+    return {
+        "name": name,
+        "image": IMAGE,
+        "imageID": f"{IMAGE}@sha256:{'ab' * 32}",
+        "containerID": "containerd://" + "c0ffee" * 10,
+        "ready": ready,
+        "started": ready,
+        "restartCount": 0,
+        "lastState": {},
+        "state": state,
+    }
+
+
+def _conditions(ready: bool) -> list[dict[str, Any]]:
+    flag = "True" if ready else "False"
+    return [
+        {"type": "PodReadyToStartContainers", "status": "True", "lastTransitionTime": iso(STARTED)},
+        {"type": "Initialized", "status": "True", "lastTransitionTime": iso(STARTED)},
+        {"type": "Ready", "status": flag, "lastTransitionTime": iso(STARTED)},
+        {"type": "ContainersReady", "status": flag, "lastTransitionTime": iso(STARTED)},
+        {"type": "PodScheduled", "status": "True", "lastTransitionTime": iso(STARTED)},
+    ]
+
+
+def manifest(
+    attempt: int = 1,
+    *,
+    phase: str,
+    state: dict[str, Any] | None = None,
+    ready: bool = False,
+    conditions: list[dict[str, Any]] | None = None,
+    reason: str | None = None,
+    message: str | None = None,
+    deleting: bool = False,
+    containers: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    metadata: dict[str, Any] = {
+        "name": pod_name(RUN, attempt),
+        "namespace": "shop",
+        "uid": f"pod-uid-{attempt}",
+        "labels": {"agentrun.dev/run": RUN, "agentrun.dev/attempt": str(attempt)},
+        "creationTimestamp": iso(STARTED),
+    }
+    if deleting:
+        metadata.update(deletionTimestamp=iso(NOW), deletionGracePeriodSeconds=30)
+    status: dict[str, Any] = {
+        "phase": phase,
+        "hostIP": "10.0.0.7",
+        "podIP": "10.244.1.12",
+        "qosClass": "BestEffort",
+        "startTime": iso(STARTED),
+        "conditions": _conditions(ready) + list(conditions or []),
+    }
+    if containers is not None:
+        status["containerStatuses"] = containers
+    elif state is not None:
+        status["containerStatuses"] = [_container(state, ready=ready)]
+    if reason:
+        status["reason"] = reason
+    if message:
+        status["message"] = message
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": {"containers": [{"name": "runner"}]},
+            "status": status}
+
+
+def running(attempt: int = 1, **kwargs: Any) -> dict[str, Any]:
+    return manifest(attempt, phase="Running", ready=True, state={"running": {"startedAt": iso(STARTED)}}, **kwargs)
+
+
+def terminated(code: int, attempt: int = 1, *, reason: str | None = None, message: str | None = None,
+               **kwargs: Any) -> dict[str, Any]:
+    state: dict[str, Any] = {
+        "exitCode": code,
+        "reason": reason or ("Completed" if code == 0 else "Error"),
+        "startedAt": iso(STARTED),
+        "finishedAt": iso(NOW),
+        "containerID": "containerd://" + "c0ffee" * 10,
+    }
+    if message is not None:
+        state["message"] = message
+    kwargs.setdefault("phase", "Succeeded" if code == 0 else "Failed")
+    return manifest(attempt, state={"terminated": state}, **kwargs)
+
+
+def waiting(reason: str, message: str, attempt: int = 1) -> dict[str, Any]:
+    return manifest(attempt, phase="Pending", state={"waiting": {"reason": reason, "message": message}})
+
+
+def disruption_target(reason: str = "EvictionByEvictionAPI") -> dict[str, Any]:
+    return {"type": "DisruptionTarget", "status": "True", "reason": reason,
+            "message": "Eviction API: evicting", "lastTransitionTime": iso(NOW)}
+
+
+def view(pod: dict[str, Any]) -> PodView:
+    return PodView.from_manifest(pod)
+
+
+# --- run state -------------------------------------------------------------------------------------------------------
+
+def make_spec(**fields: Any) -> AgentRunSpec:
+    return parse_spec({"graph": "examples.support_agent:app", "threadId": "order-4821", **fields})
+
+
+def run_status(phase: str = RUNNING, attempt: int = 1, **fields: Any) -> dict[str, Any]:
+    return {"phase": phase, "attempt": attempt, "restarts": 0, "disruptions": 0, "startTime": iso(STARTED),
+            "podName": pod_name(RUN, attempt), **fields}
+
+
+def applied(status: dict[str, Any], decision: Decision) -> dict[str, Any]:
+    """The status after the operator's merge patch of ``decision.status`` (a ``None`` removes the key)."""
+    merged = {**status, **decision.status}
+    return {k: v for k, v in merged.items() if v is not None}
+
+
+def progress(**fields: Any) -> Progress:
+    base: dict[str, Any] = dict(thread_id="shop/order-4821", version=7, current_node="tools", step=3,
+                                status="running", updated_at=(NOW - timedelta(seconds=2)).timestamp(),
+                                tool_calls={"executed": 2, "replayed": 1})
+    return Progress(**{**base, **fields})
+
+
+def interrupted_progress(*interrupts: dict[str, Any]) -> Progress:
+    return progress(status="interrupted", interrupts=list(interrupts))
+
+
+def no_action(d: Decision) -> bool:
+    return d.create_attempt is None and d.delete_pod is None and not d.request_stop and "phase" not in d.status
+
+
+def later(seconds: float) -> datetime:
+    return NOW + timedelta(seconds=seconds)
+
+
+# --- PodView.from_manifest -------------------------------------------------------------------------------------------
+
+def test_podview_reads_the_runner_exit_code_reason_and_termination_message() -> None:
+    pod = view(terminated(137, reason="OOMKilled", message="killed: memory limit 256Mi"))
+    assert (pod.name, pod.phase, pod.exit_code) == (f"{RUN}-1", "Failed", 137), "the runner's exit code is lost"
+    assert pod.terminated_reason == "OOMKilled"
+    assert pod.termination_message == "killed: memory limit 256Mi"
+    assert pod.disruption is None and not pod.deleting
+
+
+def test_podview_exit_code_zero_is_an_exit_code_not_missing() -> None:
+    assert view(terminated(0)).exit_code == 0, "exit 0 read as 'no exit code' would turn success into a crash"
+
+
+def test_podview_prefers_the_runner_container_over_sidecars_in_any_order() -> None:
+    sidecar = _container({"running": {"startedAt": iso(STARTED)}}, name="istio-proxy", ready=True)
+    runner = _container({"terminated": {"exitCode": 5, "reason": "Error", "message": "GRAPH_001: boom"}})
+    for statuses in ([sidecar, runner], [runner, sidecar]):
+        pod = view(manifest(phase="Running", containers=statuses))
+        assert pod.exit_code == 5, "a sidecar's state was read instead of the runner's"
+        assert pod.termination_message == "GRAPH_001: boom"
+
+
+def test_podview_reads_waiting_reason_and_message() -> None:
+    pod = view(waiting("CreateContainerConfigError", 'secret "agentrun-store" not found'))
+    assert pod.waiting_reason == "CreateContainerConfigError"
+    assert pod.waiting_message == 'secret "agentrun-store" not found'
+    assert pod.exit_code is None
+
+
+def test_podview_reads_the_disruption_target_condition_reason() -> None:
+    pod = view(running(conditions=[disruption_target("PreemptionByScheduler")]))
+    assert pod.disruption == "PreemptionByScheduler", "a DisruptionTarget condition went unnoticed"
+
+
+def test_podview_ignores_a_disruption_target_condition_that_is_false() -> None:
+    cleared = {**disruption_target(), "status": "False"}
+    assert view(running(conditions=[cleared])).disruption is None
+
+
+def test_podview_reads_kubelet_eviction_from_status_reason() -> None:
+    pod = view(manifest(phase="Failed", reason="Evicted", message="The node was low on resource: memory.",
+                        state={"terminated": {"exitCode": 137, "reason": "Error"}}))
+    assert pod.disruption == "Evicted", "a kubelet eviction (status.reason Evicted) was not seen as a disruption"
+
+
+def test_podview_reads_deletion_timestamp_and_unknown_phase() -> None:
+    assert view(running(deleting=True)).deleting
+    lost = view(manifest(phase="Unknown", reason="NodeLost", state={"running": {"startedAt": iso(STARTED)}}))
+    assert lost.phase == "Unknown" and lost.exit_code is None
+
+
+def test_podview_of_a_fresh_pod_without_status_is_pending() -> None:
+    pod = view({"metadata": {"name": f"{RUN}-1"}})
+    assert pod.phase == "Pending" and classify(pod) is Outcome.PENDING
+
+
+# --- classify --------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    ("pod", "outcome"),
+    [
+        pytest.param(terminated(0), Outcome.COMPLETED, id="exit0-completed"),
+        pytest.param(terminated(3), Outcome.INTERRUPTED, id="exit3-interrupted"),
+        pytest.param(terminated(4), Outcome.STOPPED, id="exit4-stopped"),
+        pytest.param(terminated(5), Outcome.FAILED, id="exit5-failed"),
+        pytest.param(terminated(6), Outcome.DISRUPTED, id="exit6-preempted"),
+        pytest.param(terminated(1), Outcome.CRASHED, id="exit1-crash"),
+        pytest.param(terminated(137), Outcome.CRASHED, id="exit137-crash"),
+        pytest.param(terminated(137, reason="OOMKilled"), Outcome.CRASHED, id="oomkilled-crash"),
+        pytest.param(terminated(7), Outcome.CRASHED, id="unknown-code-crash"),
+        pytest.param(manifest(phase="Failed", reason="UnexpectedAdmissionError"), Outcome.CRASHED,
+                     id="failed-without-container-state-crash"),
+        pytest.param(running(), Outcome.RUNNING, id="running"),
+        pytest.param(waiting("ContainerCreating", ""), Outcome.PENDING, id="creating-pending"),
+        pytest.param(waiting("ImagePullBackOff", "Back-off pulling image"), Outcome.PENDING,
+                     id="image-pull-backoff-pending"),
+        pytest.param(running(conditions=[disruption_target()]), Outcome.TERMINATING,
+                     id="disruption-target-still-running-terminating"),
+        pytest.param(terminated(6, conditions=[disruption_target()]), Outcome.DISRUPTED, id="evicted-exit6"),
+        pytest.param(terminated(137, conditions=[disruption_target()]), Outcome.DISRUPTED, id="evicted-exit137"),
+        pytest.param(terminated(1, conditions=[disruption_target("PreemptionByScheduler")]), Outcome.DISRUPTED,
+                     id="preempted-exit1"),
+        pytest.param(manifest(phase="Failed", reason="Evicted", state={"terminated": {"exitCode": 137}}),
+                     Outcome.DISRUPTED, id="kubelet-evicted"),
+        pytest.param(manifest(phase="Unknown", reason="NodeLost"), Outcome.LOST, id="unknown-lost"),
+        pytest.param(manifest(phase="Unknown", conditions=[disruption_target("DeletionByTaintManager")],
+                              deleting=True), Outcome.LOST, id="unknown-marked-by-taint-manager-lost"),
+        pytest.param(manifest(phase="Unknown", deleting=True), Outcome.LOST, id="unknown-being-deleted-lost"),
+        pytest.param(waiting("CreateContainerConfigError", 'secret "s" not found'), Outcome.CONFIG_ERROR,
+                     id="config-error"),
+        pytest.param(waiting("InvalidImageName", "bad"), Outcome.CONFIG_ERROR, id="invalid-image-config-error"),
+        pytest.param(running(deleting=True), Outcome.TERMINATING, id="deleting-terminating"),
+    ],
+)
+def test_classify_maps_every_pod_ending_to_the_exit_code_table(pod: dict[str, Any], outcome: Outcome) -> None:
+    assert classify(view(pod)) is outcome, f"DESIGN §3 exit-code table broken for {pod['status']}"
+
+
+def test_classify_no_pod_is_gone() -> None:
+    assert classify(None) is Outcome.GONE
+
+
+def test_classify_exit_code_wins_over_deletion_in_progress() -> None:
+    # A pod deleted gracefully whose runner already exited with its outcome: the outcome counts.
+    assert classify(view(terminated(0, deleting=True))) is Outcome.COMPLETED
+    assert classify(view(terminated(4, deleting=True))) is Outcome.STOPPED
+
+
+# --- backoff / truncate_payload ---------------------------------------------------------------------------------------
+
+def test_backoff_doubles_from_the_base_and_is_capped() -> None:
+    assert [backoff(n, 5, 300) for n in range(1, 9)] == [5, 10, 20, 40, 80, 160, 300, 300]
+    assert backoff(0, 5, 300) == 5, "restarts counts from 1; 0 must not halve the base"
+    assert backoff(40, 5, 300) == 300, "a large restart count must not overflow past the cap"
+    assert backoff(3, 0, 300) == 0
+
+
+def test_truncate_payload_keeps_small_payloads_as_they_are() -> None:
+    payload = {"amount": 42, "items": ["a", "b"]}
+    assert truncate_payload(payload) == payload
+    assert truncate_payload(None) is None
+
+
+def test_truncate_payload_bounds_large_payloads() -> None:
+    big = {"text": "x" * 5000}
+    out = truncate_payload(big)
+    assert isinstance(out, str) and out.endswith("(truncated)"), "an oversize payload reached status untruncated"
+    assert out.startswith(json.dumps(big)[:50])
+    assert len(out) <= PAYLOAD_LIMIT + len("…(truncated)")
+
+
+def test_truncate_payload_accepts_non_json_values() -> None:
+    assert truncate_payload({"when": NOW}) == {"when": NOW}  # serialisable via str(), not rejected
+
+
+# --- decide: start, running, outcomes ---------------------------------------------------------------------------------
+
+def test_new_run_creates_attempt_one_pod_and_is_pending() -> None:
+    d = decide(make_spec(), {}, None, None, NOW, LIMITS)
+    assert d.create_attempt == 1, "a new AgentRun did not get its first pod"
+    assert d.resume is None
+    assert d.status["phase"] == PENDING and d.status["attempt"] == 1
+    assert d.status["startTime"] == iso(NOW)
+    assert (d.status["restarts"], d.status["disruptions"]) == (0, 0)
+    assert d.events and d.events[0][0] == "Normal"
+
+
+def test_status_lost_after_pod_creation_recreates_the_same_attempt() -> None:
+    # The operator died between creating the pod and writing status: the same name again (409 is success).
+    d = decide(make_spec(), {}, None, None, NOW, LIMITS)
+    assert d.create_attempt == 1
+
+
+def test_running_pod_makes_the_phase_running_once() -> None:
+    d = decide(make_spec(), run_status(PENDING), view(running()), None, NOW, LIMITS)
+    assert d.status["phase"] == RUNNING and d.create_attempt is None
+    again = decide(make_spec(), run_status(RUNNING), view(running()), None, NOW, LIMITS)
+    assert no_action(again) and not again.events, "a steady Running run must not emit transitions"
+
+
+def test_pending_pod_waiting_reason_is_shown_without_a_phase_change() -> None:
+    d = decide(make_spec(), run_status(PENDING), view(waiting("ImagePullBackOff", "Back-off pulling image")),
+               None, NOW, LIMITS)
+    assert no_action(d)
+    assert d.status["message"] == "ImagePullBackOff: Back-off pulling image"
+
+
+def test_status_mirrors_the_store_progress() -> None:
+    p = progress(version=12, current_node="model", step=9, tool_calls={"executed": 4, "replayed": 2})
+    d = decide(make_spec(), run_status(RUNNING), view(running()), p, NOW, LIMITS)
+    assert d.status["stateVersion"] == 12, "status.stateVersion must equal the store's version"
+    assert d.status["currentNode"] == "model"
+    assert d.status["step"] == 9
+    assert d.status["toolCalls"] == {"executed": 4, "replayed": 2}
+    assert d.status["lastCheckpointTime"] == iso(NOW - timedelta(seconds=2))
+    assert parse_time(d.status["lastCheckpointTime"]) == NOW - timedelta(seconds=2)
+
+
+def test_status_mirror_defaults_missing_tool_call_counts_to_zero() -> None:
+    d = decide(make_spec(), run_status(RUNNING), view(running()), progress(tool_calls={}), NOW, LIMITS)
+    assert d.status["toolCalls"] == {"executed": 0, "replayed": 0}
+
+
+def test_exit_0_succeeds_with_completion_time() -> None:
+    d = decide(make_spec(), run_status(), view(terminated(0)), progress(status="completed"), NOW, LIMITS)
+    assert d.status["phase"] == SUCCEEDED and d.status["reason"] == "Completed"
+    assert d.status["completionTime"] == iso(NOW)
+    assert d.create_attempt is None
+
+
+def test_exit_4_is_stopped() -> None:
+    d = decide(make_spec(), run_status(), view(terminated(4)), None, NOW, LIMITS)
+    assert d.status["phase"] == STOPPED and d.status["completionTime"] == iso(NOW)
+    assert d.create_attempt is None
+
+
+def test_exit_5_fails_with_the_termination_message_and_no_retry() -> None:
+    pod = view(terminated(5, message="GRAPH_LOAD_001: cannot import examples.nope:app"))
+    d = decide(make_spec(), run_status(), pod, None, NOW, LIMITS)
+    assert d.status["phase"] == FAILED and d.status["reason"] == "RunFailed"
+    assert d.status["message"] == "GRAPH_LOAD_001: cannot import examples.nope:app", "the runner's reason was lost"
+    assert d.create_attempt is None, "a permanent failure must not be retried"
+    assert d.events[-1][0] == "Warning"
+
+
+def test_exit_5_without_termination_message_uses_the_store_error() -> None:
+    p = progress(status="failed", error={"code": "RECURSION_001", "message": "recursion limit 50 reached"})
+    d = decide(make_spec(), run_status(), view(terminated(5)), p, NOW, LIMITS)
+    assert d.status["message"] == "RECURSION_001: recursion limit 50 reached"
+
+
+def test_config_error_fails_at_once_and_removes_the_pod() -> None:
+    pod = view(waiting("CreateContainerConfigError", 'secret "agentrun-store" not found'))
+    d = decide(make_spec(), run_status(PENDING), pod, None, NOW, LIMITS)
+    assert d.status["phase"] == FAILED and d.status["reason"] == "CreateContainerConfigError"
+    assert "agentrun-store" in d.status["message"], "a missing secret must be named in status"
+    assert d.delete_pod == f"{RUN}-1"
+    assert d.create_attempt is None, "a config error must not cause a retry storm"
+
+
+@pytest.mark.parametrize("phase", sorted(TERMINAL))
+def test_terminal_phases_take_no_action(phase: str) -> None:
+    spec = make_spec(stop=True, resume={"value": "yes"})
+    for pod in (None, view(terminated(1)), view(running())):
+        d = decide(spec, run_status(phase, completionTime=iso(STARTED)), pod, progress(), NOW, LIMITS)
+        assert d == Decision(), f"a {phase} run was acted on"
+
+
+# --- decide: interrupts and resume -----------------------------------------------------------------------------------
+
+ASK = {"id": "int-1", "message": "approve the refund?", "payload": {"amount": 42, "order": "4821"}}
+ASK2 = {"id": "int-2", "message": "and the shipping?", "payload": {"carrier": "dhl"}}
+
+
+def interrupted_status(*asks: dict[str, Any]) -> dict[str, Any]:
+    d = decide(make_spec(), run_status(), view(terminated(3)), interrupted_progress(*asks), NOW, LIMITS)
+    return applied(run_status(), d)
+
+
+def test_exit_3_is_interrupted_with_the_interrupt_from_the_store() -> None:
+    d = decide(make_spec(), run_status(), view(terminated(3)), interrupted_progress(ASK), NOW, LIMITS)
+    assert d.status["phase"] == INTERRUPTED
+    assert d.status["interrupt"]["id"] == "int-1"
+    assert d.status["interrupt"]["message"] == "approve the refund?"
+    assert d.status["interrupt"]["payload"] == {"amount": 42, "order": "4821"}
+    assert d.status["message"] == "approve the refund?"
+    assert d.create_attempt is None and "completionTime" not in d.status, "Interrupted is not an ending"
+
+
+def test_interrupt_payload_over_the_limit_is_truncated_in_status() -> None:
+    ask = {**ASK, "payload": {"document": "y" * 4000}}
+    d = decide(make_spec(), run_status(), view(terminated(3)), interrupted_progress(ask), NOW, LIMITS)
+    payload = d.status["interrupt"]["payload"]
+    assert isinstance(payload, str) and payload.endswith("(truncated)"), "a huge payload went into status"
+    assert len(payload) <= PAYLOAD_LIMIT + len("…(truncated)")
+
+
+def test_interrupted_without_resume_waits() -> None:
+    status = interrupted_status(ASK)
+    d = decide(make_spec(), status, view(terminated(3)), interrupted_progress(ASK), NOW, LIMITS)
+    assert no_action(d)
+
+
+def test_resume_starts_the_next_attempt_once_with_the_value_keyed_by_interrupt_id() -> None:
+    status = interrupted_status(ASK)
+    spec = make_spec(resume={"value": {"approved": True}})
+    d = decide(spec, status, view(terminated(3)), interrupted_progress(ASK), NOW, LIMITS)
+    assert d.create_attempt == 2, "spec.resume did not start the next attempt"
+    assert d.resume == {"values": {"int-1": {"approved": True}}}
+    assert d.status["phase"] == PENDING
+    assert spec.resume is not None and d.status["resumeDigest"] == spec.resume.digest()
+    status = applied(status, d)
+    assert "interrupt" not in status, "the answered interrupt must leave status"
+
+    # The next attempt interrupts again while spec.resume still holds the old answer: no second attempt.
+    d = decide(spec, status, view(terminated(3, attempt=2)), interrupted_progress(ASK2), later(10), LIMITS)
+    status = applied(status, d)
+    assert status["phase"] == INTERRUPTED and status["interrupt"]["id"] == "int-2"
+    d = decide(spec, status, view(terminated(3, attempt=2)), interrupted_progress(ASK2), later(20), LIMITS)
+    assert no_action(d), "the same spec.resume started a second attempt"
+
+
+def test_resume_with_values_by_interrupt_id() -> None:
+    status = interrupted_status(ASK, ASK2)
+    assert status["interrupt"]["ids"] == ["int-1", "int-2"]
+    spec = make_spec(resume={"values": {"int-1": "yes", "int-2": "no"}})
+    d = decide(spec, status, view(terminated(3)), None, NOW, LIMITS)
+    assert d.create_attempt == 2
+    assert d.resume == {"values": {"int-1": "yes", "int-2": "no"}}
+
+
+def test_single_value_for_several_pending_interrupts_starts_no_pod() -> None:
+    status = interrupted_status(ASK, ASK2)
+    d = decide(make_spec(resume={"value": "yes"}), status, view(terminated(3)), None, NOW, LIMITS)
+    assert d.create_attempt is None, "one value cannot answer several interrupts"
+    assert "int-1" in d.status["message"] and "int-2" in d.status["message"]
+    assert "spec.resume.values" in d.status["message"]
+    assert "resumeDigest" not in d.status, "a rejected answer must not be remembered as given"
+
+
+def test_resume_naming_unknown_interrupt_ids_starts_no_pod() -> None:
+    status = interrupted_status(ASK)
+    d = decide(make_spec(resume={"values": {"int-9": "yes"}}), status, view(terminated(3)), None, NOW, LIMITS)
+    assert d.create_attempt is None
+    assert "int-9" in d.status["message"] and "int-1" in d.status["message"]
+    assert "resumeDigest" not in d.status
+
+
+def test_interrupt_missing_from_status_is_filled_from_the_store_later() -> None:
+    # The store could not be read when the pod exited 3: status has no interrupt.
+    d = decide(make_spec(), run_status(), view(terminated(3)), None, NOW, LIMITS)
+    status = applied(run_status(), d)
+    assert status["phase"] == INTERRUPTED and "interrupt" not in status
+    d = decide(make_spec(), status, view(terminated(3)), interrupted_progress(ASK, ASK2), later(1), LIMITS)
+    assert d.status["interrupt"]["ids"] == ["int-1", "int-2"], "the interrupt never reached status"
+    spec = make_spec(resume={"values": {"int-1": "a", "int-2": "b"}})
+    d = decide(spec, status, view(terminated(3)), interrupted_progress(ASK, ASK2), later(1), LIMITS)
+    assert d.create_attempt == 2, "a resume by interrupt id was refused because status lacked the interrupt"
+
+
+# --- decide: disruptions ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "pod",
+    [
+        pytest.param(manifest(phase="Failed", reason="Evicted", message="The node was low on resource: memory.",
+                              state={"terminated": {"exitCode": 137, "reason": "Error"}}), id="kubelet-eviction"),
+        pytest.param(terminated(6, conditions=[disruption_target()], deleting=True), id="eviction-api-exit6"),
+        pytest.param(terminated(137, conditions=[disruption_target("PreemptionByScheduler")]), id="preempted-killed"),
+        pytest.param(terminated(6), id="exit6"),
+    ],
+)
+def test_disruption_reschedules_at_once_and_counts_as_a_disruption(pod: dict[str, Any]) -> None:
+    status = run_status(restarts=1, disruptions=0)
+    d = decide(make_spec(), status, view(pod), None, NOW, LIMITS)
+    assert d.create_attempt == 2, "a disrupted run was not rescheduled at once"
+    assert d.status["disruptions"] == 1
+    assert d.status.get("restarts", 1) == 1, "a disruption must not count as a restart"
+    assert "nextAttemptTime" not in d.status or d.status["nextAttemptTime"] is None, "disruptions get no backoff"
+    assert d.status["phase"] == PENDING
+    assert any(kind == "Warning" for kind, _, _ in d.events)
+
+
+def test_disruption_target_while_running_waits_for_the_pod_to_end() -> None:
+    d = decide(make_spec(), run_status(), view(running(conditions=[disruption_target()])), None, NOW, LIMITS)
+    assert no_action(d), "a new attempt must not overlap a pod still shutting down"
+
+
+def test_pod_deleted_by_someone_else_is_a_disruption() -> None:
+    terminating = decide(make_spec(), run_status(), view(running(deleting=True)), None, NOW, LIMITS)
+    assert no_action(terminating), "wait for the deleted pod to go before the next attempt"
+    d = decide(make_spec(), run_status(), None, None, later(5), LIMITS)
+    assert d.create_attempt == 2
+    assert d.status["disruptions"] == 1 and "restarts" not in d.status
+    assert ("Warning", "PodDeleted") in [(k, r) for k, r, _ in d.events], "the disruption must be an Event"
+
+
+def test_lost_node_reschedules_only_after_the_timeout_with_a_forced_delete() -> None:
+    pod = view(manifest(phase="Unknown", reason="NodeLost", state={"running": {"startedAt": iso(STARTED)}}))
+    status = run_status()
+    first = decide(make_spec(), status, pod, None, NOW, LIMITS)
+    assert first.status["lostSince"] == iso(NOW), "the first sighting of a lost pod must be recorded"
+    assert no_action(first)
+    status = applied(status, first)
+
+    before = decide(make_spec(), status, pod, None, later(LIMITS.lost_node_timeout - 1), LIMITS)
+    assert no_action(before), "rescheduled before the lost-node timeout"
+
+    after = decide(make_spec(), status, pod, None, later(LIMITS.lost_node_timeout), LIMITS)
+    assert after.delete_pod == f"{RUN}-1" and after.delete_grace == 0, "the lost pod must be force-deleted"
+    assert after.create_attempt == 2
+    assert after.status["disruptions"] == 1 and "restarts" not in after.status
+    assert after.status["lostSince"] is None
+
+
+def test_lost_pod_also_marked_by_the_taint_manager_is_still_rescheduled() -> None:
+    pod = view(manifest(phase="Unknown", conditions=[disruption_target("DeletionByTaintManager")], deleting=True))
+    status = applied(run_status(), decide(make_spec(), run_status(), pod, None, NOW, LIMITS))
+    assert status.get("lostSince") == iso(NOW), "a lost pod marked for disruption would wait forever"
+    after = decide(make_spec(), status, pod, None, later(LIMITS.lost_node_timeout), LIMITS)
+    assert after.create_attempt == 2 and after.delete_grace == 0
+
+
+def test_lost_pod_that_comes_back_clears_lost_since() -> None:
+    status = run_status(lostSince=iso(NOW))
+    d = decide(make_spec(), status, view(running()), None, later(10), LIMITS)
+    assert d.status["lostSince"] is None
+    assert applied(status, d).get("lostSince") is None
+
+
+def test_disruption_cap_fails_the_run() -> None:
+    status = run_status(disruptions=LIMITS.max_disruptions)
+    d = decide(make_spec(), status, view(terminated(6)), None, NOW, LIMITS)
+    assert d.create_attempt is None, "disruptions past the cap must not reschedule forever"
+    assert d.status["phase"] == FAILED and d.status["reason"] == "DisruptionLimitExceeded"
+    assert d.status["completionTime"] == iso(NOW)
+
+
+def test_disruptions_up_to_the_cap_reschedule() -> None:
+    status = run_status(disruptions=LIMITS.max_disruptions - 1)
+    d = decide(make_spec(), status, view(terminated(6)), None, NOW, LIMITS)
+    assert d.create_attempt == 2 and d.status["disruptions"] == LIMITS.max_disruptions
+
+
+# --- decide: crashes and backoff -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    ("code", "reason"), [(1, "Error"), (137, "Error"), (137, "OOMKilled"), (139, "Error")],
+)
+def test_crash_counts_a_restart_and_backs_off(code: int, reason: str) -> None:
+    d = decide(make_spec(), run_status(disruptions=2), view(terminated(code, reason=reason)), None, NOW, LIMITS)
+    assert d.create_attempt is None, "a crash must wait out its backoff"
+    assert d.status["restarts"] == 1 and "disruptions" not in d.status, "a crash counts as a restart only"
+    assert d.status["nextAttemptTime"] == iso(later(5))
+    assert d.status["phase"] == PENDING and d.status["reason"] == "BackOff"
+    assert f"exit {code}" in d.status["message"]
+    if reason == "OOMKilled":
+        assert "OOMKilled" in d.status["message"], "the kubelet's reason must reach the user"
+
+
+def test_backoff_waits_then_starts_the_next_attempt() -> None:
+    pod = view(terminated(1))
+    status = applied(run_status(), decide(make_spec(), run_status(), pod, None, NOW, LIMITS))
+    waiting_ = decide(make_spec(), status, pod, None, later(4), LIMITS)
+    assert no_action(waiting_), "restarted before nextAttemptTime"
+    gone = decide(make_spec(), status, None, None, later(4), LIMITS)
+    assert no_action(gone), "a crashed pod cleaned up during backoff is not a disruption"
+    d = decide(make_spec(), status, pod, None, later(5), LIMITS)
+    assert d.create_attempt == 2 and d.resume is None
+    assert d.status["nextAttemptTime"] is None
+    status = applied(status, d)
+    assert (status["restarts"], status["disruptions"], status["attempt"]) == (1, 0, 2)
+
+
+def crash_loop(spec: AgentRunSpec, limits: Limits, crashes: int) -> tuple[list[float], dict[str, Any]]:
+    """Crash every attempt; returns the backoff delays seen and the final status."""
+    status, now, delays = run_status(), NOW, []
+    for _ in range(crashes):
+        attempt = status["attempt"]
+        crashed = view(terminated(1, attempt=attempt))
+        status = applied(status, decide(spec, status, crashed, None, now, limits))
+        if status["phase"] == FAILED:
+            break
+        if "nextAttemptTime" in status:
+            next_at = parse_time(status["nextAttemptTime"])
+            assert next_at is not None
+            delays.append((next_at - now).total_seconds())
+            now = next_at
+            d = decide(spec, status, crashed, None, now, limits)
+            assert d.create_attempt == attempt + 1
+            status = applied(status, d)
+        else:
+            delays.append(0.0)
+        status = applied(status, decide(spec, status, view(running(status["attempt"])), None, now, limits))
+        assert status["phase"] == RUNNING
+    return delays, status
+
+
+def test_backoff_sequence_doubles_per_restart_and_is_capped() -> None:
+    spec = make_spec(restartPolicy={"maxRestarts": 8, "backoffSeconds": 5})
+    delays, status = crash_loop(spec, LIMITS, 8)
+    assert delays == [5, 10, 20, 40, 80, 160, 300, 300], "exponential backoff from the base, capped at max_backoff"
+    assert status["restarts"] == 8 and status["attempt"] == 9
+
+
+def test_crash_loop_fails_with_backoff_limit_exceeded_after_max_restarts() -> None:
+    spec = make_spec(restartPolicy={"maxRestarts": 3, "backoffSeconds": 5})
+    delays, status = crash_loop(spec, LIMITS, 10)
+    assert len(delays) == 3, "exactly maxRestarts restarts before failing"
+    assert status["phase"] == FAILED and status["reason"] == "BackoffLimitExceeded"
+    assert status["attempt"] == 4 and "completionTime" in status
+    assert "nextAttemptTime" not in status
+
+
+def test_max_restarts_zero_fails_on_the_first_crash() -> None:
+    spec = make_spec(restartPolicy={"maxRestarts": 0})
+    d = decide(spec, run_status(), view(terminated(137)), None, NOW, LIMITS)
+    assert d.status["phase"] == FAILED and d.status["reason"] == "BackoffLimitExceeded"
+    assert d.create_attempt is None
+
+
+def test_backoff_seconds_zero_restarts_immediately() -> None:
+    spec = make_spec(restartPolicy={"backoffSeconds": 0})
+    d = decide(spec, run_status(), view(terminated(1)), None, NOW, LIMITS)
+    assert d.create_attempt == 2, "backoffSeconds 0 must restart at once"
+    assert d.status["restarts"] == 1
+    assert not d.status.get("nextAttemptTime")
+    assert ("Warning", "BackOff") in [(k, r) for k, r, _ in d.events]
+
+
+def test_backoff_in_status_is_capped_by_the_operator_limit() -> None:
+    spec = make_spec(restartPolicy={"backoffSeconds": 3600})
+    d = decide(spec, run_status(), view(terminated(1)), None, NOW, LIMITS)
+    assert d.status["nextAttemptTime"] == iso(later(LIMITS.max_backoff))
+
+
+# --- decide: stop ----------------------------------------------------------------------------------------------------
+
+def test_stop_before_any_pod_ends_the_run_without_one() -> None:
+    d = decide(make_spec(stop=True), {}, None, None, NOW, LIMITS)
+    assert d.create_attempt is None, "a run stopped before it started got a pod"
+    assert not d.request_stop
+    assert d.status["phase"] == STOPPED and d.status["reason"] == "StoppedBeforeStart"
+    assert d.status["completionTime"] == iso(NOW)
+
+
+def test_stop_while_running_asks_the_runner_through_the_store_once() -> None:
+    spec = make_spec(stop=True)
+    d = decide(spec, run_status(), view(running()), None, NOW, LIMITS)
+    assert d.request_stop, "spec.stop did not reach the store"
+    assert d.status["phase"] == STOPPING and d.status["stopRequestedTime"] == iso(NOW)
+    assert d.delete_pod is None and d.create_attempt is None
+    status = applied(run_status(), d)
+    again = decide(spec, status, view(running()), None, later(10), LIMITS)
+    assert no_action(again), "the stop request must be made once and then waited on"
+
+
+def test_stop_while_pending_asks_the_runner_too() -> None:
+    d = decide(make_spec(stop=True), run_status(PENDING), view(waiting("ContainerCreating", "")), None, NOW, LIMITS)
+    assert d.request_stop and d.status["phase"] == STOPPING
+
+
+def test_stop_then_runner_exits_4_is_stopped() -> None:
+    spec = make_spec(stop=True)
+    status = applied(run_status(), decide(spec, run_status(), view(running()), None, NOW, LIMITS))
+    d = decide(spec, status, view(terminated(4)), None, later(1), LIMITS)
+    assert d.status["phase"] == STOPPED and d.status["reason"] == "Stopped"
+    assert d.delete_pod is None and d.create_attempt is None
+    assert d.status["completionTime"] == iso(later(1))
+
+
+def test_stop_not_obeyed_within_the_grace_deletes_the_pod() -> None:
+    spec = make_spec(stop=True)
+    status = applied(run_status(), decide(spec, run_status(), view(running()), None, NOW, LIMITS))
+    before = decide(spec, status, view(running()), None, later(LIMITS.stop_grace - 1), LIMITS)
+    assert no_action(before), "forced before the stop grace"
+    d = decide(spec, status, view(running()), None, later(LIMITS.stop_grace), LIMITS)
+    assert d.delete_pod == f"{RUN}-1" and d.delete_grace == 0, "a hung runner's pod must be deleted"
+    assert d.status["phase"] == STOPPED and d.status["reason"] == "ForcedStop"
+    assert d.create_attempt is None
+
+
+def test_stop_while_interrupted_is_stopped() -> None:
+    status = interrupted_status(ASK)
+    d = decide(make_spec(stop=True), status, view(terminated(3)), None, NOW, LIMITS)
+    assert d.status["phase"] == STOPPED and d.create_attempt is None and not d.request_stop
+
+
+def test_stop_while_backing_off_is_stopped() -> None:
+    pod = view(terminated(1))
+    status = applied(run_status(), decide(make_spec(), run_status(), pod, None, NOW, LIMITS))
+    assert status["reason"] == "BackOff"
+    for current in (pod, None):
+        d = decide(make_spec(stop=True), status, current, None, later(1), LIMITS)
+        assert d.status["phase"] == STOPPED, "a stop during backoff must end the run"
+        assert d.create_attempt is None
+        assert d.status["nextAttemptTime"] is None
+
+
+def test_run_completed_before_it_saw_the_stop_is_succeeded() -> None:
+    spec = make_spec(stop=True)
+    status = applied(run_status(), decide(spec, run_status(), view(running()), None, NOW, LIMITS))
+    d = decide(spec, status, view(terminated(0)), None, later(1), LIMITS)
+    assert d.status["phase"] == SUCCEEDED, "a finished run must not be reported as stopped"
+    assert d.create_attempt is None
+
+
+def test_stop_after_a_crash_does_not_restart() -> None:
+    d = decide(make_spec(stop=True), run_status(), view(terminated(137)), None, NOW, LIMITS)
+    assert d.status["phase"] == STOPPED and d.create_attempt is None
