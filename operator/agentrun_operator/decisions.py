@@ -104,6 +104,12 @@ def classify(pod: PodView | None) -> Outcome:
     if pod is None:
         return Outcome.GONE
     ended = pod.exit_code is not None or pod.phase in ("Succeeded", "Failed")
+    # A runner that reached a final outcome (completed, interrupted, stopped, failed) wins over a
+    # disruption that arrived meanwhile: re-running it would retry a permanent failure.
+    final = {EXIT_COMPLETED: Outcome.COMPLETED, EXIT_INTERRUPTED: Outcome.INTERRUPTED,
+             EXIT_STOPPED: Outcome.STOPPED, EXIT_FAILED: Outcome.FAILED}
+    if pod.disruption and ended and pod.exit_code in final:
+        return final[pod.exit_code]
     if pod.disruption and ended:
         return Outcome.DISRUPTED
     if pod.phase == "Unknown":
@@ -114,17 +120,11 @@ def classify(pod: PodView | None) -> Outcome:
     if pod.disruption:
         return Outcome.TERMINATING
     if ended:
-        code = pod.exit_code
-        mapping = {
-            EXIT_COMPLETED: Outcome.COMPLETED,
-            EXIT_INTERRUPTED: Outcome.INTERRUPTED,
-            EXIT_STOPPED: Outcome.STOPPED,
-            EXIT_FAILED: Outcome.FAILED,
-            EXIT_PREEMPTED: Outcome.DISRUPTED,
-        }
-        if code is None:
+        if pod.exit_code is None:
             return Outcome.CRASHED  # Failed without a container state (e.g. the node rejected it)
-        return mapping.get(code, Outcome.CRASHED)
+        if pod.exit_code == EXIT_PREEMPTED:
+            return Outcome.DISRUPTED
+        return final.get(pod.exit_code, Outcome.CRASHED)
     if pod.deleting:
         return Outcome.TERMINATING
     if pod.waiting_reason in CONFIG_ERRORS:
@@ -374,12 +374,12 @@ def _decide_pod(
     # A crash.
     assert pod is not None
     restarts = int(status.get("restarts") or 0) + 1
-    d.status["restarts"] = restarts
     why = f"exit {pod.exit_code}" + (f" ({pod.terminated_reason})" if pod.terminated_reason else "")
     if restarts > spec.restartPolicy.maxRestarts:
         return _finish(d, FAILED, "BackoffLimitExceeded",
                        f"attempt {attempt} crashed ({why}); {spec.restartPolicy.maxRestarts} restarts allowed", now,
                        warning=True)
+    d.status["restarts"] = restarts  # counts restarts made, so it never exceeds maxRestarts
     delay = backoff(restarts, spec.restartPolicy.backoffSeconds, limits.max_backoff)
     if delay <= 0:
         d.events.append(("Warning", "BackOff", f"attempt {attempt} crashed ({why}); restarting now"))

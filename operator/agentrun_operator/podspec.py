@@ -8,6 +8,7 @@ RuntimeDefault), store credentials only through ``secretKeyRef``, and from
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -20,6 +21,13 @@ ATTEMPT_LABEL = "agentrun.dev/attempt"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "agentrun-operator"}
 RESERVED_ENV_PREFIX = "AGENTRUN_"
 RUNNER_UID = 65532  # the conventional "nonroot" user of distroless images
+
+
+def label_value(value: str) -> str:
+    """Label values are at most 63 characters; longer run names keep a prefix and a stable hash."""
+    if len(value) <= 63:
+        return value
+    return f"{value[:50]}-{hashlib.sha256(value.encode()).hexdigest()[:12]}"
 
 
 def pod_name(run_name: str, attempt: int) -> str:
@@ -68,9 +76,9 @@ def build_pod(
     labels = {
         **((template.labels or {}) if template else {}),
         "app.kubernetes.io/name": "agentrun-runner",
-        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/instance": label_value(name),
         **MANAGED_BY,
-        RUN_LABEL: name,
+        RUN_LABEL: label_value(name),
         ATTEMPT_LABEL: str(attempt),
     }
     container: dict[str, Any] = {

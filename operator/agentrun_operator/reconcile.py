@@ -22,7 +22,7 @@ from agentrun.checkpoint.base import Checkpointer, Progress
 from . import metrics
 from .decisions import TERMINAL, Decision, Limits, PodView, decide, iso
 from .kube import Conflict, KubeClient, NotFound, events_path, pod_path, run_path
-from .podspec import RUN_LABEL, build_pod, pod_name, store_secret
+from .podspec import RUN_LABEL, build_pod, label_value, pod_name, store_secret
 from .settings import OperatorSettings
 from .spec import InvalidSpec, parse_spec, thread_key
 from .store import StoreRegistry, StoreUnavailable
@@ -236,7 +236,7 @@ class Reconciler:
 
     async def delete_pods(self, namespace: str, name: str) -> None:
         """On AgentRun deletion: remove its pods now (owner references would, eventually); keep thread data."""
-        selector = {"labelSelector": f"{RUN_LABEL}={name}"}
+        selector = {"labelSelector": f"{RUN_LABEL}={label_value(name)}"}
         listing = await self.kube.request("GET", pod_path(namespace), params=selector)
         for pod in listing.get("items") or []:
             path = pod_path(namespace, pod["metadata"]["name"])

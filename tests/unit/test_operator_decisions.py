@@ -656,6 +656,7 @@ def test_crash_loop_fails_with_backoff_limit_exceeded_after_max_restarts() -> No
     assert status["phase"] == FAILED and status["reason"] == "BackoffLimitExceeded"
     assert status["attempt"] == 4 and "completionTime" in status
     assert "nextAttemptTime" not in status
+    assert status["restarts"] == 3, "restarts counts restarts made and never exceeds maxRestarts"
 
 
 def test_max_restarts_zero_fails_on_the_first_crash() -> None:
@@ -754,3 +755,12 @@ def test_run_completed_before_it_saw_the_stop_is_succeeded() -> None:
 def test_stop_after_a_crash_does_not_restart() -> None:
     d = decide(make_spec(stop=True), run_status(), view(terminated(137)), None, NOW, LIMITS)
     assert d.status["phase"] == STOPPED and d.create_attempt is None
+
+
+@pytest.mark.parametrize(("code", "phase"), [(0, SUCCEEDED), (5, FAILED), (4, "Stopped"), (3, "Interrupted")])
+def test_a_final_exit_code_wins_over_a_disruption_that_came_meanwhile(code: int, phase: str) -> None:
+    """An eviction racing with a run that already failed permanently must not retry it."""
+    pod = terminated(code)
+    pod["status"]["conditions"] = [disruption_target()]
+    d = decide(make_spec(), run_status(), view(pod), None, NOW, LIMITS)
+    assert d.status["phase"] == phase and d.create_attempt is None

@@ -312,3 +312,12 @@ def test_build_pod_does_not_share_state_between_calls() -> None:
     second = pod_for(spec)
     assert "x" not in second["metadata"]["labels"]
     assert container(second)["command"] == SETTINGS.runner_command
+
+
+def test_long_run_names_still_make_valid_label_values() -> None:
+    from agentrun_operator.podspec import label_value
+
+    name = "r" * 200
+    assert len(label_value(name)) <= 63 and label_value(name) == label_value(name)
+    assert label_value(name) != label_value("r" * 199 + "s")
+    assert label_value("short") == "short"
