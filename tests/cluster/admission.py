@@ -39,7 +39,8 @@ def random_suffix(length: int = 5) -> str:
 def name_errors(kind: str, name: str | None, *, label: bool = False) -> list[FieldError]:
     if not name:
         return [FieldError("metadata.name", "FieldValueRequired", "Required value: name or generateName is required")]
-    rule, limit, what = ((DNS1123_LABEL, 63, "RFC 1123 label") if label else (DNS1123_SUBDOMAIN, 253, "RFC 1123 subdomain"))
+    rule, limit, what = ((DNS1123_LABEL, 63, "RFC 1123 label") if label
+                         else (DNS1123_SUBDOMAIN, 253, "RFC 1123 subdomain"))
     if len(name) > limit or not rule.match(name):
         return [FieldError("metadata.name", "FieldValueInvalid",
                            f'Invalid value: "{name}": a lowercase {what} must consist of lower case alphanumeric '
@@ -59,6 +60,8 @@ def prepare_create(kind: str, obj: dict[str, Any]) -> None:
     elif kind == "Namespace":
         obj.setdefault("spec", {}).setdefault("finalizers", ["kubernetes"])
         obj["status"] = {"phase": "Active"}
+    elif kind == "CustomResourceDefinition":
+        obj["status"] = _crd_status(obj)
 
 
 def prepare_update(kind: str, old: dict[str, Any], new: dict[str, Any]) -> None:
@@ -66,6 +69,23 @@ def prepare_update(kind: str, old: dict[str, Any], new: dict[str, Any]) -> None:
         _secret_string_data(new)
     elif kind == "Namespace":
         new["status"] = copy.deepcopy(old.get("status", {})) if "status" not in new else new["status"]
+    elif kind == "CustomResourceDefinition":
+        new["status"] = _crd_status(new)
+
+
+def _crd_status(crd: dict[str, Any]) -> dict[str, Any]:
+    """What the apiextensions controllers report once a CRD is served: names accepted, established."""
+    spec = crd.get("spec") or {}
+    storage = [v["name"] for v in spec.get("versions") or [] if v.get("storage")]
+    return {
+        "acceptedNames": spec.get("names", {}),
+        "storedVersions": storage,
+        "conditions": [
+            {"type": "NamesAccepted", "status": "True", "reason": "NoConflicts", "message": "no conflicts found"},
+            {"type": "Established", "status": "True", "reason": "InitialNamesAccepted",
+             "message": "the initial names have been accepted"},
+        ],
+    }
 
 
 def _secret_string_data(obj: dict[str, Any]) -> None:

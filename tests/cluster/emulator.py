@@ -57,7 +57,13 @@ from kmock._internal import parsing as kmock_parsing
 from tests.cluster import apierrors, openapi, patching, protobuf, selectors, tables
 from tests.cluster.apierrors import ApiError
 from tests.cluster.registry import Change, Registry, decode_continue, encode_continue
-from tests.cluster.resources import KUBERNETES_VERSION, ResourceDef, builtin_resources, load_crds
+from tests.cluster.resources import (
+    KUBERNETES_VERSION,
+    ResourceDef,
+    builtin_resources,
+    crd_resources,
+    load_crd_documents,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -115,16 +121,40 @@ class ClusterEmulator(kmock.KubernetesEmulator):
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
-        self.defs = builtin_resources() + load_crds(self.crd_files)
+        self.defs = builtin_resources()
         self.registry = Registry(self.defs, self.objects)
-        for rdef in self.defs:
+        self.registry.on_change = self._on_change
+        self._serve_resources(self.defs)
+        namespaces = self.resource_def("namespaces")
+        for name in self.seed_namespaces:
+            self.registry.create(namespaces, None, {"metadata": {"name": name}})
+        crds = self.resource_def("customresourcedefinitions")
+        for document in load_crd_documents(self.crd_files):  # as if `kubectl apply -f crds/` ran first
+            applied = json.dumps(document, separators=(",", ":"))
+            annotations = document.setdefault("metadata", {}).setdefault("annotations", {})
+            annotations["kubectl.kubernetes.io/last-applied-configuration"] = applied
+            self.registry.create(crds, None, document)
+
+    def _serve_resources(self, defs: list[ResourceDef]) -> None:
+        self.defs = defs
+        self.registry.defs = {d.key: d for d in defs}
+        self.resources.clear()
+        for rdef in defs:
             self.resources[rdef.key] = kmock.ResourceInfo(
                 kind=rdef.kind, singular=rdef.singular, namespaced=rdef.namespaced, verbs=set(rdef.verbs),
                 shortnames=set(rdef.short_names), categories=set(rdef.categories),
                 subresources=set(rdef.subresources))
-        namespaces = self.resource_def("namespaces")
-        for name in self.seed_namespaces:
-            self.registry.create(namespaces, None, {"metadata": {"name": name}})
+        self._openapi = None
+
+    def _on_change(self, rdef: ResourceDef, type_: str, obj: dict[str, Any]) -> None:
+        """A CustomResourceDefinition written or deleted: serve (or stop serving) its resources."""
+        if rdef.kind != "CustomResourceDefinition" or rdef.custom:
+            return
+        served = [d for crd in self.registry.items(rdef) for d in crd_resources(crd)]
+        gone = [d for d in self.defs if d.custom and d.key not in {s.key for s in served}]
+        self._serve_resources([d for d in self.defs if not d.custom] + served)
+        for old in gone:
+            self.registry.drop_all(old)
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -153,7 +183,15 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             await self._gc_kick.wait()
             self._gc_kick.clear()
             await asyncio.sleep(0.05)  # the real collector is asynchronous too
-            while self.registry.collect_garbage():
+            for _ in range(1000):  # a sweep that changed something may enable another one
+                try:
+                    if not self.registry.collect_garbage():
+                        break
+                except Exception as e:  # an emulator bug: report it with the request errors, keep collecting
+                    logger.exception("the emulated garbage collector failed")
+                    if self._errors:
+                        self._errors[-1].append(e)
+                    break
                 await asyncio.sleep(0)
 
     # --- lookup ----------------------------------------------------------------------------------
@@ -256,6 +294,8 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             return await self._watch(request, rdef, p)
         if method == "GET" and p.name is None:
             return self._list(request, rdef, p.namespace)
+        if method == "GET" and p.subresource == "log":
+            return await self._proxy_log(request, rdef, p)
         if method == "GET" and p.name is not None:
             obj = self.registry.require(rdef, p.namespace, p.name)
             if tables.wants_table(request.headers.get("Accept", "")):
@@ -313,7 +353,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
     def _selected(self, request: kmock.Request, rdef: ResourceDef, namespace: str | None) -> list[dict[str, Any]]:
         label = selectors.label_selector(request.params.get("labelSelector"))
         field = selectors.field_selector(request.params.get("fieldSelector"))
-        return [obj for obj in self.registry.list(rdef, namespace) if label(obj) and field(obj)]
+        return [obj for obj in self.registry.items(rdef, namespace) if label(obj) and field(obj)]
 
     def _list(self, request: kmock.Request, rdef: ResourceDef, namespace: str | None) -> aiohttp.web.Response:
         items = self._selected(request, rdef, namespace)
@@ -369,7 +409,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         backlog = [] if initial else self.registry.changes_since(rdef.key, cursor)  # may raise 410 before streaming
         events: list[dict[str, Any]] = []
         if initial:
-            events = [{"type": "ADDED", "object": obj} for obj in self.registry.list(rdef, p.namespace)
+            events = [{"type": "ADDED", "object": obj} for obj in self.registry.items(rdef, p.namespace)
                       if selected(obj)]
             if params.get("sendInitialEvents") == "true":
                 events.append({"type": "BOOKMARK", "object": {
@@ -415,6 +455,36 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         except (ConnectionError, RuntimeError):
             pass  # the client went away
         return response
+
+    async def _proxy_log(self, request: kmock.Request, rdef: ResourceDef, p: ApiPath) -> aiohttp.web.StreamResponse:
+        """``pods/NAME/log``: proxied to the kubelet of the pod's node, as kube-apiserver does."""
+        pod = self.registry.require(rdef, p.namespace, p.name or "")
+        containers = [c["name"] for c in pod["spec"].get("containers") or []]
+        container = request.params.get("container") or (containers[0] if len(containers) == 1 else "")
+        if container not in containers:
+            raise apierrors.bad_request(f"a container name must be specified for pod {p.name}, choose one of: "
+                                        f"{containers}")
+        node = self.registry.get(self.resource_def("nodes"), None, pod["spec"].get("nodeName") or "")
+        port = ((node or {}).get("status", {}).get("daemonEndpoints", {}).get("kubeletEndpoint", {}).get("Port"))
+        if not port or not pod.get("status", {}).get("startTime"):
+            raise apierrors.bad_request(f'container "{container}" in pod "{p.name}" is waiting to start: '
+                                        "ContainerCreating")
+        params = {k: v for k, v in request.params.items() if k in ("follow", "tailLines", "limitBytes")}
+        url = f"http://127.0.0.1:{port}/containerLogs/{p.namespace}/{p.name}/{container}"
+        raw_request = request._raw_request
+        assert raw_request is not None
+        async with aiohttp.ClientSession() as session, session.get(url, params=params) as upstream:
+            if upstream.status != 200:
+                raise apierrors.bad_request(await upstream.text())
+            response = aiohttp.web.StreamResponse(headers={"Content-Type": "text/plain"})
+            await response.prepare(raw_request)
+            with contextlib.suppress(ConnectionError):
+                async for chunk in upstream.content.iter_any():
+                    if self._closing:
+                        break
+                    await response.write(chunk)
+                await response.write_eof()
+            return response
 
     # --- discovery -------------------------------------------------------------------------------
 
@@ -511,6 +581,8 @@ def _subresource_doc(rdef: ResourceDef, sub: str) -> dict[str, Any]:
         doc.update(group="policy", version="v1", kind="Eviction", verbs=["create"])
     elif sub == "finalize":
         doc.update(verbs=["update"])
+    elif sub == "log":
+        doc.update(verbs=["get"])
     return doc
 
 

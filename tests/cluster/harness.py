@@ -113,14 +113,13 @@ class EmulatedCluster:
         self._stop = asyncio.Event()
         kwargs: dict[str, Any] = {} if self.crd_files is None else {"crd_files": self.crd_files}
         emulator = ClusterEmulator(**kwargs)
-        async with emulator:
-            async with kmock.Server(emulator, host=self.host, port=self.port) as server:
-                self.emulator = emulator
-                self.url = f"http://{server.host}:{server.port}"
-                self._ready.set()
-                await self._stop.wait()
-                self._errors = list(emulator.errors)
-                emulator.close_streams()
+        async with emulator, kmock.Server(emulator, host=self.host, port=self.port) as server:
+            self.emulator = emulator
+            self.url = f"http://{server.host}:{server.port}"
+            self._ready.set()
+            await self._stop.wait()
+            self._errors = list(emulator.errors)
+            emulator.close_streams()
 
     @property
     def internal_errors(self) -> list[Exception]:
@@ -151,11 +150,11 @@ class EmulatedCluster:
             return copy.deepcopy(obj)
         return self.call(read)
 
-    def list(self, resource: str, namespace: str | None = None) -> list[dict[str, Any]]:
+    def list_objects(self, resource: str, namespace: str | None = None) -> list[dict[str, Any]]:
         def read() -> list[dict[str, Any]]:
             assert self.emulator is not None
             rdef = self.emulator.resource_def(resource)
-            return copy.deepcopy(self.emulator.registry.list(rdef, namespace))
+            return copy.deepcopy(self.emulator.registry.items(rdef, namespace))
         return self.call(read)
 
     def history(self, resource: str, name: str, namespace: str | None = "default") -> list[dict[str, Any] | None]:
@@ -169,8 +168,9 @@ class EmulatedCluster:
             return [None if v is None else copy.deepcopy(v.raw) for v in self.emulator.objects[key].history]
         return self.call(read)
 
-    def wait_for(self, predicate: Callable[[], T], *, timeout: float = 10, interval: float = 0.05,
+    def wait_for(self, predicate: Callable[[], T | None], *, timeout: float = 10, interval: float = 0.05,
                  message: str = "condition") -> T:
+        """Poll until ``predicate()`` is truthy and return it; AssertionError naming ``message`` on timeout."""
         deadline = time.monotonic() + timeout
         while True:
             result = predicate()

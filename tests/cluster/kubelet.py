@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
+import aiohttp.web
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -121,12 +122,15 @@ class Kubelet:
         self._session: aiohttp.ClientSession | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._unschedulable: set[str] = set()
+        self._log_server: aiohttp.web.AppRunner | None = None
+        self.port = 0
 
     # --- lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> None:
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
         self._session = aiohttp.ClientSession()
+        await self._serve_logs()
         await self._register_node()
         ready = asyncio.get_running_loop().create_future()
         self._watcher = asyncio.create_task(self._watch_pods(ready), name="kubelet-watch")
@@ -150,6 +154,39 @@ class Kubelet:
         await asyncio.gather(*tasks, return_exceptions=True)
         if self._session is not None:
             await self._session.close()
+        if self._log_server is not None:
+            await self._log_server.cleanup()
+
+    async def _serve_logs(self) -> None:
+        """The kubelet's log endpoint, which the API server proxies ``kubectl logs`` to."""
+        app = aiohttp.web.Application()
+        app.router.add_get("/containerLogs/{namespace}/{pod}/{container}", self._container_logs)
+        self._log_server = aiohttp.web.AppRunner(app, access_log=None, shutdown_timeout=1)
+        await self._log_server.setup()
+        site = aiohttp.web.TCPSite(self._log_server, "127.0.0.1", 0)
+        await site.start()
+        self.port = self._log_server.addresses[0][1]
+
+    async def _container_logs(self, request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
+        runtime = self.pods.get((request.match_info["namespace"], request.match_info["pod"]))
+        if runtime is None:
+            raise aiohttp.web.HTTPNotFound(text="pod not found on this node")
+        response = aiohttp.web.StreamResponse(headers={"Content-Type": "text/plain"})
+        await response.prepare(request)
+        text = _read_log(runtime.log_path, 0)
+        offset = len(text)
+        if "tailLines" in request.query:
+            tail = int(request.query["tailLines"])
+            text = b"".join(text.splitlines(keepends=True)[-tail:]) if tail else b""
+        await response.write(text)
+        while request.query.get("follow") == "true" and runtime.exit_code is None and not runtime.lost:
+            await asyncio.sleep(0.2)
+            chunk = _read_log(runtime.log_path, offset)
+            offset += len(chunk)
+            if chunk:
+                await response.write(chunk)
+        await response.write_eof()
+        return response
 
     # --- API client ------------------------------------------------------------------------------
 
@@ -196,6 +233,7 @@ class Kubelet:
                             "lastHeartbeatTime": stamp, "lastTransitionTime": stamp}],
             "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
                           {"type": "Hostname", "address": self.node_name}],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": self.port}},
             "nodeInfo": {"kubeletVersion": "v1.32.0-agentrun-stand-in", "operatingSystem": "linux",
                          "architecture": "amd64", "containerRuntimeVersion": "local-process://1",
                          "kernelVersion": os.uname().release, "osImage": "local", "kubeProxyVersion": "",
@@ -309,7 +347,7 @@ class Kubelet:
                                                                                   str(e))))
                 await asyncio.sleep(1.0)
         if env is not None and not runtime.terminating:
-            await self._start_process(runtime, container, env)
+            self._start_process(runtime, container, env)
         if runtime.process is not None:
             await self._patch_status(runtime, self._status(runtime))
             code = await asyncio.get_running_loop().run_in_executor(None, runtime.process.wait)
@@ -317,8 +355,6 @@ class Kubelet:
             runtime.exit_code = 128 - code if code < 0 else code
             if runtime.killer is not None and not runtime.killer.done():
                 runtime.killer.cancel()
-        elif runtime.exit_code is None and runtime.terminating:
-            runtime.exit_code = None  # never started: the pod goes away without a container status
         if runtime.lost:
             return
         await self._patch_status(runtime, self._status(runtime))
@@ -333,7 +369,8 @@ class Kubelet:
         await self._request("DELETE", f"/api/v1/namespaces/{runtime.namespace}/pods/{runtime.name}",
                             {"gracePeriodSeconds": 0, "preconditions": {"uid": runtime.uid}}, ok=(200, 404, 409))
 
-    async def _start_process(self, runtime: PodRuntime, container: dict[str, Any], env: dict[str, str]) -> None:
+    def _start_process(self, runtime: PodRuntime, container: dict[str, Any], env: dict[str, str]) -> None:
+        """Start the container's process (fast, so it runs on the loop; the wait runs in a thread)."""
         argv = [_expand(a, env) for a in [*(container.get("command") or []), *(container.get("args") or [])]]
         runtime.started_at = now()
         if not container.get("command"):
@@ -453,7 +490,7 @@ class Kubelet:
             state = {"waiting": {"reason": "ContainerCreating"}}
             phase = "Failed" if runtime.terminating else "Pending"
         not_ready = "PodCompleted" if phase in ("Succeeded", "Failed") else "ContainersNotReady"
-        conditions = [
+        conditions: list[dict[str, Any]] = [
             {"type": "PodReadyToStartContainers", "status": "True"},
             {"type": "Initialized", "status": "True"},
             {"type": "Ready", "status": "True" if ready else "False", **({} if ready else {"reason": not_ready})},
@@ -466,7 +503,6 @@ class Kubelet:
             previous = old.get(cond["type"])
             same = previous is not None and previous.get("status") == cond["status"]
             cond["lastTransitionTime"] = previous.get("lastTransitionTime", stamp) if same and previous else stamp
-            cond["lastProbeTime"] = None
         status: dict[str, Any] = {
             "phase": phase, "conditions": conditions, "hostIP": "127.0.0.1", "hostIPs": [{"ip": "127.0.0.1"}],
             "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}],
@@ -542,6 +578,15 @@ class Kubelet:
         runtime = self.runtime(name, namespace)
         self._signal(runtime, signal.SIGCONT)
         runtime.paused = False
+
+
+def _read_log(path: Path, offset: int) -> bytes:
+    try:
+        with open(path, "rb") as log:
+            log.seek(offset)
+            return log.read()
+    except FileNotFoundError:
+        return b""
 
 
 def _expand(text: str, env: dict[str, str]) -> str:

@@ -60,8 +60,12 @@ def _to_openapi(node: Any) -> Any:
 
 def _schema_name(rdef: ResourceDef, kind: str | None = None) -> str:
     if not rdef.custom:
-        package = "io.k8s.api.core" if rdef.group == "" else f"io.k8s.api.{rdef.group.split('.')[0]}"
-        return f"{package}.{rdef.version}.{kind or rdef.kind}"
+        # io.k8s.api.core.v1.Pod, io.k8s.api.coordination.v1.Lease,
+        # io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.CustomResourceDefinition
+        package = "core" if rdef.group == "" else rdef.group.split(".")[0]
+        suffix = f".{package}.{rdef.version}.{kind or rdef.kind}"
+        names = [name for name in _upstream_definitions() if name.endswith(suffix)]
+        return names[0] if names else f"io.k8s.api{suffix}"
     reversed_group = ".".join(reversed(rdef.group.split(".")))
     return f"{reversed_group}.{rdef.version}.{kind or rdef.kind}"
 

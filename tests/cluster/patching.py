@@ -52,9 +52,11 @@ def apply(current: dict[str, Any], content_type: str, patch: Any, *, custom: boo
     if not isinstance(patch, dict):
         raise apierrors.bad_request("json: cannot unmarshal array into Go value of type map[string]interface {}")
     if media == MERGE:
-        return merge(current, patch)
+        merged: dict[str, Any] = merge(current, patch)
+        return merged
     if media == STRATEGIC and not custom:
-        return strategic(current, patch)
+        patched: dict[str, Any] = strategic(current, patch)
+        return patched
     raise apierrors.unsupported_media_type(content_type)
 
 

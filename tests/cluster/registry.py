@@ -42,7 +42,7 @@ import copy
 import datetime
 import json
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,6 +90,7 @@ class Registry:
         self._dropped_rv: dict[kmock.resource, int] = {}
         self._waiters: set[asyncio.Future[None]] = set()
         self._gc_wanted = False
+        self.on_change: Callable[[ResourceDef, str, dict[str, Any]], None] | None = None
 
     # --- reading ---------------------------------------------------------------------------------
 
@@ -105,7 +106,7 @@ class Registry:
             raise apierrors.not_found(rdef.group_resource, name)
         return obj
 
-    def list(self, rdef: ResourceDef, namespace: str | None = None) -> list[dict[str, Any]]:
+    def items(self, rdef: ResourceDef, namespace: str | None = None) -> list[dict[str, Any]]:
         found = [
             (ns or "", name, obj.raw) for (res, ns, name), obj in self.objects.items()
             if res == rdef.key and not obj.deleted and (namespace is None or ns == namespace)
@@ -144,6 +145,15 @@ class Registry:
         self.wake_watchers()
         if type_ != "ADDED":
             self._gc_wanted = True
+        if self.on_change is not None:
+            self.on_change(rdef, type_, obj)
+
+    def drop_all(self, rdef: ResourceDef) -> None:
+        """Remove every object of a resource at once (its CRD was deleted)."""
+        for obj in self.items(rdef):
+            meta = obj["metadata"]
+            key = (rdef.key, meta.get("namespace") if rdef.namespaced else None, meta["name"])
+            self._remove(rdef, key, obj, obj)
 
     def _next_rv(self) -> str:
         self.rv += 1

@@ -87,14 +87,15 @@ class ResourceDef:
         return f"{prefix}{ns}/{self.plural}" + (f"/{name}" if name else "")
 
 
+def load_crd_documents(paths: Iterable[Path]) -> list[dict[str, Any]]:
+    """Every CustomResourceDefinition in these YAML files (multi-document files allowed)."""
+    return [doc for path in paths for doc in yaml.safe_load_all(path.read_text())
+            if doc and doc.get("kind") == "CustomResourceDefinition"]
+
+
 def load_crds(paths: Iterable[Path]) -> list[ResourceDef]:
-    """Every served version of every CRD in these YAML files (multi-document files allowed)."""
-    defs: list[ResourceDef] = []
-    for path in paths:
-        for doc in yaml.safe_load_all(path.read_text()):
-            if doc and doc.get("kind") == "CustomResourceDefinition":
-                defs.extend(crd_resources(doc))
-    return defs
+    """Every served version of every CRD in these YAML files."""
+    return [rdef for doc in load_crd_documents(paths) for rdef in crd_resources(doc)]
 
 
 def crd_resources(crd: dict[str, Any]) -> list[ResourceDef]:
@@ -138,7 +139,7 @@ def builtin_resources() -> list[ResourceDef]:
 
     return [
         ResourceDef("", "v1", "pods", "Pod", "pod", True, ("po",), ("all",),
-                    frozenset({"status", "binding", "eviction"}), columns=tables.pod_columns()),
+                    frozenset({"status", "binding", "eviction", "log"}), columns=tables.pod_columns()),
         ResourceDef("", "v1", "events", "Event", "event", True, ("ev",), columns=tables.event_columns()),
         ResourceDef("", "v1", "secrets", "Secret", "secret", True, columns=[
             _name(), Column("Type", "string", ".type"),
@@ -159,6 +160,10 @@ def builtin_resources() -> list[ResourceDef]:
                              _age()]),
         ResourceDef("coordination.k8s.io", "v1", "leases", "Lease", "lease", True, columns=[
             _name(), Column("Holder", "string", ".spec.holderIdentity"), _age()]),
+        ResourceDef("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition",
+                    "customresourcedefinition", False, ("crd", "crds"), ("api-extensions",),
+                    subresources=frozenset({"status"}), columns=[
+                        _name(), Column("Created At", "date", compute=lambda o: o["metadata"]["creationTimestamp"])]),
     ]
 
 

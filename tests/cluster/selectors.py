@@ -38,27 +38,7 @@ def _split(selector: str) -> list[str]:
 def label_selector(selector: str | None) -> Predicate:
     if not selector:
         return lambda obj: True
-    checks: list[Callable[[dict[str, str]], bool]] = []
-    for term in _split(selector):
-        if match := _EQ_EXPR.match(term):
-            key, op, value = match.groups()
-            if op == "!=":
-                checks.append(lambda labels, k=key, v=value: labels.get(k) != v)
-            else:
-                checks.append(lambda labels, k=key, v=value: labels.get(k) == v)
-        elif match := _SET_EXPR.match(term):
-            negate, key, op, values = match.groups()
-            options = {v.strip() for v in (values or "").split(",") if v.strip()}
-            if op == "in":
-                checks.append(lambda labels, k=key, o=options: labels.get(k) in o)
-            elif op == "notin":
-                checks.append(lambda labels, k=key, o=options: labels.get(k) not in o)
-            elif negate:
-                checks.append(lambda labels, k=key: k not in labels)
-            else:
-                checks.append(lambda labels, k=key: k in labels)
-        else:
-            raise apierrors.bad_request(f"unable to parse requirement: {term!r}")
+    checks = [_label_requirement(term) for term in _split(selector)]
 
     def predicate(obj: dict[str, Any]) -> bool:
         labels = obj.get("metadata", {}).get("labels") or {}
@@ -67,20 +47,40 @@ def label_selector(selector: str | None) -> Predicate:
     return predicate
 
 
+def _label_requirement(term: str) -> Callable[[dict[str, str]], bool]:
+    if match := _EQ_EXPR.match(term):
+        key, op, value = match.groups()
+        if op == "!=":
+            return lambda labels: labels.get(key) != value
+        return lambda labels: labels.get(key) == value
+    if match := _SET_EXPR.match(term):
+        negate, key, op, values = match.groups()
+        options = {v.strip() for v in (values or "").split(",") if v.strip()}
+        if op == "in":
+            return lambda labels: labels.get(key) in options
+        if op == "notin":
+            return lambda labels: labels.get(key) not in options
+        if negate:
+            return lambda labels: key not in labels
+        return lambda labels: key in labels
+    raise apierrors.bad_request(f"unable to parse requirement: {term!r}")
+
+
 def field_selector(selector: str | None) -> Predicate:
     if not selector:
         return lambda obj: True
-    checks: list[Predicate] = []
-    for term in _split(selector):
-        match = re.match(r"^\s*([A-Za-z0-9._\[\]-]+)\s*(==|!=|=)\s*(.*?)\s*$", term)
-        if match is None:
-            raise apierrors.bad_request(f"invalid selector: {term!r}; can't understand {term!r}")
-        path, op, value = match.groups()
-        if op == "!=":
-            checks.append(lambda obj, p=path, v=value: _field(obj, p) != v)
-        else:
-            checks.append(lambda obj, p=path, v=value: _field(obj, p) == v)
+    checks = [_field_requirement(term) for term in _split(selector)]
     return lambda obj: all(check(obj) for check in checks)
+
+
+def _field_requirement(term: str) -> Predicate:
+    match = re.match(r"^\s*([A-Za-z0-9._\[\]-]+)\s*(==|!=|=)\s*(.*?)\s*$", term)
+    if match is None:
+        raise apierrors.bad_request(f"invalid selector: {term!r}; can't understand {term!r}")
+    path, op, value = match.groups()
+    if op == "!=":
+        return lambda obj: _field(obj, path) != value
+    return lambda obj: _field(obj, path) == value
 
 
 def _field(obj: dict[str, Any], path: str) -> str:

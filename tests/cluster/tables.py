@@ -85,7 +85,8 @@ def cell(col: Column, obj: dict[str, Any]) -> Any:
             return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
 
 
-_STEP = re.compile(r"""\.([A-Za-z0-9_\-]+)|\[(\d+)\]|\['([^']+)'\]|\[\?\(@\.([A-Za-z0-9_.]+)\s*==\s*["']([^"']*)["']\)\]""")
+_STEP = re.compile(r"""\.([A-Za-z0-9_\-]+)|\[(\d+)\]|\['([^']+)'\]"""
+                   r"""|\[\?\(@\.([A-Za-z0-9_.]+)\s*==\s*["']([^"']*)["']\)\]""")
 
 
 def jsonpath(obj: Any, path: str) -> Iterator[Any]:

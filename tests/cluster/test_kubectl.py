@@ -7,6 +7,7 @@ import re
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -18,7 +19,7 @@ from tests.cluster.test_crd import EXPECTED_FIELD
 NAME = "support-order-4821"
 
 
-def apply_example(cluster: EmulatedCluster) -> dict:
+def apply_example(cluster: EmulatedCluster) -> dict[str, Any]:
     result = cluster.kubectl("apply", "-f", str(EXAMPLE))
     assert result.returncode == 0, f"kubectl apply of the example failed: {result.stderr}"
     obj = cluster.get("agentruns", NAME)
@@ -26,12 +27,13 @@ def apply_example(cluster: EmulatedCluster) -> dict:
     return obj
 
 
-def set_status(cluster: EmulatedCluster, status: dict) -> dict:
+def set_status(cluster: EmulatedCluster, status: dict[str, Any]) -> dict[str, Any]:
     """What the operator does: a merge patch of the status subresource."""
     response = cluster.api("PATCH", f"{AGENTRUNS}/{NAME}/status", {"status": status},
                            content_type="application/merge-patch+json")
     assert response.status == 200, response.body
-    return response.body
+    body: dict[str, Any] = response.body
+    return body
 
 
 def table(output: str) -> list[list[str]]:
@@ -121,6 +123,7 @@ def test_short_name_ar_is_unambiguous_in_discovery(cluster: EmulatedCluster) -> 
     result = cluster.kubectl("api-resources", "--api-group=agentrun.dev")
     assert result.returncode == 0 and result.stderr == "", result.stderr
     header, row = table(result.stdout)
+    assert header == ["NAME", "SHORTNAMES", "APIVERSION", "NAMESPACED", "KIND"]
     assert row == ["agentruns", "ar", "agentrun.dev/v1alpha1", "true", "AgentRun"]
 
 
@@ -273,3 +276,21 @@ def test_watch_of_the_emulator_ends_when_the_cluster_stops(tmp_path: Path) -> No
     finally:
         watch.kill()
         watch.wait()
+
+
+def test_the_crd_is_installed_and_can_be_reapplied_deleted_and_restored(cluster: EmulatedCluster) -> None:
+    crd_file = EXAMPLE.parents[1] / "crds" / "agentrun.dev_agentruns.yaml"
+    names = [row[0] for row in table(cluster.kubectl("get", "crd").stdout)[1:]]
+    assert names == ["agentruns.agentrun.dev", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"]
+    reapplied = cluster.kubectl("apply", "-f", str(crd_file))
+    assert reapplied.returncode == 0 and reapplied.stderr == "", reapplied.stderr
+    crd = cluster.get("crds", "agentruns.agentrun.dev", None)
+    assert crd is not None
+    assert {c["type"]: c["status"] for c in crd["status"]["conditions"]} == {"NamesAccepted": "True",
+                                                                           "Established": "True"}
+    apply_example(cluster)
+    assert cluster.kubectl("delete", "crd", "agentruns.agentrun.dev").returncode == 0
+    assert cluster.api("GET", AGENTRUNS).status == 404, "a deleted CRD's resource is still served"
+    assert cluster.kubectl("apply", "-f", str(crd_file)).returncode == 0
+    assert cluster.api("GET", AGENTRUNS).body["items"] == [], "custom resources outlived their CRD"
+    apply_example(cluster)

@@ -23,7 +23,8 @@ print("ready", flush=True)
 time.sleep(60)
 """
 SLEEPER = "import time; print('ready', flush=True); time.sleep(60)"
-STUBBORN = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"
+STUBBORN = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "print('ready', flush=True); time.sleep(60)")
 
 
 def create_pod(cluster: EmulatedCluster, pod: dict[str, Any], namespace: str = "default") -> None:
@@ -56,11 +57,11 @@ def last_state(history: list[dict[str, Any] | None]) -> dict[str, Any]:
 
 
 def test_pod_reads_a_secret_through_its_env_and_succeeds(cluster: EmulatedCluster, kubelet: KubeletThread) -> None:
-    assert cluster.api("POST", "/api/v1/namespaces/default/secrets", {
-        "metadata": {"name": "agentrun-store"}, "stringData": {"postgresDsn": "postgresql://db/agentrun"}}).status == 201
+    secret = {"metadata": {"name": "agentrun-store"}, "stringData": {"postgresDsn": "postgresql://db/agentrun"}}
+    assert cluster.api("POST", "/api/v1/namespaces/default/secrets", secret).status == 201
     assert cluster.api("POST", "/api/v1/namespaces/default/configmaps", {
         "metadata": {"name": "settings"}, "data": {"region": "eu-west-1"}}).status == 201
-    env = [
+    env: list[dict[str, Any]] = [
         {"name": "AGENTRUN_STORE_DSN", "valueFrom": {"secretKeyRef": {"name": "agentrun-store", "key": "postgresDsn"}}},
         {"name": "REGION", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "region"}}},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -172,7 +173,8 @@ def test_missing_secret_keeps_the_pod_pending_with_create_container_config_error
     def waiting() -> dict[str, Any] | None:
         pod = cluster.get("pods", "late-1")
         statuses = (pod or {}).get("status", {}).get("containerStatuses") or [{}]
-        return statuses[0].get("state", {}).get("waiting")
+        found: dict[str, Any] | None = statuses[0].get("state", {}).get("waiting")
+        return found
     state = cluster.wait_for(lambda: (w := waiting()) and w["reason"] == "CreateContainerConfigError" and w,
                              message="CreateContainerConfigError")
     assert state["message"] == 'secret "late-store" not found'
@@ -277,3 +279,21 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def test_kubectl_logs_reads_the_pod_output_through_the_api(cluster: EmulatedCluster, kubelet: KubeletThread) -> None:
+    create_pod(cluster, python_pod("chatty-1", "print('line 1'); print('line 2', flush=True)"))
+    wait_pod(cluster, "chatty-1", "Succeeded")
+    result = cluster.kubectl("logs", "chatty-1")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "line 1\nline 2\n"
+    assert cluster.kubectl("logs", "chatty-1", "--tail=1").stdout == "line 2\n"
+
+
+def test_kubectl_logs_follow_streams_until_the_process_ends(
+        cluster: EmulatedCluster, kubelet: KubeletThread) -> None:
+    script = "import time\nfor i in range(3):\n    print(f'tick {i}', flush=True); time.sleep(0.3)"
+    create_pod(cluster, python_pod("ticker-1", script))
+    wait_pod(cluster, "ticker-1", "Running")
+    result = cluster.kubectl("logs", "-f", "ticker-1", timeout=20)
+    assert result.stdout == "tick 0\ntick 1\ntick 2\n", result.stderr

@@ -12,13 +12,13 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from agentrun import StaleStateError
+from agentrun import END, START, StaleStateError, StateGraph
 from agentrun.checkpoint.postgres import PgCheckpointer
 from agentrun.messages import assistant, user
 from agentrun.metrics import CACHE_ERRORS, CACHE_READS
 
 from .conftest import PrivateRedis, redis_url
-from .helpers import REQUEST, drive, driver_args, invocations, spawn, wait_for_line, write
+from .helpers import REQUEST, drive, driver_args, fetch, invocations, spawn, wait_for_line, write
 
 
 def counter(metric: Any, **labels: str) -> float:
@@ -45,6 +45,10 @@ async def test_a_cache_hit_returns_exactly_what_postgres_holds(pg_dsn: str, cach
     hits = counter(CACHE_READS, result="hit")
     from_cache = await cached.aget("t")
     assert counter(CACHE_READS, result="hit") == hits + 1, "the read did not come from the cache"
+    assert cached.cache is not None
+    for kind in ("state", "msgs", "progress"):
+        ttl = await cached.cache.client.pttl(cached.cache.key("t", kind))
+        assert 0 < ttl <= 3600_000, f"the {kind} entry must expire (PTTL {ttl})"
     plain = PgCheckpointer(pg_dsn)
     try:
         assert from_cache == await plain.aget("t"), "the cache entry differs from PostgreSQL"
@@ -103,10 +107,12 @@ async def test_concurrent_readers_never_see_a_version_older_than_the_last_commit
 
     async def write_all() -> None:
         nonlocal committed
-        for version in range(40):
-            committed = await writer.aput("t", write((version, user(f"m{version}")), count=version + 1,
-                                                      step=version), expected_version=version)
-        done.set()
+        try:
+            for version in range(40):
+                committed = await writer.aput("t", write((version, user(f"m{version}")), count=version + 1,
+                                                          step=version), expected_version=version)
+        finally:
+            done.set()
 
     async def read(cp: PgCheckpointer) -> int:
         reads = 0
@@ -122,10 +128,15 @@ async def test_concurrent_readers_never_see_a_version_older_than_the_last_commit
         return reads
 
     hits = counter(CACHE_READS, result="hit")
+    await writer.setup()
+    writing = asyncio.create_task(write_all())
     try:
-        await writer.setup()
-        *counts, _ = await asyncio.gather(*(read(cp) for cp in readers), write_all())
+        counts = await asyncio.gather(*(read(cp) for cp in readers))
+        await writing
     finally:
+        done.set()
+        writing.cancel()
+        await asyncio.gather(writing, return_exceptions=True)
         for cp in [writer, *readers]:
             await cp.aclose()
     assert sum(counts) > 40, "the readers barely ran; the test proved nothing"
@@ -245,3 +256,43 @@ async def test_redis_killed_mid_run_the_run_completes_on_postgres(
     assert final and final[-1] == [line for line in reference.stdout.splitlines() if line.startswith("FINAL ")][-1]
     for tool in ("charge_card", "send_receipt"):
         assert invocations(env["SUPPORT_EFFECTS_DB"], tool) == 1
+
+
+async def test_steps_kept_out_of_postgres_are_published_as_non_durable_progress(
+    pg_dsn: str, cached: PgCheckpointer, redis_prefix: str
+) -> None:
+    """``durable_checkpoint_every_step: false``: PostgreSQL gets the start and the end, Redis hears every step."""
+    def reply(text: str) -> Any:
+        return lambda state: {"messages": [assistant(text)]}
+
+    graph = StateGraph()
+    for name in ("a", "b", "c"):
+        graph.add_node(name, reply(name))
+    graph.add_edge(START, "a")
+    graph.add_edge("a", "b")
+    graph.add_edge("b", "c")
+    graph.add_edge("c", END)
+    listener = PgCheckpointer(pg_dsn, redis_url=redis_url(), redis_prefix=redis_prefix)
+    heard: list[tuple[int, int, bool]] = []
+
+    async def listen() -> None:
+        async for event in listener.events("t"):
+            heard.append((event["version"], event["step"], event["durable"]))
+            if event["status"] == "completed":
+                return
+
+    task = asyncio.create_task(listen())
+    try:
+        await asyncio.sleep(0.2)  # subscribed
+        values = await graph.compile(cached).ainvoke("go", {"thread_id": "t", "durable_checkpoint_every_step": False})
+        await asyncio.wait_for(task, 5)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await listener.aclose()
+    assert [m.content for m in values["messages"]] == ["go", "a", "b", "c"]
+    versions = [r["version"] for r in await fetch(pg_dsn, "SELECT version FROM states ORDER BY version")]
+    assert versions == [1, 2], f"non-durable steps must not be written to PostgreSQL: {versions}"
+    assert heard == [(1, 0, True), (1, 1, False), (1, 2, False), (2, 3, True)], heard
+    cp = await cached.aget("t")
+    assert cp is not None and [m.content for m in cp.messages] == ["go", "a", "b", "c"]

@@ -90,6 +90,14 @@ def reference(module_pg_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> R
     return Reference(driven.final(), run_seconds)
 
 
+@dataclass(frozen=True)
+class Cache:
+    """The Redis hot cache a case runs with; ``url`` None: PostgreSQL alone."""
+
+    url: str | None
+    prefix: str
+
+
 @dataclass
 class Recorded:
     """What PostgreSQL held for the thread right after the kill."""
@@ -105,12 +113,13 @@ async def recorded(dsn: str, thread_id: str) -> Recorded:
 
 
 async def resume_and_check(
-    dsn: str, thread_id: str, effects: Path, reference: Reference, crashed: Driven, cache: dict[str, str]
+    dsn: str, thread_id: str, effects: Path, reference: Reference, crashed: Driven, cache: Cache
 ) -> dict[str, tuple[int, int]]:
     """Resume in a new process and assert every guarantee; returns {tool: (runs before, runs after)}."""
     at_kill = await recorded(dsn, thread_id)
     before = {tool: invocations(str(effects), tool) for tool in SIDE_EFFECT_TOOLS}
-    resumed = await finish(await spawn(child_env(effects), driver_args(dsn, thread_id, auto=REQUEST, **cache)))
+    resume = driver_args(dsn, thread_id, auto=REQUEST, redis=cache.url, redis_prefix=cache.prefix)
+    resumed = await finish(await spawn(child_env(effects), resume))
     assert resumed.returncode == 0, f"the resume failed\n{resumed}\n--- crashed run ---\n{crashed}"
     assert resumed.final() == reference.final, "the resumed run did not reach the state of an uninterrupted run"
 
@@ -170,9 +179,10 @@ async def test_sigkill_at_a_fault_point_then_resume_reaches_the_same_state_and_c
     thread_id = f"fault-{fault.replace(':', '-')}"
     effects = tmp_path / "effects.db"
     # The production configuration: PostgreSQL with the Redis hot cache (the crash and the resume).
-    cache = {"redis": redis_url(), "redis_prefix": module_redis_prefix}
+    cache = Cache(redis_url(), module_redis_prefix)
     crashed = await finish(await spawn(
-        child_env(effects), driver_args(module_pg_dsn, thread_id, text=REQUEST, **cache), fault=fault))
+        child_env(effects), driver_args(module_pg_dsn, thread_id, text=REQUEST, redis=cache.url,
+                                        redis_prefix=cache.prefix), fault=fault))
     assert crashed.returncode == -signal.SIGKILL, f"the run was supposed to die by SIGKILL at {fault}\n{crashed}"
     assert f"AGENTRUN-FAULT {fault if ':' in fault else fault + ':'}" in crashed.stderr
     runs = await resume_and_check(module_pg_dsn, thread_id, effects, reference, crashed, cache)
@@ -201,8 +211,9 @@ async def test_sigkill_at_a_seeded_random_time_then_resume_reaches_the_same_stat
 ) -> None:
     thread_id = request.node.callspec.id
     effects = tmp_path / "effects.db"
-    cache = {"redis": redis_url(), "redis_prefix": module_redis_prefix} if with_cache else {}
-    process = await spawn(child_env(effects), driver_args(module_pg_dsn, thread_id, text=REQUEST, **cache))
+    cache = Cache(redis_url() if with_cache else None, module_redis_prefix)
+    process = await spawn(child_env(effects), driver_args(module_pg_dsn, thread_id, text=REQUEST, redis=cache.url,
+                                                          redis_prefix=cache.prefix))
     lines = await wait_for_line(process, "READY")
     # Up to 10% past the reference duration, so some kills find the run already finished.
     await asyncio.sleep(fraction * reference.run_seconds * 1.1)

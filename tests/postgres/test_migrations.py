@@ -10,6 +10,7 @@ import time
 import asyncpg
 import pytest
 
+from agentrun import StorageError
 from agentrun.checkpoint.pg_schema import MIGRATIONS, Migration, MigrationError, apply_migrations, lock_key
 from agentrun.checkpoint.postgres import PgCheckpointer
 from agentrun.messages import user
@@ -181,3 +182,20 @@ async def test_a_current_schema_is_set_up_without_waiting_for_the_migration_lock
         assert time.monotonic() - started < 2, "setup on a current schema waited for the migration lock"
     finally:
         await holder.close()
+
+
+async def test_setup_waits_for_a_hung_migrator_at_most_lock_timeout_then_fails_cleanly(pg_dsn: str) -> None:
+    holder = await connect(pg_dsn)
+    try:
+        await holder.execute("SELECT pg_advisory_lock($1)", lock_key("agentrun"))  # a migrator that hangs
+        waiting = PgCheckpointer(pg_dsn, lock_timeout=1.0)
+        started = time.monotonic()
+        try:
+            with pytest.raises(StorageError, match="lock timeout"):
+                await asyncio.wait_for(waiting.setup(), 10)
+        finally:
+            await waiting.aclose()
+        assert time.monotonic() - started < 5
+    finally:
+        await holder.close()
+    assert await tables(pg_dsn) == set(), "a migrator that gave up must leave nothing behind"

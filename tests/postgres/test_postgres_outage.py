@@ -32,7 +32,7 @@ async def test_postgres_down_during_a_step_fails_it_cleanly_and_the_resumed_run_
         await wait_for_line(run, "STEP model")
 
         async def side_effects_started() -> bool:
-            return await fetchval(dsn, "SELECT count(*) FROM tool_intents WHERE thread_id = 't'") == 2
+            return bool(await fetchval(dsn, "SELECT count(*) FROM tool_intents WHERE thread_id = 't'") == 2)
 
         await wait_until(side_effects_started, what="the side-effect tools to start")
         private_postgres.stop()  # the tools are sleeping; their records and the step's checkpoint cannot land
@@ -69,7 +69,7 @@ async def test_postgres_restarted_between_statements_the_run_continues_on_new_co
         await wait_for_line(run, "STEP model")
 
         async def side_effects_started() -> bool:
-            return await fetchval(dsn, "SELECT count(*) FROM tool_intents WHERE thread_id = 't'") == 2
+            return bool(await fetchval(dsn, "SELECT count(*) FROM tool_intents WHERE thread_id = 't'") == 2)
 
         await wait_until(side_effects_started, what="the side-effect tools to start")
         await asyncio.to_thread(private_postgres.stop)

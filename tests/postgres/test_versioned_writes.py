@@ -66,9 +66,9 @@ async def test_concurrent_writers_from_one_version_exactly_one_commits(pg_dsn: s
         assert len(winners) == 1, f"exactly one writer must commit version 2, got {results}"
         losers = [r for r in results if isinstance(r, StaleStateError)]
         assert len(losers) == 7 and all((e.expected, e.actual) == (1, 2) for e in losers), results
-        cp = await writers[0].aget("t")
-        assert cp is not None and cp.values == {"w": winners[0]}
-        assert [m.content for m in cp.messages] == ["base", f"w{winners[0]}"], "a loser's message landed"
+        state = await writers[0].aget("t")
+        assert state is not None and state.values == {"w": winners[0]}
+        assert [m.content for m in state.messages] == ["base", f"w{winners[0]}"], "a loser's message landed"
     finally:
         for cp in writers:
             await cp.aclose()
@@ -188,3 +188,41 @@ async def test_deleting_a_thread_deletes_its_ledger_and_everything_else_by_casca
     )
     assert sorted(r["t"] for r in rules) == sorted(tables[1:]), rules
     assert {r["confdeltype"] for r in rules} == {"c"}, "every reference to threads must be ON DELETE CASCADE"
+
+
+async def test_state_messages_and_ledger_results_read_back_exactly_as_written(
+    pg_dsn: str, checkpointer: PgCheckpointer
+) -> None:
+    """A replay must hand the model the very text it saw: no key reordering, U+0000 kept (JSONB does neither)."""
+    odd = {"zeta": 1, "alpha": {"y": 2, "b": [3, {"k2": None, "k1": "é\u0000"}]}, "mid": 1.5}
+    await checkpointer.aput(
+        "t", write((0, user("nul \u0000 inside")), count=1, values=odd, meta={"z": 1, "a": odd}), expected_version=0
+    )
+    assert await checkpointer.ledger_put("t", "m:c", "tool", {"__kind__": "raw", "value": odd})
+    cp = await checkpointer.aget("t")
+    assert cp is not None
+    assert list(cp.values) == ["zeta", "alpha", "mid"] and cp.values == odd
+    assert list(cp.values["alpha"]["b"][1]) == ["k2", "k1"], "nested key order changed"
+    assert list(cp.meta) == ["z", "a"] and cp.meta["a"] == odd
+    assert cp.messages[0].content == "nul \u0000 inside"
+    entry = await checkpointer.ledger_get("t", "m:c")
+    assert entry is not None and entry.result["value"] == odd, "a result holding U+0000 must be recorded whole"
+    # The queryable JSONB copy is kept where JSONB can hold it (not with U+0000); the exact text always.
+    assert await fetchval(pg_dsn, "SELECT result IS NULL AND result_text IS NOT NULL FROM tool_executions")
+    ordered = {"zeta": 1, "alpha": {"y": 2, "b": 3}, "status": "ok"}
+    assert await checkpointer.ledger_put("t", "m:d", "tool", {"__kind__": "raw", "value": ordered})
+    entry = await checkpointer.ledger_get("t", "m:d")
+    assert entry is not None and list(entry.result["value"]) == ["zeta", "alpha", "status"], (
+        "the ledger reordered the recorded result's keys; a replay would show the model different text"
+    )
+    assert list(entry.result["value"]["alpha"]) == ["y", "b"]
+    assert await fetchval(pg_dsn, "SELECT result->'value'->>'status' FROM tool_executions "
+                                  "WHERE tool_call_id = 'm:d'") == "ok"
+
+
+async def test_a_write_from_a_version_the_store_never_reached_is_stale_too(checkpointer: PgCheckpointer) -> None:
+    await checkpointer.aput("t", write(count=0), expected_version=0)
+    with pytest.raises(StaleStateError) as raised:
+        await checkpointer.aput("t", write(count=0), expected_version=5)
+    assert (raised.value.expected, raised.value.actual) == (5, 1), "a write must never leave a gap in versions"
+    assert (await checkpointer.aget("t")).version == 1  # type: ignore[union-attr]

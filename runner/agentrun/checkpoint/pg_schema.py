@@ -15,9 +15,12 @@ step that fails leaves nothing behind and the version where it was.
 
 HAZARDS
 - The advisory lock is held for the whole migration; a migrator that hangs
-  (not one that dies: the lock goes with its session) blocks every other
-  pod's ``setup()``. Migrations here are small DDL on small tables; if one
-  ever rewrites a large table, ship it as its own release.
+  (not one that dies: the lock goes with its session) holds up every other
+  pod's ``setup()``, which waits at most the connection's ``lock_timeout``
+  (``PgCheckpointer(lock_timeout=...)``) and then fails with
+  ``StorageError``; the pod restarts and tries again. Migrations here are
+  small DDL on small tables; if one ever rewrites a large table, ship it as
+  its own release.
 - The thread id column type is chosen when migration 1 runs; changing
   ``thread_id_type`` later does not alter existing columns (a warning says
   so). Migrate by hand with ``ALTER TABLE ... ALTER COLUMN ... TYPE``.

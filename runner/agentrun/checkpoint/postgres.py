@@ -19,8 +19,12 @@ guarantees (DESIGN.md section 2, "PostgreSQL rules" and "Fencing"):
   an older attempt commits after a newer attempt's registration committed.
 - The schema migrates itself (``pg_schema``), under an advisory lock.
 - Redis (``redis_cache``), when configured, caches the latest checkpoint and
-  publishes progress and stop requests; it is never the source of truth and
-  its failure never fails a run.
+  publishes progress and stop requests (``events()``); it is never the
+  source of truth and its failure never fails a run. With
+  ``durable_checkpoint_every_step: false`` the steps between durable writes
+  go to Redis only, as progress (``durable=False`` in ``aget_progress``).
+- ``aget_progress`` gives the operator version, node, step, status, error,
+  tool call counts and the registered attempt from one indexed query.
 
 HAZARDS (what this store cannot promise, and what to do):
 - Fencing refuses *writes*; it cannot recall a tool call that an old
@@ -36,6 +40,9 @@ HAZARDS (what this store cannot promise, and what to do):
   holds the thread's row lock. ``idle_in_transaction_timeout`` makes the
   server end such a session and release the lock; ``lock_timeout`` bounds
   how long others wait for it (they fail with ``StorageError``).
+- With ``durable_checkpoint_every_step: false`` a crash resumes from the
+  last durable version: the non-durable steps run again (tool calls among
+  them are durable before they run, so the ledger still holds their results).
 - Thread ids are at most 253 characters (``MAX_THREAD_ID_LENGTH``). Behind
   PgBouncer in transaction mode, pass ``pool_options={"statement_cache_size": 0}``.
 """
