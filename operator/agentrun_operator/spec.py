@@ -15,7 +15,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 GRAPH_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
-THREAD_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9._:-]{0,198}[A-Za-z0-9])?$"
+# 189 = 253 (the store's thread id limit) - 63 (namespace) - 1 ("/"): the store key always fits.
+THREAD_ID_MAX = 189
+THREAD_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9._:@-]*[A-Za-z0-9])?$"
 
 
 class _Model(BaseModel):
@@ -72,7 +74,7 @@ class PodTemplateSpec(_Model):
 class AgentRunSpec(_Model):
     graph: str = Field(pattern=GRAPH_PATTERN)
     image: str | None = None
-    threadId: str = Field(pattern=THREAD_PATTERN, min_length=1, max_length=200)
+    threadId: str = Field(pattern=THREAD_PATTERN, min_length=1, max_length=THREAD_ID_MAX)
     userId: str | None = None
     input: dict[str, Any] | None = None
     config: RunConfigSpec = RunConfigSpec()

@@ -50,8 +50,9 @@ def test_a_full_spec_parses_with_defaults_filled() -> None:
     assert defaults.stop is False and defaults.resume is None and defaults.podTemplate is None
 
 
-def test_thread_id_of_exactly_200_characters_is_accepted() -> None:
-    assert len(parse_spec(with_(threadId="a" * 200)).threadId) == 200
+def test_thread_id_of_the_longest_length_that_fits_the_store_is_accepted() -> None:
+    """<namespace (63)>/<threadId (189)> is 253, the store's thread id limit."""
+    assert len(parse_spec(with_(threadId="a" * 189)).threadId) == 189
 
 
 @pytest.mark.parametrize(
@@ -63,7 +64,7 @@ def test_thread_id_of_exactly_200_characters_is_accepted() -> None:
         pytest.param(with_(graph="examples:app:extra"), "spec.graph", id="graph-two-colons"),
         pytest.param({"threadId": "t"}, "spec.graph", id="graph-missing"),
         pytest.param({"graph": "a:b"}, "spec.threadId", id="thread-missing"),
-        pytest.param(with_(threadId="a" * 201), "spec.threadId", id="thread-too-long"),
+        pytest.param(with_(threadId="a" * 190), "spec.threadId", id="thread-too-long"),
         pytest.param(with_(threadId=""), "spec.threadId", id="thread-empty"),
         pytest.param(with_(threadId="order 4821"), "spec.threadId", id="thread-space"),
         pytest.param(with_(threadId="other-ns/order-4821"), "spec.threadId", id="thread-slash-escapes-namespace"),
