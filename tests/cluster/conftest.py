@@ -24,7 +24,6 @@ TCP. Fixtures:
 from __future__ import annotations
 
 import os
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -90,6 +89,3 @@ def terminated(pod: dict[str, Any] | None) -> dict[str, Any] | None:
     statuses = pod.get("status", {}).get("containerStatuses") or [{}]
     result: dict[str, Any] | None = statuses[0].get("state", {}).get("terminated")
     return result
-
-
-SIGNAL_NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGKILL: "SIGKILL"}

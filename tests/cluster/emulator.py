@@ -9,7 +9,7 @@ precedence — and replaces the request semantics with the real server's:
 
 - It LEARNS THE CRDs from ``crds/`` (plus kopf's peering CRDs) and serves them
   next to a few built-ins (pods, events, secrets, configmaps, namespaces,
-  nodes, serviceaccounts, coordination.k8s.io leases).
+  nodes, serviceaccounts, coordination.k8s.io leases, CRDs).
 - Discovery documents as kube-apiserver writes them: subresources have an
   empty ``singularName`` and no short names, so ``kubectl get ar`` is not
   ambiguous with ``agentruns/status``.
@@ -22,12 +22,17 @@ precedence — and replaces the request semantics with the real server's:
   binding and eviction) in ``registry.Registry``.
 - Watches that resume from a resourceVersion, honour selectors (an object
   leaving the selection is a DELETED event) and ``timeoutSeconds``.
+- CustomResourceDefinitions are objects too (``kubectl get crd``; applying or
+  deleting one starts or stops serving its resources).
 
 Not emulated (hazards for tests): authentication and RBAC (every request is
 allowed), admission webhooks, CEL validation rules, server-side apply field
-ownership, API priority and fairness, and any controller other than the
-garbage collector and the namespace controller (no scheduler: the kubelet
-stand-in binds pods; no ReplicaSets, Jobs or Services).
+ownership (an apply is a merge), ``/openapi/v2`` (protobuf only: kubectl gets
+a 404 and copes, as with old servers), protobuf request bodies other than
+Namespace/Secret/ConfigMap/ServiceAccount (415), periodic watch bookmarks,
+API priority and fairness, and any controller other than the garbage
+collector and the namespace controller (no scheduler: the kubelet stand-in binds pods; no
+ReplicaSets, Jobs or Services).
 
 Run it standalone for a demo: ``python -m tests.cluster.emulator --port 18080
 --kubeconfig /tmp/kubeconfig [--kubelet]``.
@@ -618,6 +623,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workdir", type=Path, default=Path(".demo/kubelet"), help="kubelet pod logs and dirs")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     asyncio.run(_serve_forever(args))
 
 

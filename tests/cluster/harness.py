@@ -185,11 +185,21 @@ class EmulatedCluster:
     def kubectl(self, *args: str, input: str | None = None, check: bool = False,
                 timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """Run the REAL kubectl against the emulator; returns the completed process (text)."""
+        return subprocess.run(self._kubectl_argv(args), input=input, capture_output=True, text=True,
+                              env=self._kubectl_env(), check=check, timeout=timeout)
+
+    def kubectl_popen(self, *args: str) -> subprocess.Popen[str]:
+        """Start a long-running kubectl (``get -w``, ``wait``, ``logs -f``); the caller ends it."""
+        return subprocess.Popen(self._kubectl_argv(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=self._kubectl_env())
+
+    def _kubectl_argv(self, args: tuple[str, ...]) -> list[str]:
+        return [KUBECTL, f"--cache-dir={self.workdir / 'kubectl-cache'}", *args]
+
+    def _kubectl_env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("KUBE")}
         env["KUBECONFIG"] = str(self.kubeconfig)
-        command = [KUBECTL, f"--cache-dir={self.workdir / 'kubectl-cache'}", *args]
-        return subprocess.run(command, input=input, capture_output=True, text=True, env=env, check=check,
-                              timeout=timeout)
+        return env
 
     def api(self, method: str, path: str, body: Any = None, *, content_type: str = "application/json",
             params: dict[str, str] | None = None, timeout: float = 10) -> ApiResponse:

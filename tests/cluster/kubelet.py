@@ -21,9 +21,16 @@ pod bound to its node:
   ``deletionGracePeriodSeconds``, the final status, then the zero-grace delete
   that removes the pod from the API.
 
-Only ``restartPolicy: Never`` semantics are emulated (containers are never
-restarted; the operator creates a new pod per attempt). Init containers and
-containers after the first are not run (a Warning event says so).
+``kubectl logs [-f]`` works: the kubelet serves ``/containerLogs/...`` on a
+local port published in its Node's ``daemonEndpoints``, and the API server
+proxies ``pods/NAME/log`` there, as in a real cluster.
+
+Limits (hazards for tests): only ``restartPolicy: Never`` semantics (containers
+are never restarted; the operator creates a new pod per attempt); init
+containers and containers after the first are not run (a Warning event says
+so); there are no images, volumes or probes; ``securityContext`` is not
+applied (processes run as the test's user); ``activeDeadlineSeconds`` is not
+enforced; the pod IP is 127.0.0.1 (host network).
 
 Faults, for crash tests: ``kill`` (any signal; SIGKILL -> 137), ``oom_kill``,
 ``evict`` (the Eviction API: DisruptionTarget condition with reason
@@ -377,8 +384,12 @@ class Kubelet:
             runtime.reason, runtime.message = "StartError", "the kubelet stand-in has no images: set command"
             runtime.exit_code, runtime.finished_at = 128, now()
             return
-        workdir = Path(container.get("workingDir") or self.workdir / "pods" / f"{runtime.namespace}_{runtime.name}")
-        workdir.mkdir(parents=True, exist_ok=True)
+        # The image's filesystem does not exist here: an existing local workingDir is used as is,
+        # anything else runs in a scratch directory per pod.
+        workdir = Path(container.get("workingDir") or "/nonexistent")
+        if not workdir.is_dir():
+            workdir = self.workdir / "pods" / f"{runtime.namespace}_{runtime.name}_{runtime.uid[:8]}"
+            workdir.mkdir(parents=True, exist_ok=True)
         try:
             with open(runtime.log_path, "ab") as log:
                 runtime.process = subprocess.Popen(

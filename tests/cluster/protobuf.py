@@ -1,11 +1,11 @@
 """Decoding the Kubernetes protobuf bodies kubectl sends for a few built-in kinds.
 
-``kubectl create namespace|secret|configmap`` post
+``kubectl create namespace|secret|configmap|serviceaccount`` post
 ``application/vnd.kubernetes.protobuf`` (a ``k8s\\0`` magic, then a
 ``runtime.Unknown`` wrapping the object's generated protobuf), not JSON. The
 emulator decodes the kinds a user of AgentRun creates this way (Namespace,
-Secret, ConfigMap, with ObjectMeta and owner references) into their JSON form;
-any other kind over protobuf is answered 415, and the client must use JSON.
+Secret, ConfigMap, ServiceAccount, with ObjectMeta and owner references) into
+their JSON form; any other kind over protobuf is answered 415 (send JSON).
 Field numbers are those of the upstream ``generated.proto`` files.
 """
 
@@ -37,8 +37,9 @@ _MESSAGES: dict[str, dict[int, tuple[str, str]]] = {
                4: ("stringData", "map:str"), 5: ("immutable", "bool")},
     "ConfigMap": {1: ("metadata", "ObjectMeta"), 2: ("data", "map:str"), 3: ("binaryData", "map:bytes"),
                   4: ("immutable", "bool")},
+    "ServiceAccount": {1: ("metadata", "ObjectMeta"), 4: ("automountServiceAccountToken", "bool")},
 }
-SUPPORTED_KINDS = ("Namespace", "Secret", "ConfigMap")
+SUPPORTED_KINDS = ("Namespace", "Secret", "ConfigMap", "ServiceAccount")
 
 
 class ProtobufError(ValueError):

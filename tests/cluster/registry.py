@@ -49,6 +49,7 @@ from typing import Any
 import kmock
 
 from tests.cluster import admission, apierrors, patching
+from tests.cluster import schema as crd_schema
 from tests.cluster.apierrors import ApiError, FieldError
 from tests.cluster.resources import BuiltinSchemas, ResourceDef
 
@@ -496,8 +497,6 @@ class Registry:
     def _admit_schema(self, rdef: ResourceDef, obj: dict[str, Any], directive: str, name: str) -> list[str]:
         """Defaulting and pruning; unknown fields fail (Strict), warn (Warn) or vanish (Ignore)."""
         if rdef.custom and rdef.schema is not None:
-            from tests.cluster import schema as crd_schema
-
             crd_schema.apply_defaults(obj, rdef.schema)
             unknown = crd_schema.prune(obj, rdef.schema)
         else:
@@ -536,12 +535,10 @@ class Registry:
         validator = self.builtin_schemas.validator(rdef.kind, rdef.api_version)
         if validator is None:
             return []
-        from tests.cluster.schema import _translate
-
         errors: list[FieldError] = []
         for error in validator.iter_errors(obj):
             if error.validator in ("required", "enum", "minimum", "maximum", "pattern"):
-                errors.extend(_translate(error))
+                errors.extend(crd_schema.translate(error))
         return errors
 
 

@@ -117,13 +117,14 @@ class SchemaValidator:
     def errors(self, obj: dict[str, Any]) -> list[FieldError]:
         found: list[FieldError] = []
         for error in sorted(self._validator.iter_errors(obj), key=lambda e: list(map(str, e.absolute_path))):
-            found.extend(_translate(error))
+            found.extend(translate(error))
         found.extend(_list_type_errors(obj, self.schema, ""))
         found.extend(_metadata_errors(obj, self.schema))
         return found
 
 
-def _translate(error: jsonschema.ValidationError) -> Iterator[FieldError]:
+def translate(error: jsonschema.ValidationError) -> Iterator[FieldError]:
+    """The field error(s) kube-apiserver reports for one JSON Schema failure."""
     path = _path(error.absolute_path)
     value = error.instance
     match error.validator:

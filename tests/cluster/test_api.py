@@ -314,7 +314,7 @@ def test_openapi_v3_documents_the_crd_for_kubectl(cluster: EmulatedCluster) -> N
 
 
 def test_run_names_leave_room_for_the_attempt_suffix_of_pod_names(cluster: EmulatedCluster) -> None:
-    assert cluster.api("POST", AGENTRUNS, agentrun("r" * 240)).status == 201
-    too_long = cluster.api("POST", AGENTRUNS, agentrun("r" * 241))
+    assert cluster.api("POST", AGENTRUNS, agentrun("r" * 240, threadId="t")).status == 201
+    too_long = cluster.api("POST", AGENTRUNS, agentrun("r" * 241, threadId="t"))
     assert too_long.status == 422 and too_long.body["details"]["causes"][0]["field"] == "metadata.name"
     assert cluster.api("POST", PODS, python_pod("r" * 240 + "-10000", "pass")).status == 201

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import subprocess
@@ -98,9 +99,7 @@ def test_kubectl_get_wide_and_all_namespaces(cluster: EmulatedCluster) -> None:
 
 def test_kubectl_get_watch_prints_status_changes(cluster: EmulatedCluster) -> None:
     apply_example(cluster)
-    env = {"KUBECONFIG": str(cluster.kubeconfig), "PATH": "/usr/bin:/bin"}
-    with subprocess.Popen([KUBECTL, f"--cache-dir={cluster.workdir / 'kubectl-cache'}", "get", "ar", "-w"],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as watch:
+    with cluster.kubectl_popen("get", "ar", "-w") as watch:
         try:
             assert watch.stdout is not None
             assert watch.stdout.readline().split()[:2] == ["NAME", "PHASE"]
@@ -235,13 +234,19 @@ def test_kubectl_apply_pod_and_get_pods(cluster: EmulatedCluster, tmp_path: Path
 
 
 def test_kubectl_create_secret_and_get_it(cluster: EmulatedCluster) -> None:
+    """kubectl create sends protobuf for built-ins: the emulator decodes the kinds users create."""
     result = cluster.kubectl("create", "secret", "generic", "agentrun-store",
                              "--from-literal=postgresDsn=postgresql://agentrun@db/agentrun")
     assert result.returncode == 0, result.stderr
     header, row = table(cluster.kubectl("get", "secrets").stdout)
     assert header == ["NAME", "TYPE", "DATA", "AGE"] and row[:3] == ["agentrun-store", "Opaque", "1"]
     secret = cluster.get("secrets", "agentrun-store")
-    assert secret is not None and secret["data"]["postgresDsn"]  # base64, as stored by a real server
+    assert secret is not None
+    assert base64.b64decode(secret["data"]["postgresDsn"]) == b"postgresql://agentrun@db/agentrun"
+    assert cluster.kubectl("create", "configmap", "settings", "--from-literal=region=eu").returncode == 0
+    assert (cluster.get("configmaps", "settings") or {}).get("data") == {"region": "eu"}
+    assert cluster.kubectl("create", "serviceaccount", "runner").returncode == 0
+    assert cluster.get("serviceaccounts", "runner") is not None
 
 
 def test_kubectl_create_namespace_and_delete_it_with_its_contents(cluster: EmulatedCluster) -> None:
@@ -294,3 +299,20 @@ def test_the_crd_is_installed_and_can_be_reapplied_deleted_and_restored(cluster:
     assert cluster.kubectl("apply", "-f", str(crd_file)).returncode == 0
     assert cluster.api("GET", AGENTRUNS).body["items"] == [], "custom resources outlived their CRD"
     apply_example(cluster)
+
+
+def test_kubectl_wait_for_a_phase_a_condition_and_deletion(cluster: EmulatedCluster) -> None:
+    apply_example(cluster)
+    with cluster.kubectl_popen("wait", "--timeout=20s", "--for=jsonpath={.status.phase}=Succeeded",
+                               f"ar/{NAME}") as waiting:
+        time.sleep(0.5)
+        assert waiting.poll() is None, "kubectl wait returned before the phase was reached"
+        set_status(cluster, {"phase": "Succeeded", "conditions": [
+            {"type": "Ready", "status": "True", "reason": "Completed", "lastTransitionTime": "2025-01-01T00:00:00Z"}]})
+        out, err = waiting.communicate(timeout=20)
+    assert waiting.returncode == 0 and "condition met" in out, err
+    ready = cluster.kubectl("wait", "--for=condition=Ready", f"ar/{NAME}", "--timeout=5s")
+    assert ready.returncode == 0, ready.stderr
+    assert cluster.kubectl("delete", "ar", NAME, "--wait=false").returncode == 0
+    gone = cluster.kubectl("wait", "--for=delete", f"ar/{NAME}", "--timeout=5s")
+    assert gone.returncode == 0, gone.stderr
