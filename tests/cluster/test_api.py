@@ -308,7 +308,7 @@ def test_openapi_v3_documents_the_crd_for_kubectl(cluster: EmulatedCluster) -> N
     schema = document["components"]["schemas"]["dev.agentrun.v1alpha1.AgentRun"]
     assert schema["x-kubernetes-group-version-kind"] == [{"group": "agentrun.dev", "version": "v1alpha1",
                                                           "kind": "AgentRun"}]
-    assert schema["properties"]["spec"]["properties"]["threadId"]["maxLength"] == 200
+    assert schema["properties"]["spec"]["properties"]["threadId"]["maxLength"] == 189
     patch = document["paths"]["/apis/agentrun.dev/v1alpha1/namespaces/{namespace}/agentruns/{name}"]["patch"]
     assert "fieldValidation" in [p["name"] for p in patch["parameters"]]
 
