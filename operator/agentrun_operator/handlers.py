@@ -39,6 +39,14 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: 
         settings.peering.standalone = True  # leadership comes from our Lease, not kopf peering
         settings.networking.error_backoffs = [1, 2, 5, 10]
 
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        # An explicit registry has none of kopf's default login handlers: in-cluster first, then kubeconfig.
+        info: kopf.ConnectionInfo | None = kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(
+            **kwargs
+        )
+        return info
+
     @kopf.on.create(**runs, backoff=2)
     @kopf.on.resume(**runs, backoff=2)
     @kopf.on.update(**runs, field="spec", backoff=2)

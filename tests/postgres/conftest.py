@@ -30,15 +30,14 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
-import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
 from agentrun.checkpoint import Checkpointer
 from agentrun.checkpoint.postgres import PgCheckpointer
-from tests.support.checkpointers import Backend, postgres_dsn
+from tests.support.checkpointers import Backend
+from tests.support.databases import create_database, drop_database
 
 REDIS_URL_ENV = "AGENTRUN_TEST_REDIS_URL"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -47,11 +46,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def redis_url() -> str:
     return os.environ.get(REDIS_URL_ENV, DEFAULT_REDIS_URL)
-
-
-def with_database(dsn: str, database: str) -> str:
-    parts = urlsplit(dsn)
-    return urlunsplit(parts._replace(path=f"/{database}"))
 
 
 def free_port() -> int:
@@ -72,26 +66,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 # -- databases and key prefixes ------------------------------------------------------------------
-
-
-async def create_database() -> str:
-    name = f"agentrun_t_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(postgres_dsn())
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    return with_database(postgres_dsn(), name)
-
-
-async def drop_database(dsn: str) -> None:
-    name = urlsplit(dsn).path.lstrip("/")
-    admin = await asyncpg.connect(postgres_dsn())
-    try:
-        # WITH (FORCE): a child process killed mid-test may still hold a session for a moment.
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
 
 
 @pytest.fixture

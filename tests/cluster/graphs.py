@@ -1,0 +1,73 @@
+"""Graphs the cluster tier runs in runner pods (importable as ``tests.cluster.graphs:<name>``).
+
+Side effects are appended to the file named by ``CLUSTER_EFFECTS`` (one line
+per tool execution), so a test can count executions across pods.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from agentrun import END, START, StateGraph, ToolCall, ToolNode, assistant, interrupt, tool, tools_condition
+from agentrun.models import ScriptedModel
+
+
+def _record(name: str) -> None:
+    with open(os.environ["CLUSTER_EFFECTS"], "a") as f:
+        f.write(name + "\n")
+
+
+@tool
+def reserve(item: str) -> str:
+    """Reserve an item."""
+    _record("reserve")
+    return f"reserved {item}"
+
+
+@tool
+def notify(who: str) -> str:
+    """Notify someone."""
+    _record("notify")
+    return f"notified {who}"
+
+
+@tool
+def approve(amount: int) -> str:
+    """Ask a human to approve a refund."""
+    decision = interrupt({"amount": amount, "pad": "x" * 3000}, message=f"approve a refund of {amount}?")
+    _record(f"approve:{json.dumps(decision)}")
+    return f"decision {decision}"
+
+
+def _approval_model(messages: list) -> object:  # type: ignore[type-arg]
+    if messages[-1].role == "user":
+        return assistant(tool_calls=[
+            ToolCall(id="call_1", name="reserve", arguments='{"item": "seat"}'),
+            ToolCall(id="call_2", name="approve", arguments='{"amount": 120}'),
+            ToolCall(id="call_3", name="notify", arguments='{"who": "ops"}'),
+        ])
+    return assistant("done")
+
+
+_approval = StateGraph()
+_approval.add_node("model", ScriptedModel(_approval_model))  # type: ignore[arg-type]
+_approval.add_node("tools", ToolNode([reserve, approve, notify]))
+_approval.add_edge(START, "model")
+_approval.add_conditional_edges("model", tools_condition, {"tools": "tools", END: END})
+_approval.add_edge("tools", "model")
+approval = _approval
+
+
+def _crash(state: dict) -> dict:  # type: ignore[type-arg]
+    _record("crash")
+    time.sleep(0.2)
+    os._exit(1)
+
+
+_crasher = StateGraph()
+_crasher.add_node("crash", _crash)
+_crasher.add_edge(START, "crash")
+_crasher.add_edge("crash", END)
+crasher = _crasher

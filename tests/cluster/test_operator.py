@@ -1,0 +1,298 @@
+"""The operator on the emulated cluster: the real operator process, real runner pods, real kubectl.
+
+Each test applies AgentRuns with the real kubectl, lets the real operator
+(``python -m agentrun_operator``) create pods that the kubelet stand-in runs
+as real ``python -m agentrun.runner`` processes against the real PostgreSQL,
+injects faults, and asserts on what kubectl shows, what the store holds and
+how many side effects happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from examples.support_agent import count_effects
+from tests.cluster.harness import EmulatedCluster
+from tests.cluster.kubelet import KubeletThread
+from tests.cluster.operator_harness import (
+    OperatorProcess,
+    agentrun,
+    apply,
+    executions,
+    progress,
+    start_operator,
+)
+from tests.support.databases import create_database, drop_database
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(scope="module")
+def dsn() -> Iterator[str]:
+    database = asyncio.run(create_database())
+    try:
+        yield database
+    finally:
+        asyncio.run(drop_database(database))
+
+
+@pytest.fixture
+def store(cluster: EmulatedCluster, dsn: str) -> str:
+    for namespace in ("default",):
+        result = cluster.kubectl("create", "secret", "generic", "agentrun-store", "-n", namespace,
+                                 f"--from-literal=postgresDsn={dsn}")
+        assert result.returncode == 0, result.stderr
+    return dsn
+
+
+@pytest.fixture
+def operator(cluster: EmulatedCluster, kubelet: KubeletThread, store: str, tmp_path: Path
+             ) -> Iterator[OperatorProcess]:
+    process = start_operator(cluster, tmp_path)
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+def status(cluster: EmulatedCluster, name: str, namespace: str = "default") -> dict[str, Any]:
+    run = cluster.get("agentruns", name, namespace)
+    return (run or {}).get("status") or {}
+
+
+def wait_phase(cluster: EmulatedCluster, operator: OperatorProcess, name: str, phase: str, *,
+               timeout: float = 60, namespace: str = "default") -> dict[str, Any]:
+    try:
+        return cluster.wait_for(lambda: (s := status(cluster, name, namespace)).get("phase") == phase and s,
+                                timeout=timeout, interval=0.1, message=f"{name} in phase {phase}")
+    except AssertionError:
+        raise AssertionError(
+            f"{name} never reached {phase}; status: {json.dumps(status(cluster, name, namespace))}\n"
+            f"operator log (tail):\n{operator.log()[-4000:]}"
+        ) from None
+
+
+def wait_node(dsn: str, thread: str, node: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        seen = progress(dsn, thread)
+        if seen is not None and seen.current_node == node and seen.status == "running":
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"thread {thread} never reached node {node}")
+
+
+def pods_of(cluster: EmulatedCluster, run: str) -> list[str]:
+    return sorted(p["metadata"]["name"] for p in cluster.list_objects("pods", "default")
+                  if p["metadata"].get("labels", {}).get("agentrun.dev/run") == run)
+
+
+def test_kubectl_apply_runs_to_succeeded_and_status_mirrors_the_store(
+    cluster: EmulatedCluster, operator: OperatorProcess, store: str, tmp_path: Path
+) -> None:
+    effects = tmp_path / "effects.db"
+    apply(cluster, agentrun("order-4821", thread="order-4821", effects=effects))
+    final = wait_phase(cluster, operator, "order-4821", "Succeeded")
+    stored = progress(store, "default/order-4821")
+    assert stored is not None and stored.status == "completed"
+    assert final["stateVersion"] == stored.version, "status.stateVersion must mirror the store's version"
+    assert final["attempt"] == 1 and final["restarts"] == 0 and final["podName"] == "order-4821-1"
+    assert final["toolCalls"] == {"executed": 3, "replayed": 0}
+    assert {c["type"]: c["status"] for c in final["conditions"]}["Succeeded"] == "True"
+    shown = cluster.kubectl("get", "ar")
+    assert shown.returncode == 0, shown.stderr
+    row = next(line.split() for line in shown.stdout.splitlines() if line.startswith("order-4821"))
+    assert row[1:5] == ["Succeeded", "__end__", str(stored.version), "1"], shown.stdout
+    assert count_effects(str(effects))["charges"] == 1
+    events = [e["reason"] for e in cluster.list_objects("events", "default")
+              if e.get("involvedObject", {}).get("name") == "order-4821"]
+    assert "PodCreated" in events and "Completed" in events
+
+
+def test_sigkill_mid_tool_reschedules_and_charges_once(
+    cluster: EmulatedCluster, kubelet: KubeletThread, operator: OperatorProcess, store: str, tmp_path: Path
+) -> None:
+    effects = tmp_path / "effects.db"
+    apply(cluster, agentrun("kill-me", thread="kill-me", effects=effects, env={"SUPPORT_TOOL_DELAY": "1.5"},
+                           restartPolicy={"maxRestarts": 3, "backoffSeconds": 1}))
+    wait_node(store, "default/kill-me", "tools")
+    time.sleep(0.5)  # inside the tools now
+    kubelet.kill("kill-me-1")
+    final = wait_phase(cluster, operator, "kill-me", "Succeeded")
+    assert final["podName"] == "kill-me-2" and final["attempt"] == 2
+    assert final["restarts"] == 1 and final["disruptions"] == 0
+    assert count_effects(str(effects))["charges"] == 1, "GUARANTEE BROKEN: charged twice after SIGKILL"
+
+
+def test_eviction_is_a_disruption_not_a_restart(
+    cluster: EmulatedCluster, kubelet: KubeletThread, operator: OperatorProcess, store: str, tmp_path: Path
+) -> None:
+    effects = tmp_path / "effects.db"
+    apply(cluster, agentrun("evict-me", thread="evict-me", effects=effects, env={"SUPPORT_TOOL_DELAY": "1.5"}))
+    wait_node(store, "default/evict-me", "tools")
+    kubelet.evict("evict-me-1")
+    final = wait_phase(cluster, operator, "evict-me", "Succeeded")
+    assert final["disruptions"] == 1 and final["restarts"] == 0 and final["attempt"] == 2
+    assert count_effects(str(effects))["charges"] == 1
+
+
+def test_crash_loop_fails_with_backoff_limit_exceeded(
+    cluster: EmulatedCluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    effects = tmp_path / "effects.db"
+    apply(cluster, agentrun("crashy", thread="crashy", graph="tests.cluster.graphs:crasher", effects=effects,
+                           restartPolicy={"maxRestarts": 2, "backoffSeconds": 0}))
+    final = wait_phase(cluster, operator, "crashy", "Failed", timeout=90)
+    assert final["reason"] == "BackoffLimitExceeded", final
+    assert final["restarts"] == 2 and final["attempt"] == 3
+    assert executions(effects).count("crash") == 3
+    assert pods_of(cluster, "crashy") == ["crashy-1", "crashy-2", "crashy-3"]
+
+
+def test_kubectl_patch_stop_ends_a_run_hung_in_a_tool(
+    cluster: EmulatedCluster, operator: OperatorProcess, store: str, tmp_path: Path
+) -> None:
+    effects = tmp_path / "effects.db"
+    apply(cluster, agentrun("hung", thread="hung", effects=effects, env={"SUPPORT_TOOL_DELAY": "3600"}))
+    wait_node(store, "default/hung", "tools")
+    time.sleep(0.5)
+    asked = time.monotonic()
+    patched = cluster.kubectl("patch", "ar", "hung", "--type", "merge", "-p", '{"spec":{"stop":true}}')
+    assert patched.returncode == 0, patched.stderr
+    final = wait_phase(cluster, operator, "hung", "Stopped", timeout=30)
+    latency = time.monotonic() - asked
+    print(f"stop latency (kubectl patch -> phase Stopped): {latency:.2f}s")
+    assert final["reason"] == "Stopped", "the runner should have stopped by itself, not been force-deleted"
+    assert progress(store, "default/hung").status == "stopped"  # type: ignore[union-attr]
+    assert "agentrun_operator_stop_latency_seconds_count 1.0" in operator.metrics()
+
+
+def test_interrupt_then_kubectl_patch_resume_completes_without_rerunning_siblings(
+    cluster: EmulatedCluster, operator: OperatorProcess, store: str, tmp_path: Path
+) -> None:
+    effects = tmp_path / "effects.db"
+    apply(cluster, agentrun("approval", thread="approval", graph="tests.cluster.graphs:approval", effects=effects))
+    paused = wait_phase(cluster, operator, "approval", "Interrupted")
+    interrupt = paused["interrupt"]
+    assert interrupt["message"] == "approve a refund of 120?"
+    assert isinstance(interrupt["payload"], str) and interrupt["payload"].endswith("…(truncated)")
+    assert sorted(executions(effects)) == ["notify", "reserve"]
+    patched = cluster.kubectl("patch", "ar", "approval", "--type", "merge",
+                              "-p", json.dumps({"spec": {"resume": {"value": {"approved": True}}}}))
+    assert patched.returncode == 0, patched.stderr
+    final = wait_phase(cluster, operator, "approval", "Succeeded")
+    assert final["attempt"] == 2
+    done = executions(effects)
+    assert done.count("reserve") == 1 and done.count("notify") == 1, f"siblings re-ran: {done}"
+    assert 'approve:{"approved": true}' in done
+
+
+def test_operator_sigkilled_mid_run_and_restarted_makes_no_duplicate_pod(
+    cluster: EmulatedCluster, kubelet: KubeletThread, store: str, tmp_path: Path
+) -> None:
+    effects = tmp_path / "effects.db"
+    first = start_operator(cluster, tmp_path, identity="op-a")
+    try:
+        apply(cluster, agentrun("survivor", thread="survivor", effects=effects, env={"SUPPORT_TOOL_DELAY": "1"}))
+        cluster.wait_for(lambda: cluster.get("pods", "survivor-1"), timeout=30, message="pod survivor-1")
+        first.kill()
+    finally:
+        first.stop()
+    second = start_operator(cluster, tmp_path, identity="op-a")
+    try:
+        final = wait_phase(cluster, second, "survivor", "Succeeded")
+    finally:
+        second.stop()
+    assert final["attempt"] == 1
+    assert pods_of(cluster, "survivor") == ["survivor-1"]
+    assert count_effects(str(effects))["charges"] == 1
+
+
+def test_unknown_graph_fails_once_with_a_reason(
+    cluster: EmulatedCluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    apply(cluster, agentrun("typo", thread="typo", graph="examples.nope:app", effects=tmp_path / "e.db"))
+    final = wait_phase(cluster, operator, "typo", "Failed")
+    assert final["reason"] == "RunFailed" and "GRAPH_REFERENCE_001" in final["message"], final
+    time.sleep(1.5)
+    assert pods_of(cluster, "typo") == ["typo-1"], "a permanent failure must not be retried"
+
+
+def test_missing_store_secret_fails_without_a_pod(
+    cluster: EmulatedCluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    manifest = agentrun("nosecret", thread="nosecret", effects=tmp_path / "e.db")
+    manifest["spec"]["store"] = {"secretRef": {"name": "does-not-exist"}}
+    apply(cluster, manifest)
+    final = wait_phase(cluster, operator, "nosecret", "Failed")
+    assert final["reason"] == "StoreSecretNotFound" and "does-not-exist" in final["message"]
+    assert pods_of(cluster, "nosecret") == []
+
+
+def test_stop_before_start_ends_without_a_pod(
+    cluster: EmulatedCluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    apply(cluster, agentrun("never", thread="never", effects=tmp_path / "e.db", stop=True))
+    final = wait_phase(cluster, operator, "never", "Stopped")
+    assert final["reason"] == "StoppedBeforeStart"
+    assert pods_of(cluster, "never") == []
+
+
+def test_kubectl_delete_removes_pods_and_keeps_thread_data(
+    cluster: EmulatedCluster, operator: OperatorProcess, store: str, tmp_path: Path
+) -> None:
+    apply(cluster, agentrun("doomed", thread="doomed", effects=tmp_path / "e.db", env={"SUPPORT_TOOL_DELAY": "3600"}))
+    wait_node(store, "default/doomed", "tools")
+    deleted = cluster.kubectl("delete", "ar", "doomed", "--wait=true", "--timeout=60s")
+    assert deleted.returncode == 0, deleted.stderr
+    cluster.wait_for(lambda: not pods_of(cluster, "doomed"), timeout=30, message="the run's pods are gone")
+    assert cluster.get("agentruns", "doomed") is None
+    assert progress(store, "default/doomed") is not None, "deleting the AgentRun must keep the thread's data"
+
+
+def test_same_thread_id_in_two_namespaces_is_two_threads(
+    cluster: EmulatedCluster, operator: OperatorProcess, store: str, tmp_path: Path
+) -> None:
+    assert cluster.kubectl("create", "namespace", "team-b").returncode == 0
+    made = cluster.kubectl("create", "secret", "generic", "agentrun-store", "-n", "team-b",
+                           f"--from-literal=postgresDsn={store}")
+    assert made.returncode == 0, made.stderr
+    apply(cluster, agentrun("shared", thread="shared-thread", effects=tmp_path / "a.db"))
+    apply(cluster, agentrun("shared", thread="shared-thread", effects=tmp_path / "b.db"), namespace="team-b")
+    wait_phase(cluster, operator, "shared", "Succeeded")
+    wait_phase(cluster, operator, "shared", "Succeeded", namespace="team-b")
+    a, b = progress(store, "default/shared-thread"), progress(store, "team-b/shared-thread")
+    assert a is not None and b is not None
+    assert a.tool_calls == b.tool_calls == {"executed": 3, "replayed": 0}, "the threads must not share a ledger"
+
+
+def test_two_replicas_exactly_one_leads_and_the_other_takes_over(
+    cluster: EmulatedCluster, kubelet: KubeletThread, store: str, tmp_path: Path
+) -> None:
+    one = start_operator(cluster, tmp_path, identity="op-1")
+    two = start_operator(cluster, tmp_path, identity="op-2")
+    try:
+        cluster.wait_for(lambda: {one.role(), two.role()} == {"leader", "standby"}, timeout=20,
+                         message="one leader and one standby")
+        leader, standby = (one, two) if one.role() == "leader" else (two, one)
+        apply(cluster, agentrun("led", thread="led", effects=tmp_path / "a.db"))
+        wait_phase(cluster, leader, "led", "Succeeded")
+        assert "created pod led-1" in leader.log() and "created pod" not in standby.log()
+        leader.kill()
+        killed = time.monotonic()
+        cluster.wait_for(lambda: standby.role() == "leader", timeout=20, message="the standby takes over")
+        takeover = time.monotonic() - killed
+        print(f"leader takeover after SIGKILL: {takeover:.1f}s (lease 3s)")
+        assert takeover < 3 + 3, "takeover must happen within lease duration + retry"
+        apply(cluster, agentrun("after", thread="after", effects=tmp_path / "b.db"))
+        wait_phase(cluster, standby, "after", "Succeeded")
+    finally:
+        one.stop()
+        two.stop()

@@ -1,0 +1,35 @@
+"""Throwaway PostgreSQL databases for tests (created on the server at ``AGENTRUN_TEST_POSTGRES_DSN``)."""
+
+from __future__ import annotations
+
+import uuid
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+
+from tests.support.checkpointers import postgres_dsn
+
+
+def with_database(dsn: str, database: str) -> str:
+    parts = urlsplit(dsn)
+    return urlunsplit(parts._replace(path=f"/{database}"))
+
+
+async def create_database() -> str:
+    name = f"agentrun_t_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(postgres_dsn())
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    return with_database(postgres_dsn(), name)
+
+
+async def drop_database(dsn: str) -> None:
+    name = urlsplit(dsn).path.lstrip("/")
+    admin = await asyncpg.connect(postgres_dsn())
+    try:
+        # WITH (FORCE): a child process killed mid-test may still hold a session for a moment.
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
