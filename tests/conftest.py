@@ -29,6 +29,14 @@ from tests.support.checkpointers import BACKENDS, Backend, postgres_unavailable 
 _TIERS = {"unit": "unit", "integration": "integration", "postgres": "postgres", "cluster": "cluster", "chart": "chart"}
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # pytest-asyncio 1.5 asks asyncio.get_event_loop() for "the current loop" around each async
+    # test; with none set yet, that call creates a loop nobody closes, and its ResourceWarning later
+    # fails whichever test is running when it is collected (pytest-asyncio#724, fixed upstream by
+    # #1430). Marking "no current loop" as set makes the call raise instead, which it handles.
+    asyncio.set_event_loop(None)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         parts = Path(str(item.fspath)).relative_to(ROOT / "tests").parts

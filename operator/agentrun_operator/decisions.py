@@ -400,7 +400,10 @@ def _disrupted(d: Decision, status: dict[str, Any], reason: str, message: str, a
 
 
 def _failed(d: Decision, pod: PodView | None, progress: Progress | None, now: datetime) -> Decision:
-    message = (pod.termination_message if pod else None) or ""
+    # The runner writes one line to its termination log; with FallbackToLogsOnError the kubelet may hand
+    # us the tail of the log instead, whose last line is the runner's "exit 5: <reason>" line.
+    lines = [line for line in ((pod.termination_message if pod else None) or "").splitlines() if line.strip()]
+    message = lines[-1].strip() if lines else ""
     if not message and progress is not None and progress.error:
         message = f"{progress.error.get('code')}: {progress.error.get('message')}"
     return _finish(d, FAILED, "RunFailed", message or "the runner failed permanently (exit 5)", now, warning=True)

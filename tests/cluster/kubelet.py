@@ -493,8 +493,9 @@ class Kubelet:
             reason = runtime.reason or ("Completed" if runtime.exit_code == 0 else "Error")
             terminated = {"exitCode": runtime.exit_code, "reason": reason, "startedAt": runtime.started_at,
                           "finishedAt": runtime.finished_at, "containerID": f"local://{runtime.uid}"}
-            if runtime.message:
-                terminated["message"] = runtime.message
+            message = runtime.message or self._fallback_message(runtime, container)
+            if message:
+                terminated["message"] = message
             state = {"terminated": terminated}
             phase = "Succeeded" if runtime.exit_code == 0 and not runtime.evicted else "Failed"
         else:  # deleted before it started
@@ -527,6 +528,20 @@ class Kubelet:
         if runtime.evicted:
             status.update(reason="Evicted", message=runtime.evicted)
         return status
+
+    @staticmethod
+    def _fallback_message(runtime: PodRuntime, container: dict[str, Any]) -> str | None:
+        """``terminationMessagePolicy: FallbackToLogsOnError``: a failed container's message is the tail
+        of its log (the kubelet's limits: the last 80 lines, at most 2048 bytes). The stand-in cannot give
+        the process a ``/dev/termination-log`` of its own, so only the fallback is emulated."""
+        if container.get("terminationMessagePolicy") != "FallbackToLogsOnError" or runtime.exit_code in (0, None):
+            return None
+        try:
+            data = runtime.log_path.read_bytes()[-2048:]
+        except OSError:
+            return None
+        lines = data.decode(errors="replace").splitlines()[-80:]
+        return "\n".join(lines) or None
 
     # --- faults ----------------------------------------------------------------------------------
 
