@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: dev test test-unit test-integration test-postgres lint demo clean
+.PHONY: dev test test-unit test-integration test-postgres test-cluster lint demo demo-local e2e-kind clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,12 +26,19 @@ test-integration: $(STAMP)
 test-postgres: $(STAMP)
 	$(BIN)/pytest -q tests/postgres
 
+test-cluster: $(STAMP)
+	$(BIN)/pytest -q tests/cluster
+
 lint: $(STAMP)  ## ruff, mypy --strict, import layers
 	$(BIN)/ruff check runner operator tests examples
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-demo: $(STAMP)  ## the support agent on SQLite: SIGKILL mid-tool, resume, charged once
+demo: $(STAMP)  ## emulated cluster: kubectl apply, SIGKILL the runner mid-tool, rescheduled, charged once
+	bash scripts/services.sh
+	$(BIN)/python examples/cluster_demo.py
+
+demo-local: $(STAMP)  ## no cluster, no services: the support agent on SQLite, SIGKILL mid-tool, resume
 	$(BIN)/python examples/crash_resume_demo.py
 
 clean:

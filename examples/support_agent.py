@@ -14,7 +14,8 @@ deduplicate on the idempotency key agentrun hands to each call; every
 invocation is also logged in ``tool_invocations`` so a re-run is visible.
 
 ``SUPPORT_TOOL_DELAY`` (seconds) slows each side-effect tool down, for
-demos and for killing the process mid-tool.
+demos and for killing the process mid-tool; ``SUPPORT_TOOL_DELAY_<TOOL>``
+(e.g. ``SUPPORT_TOOL_DELAY_SEND_RECEIPT``) overrides it for one tool.
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ def count_effects(path: str) -> dict[str, int]:
 
 def _side_effect(tool_name: str, table: str, row: tuple[object, ...], order_id: str, key: str | None) -> None:
     """Log the invocation, then apply the effect once per idempotency key (as a provider would)."""
-    delay = float(os.environ.get("SUPPORT_TOOL_DELAY", "0") or 0)
+    delay = float(os.environ.get(f"SUPPORT_TOOL_DELAY_{tool_name.upper()}", "")
+                  or os.environ.get("SUPPORT_TOOL_DELAY", "0") or 0)
     if delay:
         time.sleep(delay)
     conn = effects_db()

@@ -1,0 +1,160 @@
+"""The emulated-cluster demo: kubectl apply an AgentRun, SIGKILL its runner mid-tool, watch it resume.
+
+    make demo
+
+Everything is real except the Kubernetes control plane and node: the API
+server is the test tier's emulator (kmock, taught the AgentRun CRD), and a
+local kubelet stand-in runs each pod as a process on this machine. The
+operator (``python -m agentrun_operator``), the runner pods
+(``python -m agentrun.runner``), PostgreSQL and ``kubectl`` are the real
+things. Files land in ``.demo/``; the KUBECONFIG printed at the start lets you
+poke at the cluster from another terminal while the demo runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import asyncpg
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from agentrun.checkpoint.postgres import PgCheckpointer  # noqa: E402
+from examples.support_agent import count_effects  # noqa: E402
+from tests.cluster.harness import EmulatedCluster  # noqa: E402
+from tests.cluster.kubelet import KubeletThread  # noqa: E402
+from tests.cluster.operator_harness import progress, start_operator  # noqa: E402
+from tests.support.databases import with_database  # noqa: E402
+
+WORK = ROOT / ".demo"
+ADMIN_DSN = os.environ.get("AGENTRUN_TEST_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
+DSN = with_database(ADMIN_DSN, "agentrun_demo")
+RUN = "support-order-4821"
+THREAD = "default/order-4821"
+
+
+def banner(text: str) -> None:
+    print(f"\n\033[1m== {text}\033[0m", flush=True)
+
+
+def kubectl(cluster: EmulatedCluster, *args: str, input: str | None = None, show: bool = True) -> str:
+    if show:
+        print("$ kubectl " + " ".join(args), flush=True)
+    result = cluster.kubectl(*args, input=input)
+    output = (result.stdout + result.stderr).rstrip()
+    if show and output:
+        print(output, flush=True)
+    return output
+
+
+async def fresh_database() -> None:
+    admin = await asyncpg.connect(ADMIN_DSN)
+    try:
+        await admin.execute('DROP DATABASE IF EXISTS "agentrun_demo" WITH (FORCE)')
+        await admin.execute('CREATE DATABASE "agentrun_demo"')
+    finally:
+        await admin.close()
+
+
+def wait(predicate, timeout: float = 60, what: str = "condition"):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise SystemExit(f"demo failed: timed out waiting for {what} (logs in {WORK})")
+
+
+def recorded_tools(thread: str) -> set[str]:
+    async def read() -> set[str]:
+        store = PgCheckpointer(DSN)
+        try:
+            return {entry.tool_name for entry in await store.ledger_list(thread)}
+        finally:
+            await store.aclose()
+
+    return asyncio.run(read())
+
+
+def phase(cluster: EmulatedCluster, name: str) -> str | None:
+    run = cluster.get("agentruns", name) or {}
+    return (run.get("status") or {}).get("phase")
+
+
+def main() -> int:
+    shutil.rmtree(WORK, ignore_errors=True)
+    WORK.mkdir()
+    asyncio.run(fresh_database())
+    effects = WORK / "effects.db"
+    cluster = EmulatedCluster(WORK / "cluster").start()
+    kubelet = KubeletThread(cluster.url, WORK / "kubelet").start()
+    operator = None
+    try:
+        banner("1. An emulated cluster, a local kubelet, the real operator")
+        print(f"export KUBECONFIG={cluster.kubeconfig}    # to follow along from another terminal")
+        kubectl(cluster, "create", "secret", "generic", "agentrun-store", f"--from-literal=postgresDsn={DSN}")
+        operator = start_operator(cluster, WORK, identity="demo-operator")
+        wait(lambda: operator.role() == "leader", 30, "the operator to lead")
+        print(f"operator is {operator.role()} (log: {operator.log_path.relative_to(ROOT)})")
+
+        banner("2. kubectl apply -f examples/agentrun.yaml")
+        manifest = yaml.safe_load((ROOT / "examples" / "agentrun.yaml").read_text())
+        manifest["spec"]["podTemplate"]["env"] = [
+            {"name": "SUPPORT_EFFECTS_DB", "value": str(effects)},
+            {"name": "SUPPORT_TOOL_DELAY", "value": "0.2"},
+            {"name": "SUPPORT_TOOL_DELAY_SEND_RECEIPT", "value": "4"},  # the node is still busy after the charge
+        ]
+        kubectl(cluster, "apply", "-f", "-", input=yaml.safe_dump(manifest))
+        wait(lambda: "charge_card" in recorded_tools(THREAD), 60, "charge_card to be recorded")
+        kubelet.kill(f"{RUN}-1")
+        kubectl(cluster, "get", "ar")
+
+        banner(f"3. The runner of pod {RUN}-1 was SIGKILLed right after charge_card was recorded")
+        print(f"charges so far: {count_effects(str(effects))['charges']}; "
+              f"ledger: {', '.join(sorted(recorded_tools(THREAD)))}")
+        wait(lambda: phase(cluster, RUN) == "Succeeded", 90, "the run to succeed")
+
+        banner("4. The operator rescheduled it; the new pod resumed from the checkpoint")
+        kubectl(cluster, "get", "ar", "-o", "wide")
+        kubectl(cluster, "get", "pods")
+        logs = kubelet.logs(f"{RUN}-2")
+        for line in logs.splitlines():
+            if "from the ledger" in line or "retrying with the same idempotency key" in line:
+                print("  " + line.split(": ", 1)[-1])
+        effects_now = count_effects(str(effects))
+        print(f"charges: {effects_now['charges']}   receipts: {effects_now['receipts']}")
+
+        banner("5. A run hung inside a tool, stopped with kubectl patch")
+        manifest["metadata"]["name"] = "hung-order"
+        manifest["spec"]["threadId"] = "hung-order"
+        manifest["spec"]["podTemplate"]["env"][1:] = [{"name": "SUPPORT_TOOL_DELAY", "value": "3600"}]
+        kubectl(cluster, "apply", "-f", "-", input=yaml.safe_dump(manifest))
+        wait(lambda: (p := progress(DSN, "default/hung-order")) and p.current_node == "tools", 60, "the hung tool")
+        time.sleep(0.5)
+        asked = time.monotonic()
+        kubectl(cluster, "patch", "ar", "hung-order", "--type", "merge", "-p", '{"spec":{"stop":true}}')
+        wait(lambda: phase(cluster, "hung-order") == "Stopped", 60, "the run to stop")
+        print(f"stopped {time.monotonic() - asked:.1f}s after the patch")
+        kubectl(cluster, "get", "ar")
+
+        ok = effects_now["charges"] == 1 and phase(cluster, RUN) == "Succeeded"
+        print("\n\033[32mcharged exactly once, across a SIGKILL and a new pod.\033[0m" if ok
+              else "\n\033[31mDEMO FAILED\033[0m")
+        return 0 if ok else 1
+    finally:
+        if operator is not None:
+            operator.stop()
+        kubelet.stop()
+        cluster.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
