@@ -5,6 +5,10 @@ Tiers (the marker is added from the directory, so a test cannot end up untiered)
 - tests/integration: real SQLite files, real subprocesses and signals, local HTTP servers.
 - tests/postgres:    the real PostgreSQL and Redis of this machine (own database / key prefix).
 - tests/cluster:     the emulated Kubernetes cluster with the real kubectl.
+
+A parameter may carry its own tier: the ``backend``/``checkpointer`` fixtures
+(one store per test, once per backend listed in tests/support/checkpointers.py)
+mark their PostgreSQL parameter ``postgres``, wherever the test lives.
 """
 
 from __future__ import annotations

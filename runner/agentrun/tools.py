@@ -16,6 +16,11 @@ applies ``in_doubt``:
   is unknown;
 - ``"interrupt"`` (default): pause the run and let a human decide; resume with
   ``"retry"`` to run it again or ``{"result": ...}`` to record what happened.
+
+A side-effect tool may itself call ``interrupt()`` (e.g. to ask for approval):
+a pause there is a known point, not an unknown outcome, so the resumed call
+runs on (code before ``interrupt()`` must have no side effects). A crash after
+the resume, before the result is recorded, is in doubt again.
 """
 
 from __future__ import annotations

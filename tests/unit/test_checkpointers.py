@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from agentrun import Command, FencedError, Message, StaleStateError, interrupt, tool, user
+from agentrun import Command, FencedError, Message, StaleStateError, StorageError, interrupt, tool, user
 from agentrun.checkpoint import Checkpointer, CheckpointWrite
 from agentrun.messages import assistant
 from tests.support.checkpointers import Backend
@@ -82,6 +82,18 @@ async def test_stale_expected_version_raises_storage_conflict_and_nothing_of_it_
     assert [m.content for m in cp.messages] == ["first"], "a rejected write's messages landed"
     with pytest.raises(StaleStateError):
         await checkpointer.aput(t, write(count=1), expected_version=5)  # ahead of the store is stale too
+
+
+async def test_state_that_is_not_json_is_a_storage_error_and_nothing_lands(
+    backend: Backend, checkpointer: Checkpointer
+) -> None:
+    t = backend.thread()
+    await checkpointer.aput(t, write((0, user("a")), count=1, values={"n": 1}), expected_version=0)
+    for values, meta in (({"n": {1, 2}}, {}), ({"n": 2}, {"when": object()}), ({"n": float("nan")}, {})):
+        with pytest.raises(StorageError):
+            await checkpointer.aput(t, write((1, user("b")), count=2, values=values, meta=meta), expected_version=1)
+    cp = await checkpointer.aget(t)
+    assert cp is not None and cp.version == 1 and cp.values == {"n": 1} and len(cp.messages) == 1
 
 
 async def test_messages_are_written_incrementally_and_replaced_by_index(

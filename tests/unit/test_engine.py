@@ -15,6 +15,7 @@ from agentrun import (
     GraphDefinitionError,
     GraphRecursionError,
     InMemoryCheckpointer,
+    NodeError,
     SqliteCheckpointer,
     StateGraph,
     ThreadNotFoundError,
@@ -24,6 +25,7 @@ from agentrun import (
     tool,
 )
 from agentrun.checkpoint import Checkpointer
+from agentrun.config import ConfigError
 from agentrun.errors import InvalidUpdateError
 from tests.support.checkpointers import Backend
 
@@ -235,8 +237,6 @@ async def test_failed_run_resumes_from_its_node_with_input_none(checkpointer: Ch
     graph.add_edge("first", "flaky")
     graph.add_edge("flaky", END)
     app = graph.compile(checkpointer)
-    from agentrun import NodeError
-
     with pytest.raises(NodeError) as raised:
         await app.ainvoke("go", {"thread_id": t})
     assert "node 'flaky' raised ConnectionError: model endpoint down" in str(raised.value)
@@ -253,8 +253,6 @@ def test_thread_id_is_required() -> None:
     graph.add_edge(START, "a")
     graph.add_edge("a", END)
     app = graph.compile(InMemoryCheckpointer())
-    from agentrun.config import ConfigError
-
     with pytest.raises(ConfigError, match="a run needs a thread id"):
         asyncio.run(app.ainvoke("go", {}))
 

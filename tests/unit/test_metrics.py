@@ -19,6 +19,7 @@ from agentrun import (
     START,
     FencedError,
     InMemoryCheckpointer,
+    NodeTimeoutError,
     RunStopped,
     StaleStateError,
     StateGraph,
@@ -113,8 +114,6 @@ async def test_node_timeouts_are_counted() -> None:
     graph.add_node("metrics_slow_node", slow)
     graph.add_edge(START, "metrics_slow_node")
     graph.add_edge("metrics_slow_node", END)
-    from agentrun import NodeTimeoutError
-
     with moves("agentrun_node_timeouts_total", node="metrics_slow_node"), pytest.raises(NodeTimeoutError):
         await graph.compile(InMemoryCheckpointer()).ainvoke("go", {"thread_id": "t", "node_timeout": 10})
 

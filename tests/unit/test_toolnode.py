@@ -9,7 +9,7 @@ from typing import Annotated, Any, TypedDict
 
 import pytest
 
-from agentrun import Command, Message, ToolCall, interrupt, tool, tool_message
+from agentrun import Command, Message, NodeTimeoutError, ToolCall, interrupt, tool, tool_message
 from agentrun.checkpoint import Checkpointer
 from agentrun.ledger import idempotency_key
 from agentrun.messages import add_messages
@@ -488,8 +488,6 @@ async def test_node_that_fails_leaves_no_partial_state_change(backend: Backend, 
 
     app = app_for([note], [call("call_1", "note")], checkpointer, schema=OrderState)
     config = {"thread_id": t, "node_timeout": 10, "tool_timeout": None}
-    from agentrun import NodeTimeoutError
-
     with pytest.raises(NodeTimeoutError):
         await app.ainvoke({"messages": [Message(role="user", content="go")], "notes": []}, config)
     state = await app.aget_state(t)

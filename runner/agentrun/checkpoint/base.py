@@ -6,7 +6,7 @@ messages it added or replaced), the tool ledger, tool intents and stop
 requests. The engine is the only caller; backends hold no graph logic.
 
 Contract shared by all backends (the conformance suite in
-``tests/test_checkpointers.py`` runs against each):
+``tests/unit/test_checkpointers.py`` runs against each):
 
 - ``aput(thread_id, write, expected_version=v)`` commits state and its new
   messages atomically at version ``v + 1``, or raises ``StaleStateError``

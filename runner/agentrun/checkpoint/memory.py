@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import FencedError, StaleStateError
+from ..errors import FencedError, StaleStateError, StorageError
 from ..messages import Message
 from .base import Checkpoint, Checkpointer, CheckpointWrite, Intent, LedgerEntry
 
@@ -29,7 +29,11 @@ class _Thread:
 
 
 def _roundtrip(value: Any) -> Any:
-    return json.loads(json.dumps(value))
+    # The durable stores' rules: strict JSON (no NaN), and StorageError for what they cannot store.
+    try:
+        return json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError) as e:
+        raise StorageError(f"state is not JSON-serializable: {e}") from e
 
 
 class InMemoryCheckpointer(Checkpointer):
