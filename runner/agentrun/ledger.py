@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass, field
 from typing import Any
 
 from .context import RunContext
@@ -47,26 +48,44 @@ def idempotency_key(thread_id: str, key: str | None) -> str | None:
     return "ar-" + hashlib.sha256(f"{thread_id}\x00{key}".encode()).hexdigest()[:40]
 
 
-def encode(result: Any) -> dict[str, Any]:
-    """The stored envelope; raises ``TypeError``/``ValueError`` if the result is not JSON-serializable."""
+@dataclass(frozen=True)
+class Recorded:
+    """A ledger hit: the tool's result and the state channels the call changed."""
+
+    result: Any
+    state: dict[str, Any] = field(default_factory=dict)
+
+
+def encode(result: Any, state: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The stored envelope; raises ``TypeError``/``ValueError`` if it is not JSON-serializable.
+
+    Beyond DESIGN's ``{"__kind__", "value"}``: an optional ``"state"`` holds the
+    channels the call changed (tools may mutate ``state``), so a replay restores
+    them too instead of answering with the result alone.
+    """
     if isinstance(result, Message):
-        envelope = {"__kind__": MESSAGE, "value": result.to_json()}
+        envelope: dict[str, Any] = {"__kind__": MESSAGE, "value": result.to_json()}
     else:
         envelope = {"__kind__": RAW, "value": result}
+    if state:
+        envelope["state"] = state
     json.dumps(envelope, allow_nan=False)
     return envelope
 
 
-def decode(envelope: Any) -> Any:
-    """The recorded result (a ``Message`` or a raw value); ``MalformedEntry`` if it is not an envelope."""
-    if not isinstance(envelope, dict) or set(envelope) != {"__kind__", "value"}:
+def decode(envelope: Any) -> Recorded:
+    """The recorded call; ``MalformedEntry`` if it is not an envelope."""
+    if not isinstance(envelope, dict) or not {"__kind__", "value"} <= set(envelope) <= {"__kind__", "value", "state"}:
         raise MalformedEntry(f"not an envelope: {str(envelope)[:120]}")
+    state = envelope.get("state", {})
+    if not isinstance(state, dict):
+        raise MalformedEntry(f"recorded state changes are not an object: {str(state)[:120]}")
     kind = envelope["__kind__"]
     if kind == RAW:
-        return envelope["value"]
+        return Recorded(envelope["value"], state)
     if kind == MESSAGE:
         try:
-            return Message.from_json(envelope["value"])
+            return Recorded(Message.from_json(envelope["value"]), state)
         except ValueError as e:
             raise MalformedEntry(f"recorded message does not parse: {e}") from e
     raise MalformedEntry(f"unknown envelope kind {kind!r}")
@@ -75,8 +94,8 @@ def decode(envelope: Any) -> Any:
 _MISS = object()
 
 
-async def lookup(ctx: RunContext, key: str, tool_name: str) -> Any:
-    """The recorded result for ``key``, or ``MISS``. Raises ``DeterminismError`` on a name mismatch."""
+async def lookup(ctx: RunContext, key: str, tool_name: str) -> Recorded | object:
+    """The recorded call for ``key``, or ``MISS``. Raises ``DeterminismError`` on a name mismatch."""
     try:
         entry = await ctx.checkpointer.ledger_get(ctx.thread_id, key)
     except Exception as e:  # any store failure is a miss: better a duplicate call than a stuck run
@@ -100,10 +119,12 @@ async def lookup(ctx: RunContext, key: str, tool_name: str) -> Any:
     return result
 
 
-async def record(ctx: RunContext, key: str, tool_name: str, result: Any) -> bool:
+async def record(
+    ctx: RunContext, key: str, tool_name: str, result: Any, state: dict[str, Any] | None = None
+) -> bool:
     """Record a completed call; ``False`` if it was not recorded. Never raises except ``FencedError``."""
     try:
-        envelope = encode(result)
+        envelope = encode(result, state)
         if not await ctx.checkpointer.ledger_put(ctx.thread_id, key, tool_name, envelope, attempt=ctx.config.attempt):
             # First write wins: an entry that was unreadable (malformed) or written meanwhile by another
             # process stays authoritative, so this result reaches the model but a replay will not see it.
@@ -127,7 +148,3 @@ async def record(ctx: RunContext, key: str, tool_name: str, result: Any) -> bool
             e,
         )
         return False
-
-
-def is_miss(value: Any) -> bool:
-    return value is _MISS

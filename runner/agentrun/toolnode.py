@@ -115,7 +115,9 @@ class ToolNode:
         repeated = {i for i, n in Counter(c.id for c in calls if c.id).items() if n > 1}
         outcomes = await asyncio.gather(
             *(
-                self._run_call(ctx, request.id, call, branch, position=position, ambiguous=call.id in repeated)
+                self._run_call(
+                    ctx, request.id, call, branch, baseline, position=position, ambiguous=call.id in repeated
+                )
                 for position, (call, branch) in enumerate(zip(calls, branches, strict=True))
             ),
             return_exceptions=True,
@@ -155,6 +157,7 @@ class ToolNode:
         origin_id: str | None,
         call: ToolCall,
         state: dict[str, Any],
+        baseline: dict[str, Any],
         *,
         position: int,
         ambiguous: bool = False,
@@ -185,11 +188,12 @@ class ToolNode:
             )
         else:
             recorded = await ledger.lookup(ctx, key, t.name)
-            if not ledger.is_miss(recorded):
+            if isinstance(recorded, ledger.Recorded):
                 ctx.counts.replayed += 1
                 TOOL_CALLS.labels(t.name, "replayed").inc()
                 ctx.log.info("replayed %s (%s) from the ledger; not executed again", key, t.name)
-                return _result_message(recorded, call, t.name, key)
+                state.update(copy.deepcopy(recorded.state))  # the channels the call changed, as it changed them
+                return _result_message(recorded.result, call, t.name, key)
         try:
             arguments = t.validate_arguments(call.parsed_arguments())
         except (ValueError, ToolArgumentError) as e:
@@ -208,7 +212,7 @@ class ToolNode:
         TOOL_CALLS.labels(t.name, "executed").inc()
         fault_point("after_tool", t.name)
         if key is not None:
-            await ledger.record(ctx, key, t.name, result)
+            await ledger.record(ctx, key, t.name, result, changed_fields(baseline, state))
             fault_point("after_ledger_record", t.name)
         return _result_message(result, call, t.name, key)
 

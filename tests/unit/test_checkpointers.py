@@ -300,6 +300,10 @@ async def test_completed_tool_is_replayed_not_rerun_after_a_crash(backend: Backe
     assert state.meta["tool_calls"] == {"executed": 1, "replayed": 1}
 
 
+async def _async_value(value: bool) -> bool:
+    return value
+
+
 async def test_cancelled_run_resumes_from_the_last_checkpoint(backend: Backend, checkpointer: Checkpointer) -> None:
     """A run cancelled mid-node (the process going away) leaves a resumable thread and its ledger."""
     t = backend.thread()
@@ -320,6 +324,8 @@ async def test_cancelled_run_resumes_from_the_last_checkpoint(backend: Backend, 
     app = app_for([quick, slow], [call("call_1", "quick"), call("call_2", "slow")], checkpointer)
     run = asyncio.create_task(app.ainvoke("go", {"thread_id": t}))
     await eventually(lambda: checkpointer.ledger_list(t), "quick recorded")
+    # Both calls must have started: with a networked store, slow may start after quick was recorded.
+    await eventually(lambda: _async_value(ran["slow"] == 1), "slow started")
     run.cancel()
     with pytest.raises(asyncio.CancelledError):
         await run

@@ -513,11 +513,6 @@ async def test_sync_tool_can_interrupt(backend: Backend, checkpointer: Checkpoin
     assert tool_messages(values)["call_1"].content == "3: ok"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known limit: the ledger stores a tool's result, not its state changes, so a call answered "
-    "from the ledger after a crash does not re-apply them (DESIGN §2 envelope has no place for them)",
-)
 async def test_state_change_of_a_replayed_tool_survives_a_crash(backend: Backend, checkpointer: Checkpointer) -> None:
     t = backend.thread()
     crash = True
