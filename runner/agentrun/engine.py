@@ -53,10 +53,11 @@ from .errors import (
 )
 from .faults import fault_point
 from .interrupts import Command, Interrupt
-from .messages import Message, user
+from .messages import Message, tool_message, user
 from .metrics import CHECKPOINT_SECONDS, FENCED, INTERRUPTS, NODE_TIMEOUTS, STALE_STATE, STEP_SECONDS, STOPS
 from .state import MESSAGES, node_input
 from .sync import run_sync
+from .toolnode import last_tool_request
 
 if TYPE_CHECKING:
     from .graph import Node, StateGraph
@@ -134,6 +135,21 @@ def _input_update(value: Any) -> dict[str, Any]:
     if isinstance(value, dict):
         return value
     raise ThreadStateError(f"input must be a dict of channel values, a message or a string, not {type(value).__name__}")
+
+
+def _as_list(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, list | tuple) else [value]
+
+
+def _unanswered_calls(state: dict[str, Any]) -> list[Message]:
+    request = last_tool_request(state)
+    if request is None:
+        return []
+    return [
+        tool_message("Error: not executed: the previous run ended before this call completed",
+                     tool_call_id=call.id, name=call.name, is_error=True)
+        for call in request.tool_calls
+    ]
 
 
 class CompiledGraph:
@@ -367,7 +383,13 @@ class CompiledGraph:
         else:
             run = self._from_checkpoint(checkpoint)
         before = run.messages
-        run.state = self.graph.schema.apply(run.state, _input_update(input))
+        update = _input_update(input)
+        unanswered = _unanswered_calls(run.state)
+        if unanswered and MESSAGES in update:
+            # The previous turn stopped or failed between a model's tool request and its results. Chat APIs
+            # reject a tool call without a result, so the next turn starts by saying why there is none.
+            update = {**update, MESSAGES: [*unanswered, *_as_list(update[MESSAGES])]}
+        run.state = self.graph.schema.apply(run.state, update)
         self._track_replaced(run, before)
         run.current_node = self.graph.next_node("__start__", run.state)
         run.step = 0

@@ -296,3 +296,40 @@ def test_sync_invoke_and_stream_share_the_engine(tmp_path: Any) -> None:
         assert len(second_turn["messages"]) == 8, "a second blocking call on the same app must work"
     finally:
         asyncio.run(checkpointer.aclose())
+
+
+async def test_a_new_turn_after_a_stop_mid_tools_answers_the_dangling_calls() -> None:
+    """Chat APIs reject an assistant tool call without a tool result: the next turn closes them first."""
+    from agentrun import END, START, InMemoryCheckpointer, RunStopped, StateGraph, ToolCall, ToolNode, assistant, tool
+
+    release, started = asyncio.Event(), asyncio.Event()
+
+    @tool
+    async def hang() -> str:
+        started.set()
+        await release.wait()
+        return "never"
+
+    def model(state: dict[str, Any]) -> dict[str, Any]:
+        last = state["messages"][-1]
+        if last.role == "user" and last.content == "first":
+            return {"messages": [assistant(tool_calls=[ToolCall(id="call_1", name="hang")])]}
+        return {"messages": [assistant("ok")]}
+
+    graph = StateGraph()
+    graph.add_node("model", model)
+    graph.add_node("tools", ToolNode([hang]))
+    graph.add_edge(START, "model")
+    graph.add_conditional_edges("model", lambda s: "tools" if s["messages"][-1].tool_calls else END)
+    graph.add_edge("tools", "model")
+    checkpointer = InMemoryCheckpointer()
+    app = graph.compile(checkpointer)
+    run = asyncio.create_task(app.ainvoke("first", {"thread_id": "t", "stop_poll_interval": 0.05}))
+    await started.wait()
+    await app.arequest_stop("t")
+    with pytest.raises(RunStopped):
+        await run
+    values = await app.ainvoke("second", {"thread_id": "t"})
+    roles = [(m.role, m.tool_call_id, m.is_error) for m in values["messages"]]
+    assert roles[:4] == [("user", None, False), ("assistant", None, False), ("tool", "call_1", True),
+                         ("user", None, False)], roles
