@@ -41,5 +41,8 @@ demo: $(STAMP)  ## emulated cluster: kubectl apply, SIGKILL the runner mid-tool,
 demo-local: $(STAMP)  ## no cluster, no services: the support agent on SQLite, SIGKILL mid-tool, resume
 	$(BIN)/python examples/crash_resume_demo.py
 
+e2e-kind: $(STAMP)  ## real cluster: kind, the image, deploy/, the operator scenarios (docker, kind, kubectl; KEEP_CLUSTER=1 keeps it)
+	bash hack/e2e-kind.sh
+
 clean:
 	rm -rf $(VENV) .demo .pytest_cache .mypy_cache .ruff_cache

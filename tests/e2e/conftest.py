@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.e2e.realcluster import LEASE, OPERATOR_NAMESPACE, Kubectl, Store, example_run, wait_for
+from tests.e2e.realcluster import LEASE, OPERATOR_NAMESPACE, Kubectl, NewRun, Store, example_run, wait_for
 
 KUBECONFIG = os.environ.get("AGENTRUN_E2E_KUBECONFIG", "")
 POSTGRES_DSN = os.environ.get("AGENTRUN_E2E_POSTGRES_DSN", "")
@@ -65,7 +65,7 @@ def store() -> Store:
 
 
 @pytest.fixture
-def new_run(kube: Kubectl) -> Iterator[Callable[..., str]]:
+def new_run(kube: Kubectl) -> Iterator[NewRun]:
     """Apply examples/agentrun.yaml under a fresh name (also its thread id); returns the name.
 
     Every run a test made is deleted afterwards (its pods go with it, its thread stays).

@@ -23,6 +23,8 @@ from agentrun.checkpoint.base import LedgerEntry, Progress
 from agentrun.checkpoint.postgres import PgCheckpointer
 
 T = TypeVar("T")
+# The ``new_run`` fixture: (scenario, *, env=None, **spec) -> the name of the applied AgentRun.
+NewRun = Callable[..., str]
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "agentrun.yaml"

@@ -18,6 +18,7 @@ from tests.e2e.realcluster import (
     OPERATOR_NAMESPACE,
     OPERATOR_SELECTOR,
     Kubectl,
+    NewRun,
     Store,
     sigkill_from_the_node,
     wait_for,
@@ -43,7 +44,7 @@ def thread_of(name: str) -> str:
 
 
 def test_kubectl_apply_runs_to_succeeded_and_status_mirrors_the_store(
-    kube: Kubectl, store: Store, new_run
+    kube: Kubectl, store: Store, new_run: NewRun
 ) -> None:
     name = new_run("apply")
     final = wait_phase(kube, name, "Succeeded")
@@ -58,7 +59,7 @@ def test_kubectl_apply_runs_to_succeeded_and_status_mirrors_the_store(
     assert row[1:5] == ["Succeeded", "__end__", str(stored.version), "1"], shown
 
 
-def test_runner_killed_mid_tool_is_rescheduled_and_charges_once(kube: Kubectl, store: Store, new_run) -> None:
+def test_runner_killed_mid_tool_is_rescheduled_and_charges_once(kube: Kubectl, store: Store, new_run: NewRun) -> None:
     name = new_run(
         "crash",
         env={
@@ -94,7 +95,7 @@ def test_runner_killed_mid_tool_is_rescheduled_and_charges_once(kube: Kubectl, s
     assert CHARGE_REPLAYED in kube.run("logs", f"{name}-2").stdout, "GUARANTEE BROKEN: charge_card ran again"
 
 
-def test_eviction_is_a_disruption_not_a_restart(kube: Kubectl, store: Store, new_run) -> None:
+def test_eviction_is_a_disruption_not_a_restart(kube: Kubectl, store: Store, new_run: NewRun) -> None:
     name = new_run("evict", env={"SUPPORT_TOOL_DELAY": "10"})
     store.wait_node(thread_of(name), "tools")
     kube.evict(f"{name}-1")
@@ -103,7 +104,7 @@ def test_eviction_is_a_disruption_not_a_restart(kube: Kubectl, store: Store, new
     assert final["attempt"] == 2 and final["podName"] == f"{name}-2", final
 
 
-def test_kubectl_patch_stop_ends_a_run_hung_in_a_tool(kube: Kubectl, store: Store, new_run) -> None:
+def test_kubectl_patch_stop_ends_a_run_hung_in_a_tool(kube: Kubectl, store: Store, new_run: NewRun) -> None:
     name = new_run("stop", env={"SUPPORT_TOOL_DELAY": "3600"})
     store.wait_node(thread_of(name), "tools")
     time.sleep(1)  # inside the tool now
@@ -116,7 +117,7 @@ def test_kubectl_patch_stop_ends_a_run_hung_in_a_tool(kube: Kubectl, store: Stor
     assert stored is not None and stored.status == "stopped", stored
 
 
-def test_kubectl_delete_removes_pods_and_keeps_thread_data(kube: Kubectl, store: Store, new_run) -> None:
+def test_kubectl_delete_removes_pods_and_keeps_thread_data(kube: Kubectl, store: Store, new_run: NewRun) -> None:
     name = new_run("delete", env={"SUPPORT_TOOL_DELAY": "3600"})
     store.wait_node(thread_of(name), "tools")
     kube.run("delete", "ar", name, "--wait=true", "--timeout=180s", timeout=240)
@@ -125,7 +126,7 @@ def test_kubectl_delete_removes_pods_and_keeps_thread_data(kube: Kubectl, store:
     assert store.progress(thread_of(name)) is not None, "deleting the AgentRun must keep the thread's data"
 
 
-def test_unknown_graph_fails_once_with_a_reason(kube: Kubectl, new_run) -> None:
+def test_unknown_graph_fails_once_with_a_reason(kube: Kubectl, new_run: NewRun) -> None:
     name = new_run("typo", graph="examples.nope:app")
     final = wait_phase(kube, name, "Failed")
     assert final["reason"] == "RunFailed" and "GRAPH_REFERENCE_001" in final.get("message", ""), final

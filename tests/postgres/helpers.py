@@ -13,31 +13,10 @@ from typing import Any
 
 import asyncpg
 
-from agentrun.checkpoint.base import CheckpointWrite
-from agentrun.messages import Message
-
 REQUEST = "charge my saved card for order 4821 and email me the receipt"
 SIDE_EFFECT_TOOLS = ("charge_card", "send_receipt")
 
 
-def write(
-    *messages: tuple[int, Message],
-    count: int,
-    step: int = 0,
-    status: Any = "running",
-    node: str | None = "model",
-    values: dict[str, Any] | None = None,
-    meta: dict[str, Any] | None = None,
-) -> CheckpointWrite:
-    return CheckpointWrite(
-        values=values or {},
-        current_node=node,
-        step=step,
-        status=status,
-        meta=meta or {},
-        message_count=count,
-        messages=list(messages),
-    )
 
 
 async def fetch(dsn: str, query: str, *args: Any) -> list[asyncpg.Record]:

@@ -16,9 +16,10 @@ from agentrun import END, START, StaleStateError, StateGraph
 from agentrun.checkpoint.postgres import PgCheckpointer
 from agentrun.messages import assistant, user
 from agentrun.metrics import CACHE_ERRORS, CACHE_READS
+from tests.support.checkpointers import write
 
 from .conftest import PrivateRedis, redis_url
-from .helpers import REQUEST, drive, driver_args, fetch, invocations, spawn, wait_for_line, write
+from .helpers import REQUEST, drive, driver_args, fetch, invocations, spawn, wait_for_line
 
 
 def counter(metric: Any, **labels: str) -> float:

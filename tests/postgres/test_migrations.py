@@ -14,8 +14,9 @@ from agentrun import StorageError
 from agentrun.checkpoint.pg_schema import MIGRATIONS, Migration, MigrationError, apply_migrations, lock_key
 from agentrun.checkpoint.postgres import PgCheckpointer
 from agentrun.messages import user
+from tests.support.checkpointers import write
 
-from .helpers import drive, fetch, fetchval, spawn, wait_until, write
+from .helpers import drive, fetch, fetchval, spawn, wait_until
 
 TABLES = {"agentrun_migrations", "threads", "states", "messages", "tool_executions", "tool_intents",
           "stop_requests", "attempts"}

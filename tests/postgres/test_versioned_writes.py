@@ -16,8 +16,9 @@ from agentrun import FencedError, StaleStateError, StorageError
 from agentrun.checkpoint.pg_schema import MAX_THREAD_ID_LENGTH
 from agentrun.checkpoint.postgres import PgCheckpointer
 from agentrun.messages import assistant, user
+from tests.support.checkpointers import write
 
-from .helpers import fetch, fetchval, write
+from .helpers import fetch, fetchval
 
 
 async def test_a_step_writes_only_its_new_messages_and_leaves_older_rows_untouched(

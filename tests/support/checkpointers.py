@@ -22,11 +22,13 @@ import socket
 import uuid
 from functools import cache
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 
-from agentrun.checkpoint import Checkpointer, InMemoryCheckpointer, SqliteCheckpointer
+from agentrun.checkpoint import Checkpointer, CheckpointWrite, InMemoryCheckpointer, SqliteCheckpointer
+from agentrun.messages import Message
 
 POSTGRES_DSN_ENV = "AGENTRUN_TEST_POSTGRES_DSN"
 DEFAULT_POSTGRES_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -102,3 +104,24 @@ class Backend:
         for checkpointer in reversed(self._opened):
             await checkpointer.aclose()
         self._opened.clear()
+
+
+def write(
+    *messages: tuple[int, Message],
+    count: int,
+    step: int = 0,
+    status: Any = "running",
+    node: str | None = "model",
+    values: dict[str, Any] | None = None,
+    meta: dict[str, Any] | None = None,
+) -> CheckpointWrite:
+    """A checkpoint write for store-level tests: ``(index, message)`` pairs and the total count."""
+    return CheckpointWrite(
+        values=values or {},
+        current_node=node,
+        step=step,
+        status=status,
+        meta=meta or {},
+        message_count=count,
+        messages=list(messages),
+    )

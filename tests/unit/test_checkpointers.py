@@ -13,32 +13,12 @@ from typing import Any
 
 import pytest
 
-from agentrun import Command, FencedError, Message, StaleStateError, StorageError, interrupt, tool, user
-from agentrun.checkpoint import Checkpointer, CheckpointWrite
+from agentrun import Command, FencedError, StaleStateError, StorageError, interrupt, tool, user
+from agentrun.checkpoint import Checkpointer
 from agentrun.messages import assistant
-from tests.support.checkpointers import Backend
+from tests.support.checkpointers import Backend, write
 
 from .helpers import app_for, call, eventually, tool_messages
-
-
-def write(
-    *messages: tuple[int, Message],
-    count: int,
-    step: int = 0,
-    status: Any = "running",
-    node: str | None = "model",
-    values: dict[str, Any] | None = None,
-    meta: dict[str, Any] | None = None,
-) -> CheckpointWrite:
-    return CheckpointWrite(
-        values=values or {},
-        current_node=node,
-        step=step,
-        status=status,
-        meta=meta or {},
-        message_count=count,
-        messages=list(messages),
-    )
 
 
 def envelope(value: Any) -> dict[str, Any]:
