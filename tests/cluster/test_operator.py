@@ -296,3 +296,54 @@ def test_two_replicas_exactly_one_leads_and_the_other_takes_over(
     finally:
         one.stop()
         two.stop()
+
+
+@pytest.fixture
+def impatient_operator(cluster: EmulatedCluster, kubelet: KubeletThread, store: str, tmp_path: Path
+                       ) -> Iterator[OperatorProcess]:
+    """An operator with short stop-grace and lost-node timeouts."""
+    process = start_operator(cluster, tmp_path, AGENTRUN_OPERATOR_STOP_GRACE_SECONDS="3",
+                             AGENTRUN_OPERATOR_LOST_NODE_TIMEOUT_SECONDS="2")
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+def test_a_runner_that_ignores_stop_is_force_deleted(
+    cluster: EmulatedCluster, kubelet: KubeletThread, impatient_operator: OperatorProcess, store: str,
+    tmp_path: Path,
+) -> None:
+    apply(cluster, agentrun("frozen", thread="frozen", effects=tmp_path / "e.db", env={"SUPPORT_TOOL_DELAY": "3600"}))
+    wait_node(store, "default/frozen", "tools")
+    kubelet.pause("frozen-1")  # SIGSTOP: it can no longer see the stop request
+    assert cluster.kubectl("patch", "ar", "frozen", "--type", "merge", "-p", '{"spec":{"stop":true}}').returncode == 0
+    wait_phase(cluster, impatient_operator, "frozen", "Stopping", timeout=10)
+    final = wait_phase(cluster, impatient_operator, "frozen", "Stopped", timeout=30)
+    assert final["reason"] == "ForcedStop", final
+    cluster.wait_for(lambda: cluster.get("pods", "frozen-1") is None, timeout=30, message="the frozen pod deleted")
+
+
+def test_a_lost_node_is_a_disruption_after_the_timeout(
+    cluster: EmulatedCluster, kubelet: KubeletThread, impatient_operator: OperatorProcess, store: str,
+    tmp_path: Path,
+) -> None:
+    effects = tmp_path / "e.db"
+    apply(cluster, agentrun("lost", thread="lost", effects=effects, env={"SUPPORT_TOOL_DELAY": "1.5"}))
+    wait_node(store, "default/lost", "tools")
+    kubelet.lose_node("lost-1")
+    final = wait_phase(cluster, impatient_operator, "lost", "Succeeded", timeout=60)
+    assert final["disruptions"] == 1 and final["restarts"] == 0 and final["attempt"] == 2
+    assert count_effects(str(effects))["charges"] == 1
+
+
+def test_a_pod_deleted_by_someone_else_is_rescheduled_as_a_disruption(
+    cluster: EmulatedCluster, operator: OperatorProcess, store: str, tmp_path: Path
+) -> None:
+    effects = tmp_path / "e.db"
+    apply(cluster, agentrun("deleted", thread="deleted", effects=effects, env={"SUPPORT_TOOL_DELAY": "1.5"}))
+    wait_node(store, "default/deleted", "tools")
+    assert cluster.kubectl("delete", "pod", "deleted-1", "--wait=false").returncode == 0
+    final = wait_phase(cluster, operator, "deleted", "Succeeded", timeout=60)
+    assert final["disruptions"] == 1 and final["restarts"] == 0 and final["attempt"] == 2
+    assert count_effects(str(effects))["charges"] == 1
