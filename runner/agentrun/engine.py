@@ -37,7 +37,6 @@ from .config import RunConfig
 from .context import CallScope, RunContext, RunLogger, ToolCounts, current_run, current_scope, run_logger
 from .errors import (
     AgentRunError,
-    DeterminismError,
     FencedError,
     GraphInterrupt,
     GraphRecursionError,
@@ -300,8 +299,9 @@ class CompiledGraph:
                 NODE_TIMEOUTS.labels(node_name).inc()
                 await self._fail(run, cfg, log, e)
                 raise
-            except (AgentRunError, Exception) as e:
-                error = e if isinstance(e, DeterminismError | AgentRunError) else NodeError(
+            except Exception as e:
+                # Our own errors (determinism, model, storage) keep their codes; user code's become NodeError.
+                error = e if isinstance(e, AgentRunError) else NodeError(
                     f"node {node_name!r} raised {type(e).__name__}: {e}", node=node_name
                 )
                 await self._fail(run, cfg, log, error)
