@@ -30,7 +30,9 @@ if str(ROOT) not in sys.path:
 
 from tests.support.checkpointers import BACKENDS, Backend, postgres_unavailable  # noqa: E402
 
-_TIERS = {"unit": "unit", "integration": "integration", "postgres": "postgres", "cluster": "cluster", "chart": "chart"}
+_TIERS = {
+    "unit": "unit", "integration": "integration", "postgres": "postgres", "cluster": "cluster", "e2e": "e2e",
+}
 
 
 def pytest_configure(config: pytest.Config) -> None:

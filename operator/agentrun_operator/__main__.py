@@ -106,10 +106,10 @@ async def run(settings: OperatorSettings) -> int:
         if holding is not None and holding in done:
             log.error("leadership lost: stopping so that only the new leader acts")
             code = 1
-        elif operator in done:
-            error = operator.exception()
-            log.error("the kopf operator ended unexpectedly: %r", error)
+        elif operator in done and operator.exception() is not None:
+            log.error("the kopf operator failed: %r", operator.exception())
             code = 1
+        # Otherwise a graceful stop: ours, or kopf's own SIGTERM handling (it replaces our handler).
         kopf_stop.set()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await asyncio.wait_for(operator, timeout=10)

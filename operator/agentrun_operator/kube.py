@@ -50,9 +50,18 @@ def _write_temp(data: str) -> str:
 
 
 class KubeClient:
-    def __init__(self, server: str, *, token: str | None = None, ssl_context: ssl.SSLContext | bool = True) -> None:
+    def __init__(
+        self,
+        server: str,
+        *,
+        token: str | None = None,
+        token_file: Path | None = None,
+        ssl_context: ssl.SSLContext | bool = True,
+    ) -> None:
         self.server = server.rstrip("/")
         self.token = token
+        # Bound service-account tokens rotate (about hourly): re-read the file for every request.
+        self.token_file = token_file
         self._ssl = ssl_context
         self._session: aiohttp.ClientSession | None = None
 
@@ -62,8 +71,7 @@ class KubeClient:
         host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
         if host and port and (SA_DIR / "token").exists():
             context = ssl.create_default_context(cafile=str(SA_DIR / "ca.crt"))
-            token = (SA_DIR / "token").read_text().strip()
-            return cls(f"https://{host}:{port}", token=token, ssl_context=context)
+            return cls(f"https://{host}:{port}", token_file=SA_DIR / "token", ssl_context=context)
         return cls.from_kubeconfig(os.environ.get("KUBECONFIG", str(Path.home() / ".kube" / "config")))
 
     @classmethod
@@ -109,8 +117,9 @@ class KubeClient:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
         headers = {"Accept": "application/json"}
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
+        token = self.token_file.read_text().strip() if self.token_file is not None else self.token
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
         data = None
         if body is not None:
             headers["Content-Type"] = content_type

@@ -20,6 +20,9 @@ RUN_LABEL = "agentrun.dev/run"
 ATTEMPT_LABEL = "agentrun.dev/attempt"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "agentrun-operator"}
 RESERVED_ENV_PREFIX = "AGENTRUN_"
+# The one AGENTRUN_ variable a user may set: crash-test fault injection (agentrun.faults); it can only
+# make the user's own runner kill itself at a named point.
+FAULT_POINT_ENV = "AGENTRUN_FAULT_POINT"
 RUNNER_UID = 65532  # the conventional "nonroot" user of distroless images
 
 
@@ -68,7 +71,7 @@ def build_pod(
     if spec.userId:
         env.append({"name": "AGENTRUN_USER_ID", "value": spec.userId})
     for var in (template.env if template and template.env else []):
-        if var.name.upper().startswith(RESERVED_ENV_PREFIX):
+        if var.name.upper().startswith(RESERVED_ENV_PREFIX) and var.name != FAULT_POINT_ENV:
             # The contract's variables are the operator's to set. Case-insensitive: the runner's
             # pydantic settings read env names case-insensitively, so ``agentrun_graph`` would win.
             continue

@@ -40,10 +40,6 @@ POSTGRES_DSN = os.environ.get("AGENTRUN_E2E_POSTGRES_DSN", "")
 KIND_CLUSTER = os.environ.get("AGENTRUN_E2E_KIND_CLUSTER", "")
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "e2e: a real Kubernetes cluster (AGENTRUN_E2E_KUBECONFIG; make e2e-kind)")
-
-
 @pytest.fixture(scope="session")
 def kube() -> Kubectl:
     """kubectl for the configured cluster, once the operator has a leader (so the first test is not slower)."""

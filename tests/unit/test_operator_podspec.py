@@ -321,3 +321,19 @@ def test_long_run_names_still_make_valid_label_values() -> None:
     assert len(label_value(name)) <= 63 and label_value(name) == label_value(name)
     assert label_value(name) != label_value("r" * 199 + "s")
     assert label_value("short") == "short"
+
+
+def test_the_fault_point_is_the_only_agentrun_variable_a_template_may_set() -> None:
+    from agentrun_operator.podspec import build_pod
+    from agentrun_operator.settings import OperatorSettings
+    from agentrun_operator.spec import parse_spec
+
+    spec = parse_spec({
+        "graph": "examples.support_agent:app", "threadId": "t",
+        "podTemplate": {"env": [{"name": "AGENTRUN_FAULT_POINT", "value": "after_tool:charge_card"},
+                                {"name": "AGENTRUN_GRAPH", "value": "evil:x"}]},
+    })
+    run = {"metadata": {"name": "r", "namespace": "ns", "uid": "u"}}
+    env = build_pod(run, spec, 1, OperatorSettings())["spec"]["containers"][0]["env"]
+    assert {"name": "AGENTRUN_FAULT_POINT", "value": "after_tool:charge_card"} in env
+    assert [e.get("value") for e in env if e["name"] == "AGENTRUN_GRAPH"] == ["examples.support_agent:app"]
