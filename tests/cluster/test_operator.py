@@ -347,3 +347,27 @@ def test_a_pod_deleted_by_someone_else_is_rescheduled_as_a_disruption(
     final = wait_phase(cluster, operator, "deleted", "Succeeded", timeout=60)
     assert final["disruptions"] == 1 and final["restarts"] == 0 and final["attempt"] == 2
     assert count_effects(str(effects))["charges"] == 1
+
+
+def test_a_gracefully_stopped_leader_hands_over_at_once(
+    cluster: EmulatedCluster, kubelet: KubeletThread, store: str, tmp_path: Path
+) -> None:
+    one = start_operator(cluster, tmp_path, identity="op-1")
+    try:
+        cluster.wait_for(lambda: one.role() == "leader", timeout=20, message="op-1 leads")
+        two = start_operator(cluster, tmp_path, identity="op-2")
+        try:
+            cluster.wait_for(lambda: two.role() == "standby", timeout=20, message="op-2 stands by")
+            signalled = time.monotonic()
+            one.stop()  # SIGTERM: kopf shuts down, then the lease is released, not left to expire
+            exited = time.monotonic()
+            assert one.proc.returncode == 0, one.log()[-3000:]
+            cluster.wait_for(lambda: two.role() == "leader", timeout=10, message="op-2 takes over")
+            handover = time.monotonic() - exited
+            print(f"graceful handover: {exited - signalled:.1f}s to shut down, {handover:.1f}s to take over")
+            assert handover < 3, f"a released lease is taken at the next retry, not after expiry ({handover:.1f}s)"
+            assert "released the leader lease" in one.log()
+        finally:
+            two.stop()
+    finally:
+        one.stop()
