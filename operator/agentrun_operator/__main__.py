@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import logging
 import signal
 import sys
@@ -19,6 +18,8 @@ import sys
 import kopf
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from agentrun.logs import configure_logging
 
 from . import metrics
 from .handlers import register
@@ -31,17 +32,8 @@ from .store import StoreRegistry
 log = logging.getLogger("agentrun_operator")
 
 
-class _JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        return json.dumps({"time": self.formatTime(record), "level": record.levelname, "logger": record.name,
-                           "message": record.getMessage()})
-
-
 def _logging(fmt: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_JsonFormatter() if fmt == "json" else logging.Formatter(
-        "%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
+    configure_logging(fmt)
     logging.getLogger("kopf").setLevel(logging.WARNING)
 
 

@@ -28,7 +28,6 @@ to trust an exit code alone. The runner needs no Kubernetes credentials.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import signal
 import sys
@@ -56,6 +55,7 @@ from .errors import (
 )
 from .interrupts import Command
 from .loader import compile_reference
+from .logs import configure_logging
 
 EXIT_COMPLETED, EXIT_CRASH, EXIT_INTERRUPTED, EXIT_STOPPED = 0, 1, 3, 4
 EXIT_FAILED, EXIT_PREEMPTED, EXIT_FENCED = 5, 6, 7
@@ -182,23 +182,6 @@ def _start_metrics(port: int) -> None:
         log.warning("metrics port %d unavailable (%s); continuing without /metrics", port, e)
 
 
-class _JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        return json.dumps(
-            {"time": self.formatTime(record), "level": record.levelname, "logger": record.name,
-             "message": record.getMessage()}
-        )
-
-
-def _configure_logging(fmt: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    if fmt == "json":
-        handler.setFormatter(_JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
-
-
 async def run(settings: RunnerSettings) -> int:
     """One attempt, start to exit code. Never raises."""
     preemption = Preemption()
@@ -263,11 +246,11 @@ def main() -> int:
     try:
         settings = RunnerSettings()  # type: ignore[call-arg]
     except ValidationError as e:
-        _configure_logging("text")
+        configure_logging("text")
         problems = "; ".join(f"AGENTRUN_{'_'.join(map(str, err['loc'])).upper()}: {err['msg']}" for err in e.errors())
         log.error("invalid runner environment: %s", problems)
         return EXIT_FAILED
-    _configure_logging(settings.log_format)
+    configure_logging(settings.log_format)
     _start_metrics(settings.metrics_port)
     return asyncio.run(run(settings))
 
