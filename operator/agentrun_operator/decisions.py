@@ -70,6 +70,8 @@ class PodView:
     waiting_message: str | None = None
     disruption: str | None = None  # why the cluster disrupted it (EvictionByEvictionAPI, PreemptionByScheduler, ...)
     deleting: bool = False
+    # When the pod's graceful deletion ends at the latest (deletionTimestamp is set to now + grace).
+    deletion_deadline: datetime | None = None
 
     @classmethod
     def from_manifest(cls, pod: dict[str, Any]) -> PodView:
@@ -97,6 +99,7 @@ class PodView:
             waiting_message=waiting.get("message"),
             disruption=disruption,
             deleting=bool(pod["metadata"].get("deletionTimestamp")),
+            deletion_deadline=_parse_rfc3339(pod["metadata"].get("deletionTimestamp")),
         )
 
 
@@ -160,6 +163,16 @@ class Decision:
 
 def iso(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _parse_rfc3339(value: Any) -> datetime | None:
+    """Kubernetes timestamps (``2026-12-02T15:04:05Z``, with or without fractional seconds)."""
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return None
 
 
 def parse_time(value: Any) -> datetime | None:
@@ -338,7 +351,17 @@ def _decide_pod(
             d.phase(RUNNING, "Running", f"attempt {attempt} is running")
         return d
     if outcome is Outcome.TERMINATING:
-        return d  # wait until the old pod is gone before the next attempt starts
+        # Wait until the old pod is gone before the next attempt starts, but not forever: a pod whose
+        # node died keeps "terminating" with no kubelet to confirm it (real clusters leave it phase
+        # Running); past its deadline plus the lost-node timeout it is force-deleted and replaced.
+        assert pod is not None
+        deadline = pod.deletion_deadline
+        if deadline is None or (now - deadline).total_seconds() < limits.lost_node_timeout:
+            return d
+        d.delete_pod, d.delete_grace = pod.name, 0
+        return _disrupted(d, status, "NodeLost",
+                          f"pod {pod.name} did not finish terminating {limits.lost_node_timeout:g}s after its "
+                          "grace period", attempt, now, limits)
     if outcome is Outcome.COMPLETED:
         return _finish(d, SUCCEEDED, "Completed", "the run completed", now)
     if outcome is Outcome.INTERRUPTED:

@@ -764,3 +764,17 @@ def test_a_final_exit_code_wins_over_a_disruption_that_came_meanwhile(code: int,
     pod["status"]["conditions"] = [disruption_target()]
     d = decide(make_spec(), run_status(), view(pod), None, NOW, LIMITS)
     assert d.status["phase"] == phase and d.create_attempt is None
+
+
+def test_a_pod_stuck_terminating_on_a_dead_node_is_replaced_after_the_timeout() -> None:
+    """Real clusters keep a dead node's pod in phase Running with a deletionTimestamp and no kubelet to
+    confirm the deletion; waiting for it would hang the run forever."""
+    pod = running()
+    pod["metadata"]["deletionTimestamp"] = iso(NOW)
+    pod["status"]["conditions"] = [disruption_target("DeletionByTaintManager")]
+    waiting = decide(make_spec(), run_status(), view(pod), None, NOW + timedelta(seconds=5), LIMITS)
+    assert waiting.create_attempt is None, "within the timeout the old pod may still finish"
+    late = NOW + timedelta(seconds=LIMITS.lost_node_timeout + 1)
+    d = decide(make_spec(), run_status(), view(pod), None, late, LIMITS)
+    assert d.delete_pod == pod["metadata"]["name"] and d.delete_grace == 0
+    assert d.create_attempt == 2 and d.status["disruptions"] == 1
