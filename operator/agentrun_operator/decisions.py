@@ -99,7 +99,7 @@ class PodView:
             waiting_message=waiting.get("message"),
             disruption=disruption,
             deleting=bool(pod["metadata"].get("deletionTimestamp")),
-            deletion_deadline=_parse_rfc3339(pod["metadata"].get("deletionTimestamp")),
+            deletion_deadline=parse_time(pod["metadata"].get("deletionTimestamp")),
         )
 
 
@@ -165,20 +165,14 @@ def iso(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _parse_rfc3339(value: Any) -> datetime | None:
-    """Kubernetes timestamps (``2026-12-02T15:04:05Z``, with or without fractional seconds)."""
+def parse_time(value: Any) -> datetime | None:
+    """Kubernetes timestamps (``2026-12-02T15:04:05Z``, with or without fractional seconds); None if unset."""
     if not value:
         return None
     try:
         return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
     except ValueError:
         return None
-
-
-def parse_time(value: Any) -> datetime | None:
-    if not value:
-        return None
-    return datetime.strptime(str(value), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
 
 
 def backoff(restarts: int, base: float, cap: float) -> float:

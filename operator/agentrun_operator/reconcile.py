@@ -20,7 +20,7 @@ from typing import Any
 from agentrun.checkpoint.base import Checkpointer, Progress
 
 from . import metrics
-from .decisions import TERMINAL, Decision, Limits, PodView, decide, iso
+from .decisions import TERMINAL, Decision, Limits, PodView, decide, iso, parse_time
 from .kube import Conflict, KubeClient, NotFound, events_path, pod_path, run_path
 from .podspec import RUN_LABEL, build_pod, label_value, pod_name, store_secret
 from .settings import OperatorSettings
@@ -199,8 +199,8 @@ class Reconciler:
 
     def _observe_transition(self, uid: str, current: dict[str, Any], patch: dict[str, Any], now: datetime) -> None:
         metrics.TRANSITIONS.labels(patch["phase"]).inc()
-        if patch["phase"] == "Stopped" and current.get("stopRequestedTime"):
-            requested = datetime.strptime(current["stopRequestedTime"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+        requested = parse_time(current.get("stopRequestedTime"))
+        if patch["phase"] == "Stopped" and requested is not None:
             metrics.STOP_LATENCY.observe(max(0.0, (now - requested).total_seconds()))
         created = self._pod_created.pop(uid, None)
         if patch["phase"] == "Running" and created is not None:
