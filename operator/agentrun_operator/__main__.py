@@ -122,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="agentrun-operator", description="The agentrun Kubernetes operator.")
     parser.add_argument("--namespace", action="append", help="watch this namespace (repeatable); default: all")
     parser.add_argument("--default-image", help="runner image when an AgentRun names none")
+    parser.add_argument("--default-store-secret", help="store Secret when an AgentRun names none")
     parser.add_argument("--log-format", choices=["text", "json"])
     parser.add_argument("--no-leader-election", action="store_true")
     args = parser.parse_args(argv)
@@ -130,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides["namespaces"] = args.namespace
     if args.default_image:
         overrides["default_image"] = args.default_image
+    if args.default_store_secret:
+        overrides["default_store_secret"] = args.default_store_secret
     if args.log_format:
         overrides["log_format"] = args.log_format
     if args.no_leader_election:

@@ -371,3 +371,22 @@ def test_a_gracefully_stopped_leader_hands_over_at_once(
             two.stop()
     finally:
         one.stop()
+
+
+def test_an_operator_watching_one_namespace_leaves_the_others_alone(
+    cluster: EmulatedCluster, kubelet: KubeletThread, store: str, tmp_path: Path
+) -> None:
+    assert cluster.kubectl("create", "namespace", "team-a").returncode == 0
+    made = cluster.kubectl("create", "secret", "generic", "agentrun-store", "-n", "team-a",
+                           f"--from-literal=postgresDsn={store}")
+    assert made.returncode == 0, made.stderr
+    scoped = start_operator(cluster, tmp_path, AGENTRUN_OPERATOR_NAMESPACES="team-a")
+    try:
+        apply(cluster, agentrun("mine", thread="mine", effects=tmp_path / "a.db"), namespace="team-a")
+        apply(cluster, agentrun("theirs", thread="theirs", effects=tmp_path / "b.db"))
+        wait_phase(cluster, scoped, "mine", "Succeeded", namespace="team-a")
+        time.sleep(1)
+        assert status(cluster, "theirs") == {}, "a run outside the watched namespaces was touched"
+        assert pods_of(cluster, "theirs") == []
+    finally:
+        scoped.stop()
