@@ -18,6 +18,15 @@ from .helpers import REQUEST, drive, driver_args, fetch, fetchval, finish, invoc
 EXIT_STORAGE = 9
 
 
+async def side_effects_started(dsn: str) -> None:
+    """Both side-effect tools of thread ``t`` recorded their intents: they are inside their calls now."""
+
+    async def started() -> bool:
+        return bool(await fetchval(dsn, "SELECT count(*) FROM tool_intents WHERE thread_id = 't'") == 2)
+
+    await wait_until(started, what="the side-effect tools to start")
+
+
 async def test_postgres_down_during_a_step_fails_it_cleanly_and_the_resumed_run_charges_once(
     private_postgres: PrivatePostgres, subprocess_env: dict[str, str]
 ) -> None:
@@ -31,10 +40,7 @@ async def test_postgres_down_during_a_step_fails_it_cleanly_and_the_resumed_run_
     try:
         await wait_for_line(run, "STEP model")
 
-        async def side_effects_started() -> bool:
-            return bool(await fetchval(dsn, "SELECT count(*) FROM tool_intents WHERE thread_id = 't'") == 2)
-
-        await wait_until(side_effects_started, what="the side-effect tools to start")
+        await side_effects_started(dsn)
         private_postgres.stop()  # the tools are sleeping; their records and the step's checkpoint cannot land
         failed = await finish(run)
     finally:
@@ -68,10 +74,7 @@ async def test_postgres_restarted_between_statements_the_run_continues_on_new_co
     try:
         await wait_for_line(run, "STEP model")
 
-        async def side_effects_started() -> bool:
-            return bool(await fetchval(dsn, "SELECT count(*) FROM tool_intents WHERE thread_id = 't'") == 2)
-
-        await wait_until(side_effects_started, what="the side-effect tools to start")
+        await side_effects_started(dsn)
         await asyncio.to_thread(private_postgres.stop)
         await asyncio.to_thread(private_postgres.start)  # back before the tools return
         done = await finish(run)
