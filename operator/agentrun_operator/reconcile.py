@@ -24,7 +24,7 @@ from .decisions import TERMINAL, Decision, Limits, PodView, decide, iso, parse_t
 from .kube import Conflict, KubeClient, NotFound, events_path, pod_path, run_path
 from .podspec import RUN_LABEL, build_pod, label_value, pod_name, store_secret
 from .settings import OperatorSettings
-from .spec import InvalidSpec, parse_spec, thread_key
+from .spec import AgentRunSpec, InvalidSpec, parse_spec, thread_key
 from .store import StoreRegistry, StoreUnavailable
 
 log = logging.getLogger("agentrun_operator")
@@ -153,7 +153,7 @@ class Reconciler:
         await self._write(run, decision, now)
 
     async def _apply(
-        self, run: dict[str, Any], spec: Any, decision: Decision, store: Checkpointer | None, thread: str
+        self, run: dict[str, Any], spec: AgentRunSpec, decision: Decision, store: Checkpointer | None, thread: str
     ) -> None:
         meta = run["metadata"]
         namespace, name = meta["namespace"], meta["name"]
