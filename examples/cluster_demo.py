@@ -118,8 +118,10 @@ def main() -> int:
         kubectl(cluster, "get", "ar")
 
         banner(f"3. The runner of pod {RUN}-1 was SIGKILLed right after charge_card was recorded")
-        print(f"charges so far: {count_effects(str(effects))['charges']}; "
-              f"ledger: {', '.join(sorted(recorded_tools(THREAD)))}")
+        print(
+            f"charges so far: {count_effects(str(effects))['charges']}; "
+            f"ledger: {', '.join(sorted(recorded_tools(THREAD)))}"
+        )
         wait(lambda: phase(cluster, RUN) == "Succeeded", 90, "the run to succeed")
 
         banner("4. The operator rescheduled it; the new pod resumed from the checkpoint")
@@ -146,8 +148,11 @@ def main() -> int:
         kubectl(cluster, "get", "ar")
 
         ok = effects_now["charges"] == 1 and phase(cluster, RUN) == "Succeeded"
-        print("\n\033[32mcharged exactly once, across a SIGKILL and a new pod.\033[0m" if ok
-              else "\n\033[31mDEMO FAILED\033[0m")
+        print(
+            "\n\033[32mcharged exactly once, across a SIGKILL and a new pod.\033[0m"
+            if ok
+            else "\n\033[31mDEMO FAILED\033[0m"
+        )
         return 0 if ok else 1
     finally:
         if operator is not None:

@@ -42,8 +42,12 @@ def agentrun(*args: str, fault: str | None = None) -> int:
     if fault:
         env["AGENTRUN_FAULT_POINT"] = fault
     cmd = [sys.executable, "-m", "agentrun.cli", *args]
-    print("$ agentrun " + " ".join(a if " " not in a else repr(a) for a in args)
-          + (f"    (with AGENTRUN_FAULT_POINT={fault})" if fault else ""), flush=True)
+    print(
+        "$ agentrun "
+        + " ".join(a if " " not in a else repr(a) for a in args)
+        + (f"    (with AGENTRUN_FAULT_POINT={fault})" if fault else ""),
+        flush=True,
+    )
     return subprocess.run(cmd, env=env, cwd=ROOT).returncode
 
 
@@ -64,13 +68,17 @@ def main() -> int:
 
     effects = count_effects(str(WORK / "effects.db"))
     banner("4. What the customer experienced")
-    print(f"charges: {effects['charges']}   receipts: {effects['receipts']}   "
-          f"tool invocations (all tools): {effects['tool_invocations']}")
+    print(
+        f"charges: {effects['charges']}   receipts: {effects['receipts']}   "
+        f"tool invocations (all tools): {effects['tool_invocations']}"
+    )
     ok = code == 0 and effects["charges"] == 1 and effects["receipts"] == 1
     print("\033[32mcharged exactly once.\033[0m" if ok else "\033[31mDEMO FAILED\033[0m")
-    print(f"(files in {WORK.relative_to(ROOT)}/; inspect with: "
-          f"AGENTRUN_STORE=sqlite:///{(WORK / 'agentrun.db').relative_to(ROOT)} "
-          f".venv/bin/agentrun state --thread-id {THREAD})")
+    print(
+        f"(files in {WORK.relative_to(ROOT)}/; inspect with: "
+        f"AGENTRUN_STORE=sqlite:///{(WORK / 'agentrun.db').relative_to(ROOT)} "
+        f".venv/bin/agentrun state --thread-id {THREAD})"
+    )
     return 0 if ok else 1
 
 

@@ -63,8 +63,9 @@ def count_effects(path: str) -> dict[str, int]:
 
 def _side_effect(tool_name: str, table: str, row: tuple[object, ...], order_id: str, key: str | None) -> None:
     """Log the invocation, then apply the effect once per idempotency key (as a provider would)."""
-    delay = float(os.environ.get(f"SUPPORT_TOOL_DELAY_{tool_name.upper()}", "")
-                  or os.environ.get("SUPPORT_TOOL_DELAY", "0") or 0)
+    delay = float(
+        os.environ.get(f"SUPPORT_TOOL_DELAY_{tool_name.upper()}", "") or os.environ.get("SUPPORT_TOOL_DELAY", "0") or 0
+    )
     if delay:
         time.sleep(delay)
     conn = effects_db()
@@ -96,8 +97,9 @@ def lookup_order(order_id: str) -> dict[str, object]:
 def charge_card(order_id: str, idempotency_key: str | None = None) -> dict[str, object]:
     """Charge the customer's saved card for the order total."""
     order = _order(order_id)
-    _side_effect("charge_card", "charges", (idempotency_key, order_id, order["amount_cents"]), order_id,
-                 idempotency_key)
+    _side_effect(
+        "charge_card", "charges", (idempotency_key, order_id, order["amount_cents"]), order_id, idempotency_key
+    )
     # Like a real provider, a repeated idempotency key gets the original answer, not a second charge.
     return {"status": "succeeded", "amount_cents": order["amount_cents"], "card": order["card"]}
 
@@ -114,8 +116,9 @@ def send_receipt(order_id: str, idempotency_key: str | None = None) -> dict[str,
 def refund_payment(order_id: str, idempotency_key: str | None = None) -> dict[str, object]:
     """Refund the order's payment to the saved card."""
     order = _order(order_id)
-    _side_effect("refund_payment", "refunds", (idempotency_key, order_id, order["amount_cents"]), order_id,
-                 idempotency_key)
+    _side_effect(
+        "refund_payment", "refunds", (idempotency_key, order_id, order["amount_cents"]), order_id, idempotency_key
+    )
     return {"status": "refunded", "amount_cents": order["amount_cents"]}
 
 

@@ -31,7 +31,11 @@ if str(ROOT) not in sys.path:
 from tests.support.checkpointers import BACKENDS, Backend, postgres_unavailable  # noqa: E402
 
 _TIERS = {
-    "unit": "unit", "integration": "integration", "postgres": "postgres", "cluster": "cluster", "e2e": "e2e",
+    "unit": "unit",
+    "integration": "integration",
+    "postgres": "postgres",
+    "cluster": "cluster",
+    "e2e": "e2e",
 }
 
 

@@ -66,8 +66,13 @@ async def run(settings: OperatorSettings) -> int:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    elector = LeaderElector(kube, settings.lease_namespace, settings.lease_name, settings.identity,
-                            settings.lease_duration_seconds) if settings.leader_election else None
+    elector = (
+        LeaderElector(
+            kube, settings.lease_namespace, settings.lease_name, settings.identity, settings.lease_duration_seconds
+        )
+        if settings.leader_election
+        else None
+    )
     code = 0
     try:
         if elector is not None:
@@ -81,15 +86,23 @@ async def run(settings: OperatorSettings) -> int:
             stopping.cancel()
         state["role"] = "leader"
         metrics.LEADER.set(1)
-        log.info("leading as %s; watching %s", settings.identity,
-                 ", ".join(settings.namespaces) if settings.namespaces else "all namespaces")
+        log.info(
+            "leading as %s; watching %s",
+            settings.identity,
+            ", ".join(settings.namespaces) if settings.namespaces else "all namespaces",
+        )
         registry = kopf.OperatorRegistry()
         register(registry, Reconciler(kube, settings, stores), settings)
         kopf_stop = asyncio.Event()
-        operator = asyncio.create_task(kopf.operator(
-            registry=registry, standalone=True, clusterwide=not settings.namespaces,
-            namespaces=settings.namespaces, stop_flag=kopf_stop,
-        ))
+        operator = asyncio.create_task(
+            kopf.operator(
+                registry=registry,
+                standalone=True,
+                clusterwide=not settings.namespaces,
+                namespaces=settings.namespaces,
+                stop_flag=kopf_stop,
+            )
+        )
         watchers = {operator, asyncio.create_task(stop.wait())}
         holding = asyncio.create_task(elector.hold()) if elector is not None else None
         if holding is not None:

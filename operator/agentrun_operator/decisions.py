@@ -109,8 +109,12 @@ def classify(pod: PodView | None) -> Outcome:
     ended = pod.exit_code is not None or pod.phase in ("Succeeded", "Failed")
     # A runner that reached a final outcome (completed, interrupted, stopped, failed) wins over a
     # disruption that arrived meanwhile: re-running it would retry a permanent failure.
-    final = {EXIT_COMPLETED: Outcome.COMPLETED, EXIT_INTERRUPTED: Outcome.INTERRUPTED,
-             EXIT_STOPPED: Outcome.STOPPED, EXIT_FAILED: Outcome.FAILED}
+    final = {
+        EXIT_COMPLETED: Outcome.COMPLETED,
+        EXIT_INTERRUPTED: Outcome.INTERRUPTED,
+        EXIT_STOPPED: Outcome.STOPPED,
+        EXIT_FAILED: Outcome.FAILED,
+    }
     if pod.disruption and ended and pod.exit_code in final:
         return final[pod.exit_code]
     if pod.disruption and ended:
@@ -250,8 +254,9 @@ def decide(
     return _decide_pod(d, spec, status, pod, outcome, progress, now, limits, attempt)
 
 
-def _start(d: Decision, attempt: int, now: datetime, *, first: bool = False, resume: dict[str, Any] | None = None
-           ) -> Decision:
+def _start(
+    d: Decision, attempt: int, now: datetime, *, first: bool = False, resume: dict[str, Any] | None = None
+) -> Decision:
     d.create_attempt = attempt
     d.resume = resume
     d.status.update(attempt=attempt, lostSince=None)
@@ -260,8 +265,9 @@ def _start(d: Decision, attempt: int, now: datetime, *, first: bool = False, res
     return d.phase(PENDING, "PodCreated", f"attempt {attempt}: runner pod created")
 
 
-def _decide_resume(d: Decision, spec: AgentRunSpec, status: dict[str, Any], progress: Progress | None,
-                   attempt: int, now: datetime) -> Decision:
+def _decide_resume(
+    d: Decision, spec: AgentRunSpec, status: dict[str, Any], progress: Progress | None, attempt: int, now: datetime
+) -> Decision:
     interrupt = status.get("interrupt")
     if not interrupt and (interrupt := _interrupt_status(progress)):
         # The store could not be read when the pod exited 3: fill the interrupt in now, or it would
@@ -317,8 +323,12 @@ def _decide_stop(
         assert pod is not None
         d.delete_pod, d.delete_grace = pod.name, 0
         return _finish(
-            d, STOPPED, "ForcedStop", f"the runner did not stop within {limits.stop_grace:g}s; its pod was deleted",
-            now, warning=True,
+            d,
+            STOPPED,
+            "ForcedStop",
+            f"the runner did not stop within {limits.stop_grace:g}s; its pod was deleted",
+            now,
+            warning=True,
         )
     return d
 
@@ -353,9 +363,15 @@ def _decide_pod(
         if deadline is None or (now - deadline).total_seconds() < limits.lost_node_timeout:
             return d
         d.delete_pod, d.delete_grace = pod.name, 0
-        return _disrupted(d, status, "NodeLost",
-                          f"pod {pod.name} did not finish terminating {limits.lost_node_timeout:g}s after its "
-                          "grace period", attempt, now, limits)
+        return _disrupted(
+            d,
+            status,
+            "NodeLost",
+            f"pod {pod.name} did not finish terminating {limits.lost_node_timeout:g}s after its grace period",
+            attempt,
+            now,
+            limits,
+        )
     if outcome is Outcome.COMPLETED:
         return _finish(d, SUCCEEDED, "Completed", "the run completed", now)
     if outcome is Outcome.INTERRUPTED:
@@ -369,8 +385,14 @@ def _decide_pod(
     if outcome is Outcome.CONFIG_ERROR:
         assert pod is not None
         d.delete_pod = pod.name
-        return _finish(d, FAILED, pod.waiting_reason or "CreateContainerConfigError",
-                       pod.waiting_message or "the runner container could not be created", now, warning=True)
+        return _finish(
+            d,
+            FAILED,
+            pod.waiting_reason or "CreateContainerConfigError",
+            pod.waiting_message or "the runner container could not be created",
+            now,
+            warning=True,
+        )
     if outcome is Outcome.LOST:
         lost = parse_time(status.get("lostSince"))
         if lost is None:
@@ -380,8 +402,15 @@ def _decide_pod(
             return d
         assert pod is not None
         d.delete_pod, d.delete_grace = pod.name, 0
-        return _disrupted(d, status, "NodeLost", f"pod {pod.name} was unreachable for {limits.lost_node_timeout:g}s",
-                          attempt, now, limits)
+        return _disrupted(
+            d,
+            status,
+            "NodeLost",
+            f"pod {pod.name} was unreachable for {limits.lost_node_timeout:g}s",
+            attempt,
+            now,
+            limits,
+        )
     if outcome is Outcome.DISRUPTED:
         assert pod is not None
         why = pod.disruption or "Preempted"
@@ -393,9 +422,14 @@ def _decide_pod(
     restarts = int(status.get("restarts") or 0) + 1
     why = f"exit {pod.exit_code}" + (f" ({pod.terminated_reason})" if pod.terminated_reason else "")
     if restarts > spec.restartPolicy.maxRestarts:
-        return _finish(d, FAILED, "BackoffLimitExceeded",
-                       f"attempt {attempt} crashed ({why}); {spec.restartPolicy.maxRestarts} restarts allowed", now,
-                       warning=True)
+        return _finish(
+            d,
+            FAILED,
+            "BackoffLimitExceeded",
+            f"attempt {attempt} crashed ({why}); {spec.restartPolicy.maxRestarts} restarts allowed",
+            now,
+            warning=True,
+        )
     d.status["restarts"] = restarts  # counts restarts made, so it never exceeds maxRestarts
     delay = backoff(restarts, spec.restartPolicy.backoffSeconds, limits.max_backoff)
     if delay <= 0:
@@ -405,13 +439,20 @@ def _decide_pod(
     return d.phase(PENDING, "BackOff", f"attempt {attempt} crashed ({why}); restarting in {delay:g}s", warning=True)
 
 
-def _disrupted(d: Decision, status: dict[str, Any], reason: str, message: str, attempt: int, now: datetime,
-               limits: Limits) -> Decision:
+def _disrupted(
+    d: Decision, status: dict[str, Any], reason: str, message: str, attempt: int, now: datetime, limits: Limits
+) -> Decision:
     disruptions = int(status.get("disruptions") or 0) + 1
     d.status["disruptions"] = disruptions
     if disruptions > limits.max_disruptions:
-        return _finish(d, FAILED, "DisruptionLimitExceeded",
-                       f"{message}; {limits.max_disruptions} disruptions allowed", now, warning=True)
+        return _finish(
+            d,
+            FAILED,
+            "DisruptionLimitExceeded",
+            f"{message}; {limits.max_disruptions} disruptions allowed",
+            now,
+            warning=True,
+        )
     d.events.append(("Warning", reason, f"{message}; rescheduling as attempt {attempt + 1}"))
     return _start(d, attempt + 1, now)
 

@@ -70,5 +70,8 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: 
     async def on_delete(body: kopf.Body, **_: Any) -> None:
         await reconciler.delete_pods(str(body.metadata.namespace), str(body.metadata.name))
         reconciler.forget(body.metadata.uid)
-        log.info("[%s/%s] deleted: its pods are removed, its thread data is kept", body.metadata.namespace,
-                 body.metadata.name)
+        log.info(
+            "[%s/%s] deleted: its pods are removed, its thread data is kept",
+            body.metadata.namespace,
+            body.metadata.name,
+        )

@@ -63,14 +63,16 @@ def build_pod(
         {"name": "AGENTRUN_INPUT", "value": json.dumps(spec.input) if spec.input is not None else "null"},
         {"name": "AGENTRUN_METRICS_PORT", "value": str(settings.runner_metrics_port)},
         {"name": "AGENTRUN_POSTGRES_DSN", "valueFrom": {"secretKeyRef": {"name": secret, "key": "postgresDsn"}}},
-        {"name": "AGENTRUN_REDIS_URL",
-         "valueFrom": {"secretKeyRef": {"name": secret, "key": "redisUrl", "optional": True}}},
+        {
+            "name": "AGENTRUN_REDIS_URL",
+            "valueFrom": {"secretKeyRef": {"name": secret, "key": "redisUrl", "optional": True}},
+        },
     ]
     if resume is not None:
         env.append({"name": "AGENTRUN_RESUME", "value": json.dumps(resume)})
     if spec.userId:
         env.append({"name": "AGENTRUN_USER_ID", "value": spec.userId})
-    for var in (template.env if template and template.env else []):
+    for var in template.env if template and template.env else []:
         if var.name.upper().startswith(RESERVED_ENV_PREFIX) and var.name != FAULT_POINT_ENV:
             # The contract's variables are the operator's to set. Case-insensitive: the runner's
             # pydantic settings read env names case-insensitively, so ``agentrun_graph`` would win.

@@ -190,8 +190,15 @@ class Reconciler:
             return
         await self.kube.merge_patch(run_path(namespace, name, status=True), {"status": patch})
         if "phase" in patch:
-            log.info("[%s/%s] %s -> %s (%s): %s", namespace, name, current.get("phase") or "-", patch["phase"],
-                     patch.get("reason"), patch.get("message"))
+            log.info(
+                "[%s/%s] %s -> %s (%s): %s",
+                namespace,
+                name,
+                current.get("phase") or "-",
+                patch["phase"],
+                patch.get("reason"),
+                patch.get("message"),
+            )
             self.phases[meta["uid"]] = patch["phase"]
             self._publish_phases()
         for kind, reason, message in decision.events:

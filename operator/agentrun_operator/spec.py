@@ -97,9 +97,7 @@ def parse_spec(raw: dict[str, Any]) -> AgentRunSpec:
     try:
         return AgentRunSpec.model_validate(raw)
     except ValidationError as e:
-        problems = "; ".join(
-            f"spec.{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors()
-        )
+        problems = "; ".join(f"spec.{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
         raise InvalidSpec(problems) from None
 
 

@@ -44,9 +44,7 @@ class StoreRegistry:
         try:
             body = await self.kube.get(secret_path(namespace, secret))
         except NotFound:
-            raise StoreUnavailable(
-                "StoreSecretNotFound", f"store secret {namespace}/{secret} does not exist"
-            ) from None
+            raise StoreUnavailable("StoreSecretNotFound", f"store secret {namespace}/{secret} does not exist") from None
         version = str(body.get("metadata", {}).get("resourceVersion", ""))
         key = (namespace, secret)
         entry = self._stores.get(key)

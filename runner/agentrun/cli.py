@@ -100,18 +100,24 @@ async def _state(args: argparse.Namespace, checkpointer: Checkpointer) -> int:
     ledger = await checkpointer.ledger_list(args.thread_id)
     stop = await checkpointer.stop_requested(args.thread_id)
     if args.json:
-        print(json.dumps({
-            "thread_id": checkpoint.thread_id,
-            "version": checkpoint.version,
-            "status": checkpoint.status,
-            "current_node": checkpoint.current_node,
-            "step": checkpoint.step,
-            "meta": checkpoint.meta,
-            "values": checkpoint.values,
-            "messages": [m.to_json() for m in checkpoint.messages],
-            "ledger": [{"key": e.key, "tool": e.tool_name, "result": e.result} for e in ledger],
-            "stop_requested": stop,
-        }, indent=2, default=str))
+        print(
+            json.dumps(
+                {
+                    "thread_id": checkpoint.thread_id,
+                    "version": checkpoint.version,
+                    "status": checkpoint.status,
+                    "current_node": checkpoint.current_node,
+                    "step": checkpoint.step,
+                    "meta": checkpoint.meta,
+                    "values": checkpoint.values,
+                    "messages": [m.to_json() for m in checkpoint.messages],
+                    "ledger": [{"key": e.key, "tool": e.tool_name, "result": e.result} for e in ledger],
+                    "stop_requested": stop,
+                },
+                indent=2,
+                default=str,
+            )
+        )
         return EXIT_OK
     print(f"thread:   {checkpoint.thread_id}")
     print(f"status:   {checkpoint.status}" + (" (stop requested)" if stop is not None else ""))
@@ -142,15 +148,20 @@ async def _stop(args: argparse.Namespace, checkpointer: Checkpointer) -> int:
     if checkpoint.status in ("running", "failed"):
         print(f"stop requested for thread {args.thread_id}; a process running it stops within about a second")
     else:
-        print(f"stop requested for thread {args.thread_id} (status {checkpoint.status}); "
-              "its next run will stop before running a node")
+        print(
+            f"stop requested for thread {args.thread_id} (status {checkpoint.status}); "
+            "its next run will stop before running a node"
+        )
     return EXIT_OK
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agentrun", description="Run durable agent graphs.")
-    parser.add_argument("--store", default=os.environ.get("AGENTRUN_STORE", DEFAULT_STORE),
-                        help="store URL: sqlite:///path.db (default sqlite:///agentrun.db) or postgresql://...")
+    parser.add_argument(
+        "--store",
+        default=os.environ.get("AGENTRUN_STORE", DEFAULT_STORE),
+        help="store URL: sqlite:///path.db (default sqlite:///agentrun.db) or postgresql://...",
+    )
     parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors on stderr")
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -160,7 +171,7 @@ def _parser() -> argparse.ArgumentParser:
     what = run.add_mutually_exclusive_group()
     what.add_argument("--input", help="the user's message; omit to resume the thread's unfinished run")
     what.add_argument("--resume", help="JSON resume value for a pending interrupt, or {interrupt_id: value}")
-    run.add_argument("--config", help='run config JSON, e.g. \'{"tool_timeout": 60}\'')
+    run.add_argument("--config", help="run config JSON, e.g. '{\"tool_timeout\": 60}'")
 
     state = commands.add_parser("state", help="show a thread's state, messages and ledger")
     state.add_argument("--thread-id", required=True)

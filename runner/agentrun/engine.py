@@ -145,8 +145,12 @@ def _unanswered_calls(state: dict[str, Any]) -> list[Message]:
     if request is None:
         return []
     return [
-        tool_message("Error: not executed: the previous run ended before this call completed",
-                     tool_call_id=call.id, name=call.name, is_error=True)
+        tool_message(
+            "Error: not executed: the previous run ended before this call completed",
+            tool_call_id=call.id,
+            name=call.name,
+            is_error=True,
+        )
         for call in request.tool_calls
     ]
 
@@ -288,8 +292,12 @@ class CompiledGraph:
                 interrupts = [i for i in paused.interrupts if isinstance(i, Interrupt)]
                 run.meta["interrupts"] = [i.to_json() for i in interrupts]
                 INTERRUPTS.inc()
-                log.info("paused at node %s for %d interrupt(s): %s", node_name, len(interrupts),
-                         ", ".join(i.id for i in interrupts))
+                log.info(
+                    "paused at node %s for %d interrupt(s): %s",
+                    node_name,
+                    len(interrupts),
+                    ", ".join(i.id for i in interrupts),
+                )
                 await self._finish(run, cfg, log, "interrupted")
                 yield self._event("interrupt", run, cfg, node_name, values=True, interrupts=interrupts)
                 return
@@ -301,8 +309,10 @@ class CompiledGraph:
                 raise
             except Exception as e:
                 # Our own errors (determinism, model, storage) keep their codes; user code's become NodeError.
-                error = e if isinstance(e, AgentRunError) else NodeError(
-                    f"node {node_name!r} raised {type(e).__name__}: {e}", node=node_name
+                error = (
+                    e
+                    if isinstance(e, AgentRunError)
+                    else NodeError(f"node {node_name!r} raised {type(e).__name__}: {e}", node=node_name)
                 )
                 await self._fail(run, cfg, log, error)
                 if error is e:
@@ -317,7 +327,7 @@ class CompiledGraph:
             except AgentRunError as e:
                 await self._fail(run, cfg, log, e)
                 raise
-            new_messages = run.messages[len(before):] if MESSAGES in run.state else []
+            new_messages = run.messages[len(before) :] if MESSAGES in run.state else []
             run.step += 1
             run.current_node = next_node
             # The interrupted node completed: its resume values are spent.
@@ -335,9 +345,7 @@ class CompiledGraph:
 
     # -- run life cycle ------------------------------------------------------
 
-    def _begin(
-        self, checkpoint: Checkpoint | None, input: Any, cfg: RunConfig, log: RunLogger
-    ) -> tuple[_Run, bool]:
+    def _begin(self, checkpoint: Checkpoint | None, input: Any, cfg: RunConfig, log: RunLogger) -> tuple[_Run, bool]:
         """Decide from the thread's status and the input what this call does; returns (run, write first)."""
         status = checkpoint.status if checkpoint else None
         if isinstance(input, Command):
@@ -367,7 +375,10 @@ class CompiledGraph:
             run = self._from_checkpoint(checkpoint)
             log.info(
                 "resuming at node %s, step %d, from version %d (last status: %s)",
-                run.current_node, run.step, run.version, status,
+                run.current_node,
+                run.step,
+                run.version,
+                status,
             )
             run.status = "running"
             return run, False
@@ -419,8 +430,14 @@ class CompiledGraph:
         meta = dict(checkpoint.meta)
         counts = ToolCounts(**(meta.get("tool_calls") or {}))
         return _Run(
-            state, checkpoint.version, checkpoint.current_node, checkpoint.step, checkpoint.status, meta,
-            len(checkpoint.messages), counts,
+            state,
+            checkpoint.version,
+            checkpoint.current_node,
+            checkpoint.step,
+            checkpoint.status,
+            meta,
+            len(checkpoint.messages),
+            counts,
         )
 
     @staticmethod
@@ -437,7 +454,7 @@ class CompiledGraph:
             return True
         # The ledger keys on the id of the message that asked for the tools: it must be
         # durable before those tools run, or a crash would re-run the model under new ids.
-        return any(m.tool_calls for m in run.messages[run.persisted_messages:])
+        return any(m.tool_calls for m in run.messages[run.persisted_messages :])
 
     async def _run_node(
         self,
@@ -479,8 +496,9 @@ class CompiledGraph:
                         timeout=cfg.node_timeout or 0,
                     )
                 if preemption is not None and preemption.cancel_now:
-                    log.info("preempted while node %s runs; cancelling it (completed tool calls are recorded)",
-                             node.name)
+                    log.info(
+                        "preempted while node %s runs; cancelling it (completed tool calls are recorded)", node.name
+                    )
                     await self._cancel(task, log)
                     raise Preempted()
                 reason = await self._stop_reason(cfg, log)
@@ -523,8 +541,7 @@ class CompiledGraph:
         """Leave the thread resumable at ``current_node`` and raise ``RunPreempted``."""
         if run.persisted_messages < len(run.messages) or run.replaced:
             await self._persist(run, cfg, log, durable=True)  # steps kept only in the cache so far
-        log.info("preempted before node %s (version %d); the next attempt resumes here", run.current_node,
-                 run.version)
+        log.info("preempted before node %s (version %d); the next attempt resumes here", run.current_node, run.version)
         raise RunPreempted(
             f"thread {cfg.thread_id!r} preempted at node {run.current_node!r} (version {run.version}); resumable"
         )

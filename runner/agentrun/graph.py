@@ -49,9 +49,7 @@ class Branch:
                 )
             return self.path_map[result]
         if not isinstance(result, str):
-            raise GraphDefinitionError(
-                f"conditional edge from {source!r} must return a node name, got {result!r}"
-            )
+            raise GraphDefinitionError(f"conditional edge from {source!r} must return a node name, got {result!r}")
         return result
 
 

@@ -58,6 +58,4 @@ def interrupt(payload: Any = None, *, message: str = "") -> Any:
     interrupt_id = scope.next_interrupt_id(ctx)
     if interrupt_id in ctx.resume:
         return ctx.resume[interrupt_id]
-    raise GraphInterrupt(
-        [Interrupt(interrupt_id, payload, message, node=ctx.node, tool_call_id=scope.tool_call_id)]
-    )
+    raise GraphInterrupt([Interrupt(interrupt_id, payload, message, node=ctx.node, tool_call_id=scope.tool_call_id)])

@@ -119,9 +119,7 @@ async def lookup(ctx: RunContext, key: str, tool_name: str) -> Recorded | object
     return result
 
 
-async def record(
-    ctx: RunContext, key: str, tool_name: str, result: Any, state: dict[str, Any] | None = None
-) -> bool:
+async def record(ctx: RunContext, key: str, tool_name: str, result: Any, state: dict[str, Any] | None = None) -> bool:
     """Record a completed call; ``False`` if it was not recorded. Never raises except ``FencedError``."""
     try:
         envelope = encode(result, state)

@@ -9,15 +9,11 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-NODE_TIMEOUTS = Counter(
-    "agentrun_node_timeouts_total", "Nodes that exceeded node_timeout (NODE_TIMEOUT_001)", ["node"]
-)
+NODE_TIMEOUTS = Counter("agentrun_node_timeouts_total", "Nodes that exceeded node_timeout (NODE_TIMEOUT_001)", ["node"])
 TOOL_TIMEOUTS = Counter(
     "agentrun_tool_timeouts_total", "Tool calls that exceeded tool_timeout (NODE_TIMEOUT_002)", ["tool"]
 )
-TOOL_ERRORS = Counter(
-    "agentrun_tool_errors_total", "Tool calls that ended in a tool error message", ["tool", "reason"]
-)
+TOOL_ERRORS = Counter("agentrun_tool_errors_total", "Tool calls that ended in a tool error message", ["tool", "reason"])
 TOOL_CALLS = Counter(
     "agentrun_tool_calls_total", "Tool calls by outcome (executed, replayed from the ledger)", ["tool", "outcome"]
 )

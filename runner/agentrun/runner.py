@@ -190,8 +190,10 @@ async def run(settings: RunnerSettings) -> int:
     def on_sigterm() -> None:
         if preemption.requested:
             return
-        log.info("SIGTERM: finishing the current node for up to %.0fs, then checkpointing and exiting 6",
-                 settings.preempt_finish_seconds)
+        log.info(
+            "SIGTERM: finishing the current node for up to %.0fs, then checkpointing and exiting 6",
+            settings.preempt_finish_seconds,
+        )
         preemption.requested = True
         loop.call_later(settings.preempt_finish_seconds, lambda: setattr(preemption, "cancel_now", True))
 
@@ -208,8 +210,13 @@ async def run(settings: RunnerSettings) -> int:
             log.info("nothing to run: %s", decided.reason)
             _termination(settings, decided.reason)
             return decided.exit_code
-        log.info("attempt %d of run %s: %s thread %s", settings.attempt, settings.run_name or "-", decided.action,
-                 settings.thread_id)
+        log.info(
+            "attempt %d of run %s: %s thread %s",
+            settings.attempt,
+            settings.run_name or "-",
+            decided.action,
+            settings.thread_id,
+        )
         last = None
         async for event in app.astream(decided.payload, settings.run_config(), preemption=preemption):
             last = event

@@ -170,9 +170,7 @@ class ToolNode:
         t = self.tools.get(call.name)
         if t is None:
             known = ", ".join(sorted(self.tools)) or "none"
-            return _error_message(
-                call, f"unknown tool {call.name!r} (available: {known})", "unknown_tool", known=False
-            )
+            return _error_message(call, f"unknown tool {call.name!r} (available: {known})", "unknown_tool", known=False)
         if key is None and ambiguous:
             ctx.log.warning(
                 "tool call %s: its call id %r appears more than once in the message; the ledger cannot tell "
@@ -237,9 +235,7 @@ class ToolNode:
             intent = None
         if intent is None:
             try:
-                await ctx.checkpointer.intent_put(
-                    ctx.thread_id, intent_key, t.name, idem, attempt=ctx.config.attempt
-                )
+                await ctx.checkpointer.intent_put(ctx.thread_id, intent_key, t.name, idem, attempt=ctx.config.attempt)
             except FencedError:
                 raise
             except Exception as e:
@@ -266,7 +262,7 @@ class ToolNode:
         try:
             decision = interrupt(
                 {"reason": "in_doubt", "tool": t.name, "arguments": arguments, "idempotency_key": idem},
-                message=f"{t.name} started but its outcome is unknown; resume with \"retry\" or {{\"result\": ...}}",
+                message=f'{t.name} started but its outcome is unknown; resume with "retry" or {{"result": ...}}',
             )
         finally:
             current_scope.reset(token)

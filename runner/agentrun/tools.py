@@ -78,9 +78,7 @@ class Tool:
         try:
             model = self.args_model.model_validate(arguments)
         except ValidationError as e:
-            problems = "; ".join(
-                f"{'.'.join(map(str, err['loc'])) or 'arguments'}: {err['msg']}" for err in e.errors()
-            )
+            problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'arguments'}: {err['msg']}" for err in e.errors())
             raise ToolArgumentError(f"invalid arguments for {self.name}: {problems}") from None
         return {name: getattr(model, name) for name in type(model).model_fields}
 

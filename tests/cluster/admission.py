@@ -39,12 +39,18 @@ def random_suffix(length: int = 5) -> str:
 def name_errors(kind: str, name: str | None, *, label: bool = False) -> list[FieldError]:
     if not name:
         return [FieldError("metadata.name", "FieldValueRequired", "Required value: name or generateName is required")]
-    rule, limit, what = ((DNS1123_LABEL, 63, "RFC 1123 label") if label
-                         else (DNS1123_SUBDOMAIN, 253, "RFC 1123 subdomain"))
+    rule, limit, what = (
+        (DNS1123_LABEL, 63, "RFC 1123 label") if label else (DNS1123_SUBDOMAIN, 253, "RFC 1123 subdomain")
+    )
     if len(name) > limit or not rule.match(name):
-        return [FieldError("metadata.name", "FieldValueInvalid",
-                           f'Invalid value: "{name}": a lowercase {what} must consist of lower case alphanumeric '
-                           f"characters, '-' or '.', and must start and end with an alphanumeric character")]
+        return [
+            FieldError(
+                "metadata.name",
+                "FieldValueInvalid",
+                f'Invalid value: "{name}": a lowercase {what} must consist of lower case alphanumeric '
+                f"characters, '-' or '.', and must start and end with an alphanumeric character",
+            )
+        ]
     return []
 
 
@@ -82,8 +88,12 @@ def _crd_status(crd: dict[str, Any]) -> dict[str, Any]:
         "storedVersions": storage,
         "conditions": [
             {"type": "NamesAccepted", "status": "True", "reason": "NoConflicts", "message": "no conflicts found"},
-            {"type": "Established", "status": "True", "reason": "InitialNamesAccepted",
-             "message": "the initial names have been accepted"},
+            {
+                "type": "Established",
+                "status": "True",
+                "reason": "InitialNamesAccepted",
+                "message": "the initial names have been accepted",
+            },
         ],
     }
 
@@ -108,11 +118,23 @@ def _pod_defaults(pod: dict[str, Any]) -> None:
     spec.setdefault("priority", 0)
     spec.setdefault("serviceAccountName", spec.get("serviceAccount") or "default")
     spec["serviceAccount"] = spec["serviceAccountName"]
-    spec.setdefault("tolerations", [
-        {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300},
-        {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute",
-         "tolerationSeconds": 300},
-    ])
+    spec.setdefault(
+        "tolerations",
+        [
+            {
+                "key": "node.kubernetes.io/not-ready",
+                "operator": "Exists",
+                "effect": "NoExecute",
+                "tolerationSeconds": 300,
+            },
+            {
+                "key": "node.kubernetes.io/unreachable",
+                "operator": "Exists",
+                "effect": "NoExecute",
+                "tolerationSeconds": 300,
+            },
+        ],
+    )
     for container in spec.get("containers") or []:
         image = str(container.get("image", ""))
         latest = ":" not in image.rsplit("/", 1)[-1] or image.endswith(":latest")
@@ -130,15 +152,32 @@ def _service_account_token(pod: dict[str, Any]) -> None:
     if spec.get("automountServiceAccountToken") is False:
         return
     volume = f"kube-api-access-{''.join(random.choice(string.ascii_lowercase + string.digits) for _ in range(5))}"
-    spec.setdefault("volumes", []).append({"name": volume, "projected": {"defaultMode": 420, "sources": [
-        {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
-        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
-        {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"apiVersion": "v1",
-                                                                        "fieldPath": "metadata.namespace"}}]}},
-    ]}})
+    spec.setdefault("volumes", []).append(
+        {
+            "name": volume,
+            "projected": {
+                "defaultMode": 420,
+                "sources": [
+                    {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+                    {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                    {
+                        "downwardAPI": {
+                            "items": [
+                                {
+                                    "path": "namespace",
+                                    "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"},
+                                }
+                            ]
+                        }
+                    },
+                ],
+            },
+        }
+    )
     for container in spec.get("containers") or []:
         container.setdefault("volumeMounts", []).append(
-            {"name": volume, "readOnly": True, "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"})
+            {"name": volume, "readOnly": True, "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}
+        )
 
 
 def _qos_class(spec: dict[str, Any]) -> str:
@@ -148,7 +187,9 @@ def _qos_class(spec: dict[str, Any]) -> str:
     guaranteed = all(
         (r.get("limits") or {}).get(res) is not None
         and (r.get("requests") or {}).get(res, (r.get("limits") or {}).get(res)) == (r.get("limits") or {}).get(res)
-        for r in resources for res in ("cpu", "memory"))
+        for r in resources
+        for res in ("cpu", "memory")
+    )
     return "Guaranteed" if guaranteed else "Burstable"
 
 
@@ -168,9 +209,14 @@ def pod_errors(pod: dict[str, Any]) -> list[FieldError]:
         if not name:
             errors.append(FieldError(f"spec.containers[{i}].name", "FieldValueRequired", "Required value"))
         elif not DNS1123_LABEL.match(name):
-            errors.append(FieldError(f"spec.containers[{i}].name", "FieldValueInvalid",
-                                     f'Invalid value: "{name}": a lowercase RFC 1123 label must consist of lower '
-                                     "case alphanumeric characters or '-'"))
+            errors.append(
+                FieldError(
+                    f"spec.containers[{i}].name",
+                    "FieldValueInvalid",
+                    f'Invalid value: "{name}": a lowercase RFC 1123 label must consist of lower '
+                    "case alphanumeric characters or '-'",
+                )
+            )
         elif name in seen:
             errors.append(FieldError(f"spec.containers[{i}].name", "FieldValueDuplicate", f'Duplicate value: "{name}"'))
         seen.add(name or "")
@@ -178,20 +224,39 @@ def pod_errors(pod: dict[str, Any]) -> list[FieldError]:
             errors.append(FieldError(f"spec.containers[{i}].image", "FieldValueRequired", "Required value"))
         for j, env in enumerate(container.get("env") or []):
             if not re.match(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", env.get("name") or ""):
-                errors.append(FieldError(f"spec.containers[{i}].env[{j}].name", "FieldValueInvalid",
-                                         f"Invalid value: {env.get('name')!r}: a valid environment variable name "
-                                         "must consist of alphabetic characters, digits, '_', '-', or '.'"))
+                errors.append(
+                    FieldError(
+                        f"spec.containers[{i}].env[{j}].name",
+                        "FieldValueInvalid",
+                        f"Invalid value: {env.get('name')!r}: a valid environment variable name "
+                        "must consist of alphabetic characters, digits, '_', '-', or '.'",
+                    )
+                )
             source = env.get("valueFrom") or {}
             if env.get("value") and source:
-                errors.append(FieldError(f"spec.containers[{i}].env[{j}].valueFrom", "FieldValueInvalid",
-                                         "Invalid value: \"\": may not be specified when `value` is not empty"))
+                errors.append(
+                    FieldError(
+                        f"spec.containers[{i}].env[{j}].valueFrom",
+                        "FieldValueInvalid",
+                        'Invalid value: "": may not be specified when `value` is not empty',
+                    )
+                )
             if len(source) > 1:
-                errors.append(FieldError(f"spec.containers[{i}].env[{j}].valueFrom", "FieldValueInvalid",
-                                         "Invalid value: \"\": may not have more than one field specified at a time"))
+                errors.append(
+                    FieldError(
+                        f"spec.containers[{i}].env[{j}].valueFrom",
+                        "FieldValueInvalid",
+                        'Invalid value: "": may not have more than one field specified at a time',
+                    )
+                )
     if spec.get("restartPolicy") not in ("Always", "OnFailure", "Never"):
-        errors.append(FieldError("spec.restartPolicy", "FieldValueNotSupported",
-                                 f'Unsupported value: "{spec.get("restartPolicy")}": supported values: "Always", '
-                                 '"OnFailure", "Never"'))
+        errors.append(
+            FieldError(
+                "spec.restartPolicy",
+                "FieldValueNotSupported",
+                f'Unsupported value: "{spec.get("restartPolicy")}": supported values: "Always", "OnFailure", "Never"',
+            )
+        )
     return errors
 
 
@@ -200,6 +265,7 @@ _MUTABLE_POD_SPEC = ("activeDeadlineSeconds", "tolerations", "terminationGracePe
 
 def pod_update_errors(old: dict[str, Any], new: dict[str, Any]) -> list[FieldError]:
     """A pod's spec is immutable apart from a few fields (images, deadline, added tolerations)."""
+
     def comparable(spec: dict[str, Any]) -> dict[str, Any]:
         spec = {k: v for k, v in copy.deepcopy(spec).items() if k not in _MUTABLE_POD_SPEC}
         for container in spec.get("containers") or []:
@@ -210,19 +276,32 @@ def pod_update_errors(old: dict[str, Any], new: dict[str, Any]) -> list[FieldErr
     if old_spec.get("nodeName") and not new_spec.get("nodeName"):
         new_spec["nodeName"] = old_spec["nodeName"]
     if comparable(old_spec) != comparable(new_spec):
-        return [FieldError("spec", "FieldValueForbidden",
-                           "Forbidden: pod updates may not change fields other than `spec.containers[*].image`,"
-                           "`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` "
-                           "(only additions to existing tolerations),`spec.terminationGracePeriodSeconds` "
-                           "(allow it to be set to 1 if it was previously negative)")]
+        return [
+            FieldError(
+                "spec",
+                "FieldValueForbidden",
+                "Forbidden: pod updates may not change fields other than `spec.containers[*].image`,"
+                "`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` "
+                "(only additions to existing tolerations),`spec.terminationGracePeriodSeconds` "
+                "(allow it to be set to 1 if it was previously negative)",
+            )
+        ]
     return []
 
 
 # --- Pod Security admission (policy version "latest") -------------------------------------------
 
 
-_BASELINE_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
-                     "projected", "secret"}
+_BASELINE_VOLUMES = {
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+}
 
 
 def pod_security_violations(pod: dict[str, Any], level: str) -> list[str]:
@@ -245,8 +324,7 @@ def pod_security_violations(pod: dict[str, Any], level: str) -> list[str]:
         found.append(f"privileged ({plural(bad)} must not set securityContext.privileged=true)")
     if bad := names(lambda c, sc: any(p.get("hostPort") for p in c.get("ports") or [])):
         found.append(f"hostPort ({plural(bad)} uses hostPort)")
-    volumes = [v.get("name") for v in spec.get("volumes") or []
-               if not (set(v) - {"name"}) <= _BASELINE_VOLUMES]
+    volumes = [v.get("name") for v in spec.get("volumes") or [] if not (set(v) - {"name"}) <= _BASELINE_VOLUMES]
     if level == "restricted" and volumes:
         found.append(f"restricted volume types (volumes {', '.join(map(repr, volumes))})")
     elif any("hostPath" in v for v in spec.get("volumes") or []):
@@ -255,8 +333,9 @@ def pod_security_violations(pod: dict[str, Any], level: str) -> list[str]:
         return found
 
     if bad := names(lambda c, sc: sc.get("allowPrivilegeEscalation") is not False):
-        found.append(f"allowPrivilegeEscalation != false ({plural(bad)} must set "
-                     "securityContext.allowPrivilegeEscalation=false)")
+        found.append(
+            f"allowPrivilegeEscalation != false ({plural(bad)} must set securityContext.allowPrivilegeEscalation=false)"
+        )
     if bad := names(lambda c, sc: "ALL" not in ((sc.get("capabilities") or {}).get("drop") or [])):
         found.append(f'unrestricted capabilities ({plural(bad)} must set securityContext.capabilities.drop=["ALL"])')
     if bad := names(lambda c, sc: set((sc.get("capabilities") or {}).get("add") or []) - {"NET_BIND_SERVICE"}):
@@ -265,12 +344,16 @@ def pod_security_violations(pod: dict[str, Any], level: str) -> list[str]:
         found.append(f"runAsNonRoot != true (pod or {plural(bad)} must set securityContext.runAsNonRoot=true)")
     if pod_sc.get("runAsUser") == 0 or names(lambda c, sc: sc.get("runAsUser") == 0):
         found.append("runAsUser=0 (pod and containers must not set runAsUser=0)")
+
     def seccomp_ok(sc: dict[str, Any]) -> bool:
         profile = (sc.get("seccompProfile") or pod_sc.get("seccompProfile") or {}).get("type")
         return profile in ("RuntimeDefault", "Localhost")
+
     if bad := names(lambda c, sc: not seccomp_ok(sc)):
-        found.append(f'seccompProfile (pod or {plural(bad)} must set securityContext.seccompProfile.type to '
-                     '"RuntimeDefault" or "Localhost")')
+        found.append(
+            f"seccompProfile (pod or {plural(bad)} must set securityContext.seccompProfile.type to "
+            '"RuntimeDefault" or "Localhost")'
+        )
     return found
 
 

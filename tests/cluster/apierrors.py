@@ -69,19 +69,27 @@ def bad_request(message: str) -> ApiError:
 
 def not_found(group_resource: str, name: str) -> ApiError:
     return ApiError(
-        status=404, reason="NotFound", message=f'{group_resource} "{name}" not found',
+        status=404,
+        reason="NotFound",
+        message=f'{group_resource} "{name}" not found',
         details={"name": name, **_gr_details(group_resource)},
     )
 
 
 def resource_not_found() -> ApiError:
-    return ApiError(status=404, reason="NotFound", message="the server could not find the requested resource",
-                    details={"causes": [{"reason": "UnexpectedServerResponse", "message": "404 page not found"}]})
+    return ApiError(
+        status=404,
+        reason="NotFound",
+        message="the server could not find the requested resource",
+        details={"causes": [{"reason": "UnexpectedServerResponse", "message": "404 page not found"}]},
+    )
 
 
 def already_exists(group_resource: str, name: str) -> ApiError:
     return ApiError(
-        status=409, reason="AlreadyExists", message=f'{group_resource} "{name}" already exists',
+        status=409,
+        reason="AlreadyExists",
+        message=f'{group_resource} "{name}" already exists',
         details={"name": name, **_gr_details(group_resource)},
     )
 
@@ -89,7 +97,9 @@ def already_exists(group_resource: str, name: str) -> ApiError:
 def conflict(group_resource: str, name: str, why: str | None = None) -> ApiError:
     why = why or "the object has been modified; please apply your changes to the latest version and try again"
     return ApiError(
-        status=409, reason="Conflict", message=f'Operation cannot be fulfilled on {group_resource} "{name}": {why}',
+        status=409,
+        reason="Conflict",
+        message=f'Operation cannot be fulfilled on {group_resource} "{name}": {why}',
         details={"name": name, **_gr_details(group_resource)},
     )
 
@@ -99,9 +109,13 @@ def invalid(kind: str, group: str, name: str, errors: list[FieldError]) -> ApiEr
     qualified = f"{kind}.{group}" if group else kind
     text = str(errors[0]) if len(errors) == 1 else "[" + ", ".join(str(e) for e in errors) + "]"
     return ApiError(
-        status=422, reason="Invalid", message=f'{qualified} "{name}" is invalid: {text}',
+        status=422,
+        reason="Invalid",
+        message=f'{qualified} "{name}" is invalid: {text}',
         details={
-            "name": name, "group": group, "kind": kind,
+            "name": name,
+            "group": group,
+            "kind": kind,
             "causes": [{"reason": e.reason, "message": e.detail, "field": e.field} for e in errors],
         },
     )
@@ -114,7 +128,9 @@ def unprocessable(message: str) -> ApiError:
 
 def forbidden(group_resource: str, name: str, why: str) -> ApiError:
     return ApiError(
-        status=403, reason="Forbidden", message=f'{group_resource} "{name}" is forbidden: {why}',
+        status=403,
+        reason="Forbidden",
+        message=f'{group_resource} "{name}" is forbidden: {why}',
         details={"name": name, **_gr_details(group_resource)},
     )
 
@@ -125,9 +141,10 @@ def method_not_allowed(message: str = "the server does not allow this method on 
 
 def unsupported_media_type(detail: str) -> ApiError:
     return ApiError(
-        status=415, reason="UnsupportedMediaType",
+        status=415,
+        reason="UnsupportedMediaType",
         message=f"the body of the request was in an unknown format - accepted media types include: "
-                f"application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml ({detail})",
+        f"application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml ({detail})",
     )
 
 

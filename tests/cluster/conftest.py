@@ -64,21 +64,42 @@ def kubelet(cluster: EmulatedCluster, tmp_path: Path) -> Iterator[KubeletThread]
                 os.killpg(pid, 0)
 
 
-def python_pod(name: str, script: str, *, env: list[dict[str, Any]] | None = None, grace: int | None = None,
-               owner: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
+def python_pod(
+    name: str,
+    script: str,
+    *,
+    env: list[dict[str, Any]] | None = None,
+    grace: int | None = None,
+    owner: dict[str, Any] | None = None,
+    **spec: Any,
+) -> dict[str, Any]:
     """A restartPolicy: Never pod whose container runs ``python -c SCRIPT``."""
     pod: dict[str, Any] = {
-        "apiVersion": "v1", "kind": "Pod",
+        "apiVersion": "v1",
+        "kind": "Pod",
         "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "cluster-tier-test"}},
-        "spec": {"restartPolicy": "Never", "automountServiceAccountToken": False, "containers": [{
-            "name": "main", "image": "python:3.11", "command": ["python", "-c", script], "env": env or []}], **spec},
+        "spec": {
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "containers": [
+                {"name": "main", "image": "python:3.11", "command": ["python", "-c", script], "env": env or []}
+            ],
+            **spec,
+        },
     }
     if grace is not None:
         pod["spec"]["terminationGracePeriodSeconds"] = grace
     if owner is not None:
-        pod["metadata"]["ownerReferences"] = [{
-            "apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": owner["metadata"]["name"],
-            "uid": owner["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}]
+        pod["metadata"]["ownerReferences"] = [
+            {
+                "apiVersion": owner["apiVersion"],
+                "kind": owner["kind"],
+                "name": owner["metadata"]["name"],
+                "uid": owner["metadata"]["uid"],
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
     return pod
 
 

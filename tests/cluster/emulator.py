@@ -146,9 +146,14 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         self.resources.clear()
         for rdef in defs:
             self.resources[rdef.key] = kmock.ResourceInfo(
-                kind=rdef.kind, singular=rdef.singular, namespaced=rdef.namespaced, verbs=set(rdef.verbs),
-                shortnames=set(rdef.short_names), categories=set(rdef.categories),
-                subresources=set(rdef.subresources))
+                kind=rdef.kind,
+                singular=rdef.singular,
+                namespaced=rdef.namespaced,
+                verbs=set(rdef.verbs),
+                shortnames=set(rdef.short_names),
+                categories=set(rdef.categories),
+                subresources=set(rdef.subresources),
+            )
         self._openapi = None
 
     def _on_change(self, rdef: ResourceDef, type_: str, obj: dict[str, Any]) -> None:
@@ -205,8 +210,14 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         """A served resource by plural, singular, short name, kind or ``group/version/plural``."""
         lowered = name.lower()
         for rdef in self.defs:
-            names = {rdef.plural, rdef.singular, rdef.kind.lower(), *rdef.short_names,
-                     f"{rdef.api_version}/{rdef.plural}", f"{rdef.plural}.{rdef.group}"}
+            names = {
+                rdef.plural,
+                rdef.singular,
+                rdef.kind.lower(),
+                *rdef.short_names,
+                f"{rdef.api_version}/{rdef.plural}",
+                f"{rdef.plural}.{rdef.group}",
+            }
             if lowered in names:
                 return rdef
         raise KeyError(f"no such resource: {name}")
@@ -249,8 +260,15 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             if path == "/version":
                 return _json(_server_version())
             if path == "/api":
-                return _json({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [
-                    {"clientCIDR": "0.0.0.0/0", "serverAddress": request.url.host or "127.0.0.1"}]})
+                return _json(
+                    {
+                        "kind": "APIVersions",
+                        "versions": ["v1"],
+                        "serverAddressByClientCIDRs": [
+                            {"clientCIDR": "0.0.0.0/0", "serverAddress": request.url.host or "127.0.0.1"}
+                        ],
+                    }
+                )
             if path == "/apis":
                 return _json(self._group_list())
             if path == "/openapi/v3" or path.startswith("/openapi/v3/"):
@@ -274,8 +292,11 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         else:
             return None
         namespace = None
-        is_namespaced_path = (len(rest) >= 3 and rest[0] == "namespaces"
-                              and (len(rest) > 3 or self._namespaced_plural(group, version, rest[2])))
+        is_namespaced_path = (
+            len(rest) >= 3
+            and rest[0] == "namespaces"
+            and (len(rest) > 3 or self._namespaced_plural(group, version, rest[2]))
+        )
         if is_namespaced_path:
             namespace, rest = rest[1], rest[2:]
         plural, name, sub = rest[0], rest[1] if len(rest) > 1 else None, "/".join(rest[2:]) or None
@@ -287,8 +308,9 @@ class ClusterEmulator(kmock.KubernetesEmulator):
 
     # --- objects ---------------------------------------------------------------------------------
 
-    async def _serve_object_request(self, request: kmock.Request, method: str,
-                                    p: ApiPath) -> aiohttp.web.StreamResponse:
+    async def _serve_object_request(
+        self, request: kmock.Request, method: str, p: ApiPath
+    ) -> aiohttp.web.StreamResponse:
         rdef = self._find(p.group, p.version, p.plural)
         if rdef is None or (p.namespace is not None and not rdef.namespaced):
             raise apierrors.resource_not_found()
@@ -304,8 +326,14 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         if method == "GET" and p.name is not None:
             obj = self.registry.require(rdef, p.namespace, p.name)
             if tables.wants_table(request.headers.get("Accept", "")):
-                return _json(tables.render(rdef, [obj], resource_version=obj["metadata"]["resourceVersion"],
-                                           include_object=params.get("includeObject", "Metadata")))
+                return _json(
+                    tables.render(
+                        rdef,
+                        [obj],
+                        resource_version=obj["metadata"]["resourceVersion"],
+                        include_object=params.get("includeObject", "Metadata"),
+                    )
+                )
             return _json(obj)
         if rdef.namespaced and p.namespace is None and p.name is None and method in ("POST", "DELETE"):
             raise apierrors.resource_not_found()
@@ -322,8 +350,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
                 raise apierrors.unsupported_media_type(f"{protobuf.MEDIA_TYPE}: {e}") from e
         result = None
         if method == "POST" and p.name is None:
-            result = self.registry.create(rdef, p.namespace, body, field_validation=validation,
-                                          dry_run=dry_run)
+            result = self.registry.create(rdef, p.namespace, body, field_validation=validation, dry_run=dry_run)
         elif method == "POST" and p.subresource == "binding":
             self.registry.bind(p.namespace or "", p.name or "", request.data or {})
             return _json(_success(), status=201)
@@ -332,18 +359,27 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             self._gc_kick.set()
             return _json(_success(), status=201)
         elif method == "PUT" and p.name is not None:
-            result = self.registry.update(rdef, p.namespace, p.name, body, subresource=p.subresource,
-                                          field_validation=validation, dry_run=dry_run)
+            result = self.registry.update(
+                rdef, p.namespace, p.name, body, subresource=p.subresource, field_validation=validation, dry_run=dry_run
+            )
         elif method == "PATCH" and p.name is not None:
             content_type = request.headers.get("Content-Type", patching.MERGE)
             if content_type.startswith(patching.APPLY):
                 body = yaml.safe_load(request.text or "{}")
-                result = self.registry.apply(rdef, p.namespace, p.name, body, field_validation=validation,
-                                             dry_run=dry_run)
+                result = self.registry.apply(
+                    rdef, p.namespace, p.name, body, field_validation=validation, dry_run=dry_run
+                )
             else:
-                result = self.registry.patch(rdef, p.namespace, p.name, content_type, request.data,
-                                             subresource=p.subresource, field_validation=validation,
-                                             dry_run=dry_run)
+                result = self.registry.patch(
+                    rdef,
+                    p.namespace,
+                    p.name,
+                    content_type,
+                    request.data,
+                    subresource=p.subresource,
+                    field_validation=validation,
+                    dry_run=dry_run,
+                )
         elif method == "DELETE" and p.name is not None:
             obj = self.registry.delete(rdef, p.namespace, p.name, _delete_options(request), dry_run=dry_run)
             self._gc_kick.set()
@@ -375,23 +411,40 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             next_token = encode_continue(last.get("namespace") or "", last["name"])
         rv = str(self.registry.rv)
         if tables.wants_table(request.headers.get("Accept", "")):
-            return _json(tables.render(rdef, items, resource_version=rv, continue_token=next_token,
-                                       include_object=request.params.get("includeObject", "Metadata")))
+            return _json(
+                tables.render(
+                    rdef,
+                    items,
+                    resource_version=rv,
+                    continue_token=next_token,
+                    include_object=request.params.get("includeObject", "Metadata"),
+                )
+            )
         meta: dict[str, Any] = {"resourceVersion": rv}
         if next_token:
             meta.update({"continue": next_token, "remainingItemCount": remaining})
         return _json({"kind": rdef.list_kind, "apiVersion": rdef.api_version, "metadata": meta, "items": items})
 
-    def _delete_collection(self, request: kmock.Request, rdef: ResourceDef,
-                           namespace: str | None) -> aiohttp.web.Response:
+    def _delete_collection(
+        self, request: kmock.Request, rdef: ResourceDef, namespace: str | None
+    ) -> aiohttp.web.Response:
         deleted = []
         for obj in self._selected(request, rdef, namespace):
             with contextlib.suppress(ApiError):
-                deleted.append(self.registry.delete(rdef, obj["metadata"].get("namespace"), obj["metadata"]["name"],
-                                                    _delete_options(request)))
+                deleted.append(
+                    self.registry.delete(
+                        rdef, obj["metadata"].get("namespace"), obj["metadata"]["name"], _delete_options(request)
+                    )
+                )
         self._gc_kick.set()
-        return _json({"kind": rdef.list_kind, "apiVersion": rdef.api_version,
-                      "metadata": {"resourceVersion": str(self.registry.rv)}, "items": deleted})
+        return _json(
+            {
+                "kind": rdef.list_kind,
+                "apiVersion": rdef.api_version,
+                "metadata": {"resourceVersion": str(self.registry.rv)},
+                "items": deleted,
+            }
+        )
 
     # --- watch -----------------------------------------------------------------------------------
 
@@ -404,8 +457,12 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         field = selectors.field_selector(params.get("fieldSelector"))
 
         def selected(obj: dict[str, Any] | None) -> bool:
-            return (obj is not None and (p.namespace is None or obj["metadata"].get("namespace") == p.namespace)
-                    and label(obj) and field(obj))
+            return (
+                obj is not None
+                and (p.namespace is None or obj["metadata"].get("namespace") == p.namespace)
+                and label(obj)
+                and field(obj)
+            )
 
         as_table = tables.wants_table(request.headers.get("Accept", ""))
         since = params.get("resourceVersion") or "0"
@@ -414,12 +471,23 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         backlog = [] if initial else self.registry.changes_since(rdef.key, cursor)  # may raise 410 before streaming
         events: list[dict[str, Any]] = []
         if initial:
-            events = [{"type": "ADDED", "object": obj} for obj in self.registry.items(rdef, p.namespace)
-                      if selected(obj)]
+            events = [
+                {"type": "ADDED", "object": obj} for obj in self.registry.items(rdef, p.namespace) if selected(obj)
+            ]
             if params.get("sendInitialEvents") == "true":
-                events.append({"type": "BOOKMARK", "object": {
-                    "kind": rdef.kind, "apiVersion": rdef.api_version, "metadata": {
-                        "resourceVersion": str(cursor), "annotations": {"k8s.io/initial-events-end": "true"}}}})
+                events.append(
+                    {
+                        "type": "BOOKMARK",
+                        "object": {
+                            "kind": rdef.kind,
+                            "apiVersion": rdef.api_version,
+                            "metadata": {
+                                "resourceVersion": str(cursor),
+                                "annotations": {"k8s.io/initial-events-end": "true"},
+                            },
+                        },
+                    }
+                )
 
         raw_request = request._raw_request
         assert raw_request is not None
@@ -436,14 +504,21 @@ class ClusterEmulator(kmock.KubernetesEmulator):
                         events.append(event)
                 for event in events:
                     if as_table and event["type"] != "BOOKMARK":
-                        event = {"type": event["type"], "object": tables.render(
-                            rdef, [event["object"]], resource_version=event["object"]["metadata"]["resourceVersion"],
-                            include_object=params.get("includeObject", "Metadata"))}
+                        event = {
+                            "type": event["type"],
+                            "object": tables.render(
+                                rdef,
+                                [event["object"]],
+                                resource_version=event["object"]["metadata"]["resourceVersion"],
+                                include_object=params.get("includeObject", "Metadata"),
+                            ),
+                        }
                     await response.write(json.dumps(event).encode() + b"\n")
                 events = []
                 waiter = self.registry.wait_for_change()
-                timeout = WATCH_LIVENESS_CHECK if deadline is None else min(WATCH_LIVENESS_CHECK,
-                                                                             deadline - loop.time())
+                timeout = (
+                    WATCH_LIVENESS_CHECK if deadline is None else min(WATCH_LIVENESS_CHECK, deadline - loop.time())
+                )
                 if timeout <= 0:
                     break
                 with contextlib.suppress(asyncio.TimeoutError):
@@ -467,13 +542,15 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         containers = [c["name"] for c in pod["spec"].get("containers") or []]
         container = request.params.get("container") or (containers[0] if len(containers) == 1 else "")
         if container not in containers:
-            raise apierrors.bad_request(f"a container name must be specified for pod {p.name}, choose one of: "
-                                        f"{containers}")
+            raise apierrors.bad_request(
+                f"a container name must be specified for pod {p.name}, choose one of: {containers}"
+            )
         node = self.registry.get(self.resource_def("nodes"), None, pod["spec"].get("nodeName") or "")
-        port = ((node or {}).get("status", {}).get("daemonEndpoints", {}).get("kubeletEndpoint", {}).get("Port"))
+        port = (node or {}).get("status", {}).get("daemonEndpoints", {}).get("kubeletEndpoint", {}).get("Port")
         if not port or not pod.get("status", {}).get("startTime"):
-            raise apierrors.bad_request(f'container "{container}" in pod "{p.name}" is waiting to start: '
-                                        "ContainerCreating")
+            raise apierrors.bad_request(
+                f'container "{container}" in pod "{p.name}" is waiting to start: ContainerCreating'
+            )
         params = {k: v for k, v in request.params.items() if k in ("follow", "tailLines", "limitBytes")}
         url = f"http://127.0.0.1:{port}/containerLogs/{p.namespace}/{p.name}/{container}"
         raw_request = request._raw_request
@@ -498,8 +575,11 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         for rdef in self.defs:
             if rdef.group and rdef.version not in groups.setdefault(rdef.group, []):
                 groups[rdef.group].append(rdef.version)
-        return {"kind": "APIGroupList", "apiVersion": "v1",
-                "groups": [_group_doc(group, versions) for group, versions in groups.items()]}
+        return {
+            "kind": "APIGroupList",
+            "apiVersion": "v1",
+            "groups": [_group_doc(group, versions) for group, versions in groups.items()],
+        }
 
     def _group(self, group: str) -> dict[str, Any]:
         versions = list(dict.fromkeys(r.version for r in self.defs if r.group == group))
@@ -513,8 +593,13 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             raise apierrors.resource_not_found()
         resources: list[dict[str, Any]] = []
         for rdef in defs:
-            entry: dict[str, Any] = {"name": rdef.plural, "singularName": rdef.singular,
-                                     "namespaced": rdef.namespaced, "kind": rdef.kind, "verbs": list(rdef.verbs)}
+            entry: dict[str, Any] = {
+                "name": rdef.plural,
+                "singularName": rdef.singular,
+                "namespaced": rdef.namespaced,
+                "kind": rdef.kind,
+                "verbs": list(rdef.verbs),
+            }
             if rdef.short_names:
                 entry["shortNames"] = list(rdef.short_names)
             if rdef.categories:
@@ -522,13 +607,18 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             resources.append(entry)
             for sub in sorted(rdef.subresources):
                 resources.append(_subresource_doc(rdef, sub))
-        return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": defs[0].api_version,
-                "resources": resources}
+        return {
+            "kind": "APIResourceList",
+            "apiVersion": "v1",
+            "groupVersion": defs[0].api_version,
+            "resources": resources,
+        }
 
     def _serve_openapi(self, path: str) -> aiohttp.web.Response:
         if self._openapi is None:
-            self._openapi = {key: openapi.group_version_document(defs)
-                             for key, defs in openapi.group_versions(self.defs).items()}
+            self._openapi = {
+                key: openapi.group_version_document(defs) for key, defs in openapi.group_versions(self.defs).items()
+            }
         if path == "/openapi/v3":
             return _json(openapi.index(self._openapi))
         key = path.removeprefix("/openapi/v3/")
@@ -542,11 +632,31 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         if isinstance(exc, ApiError):
             return _json(exc.as_status(), status=exc.status)
         if isinstance(exc, kmock.KubernetesError):
-            return _json({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                          "reason": exc.reason, "message": exc.message, "code": exc.status}, status=exc.status)
+            return _json(
+                {
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "metadata": {},
+                    "status": "Failure",
+                    "reason": exc.reason,
+                    "message": exc.message,
+                    "code": exc.status,
+                },
+                status=exc.status,
+            )
         logger.error("emulator bug while serving a request", exc_info=exc)
-        return _json({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                      "reason": "InternalError", "message": f"emulator error: {exc!r}", "code": 500}, status=500)
+        return _json(
+            {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "metadata": {},
+                "status": "Failure",
+                "reason": "InternalError",
+                "message": f"emulator error: {exc!r}",
+                "code": 500,
+            },
+            status=500,
+        )
 
 
 # --- helpers ---------------------------------------------------------------------------------------
@@ -566,10 +676,17 @@ def _success() -> dict[str, Any]:
 
 def _server_version() -> dict[str, str]:
     major, minor = KUBERNETES_VERSION.split(".")
-    return {"major": major, "minor": minor, "gitVersion": f"v{KUBERNETES_VERSION}.0-agentrun-emulator",
-            "gitCommit": "0000000000000000000000000000000000000000", "gitTreeState": "clean",
-            "buildDate": "2024-12-11T00:00:00Z", "goVersion": "go1.23.4", "compiler": "gc",
-            "platform": "linux/amd64"}
+    return {
+        "major": major,
+        "minor": minor,
+        "gitVersion": f"v{KUBERNETES_VERSION}.0-agentrun-emulator",
+        "gitCommit": "0000000000000000000000000000000000000000",
+        "gitTreeState": "clean",
+        "buildDate": "2024-12-11T00:00:00Z",
+        "goVersion": "go1.23.4",
+        "compiler": "gc",
+        "platform": "linux/amd64",
+    }
 
 
 def _group_doc(group: str, versions: list[str]) -> dict[str, Any]:
@@ -578,8 +695,13 @@ def _group_doc(group: str, versions: list[str]) -> dict[str, Any]:
 
 
 def _subresource_doc(rdef: ResourceDef, sub: str) -> dict[str, Any]:
-    doc: dict[str, Any] = {"name": f"{rdef.plural}/{sub}", "singularName": "", "namespaced": rdef.namespaced,
-                           "kind": rdef.kind, "verbs": ["get", "patch", "update"]}
+    doc: dict[str, Any] = {
+        "name": f"{rdef.plural}/{sub}",
+        "singularName": "",
+        "namespaced": rdef.namespaced,
+        "kind": rdef.kind,
+        "verbs": ["get", "patch", "update"],
+    }
     if sub == "binding":
         doc.update(kind="Binding", verbs=["create"])
     elif sub == "eviction":
@@ -642,8 +764,10 @@ async def _serve_forever(args: argparse.Namespace) -> None:
         kubelet = Kubelet(url, workdir=args.workdir) if args.kubelet else None
         if kubelet is not None:
             await kubelet.start()
-        print(f"emulated cluster serving at {url}" + (f", kubeconfig {args.kubeconfig}" if args.kubeconfig else ""),
-              flush=True)
+        print(
+            f"emulated cluster serving at {url}" + (f", kubeconfig {args.kubeconfig}" if args.kubeconfig else ""),
+            flush=True,
+        )
         try:
             await stop.wait()
         finally:

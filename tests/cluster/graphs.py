@@ -43,11 +43,13 @@ def approve(amount: int) -> str:
 
 def _approval_model(messages: list) -> object:  # type: ignore[type-arg]
     if messages[-1].role == "user":
-        return assistant(tool_calls=[
-            ToolCall(id="call_1", name="reserve", arguments='{"item": "seat"}'),
-            ToolCall(id="call_2", name="approve", arguments='{"amount": 120}'),
-            ToolCall(id="call_3", name="notify", arguments='{"who": "ops"}'),
-        ])
+        return assistant(
+            tool_calls=[
+                ToolCall(id="call_1", name="reserve", arguments='{"item": "seat"}'),
+                ToolCall(id="call_2", name="approve", arguments='{"amount": 120}'),
+                ToolCall(id="call_3", name="notify", arguments='{"who": "ops"}'),
+            ]
+        )
     return assistant("done")
 
 

@@ -38,15 +38,27 @@ KUBECTL = shutil.which("kubectl") or "kubectl"
 def write_kubeconfig(path: Path, server: str, namespace: str = "default") -> Path:
     """A kubeconfig for the emulator (any token: the emulator does not authenticate)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "agentrun-emulated", "cluster": {"server": server}}],
-        "users": [{"name": "agentrun-emulated", "user": {"token": "emulated"}}],
-        "contexts": [{"name": "agentrun-emulated", "context": {
-            "cluster": "agentrun-emulated", "user": "agentrun-emulated", "namespace": namespace}}],
-        "current-context": "agentrun-emulated",
-    }))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "agentrun-emulated", "cluster": {"server": server}}],
+                "users": [{"name": "agentrun-emulated", "user": {"token": "emulated"}}],
+                "contexts": [
+                    {
+                        "name": "agentrun-emulated",
+                        "context": {
+                            "cluster": "agentrun-emulated",
+                            "user": "agentrun-emulated",
+                            "namespace": namespace,
+                        },
+                    }
+                ],
+                "current-context": "agentrun-emulated",
+            }
+        )
+    )
     return path
 
 
@@ -61,8 +73,9 @@ class ApiResponse:
 class EmulatedCluster:
     """The emulated API server on a background thread; see the module docstring."""
 
-    def __init__(self, workdir: Path, *, host: str = "127.0.0.1", port: int = 0,
-                 crd_files: tuple[Path, ...] | None = None) -> None:
+    def __init__(
+        self, workdir: Path, *, host: str = "127.0.0.1", port: int = 0, crd_files: tuple[Path, ...] | None = None
+    ) -> None:
         self.workdir = workdir
         self.host, self.port = host, port
         self.crd_files = crd_files
@@ -137,17 +150,21 @@ class EmulatedCluster:
 
     def call(self, fn: Callable[[], T], timeout: float = 30) -> T:
         """Run ``fn`` on the server's loop (between requests) and return its result."""
+
         async def wrapper() -> T:
             return fn()
+
         return self.run(wrapper(), timeout)
 
     def get(self, resource: str, name: str, namespace: str | None = "default") -> dict[str, Any] | None:
         """A snapshot of a stored object, or None."""
+
         def read() -> dict[str, Any] | None:
             assert self.emulator is not None
             rdef = self.emulator.resource_def(resource)
             obj = self.emulator.registry.get(rdef, namespace if rdef.namespaced else None, name)
             return copy.deepcopy(obj)
+
         return self.call(read)
 
     def list_objects(self, resource: str, namespace: str | None = None) -> list[dict[str, Any]]:
@@ -155,10 +172,12 @@ class EmulatedCluster:
             assert self.emulator is not None
             rdef = self.emulator.resource_def(resource)
             return copy.deepcopy(self.emulator.registry.items(rdef, namespace))
+
         return self.call(read)
 
     def history(self, resource: str, name: str, namespace: str | None = "default") -> list[dict[str, Any] | None]:
         """Every stored version of an object (None marks a deletion), oldest first."""
+
         def read() -> list[dict[str, Any] | None]:
             assert self.emulator is not None
             rdef = self.emulator.resource_def(resource)
@@ -166,10 +185,17 @@ class EmulatedCluster:
             if key not in self.emulator.objects:
                 return []
             return [None if v is None else copy.deepcopy(v.raw) for v in self.emulator.objects[key].history]
+
         return self.call(read)
 
-    def wait_for(self, predicate: Callable[[], T | None], *, timeout: float = 10, interval: float = 0.05,
-                 message: str = "condition") -> T:
+    def wait_for(
+        self,
+        predicate: Callable[[], T | None],
+        *,
+        timeout: float = 10,
+        interval: float = 0.05,
+        message: str = "condition",
+    ) -> T:
         """Poll until ``predicate()`` is truthy and return it; AssertionError naming ``message`` on timeout."""
         deadline = time.monotonic() + timeout
         while True:
@@ -182,16 +208,25 @@ class EmulatedCluster:
 
     # --- clients ---------------------------------------------------------------------------------
 
-    def kubectl(self, *args: str, input: str | None = None, check: bool = False,
-                timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = False, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
         """Run the REAL kubectl against the emulator; returns the completed process (text)."""
-        return subprocess.run(self._kubectl_argv(args), input=input, capture_output=True, text=True,
-                              env=self._kubectl_env(), check=check, timeout=timeout)
+        return subprocess.run(
+            self._kubectl_argv(args),
+            input=input,
+            capture_output=True,
+            text=True,
+            env=self._kubectl_env(),
+            check=check,
+            timeout=timeout,
+        )
 
     def kubectl_popen(self, *args: str) -> subprocess.Popen[str]:
         """Start a long-running kubectl (``get -w``, ``wait``, ``logs -f``); the caller ends it."""
-        return subprocess.Popen(self._kubectl_argv(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, env=self._kubectl_env())
+        return subprocess.Popen(
+            self._kubectl_argv(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self._kubectl_env()
+        )
 
     def _kubectl_argv(self, args: tuple[str, ...]) -> list[str]:
         return [KUBECTL, f"--cache-dir={self.workdir / 'kubectl-cache'}", *args]
@@ -201,8 +236,16 @@ class EmulatedCluster:
         env["KUBECONFIG"] = str(self.kubeconfig)
         return env
 
-    def api(self, method: str, path: str, body: Any = None, *, content_type: str = "application/json",
-            params: dict[str, str] | None = None, timeout: float = 10) -> ApiResponse:
+    def api(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        content_type: str = "application/json",
+        params: dict[str, str] | None = None,
+        timeout: float = 10,
+    ) -> ApiResponse:
         """One HTTP request to the API (JSON in, JSON out); never raises on HTTP errors."""
         url = self.url + path + ("?" + urllib.parse.urlencode(params) if params else "")
         data = None if body is None else (body.encode() if isinstance(body, str) else json.dumps(body).encode())

@@ -117,14 +117,25 @@ class PodRuntime:
 class Kubelet:
     """The node agent; see the module docstring. All methods run on the kubelet's event loop."""
 
-    def __init__(self, api_url: str, *, workdir: Path, node_name: str = NODE_NAME,
-                 base_env: dict[str, str] | None = None, node_labels: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        api_url: str,
+        *,
+        workdir: Path,
+        node_name: str = NODE_NAME,
+        base_env: dict[str, str] | None = None,
+        node_labels: dict[str, str] | None = None,
+    ) -> None:
         self.api_url = api_url.rstrip("/")
         self.workdir = workdir
         self.node_name = node_name
         self.base_env = default_base_env() if base_env is None else base_env
-        self.node_labels = {"kubernetes.io/hostname": node_name, "kubernetes.io/os": "linux",
-                            "kubernetes.io/arch": "amd64", **(node_labels or {})}
+        self.node_labels = {
+            "kubernetes.io/hostname": node_name,
+            "kubernetes.io/os": "linux",
+            "kubernetes.io/arch": "amd64",
+            **(node_labels or {}),
+        }
         self.pods: dict[tuple[str, str], PodRuntime] = {}
         self._session: aiohttp.ClientSession | None = None
         self._watcher: asyncio.Task[None] | None = None
@@ -197,12 +208,20 @@ class Kubelet:
 
     # --- API client ------------------------------------------------------------------------------
 
-    async def _request(self, method: str, path: str, body: Any = None, *,
-                       content_type: str = "application/json", params: dict[str, str] | None = None,
-                       ok: tuple[int, ...] = (200, 201)) -> tuple[int, Any]:
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        content_type: str = "application/json",
+        params: dict[str, str] | None = None,
+        ok: tuple[int, ...] = (200, 201),
+    ) -> tuple[int, Any]:
         assert self._session is not None
-        async with self._session.request(method, self.api_url + path, json=body, params=params,
-                                         headers={"Content-Type": content_type}) as response:
+        async with self._session.request(
+            method, self.api_url + path, json=body, params=params, headers={"Content-Type": content_type}
+        ) as response:
             data = await response.json(content_type=None)
             if response.status not in ok:
                 logger.debug("kubelet: %s %s -> %s %s", method, path, response.status, data)
@@ -211,41 +230,88 @@ class Kubelet:
     async def _patch_status(self, runtime: PodRuntime, status: dict[str, Any]) -> None:
         if runtime.lost:
             return
-        code, _ = await self._request("PATCH", f"/api/v1/namespaces/{runtime.namespace}/pods/{runtime.name}/status",
-                                      {"status": status}, content_type=STRATEGIC, ok=(200, 404))
+        code, _ = await self._request(
+            "PATCH",
+            f"/api/v1/namespaces/{runtime.namespace}/pods/{runtime.name}/status",
+            {"status": status},
+            content_type=STRATEGIC,
+            ok=(200, 404),
+        )
         if code not in (200, 404):
             logger.warning("kubelet: status of %s/%s not written (%s)", runtime.namespace, runtime.name, code)
 
     async def _event(self, pod: dict[str, Any], type_: str, reason: str, message: str) -> None:
         meta = pod["metadata"]
         stamp = now()
-        await self._request("POST", f"/api/v1/namespaces/{meta['namespace']}/events", {
-            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
-            "involvedObject": {"kind": "Pod", "apiVersion": "v1", "namespace": meta["namespace"],
-                               "name": meta["name"], "uid": meta["uid"]},
-            "type": type_, "reason": reason, "message": message, "count": 1,
-            "firstTimestamp": stamp, "lastTimestamp": stamp,
-            "source": {"component": "kubelet", "host": self.node_name},
-        })
+        await self._request(
+            "POST",
+            f"/api/v1/namespaces/{meta['namespace']}/events",
+            {
+                "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+                "involvedObject": {
+                    "kind": "Pod",
+                    "apiVersion": "v1",
+                    "namespace": meta["namespace"],
+                    "name": meta["name"],
+                    "uid": meta["uid"],
+                },
+                "type": type_,
+                "reason": reason,
+                "message": message,
+                "count": 1,
+                "firstTimestamp": stamp,
+                "lastTimestamp": stamp,
+                "source": {"component": "kubelet", "host": self.node_name},
+            },
+        )
 
     async def _register_node(self) -> None:
         stamp = now()
-        await self._request("POST", "/api/v1/nodes", {
-            "metadata": {"name": self.node_name, "labels": self.node_labels},
-            "spec": {},
-        }, ok=(201, 409))
-        await self._request("PATCH", f"/api/v1/nodes/{self.node_name}/status", {"status": {
-            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+        await self._request(
+            "POST",
+            "/api/v1/nodes",
+            {
+                "metadata": {"name": self.node_name, "labels": self.node_labels},
+                "spec": {},
+            },
+            ok=(201, 409),
+        )
+        await self._request(
+            "PATCH",
+            f"/api/v1/nodes/{self.node_name}/status",
+            {
+                "status": {
+                    "conditions": [
+                        {
+                            "type": "Ready",
+                            "status": "True",
+                            "reason": "KubeletReady",
                             "message": "kubelet stand-in is posting ready status",
-                            "lastHeartbeatTime": stamp, "lastTransitionTime": stamp}],
-            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
-                          {"type": "Hostname", "address": self.node_name}],
-            "daemonEndpoints": {"kubeletEndpoint": {"Port": self.port}},
-            "nodeInfo": {"kubeletVersion": "v1.32.0-agentrun-stand-in", "operatingSystem": "linux",
-                         "architecture": "amd64", "containerRuntimeVersion": "local-process://1",
-                         "kernelVersion": os.uname().release, "osImage": "local", "kubeProxyVersion": "",
-                         "machineID": "", "systemUUID": "", "bootID": ""},
-        }}, content_type="application/merge-patch+json")
+                            "lastHeartbeatTime": stamp,
+                            "lastTransitionTime": stamp,
+                        }
+                    ],
+                    "addresses": [
+                        {"type": "InternalIP", "address": "127.0.0.1"},
+                        {"type": "Hostname", "address": self.node_name},
+                    ],
+                    "daemonEndpoints": {"kubeletEndpoint": {"Port": self.port}},
+                    "nodeInfo": {
+                        "kubeletVersion": "v1.32.0-agentrun-stand-in",
+                        "operatingSystem": "linux",
+                        "architecture": "amd64",
+                        "containerRuntimeVersion": "local-process://1",
+                        "kernelVersion": os.uname().release,
+                        "osImage": "local",
+                        "kubeProxyVersion": "",
+                        "machineID": "",
+                        "systemUUID": "",
+                        "bootID": "",
+                    },
+                }
+            },
+            content_type="application/merge-patch+json",
+        )
 
     # --- watching --------------------------------------------------------------------------------
 
@@ -260,8 +326,9 @@ class Kubelet:
                     ready.set_result(None)
                 rv = listing["metadata"]["resourceVersion"]
                 params = {"watch": "true", "resourceVersion": rv, "allowWatchBookmarks": "true"}
-                async with self._session.get(f"{self.api_url}/api/v1/pods", params=params,
-                                             timeout=aiohttp.ClientTimeout(total=None)) as response:
+                async with self._session.get(
+                    f"{self.api_url}/api/v1/pods", params=params, timeout=aiohttp.ClientTimeout(total=None)
+                ) as response:
                     async for line in response.content:
                         if not line.strip():
                             continue
@@ -298,8 +365,13 @@ class Kubelet:
         if runtime is None:
             if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
                 return
-            runtime = PodRuntime(meta["namespace"], meta["name"], meta["uid"], pod,
-                                 self.workdir / "logs" / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}.log")
+            runtime = PodRuntime(
+                meta["namespace"],
+                meta["name"],
+                meta["uid"],
+                pod,
+                self.workdir / "logs" / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}.log",
+            )
             self.pods[key] = runtime
             runtime.worker = asyncio.create_task(self._run_pod(runtime), name=f"pod-{meta['name']}")
             return
@@ -308,28 +380,49 @@ class Kubelet:
             return
         if meta.get("deletionTimestamp") and not runtime.terminating:
             runtime.terminating = True
-            runtime.killer = asyncio.create_task(self._terminate(runtime, int(meta.get(
-                "deletionGracePeriodSeconds") or 0)))
+            runtime.killer = asyncio.create_task(
+                self._terminate(runtime, int(meta.get("deletionGracePeriodSeconds") or 0))
+            )
 
     async def _schedule(self, pod: dict[str, Any]) -> None:
         """The scheduler's part: bind to this node when the nodeSelector allows it."""
         meta, spec = pod["metadata"], pod.get("spec", {})
         selector = spec.get("nodeSelector") or {}
         if all(self.node_labels.get(k) == v for k, v in selector.items()):
-            await self._request("POST", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/binding",
-                                {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": meta["name"]},
-                                 "target": {"apiVersion": "v1", "kind": "Node", "name": self.node_name}},
-                                ok=(201, 409))
+            await self._request(
+                "POST",
+                f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/binding",
+                {
+                    "apiVersion": "v1",
+                    "kind": "Binding",
+                    "metadata": {"name": meta["name"]},
+                    "target": {"apiVersion": "v1", "kind": "Node", "name": self.node_name},
+                },
+                ok=(201, 409),
+            )
         elif meta["uid"] not in self._unschedulable:
             self._unschedulable.add(meta["uid"])
-            await self._request("PATCH", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status",
-                                {"status": {"conditions": [{
-                                    "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                                    "lastProbeTime": None, "lastTransitionTime": now(),
-                                    "message": "0/1 nodes are available: 1 node(s) didn't match Pod's node "
-                                               "affinity/selector. preemption: 0/1 nodes are available: 1 "
-                                               "Preemption is not helpful for scheduling."}]}},
-                                content_type=STRATEGIC)
+            await self._request(
+                "PATCH",
+                f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status",
+                {
+                    "status": {
+                        "conditions": [
+                            {
+                                "type": "PodScheduled",
+                                "status": "False",
+                                "reason": "Unschedulable",
+                                "lastProbeTime": None,
+                                "lastTransitionTime": now(),
+                                "message": "0/1 nodes are available: 1 node(s) didn't match Pod's node "
+                                "affinity/selector. preemption: 0/1 nodes are available: 1 "
+                                "Preemption is not helpful for scheduling.",
+                            }
+                        ]
+                    }
+                },
+                content_type=STRATEGIC,
+            )
 
     # --- running a pod ---------------------------------------------------------------------------
 
@@ -340,8 +433,12 @@ class Kubelet:
         if len(containers) > 1 or pod["spec"].get("initContainers"):
             await self._event(pod, "Warning", "NotEmulated", "the kubelet stand-in runs only the first container")
         if pod["spec"].get("restartPolicy") != "Never":
-            await self._event(pod, "Warning", "NotEmulated",
-                              f"restartPolicy {pod['spec'].get('restartPolicy')} is run as Never (no restarts)")
+            await self._event(
+                pod,
+                "Warning",
+                "NotEmulated",
+                f"restartPolicy {pod['spec'].get('restartPolicy')} is run as Never (no restarts)",
+            )
         await self._patch_status(runtime, self._status(runtime, waiting=("ContainerCreating", None)))
         env: dict[str, str] | None = None
         while env is None:
@@ -350,8 +447,7 @@ class Kubelet:
             try:
                 env = await self._resolve_env(runtime.pod, container)
             except ConfigError as e:
-                await self._patch_status(runtime, self._status(runtime, waiting=("CreateContainerConfigError",
-                                                                                  str(e))))
+                await self._patch_status(runtime, self._status(runtime, waiting=("CreateContainerConfigError", str(e))))
                 await asyncio.sleep(1.0)
         if env is not None and not runtime.terminating:
             self._start_process(runtime, container, env)
@@ -373,8 +469,12 @@ class Kubelet:
         if runtime.deletion_confirmed or runtime.lost:
             return
         runtime.deletion_confirmed = True
-        await self._request("DELETE", f"/api/v1/namespaces/{runtime.namespace}/pods/{runtime.name}",
-                            {"gracePeriodSeconds": 0, "preconditions": {"uid": runtime.uid}}, ok=(200, 404, 409))
+        await self._request(
+            "DELETE",
+            f"/api/v1/namespaces/{runtime.namespace}/pods/{runtime.name}",
+            {"gracePeriodSeconds": 0, "preconditions": {"uid": runtime.uid}},
+            ok=(200, 404, 409),
+        )
 
     def _start_process(self, runtime: PodRuntime, container: dict[str, Any], env: dict[str, str]) -> None:
         """Start the container's process (fast, so it runs on the loop; the wait runs in a thread)."""
@@ -393,15 +493,20 @@ class Kubelet:
         try:
             with open(runtime.log_path, "ab") as log:
                 runtime.process = subprocess.Popen(
-                    argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=workdir,
-                    env={**self.base_env, "HOSTNAME": runtime.name, **env}, start_new_session=True)
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=workdir,
+                    env={**self.base_env, "HOSTNAME": runtime.name, **env},
+                    start_new_session=True,
+                )
         except OSError as e:
             runtime.reason = "StartError"
             runtime.message = f"failed to create containerd task: exec: {argv[0]!r}: {e.strerror}"
             runtime.exit_code, runtime.finished_at = 128, now()
             return
-        logger.info("kubelet: started %s/%s (pid %s): %s", runtime.namespace, runtime.name,
-                    runtime.process.pid, argv)
+        logger.info("kubelet: started %s/%s (pid %s): %s", runtime.namespace, runtime.name, runtime.process.pid, argv)
 
     async def _terminate(self, runtime: PodRuntime, grace: int) -> None:
         """Graceful termination: SIGTERM, then SIGKILL when the grace period is over."""
@@ -435,8 +540,9 @@ class Kubelet:
             prefix = source.get("prefix", "")
             for kind, ref_key in (("secrets", "secretRef"), ("configmaps", "configMapRef")):
                 if ref_key in source:
-                    data = await self._data(namespace, kind, source[ref_key]["name"],
-                                            optional=bool(source[ref_key].get("optional")))
+                    data = await self._data(
+                        namespace, kind, source[ref_key]["name"], optional=bool(source[ref_key].get("optional"))
+                    )
                     env.update({prefix + k: v for k, v in (data or {}).items()})
         for var in container.get("env") or []:
             name, source = var["name"], var.get("valueFrom")
@@ -445,8 +551,11 @@ class Kubelet:
                 continue
             value: str | None = None
             if "secretKeyRef" in source or "configMapKeyRef" in source:
-                kind, ref = (("secrets", source["secretKeyRef"]) if "secretKeyRef" in source
-                             else ("configmaps", source["configMapKeyRef"]))
+                kind, ref = (
+                    ("secrets", source["secretKeyRef"])
+                    if "secretKeyRef" in source
+                    else ("configmaps", source["configMapKeyRef"])
+                )
                 optional = bool(ref.get("optional"))
                 data = await self._data(namespace, kind, ref["name"], optional=optional)
                 if data is not None and ref["key"] in data:
@@ -491,8 +600,13 @@ class Kubelet:
             phase, ready = "Running", True
         elif runtime.exit_code is not None:
             reason = runtime.reason or ("Completed" if runtime.exit_code == 0 else "Error")
-            terminated = {"exitCode": runtime.exit_code, "reason": reason, "startedAt": runtime.started_at,
-                          "finishedAt": runtime.finished_at, "containerID": f"local://{runtime.uid}"}
+            terminated = {
+                "exitCode": runtime.exit_code,
+                "reason": reason,
+                "startedAt": runtime.started_at,
+                "finishedAt": runtime.finished_at,
+                "containerID": f"local://{runtime.uid}",
+            }
             message = runtime.message or self._fallback_message(runtime, container)
             if message:
                 terminated["message"] = message
@@ -506,8 +620,11 @@ class Kubelet:
             {"type": "PodReadyToStartContainers", "status": "True"},
             {"type": "Initialized", "status": "True"},
             {"type": "Ready", "status": "True" if ready else "False", **({} if ready else {"reason": not_ready})},
-            {"type": "ContainersReady", "status": "True" if ready else "False",
-             **({} if ready else {"reason": not_ready})},
+            {
+                "type": "ContainersReady",
+                "status": "True" if ready else "False",
+                **({} if ready else {"reason": not_ready}),
+            },
             {"type": "PodScheduled", "status": "True"},
         ]
         old = {c["type"]: c for c in pod.get("status", {}).get("conditions") or []}
@@ -516,14 +633,25 @@ class Kubelet:
             same = previous is not None and previous.get("status") == cond["status"]
             cond["lastTransitionTime"] = previous.get("lastTransitionTime", stamp) if same and previous else stamp
         status: dict[str, Any] = {
-            "phase": phase, "conditions": conditions, "hostIP": "127.0.0.1", "hostIPs": [{"ip": "127.0.0.1"}],
-            "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}],
+            "phase": phase,
+            "conditions": conditions,
+            "hostIP": "127.0.0.1",
+            "hostIPs": [{"ip": "127.0.0.1"}],
+            "podIP": "127.0.0.1",
+            "podIPs": [{"ip": "127.0.0.1"}],
             "startTime": pod.get("status", {}).get("startTime") or stamp,
-            "containerStatuses": [{
-                "name": container.get("name", "main"), "image": container.get("image", ""), "imageID": "",
-                "ready": ready, "started": ready, "restartCount": 0, "state": state,
-                **({"containerID": f"local://{runtime.uid}"} if runtime.started_at else {}),
-            }],
+            "containerStatuses": [
+                {
+                    "name": container.get("name", "main"),
+                    "image": container.get("image", ""),
+                    "imageID": "",
+                    "ready": ready,
+                    "started": ready,
+                    "restartCount": 0,
+                    "state": state,
+                    **({"containerID": f"local://{runtime.uid}"} if runtime.started_at else {}),
+                }
+            ],
         }
         if runtime.evicted:
             status.update(reason="Evicted", message=runtime.evicted)
@@ -563,11 +691,15 @@ class Kubelet:
         runtime.reason = "OOMKilled"
         await self.kill(name, signal.SIGKILL, namespace)
 
-    async def evict(self, name: str, namespace: str = "default", *, grace_period: int | None = None,
-                    node_pressure: bool = False) -> None:
+    async def evict(
+        self, name: str, namespace: str = "default", *, grace_period: int | None = None, node_pressure: bool = False
+    ) -> None:
         if not node_pressure:
-            body: dict[str, Any] = {"apiVersion": "policy/v1", "kind": "Eviction",
-                                    "metadata": {"name": name, "namespace": namespace}}
+            body: dict[str, Any] = {
+                "apiVersion": "policy/v1",
+                "kind": "Eviction",
+                "metadata": {"name": name, "namespace": namespace},
+            }
             if grace_period is not None:
                 body["deleteOptions"] = {"gracePeriodSeconds": grace_period}
             code, answer = await self._request("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/eviction", body)
@@ -576,9 +708,21 @@ class Kubelet:
             return
         runtime = self.runtime(name, namespace)
         runtime.evicted = "The node was low on resource: memory. Threshold quantity: 100Mi, available: 42Mi. "
-        await self._patch_status(runtime, {"conditions": [{
-            "type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet",
-            "message": "The node was low on resource: memory.", "lastTransitionTime": now(), "lastProbeTime": None}]})
+        await self._patch_status(
+            runtime,
+            {
+                "conditions": [
+                    {
+                        "type": "DisruptionTarget",
+                        "status": "True",
+                        "reason": "TerminationByKubelet",
+                        "message": "The node was low on resource: memory.",
+                        "lastTransitionTime": now(),
+                        "lastProbeTime": None,
+                    }
+                ]
+            },
+        )
         self._signal(runtime, signal.SIGCONT)
         if grace_period:
             self._signal(runtime, signal.SIGTERM)
@@ -587,11 +731,23 @@ class Kubelet:
 
     async def lose_node(self, name: str, namespace: str = "default") -> None:
         runtime = self.runtime(name, namespace)
-        await self._patch_status(runtime, {
-            "phase": "Unknown", "reason": "NodeLost",
-            "message": f"Node {self.node_name} which was running pod {name} is unresponsive",
-            "conditions": [{"type": "Ready", "status": "Unknown", "reason": "NodeLost",
-                            "lastTransitionTime": now(), "lastProbeTime": None}]})
+        await self._patch_status(
+            runtime,
+            {
+                "phase": "Unknown",
+                "reason": "NodeLost",
+                "message": f"Node {self.node_name} which was running pod {name} is unresponsive",
+                "conditions": [
+                    {
+                        "type": "Ready",
+                        "status": "Unknown",
+                        "reason": "NodeLost",
+                        "lastTransitionTime": now(),
+                        "lastProbeTime": None,
+                    }
+                ],
+            },
+        )
         runtime.lost = True
         self._signal(runtime, signal.SIGCONT)
         self._signal(runtime, signal.SIGKILL)
@@ -617,10 +773,12 @@ def _read_log(path: Path, offset: int) -> bytes:
 
 def _expand(text: str, env: dict[str, str]) -> str:
     """Kubernetes ``$(VAR)`` expansion (``$$`` escapes; unknown references stay as they are)."""
+
     def replace(match: re.Match[str]) -> str:
         if match.group(0) == "$$":
             return "$"
         return env.get(match.group(1), match.group(0))
+
     return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)", replace, text)
 
 
@@ -668,10 +826,13 @@ class KubeletThread:
     def oom_kill(self, name: str, namespace: str = "default") -> None:
         self._run(self.kubelet.oom_kill(name, namespace))
 
-    def evict(self, name: str, namespace: str = "default", *, grace_period: int | None = None,
-              node_pressure: bool = False) -> None:
-        self._run(self.kubelet.evict(name, namespace, grace_period=grace_period, node_pressure=node_pressure),
-                  timeout=60 + (grace_period or 0))
+    def evict(
+        self, name: str, namespace: str = "default", *, grace_period: int | None = None, node_pressure: bool = False
+    ) -> None:
+        self._run(
+            self.kubelet.evict(name, namespace, grace_period=grace_period, node_pressure=node_pressure),
+            timeout=60 + (grace_period or 0),
+        )
 
     def lose_node(self, name: str, namespace: str = "default") -> None:
         self._run(self.kubelet.lose_node(name, namespace))

@@ -33,8 +33,9 @@ _REF = "#/components/schemas/"
 @functools.cache
 def _upstream_definitions() -> dict[str, Any]:
     versions = [v for v in kv_utils.all_versions() if kv_utils.major_minor(v) == KUBERNETES_VERSION]
-    defs = kv_utils.schema_contents(f"kubernetes-json-schema/v{versions[-1]}-local/_definitions.json",
-                                    KUBERNETES_VERSION)
+    defs = kv_utils.schema_contents(
+        f"kubernetes-json-schema/v{versions[-1]}-local/_definitions.json", KUBERNETES_VERSION
+    )
     return _to_openapi(defs["$defs"])  # type: ignore[no-any-return]
 
 
@@ -75,7 +76,7 @@ def _refs(node: Any) -> set[str]:
     if isinstance(node, dict):
         for key, value in node.items():
             if key == "$ref" and isinstance(value, str) and value.startswith(_REF):
-                found.add(value[len(_REF):])
+                found.add(value[len(_REF) :])
             else:
                 found |= _refs(value)
     elif isinstance(node, list):
@@ -105,8 +106,8 @@ def _kind_schema(rdef: ResourceDef) -> dict[str, Any]:
         schema.setdefault("properties", {})["metadata"] = {
             "allOf": [{"$ref": f"{_REF}{_META}.ObjectMeta"}],
             "description": "Standard object's metadata. More info: "
-                           "https://git.k8s.io/community/contributors/devel/sig-architecture/"
-                           "api-conventions.md#metadata",
+            "https://git.k8s.io/community/contributors/devel/sig-architecture/"
+            "api-conventions.md#metadata",
         }
     else:
         schema = copy.deepcopy(_upstream_definitions()[_schema_name(rdef)])
@@ -120,14 +121,20 @@ def _list_schema(rdef: ResourceDef) -> dict[str, Any]:
         "type": "object",
         "required": ["items"],
         "properties": {
-            "apiVersion": {"type": "string", "description": "APIVersion defines the versioned schema of this "
-                           "representation of an object."},
-            "items": {"type": "array", "description": f"List of {rdef.plural}.",
-                      "items": {"$ref": _REF + _schema_name(rdef)}},
-            "kind": {"type": "string", "description": "Kind is a string value representing the REST resource "
-                     "this object represents."},
-            "metadata": {"allOf": [{"$ref": f"{_REF}{_META}.ListMeta"}],
-                         "description": "Standard list metadata."},
+            "apiVersion": {
+                "type": "string",
+                "description": "APIVersion defines the versioned schema of this representation of an object.",
+            },
+            "items": {
+                "type": "array",
+                "description": f"List of {rdef.plural}.",
+                "items": {"$ref": _REF + _schema_name(rdef)},
+            },
+            "kind": {
+                "type": "string",
+                "description": "Kind is a string value representing the REST resource this object represents.",
+            },
+            "metadata": {"allOf": [{"$ref": f"{_REF}{_META}.ListMeta"}], "description": "Standard list metadata."},
         },
         "x-kubernetes-group-version-kind": _gvk(rdef, rdef.list_kind),
     }
@@ -138,10 +145,15 @@ def _operation(rdef: ResourceDef, action: str, params: list[str], *, sub: str = 
     return {
         "operationId": op_id,
         "description": f"{action} {rdef.kind}{' ' + sub if sub else ''}",
-        "parameters": [{"name": name, "in": "query", "schema": {"type": "string"}, "uniqueItems": True}
-                       for name in params],
-        "responses": {"200": {"description": "OK", "content": {"application/json": {
-            "schema": {"$ref": _REF + _schema_name(rdef)}}}}},
+        "parameters": [
+            {"name": name, "in": "query", "schema": {"type": "string"}, "uniqueItems": True} for name in params
+        ],
+        "responses": {
+            "200": {
+                "description": "OK",
+                "content": {"application/json": {"schema": {"$ref": _REF + _schema_name(rdef)}}},
+            }
+        },
         "x-kubernetes-action": action,
         "x-kubernetes-group-version-kind": _gvk(rdef)[0],
     }
@@ -204,8 +216,9 @@ def group_versions(defs: list[ResourceDef]) -> dict[str, list[ResourceDef]]:
 
 
 def index(documents: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    return {"paths": {key: {"serverRelativeURL": f"/openapi/v3/{key}?hash={digest(doc)}"}
-                      for key, doc in documents.items()}}
+    return {
+        "paths": {key: {"serverRelativeURL": f"/openapi/v3/{key}?hash={digest(doc)}"} for key, doc in documents.items()}
+    }
 
 
 def digest(doc: dict[str, Any]) -> str:

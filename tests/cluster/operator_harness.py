@@ -84,16 +84,26 @@ def start_operator(cluster: EmulatedCluster, workdir: Path, identity: str = "op-
     )
     environment.update(env)
     with log_path.open("wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "agentrun_operator"], env=environment, cwd=ROOT,
-                                stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agentrun_operator"], env=environment, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
+        )
     return OperatorProcess(proc, log_path, port, identity)
 
 
-def agentrun(name: str, *, thread: str, graph: str = "examples.support_agent:app", effects: Path,
-             text: str = "charge my saved card for order 4821 and email me the receipt",
-             env: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
-    variables = [{"name": "SUPPORT_EFFECTS_DB", "value": str(effects)},
-                 {"name": "CLUSTER_EFFECTS", "value": str(effects) + ".log"}]
+def agentrun(
+    name: str,
+    *,
+    thread: str,
+    graph: str = "examples.support_agent:app",
+    effects: Path,
+    text: str = "charge my saved card for order 4821 and email me the receipt",
+    env: dict[str, str] | None = None,
+    **spec: Any,
+) -> dict[str, Any]:
+    variables = [
+        {"name": "SUPPORT_EFFECTS_DB", "value": str(effects)},
+        {"name": "CLUSTER_EFFECTS", "value": str(effects) + ".log"},
+    ]
     variables += [{"name": k, "value": v} for k, v in (env or {}).items()]
     return {
         "apiVersion": "agentrun.dev/v1alpha1",

@@ -31,10 +31,21 @@ APPLY = "application/apply-patch+yaml"
 
 # patchMergeKey of the list fields that have patchStrategy "merge" in the core API types.
 _MERGE_KEYS = {
-    "containers": "name", "initContainers": "name", "ephemeralContainers": "name", "env": "name",
-    "volumes": "name", "volumeMounts": "mountPath", "volumeDevices": "devicePath", "ports": "containerPort",
-    "conditions": "type", "ownerReferences": "uid", "imagePullSecrets": "name", "hostAliases": "ip",
-    "topologySpreadConstraints": "topologyKey", "readinessGates": "conditionType", "resourceClaims": "name",
+    "containers": "name",
+    "initContainers": "name",
+    "ephemeralContainers": "name",
+    "env": "name",
+    "volumes": "name",
+    "volumeMounts": "mountPath",
+    "volumeDevices": "devicePath",
+    "ports": "containerPort",
+    "conditions": "type",
+    "ownerReferences": "uid",
+    "imagePullSecrets": "name",
+    "hostAliases": "ip",
+    "topologySpreadConstraints": "topologyKey",
+    "readinessGates": "conditionType",
+    "resourceClaims": "name",
 }
 _MERGED_SETS = {"finalizers"}
 
@@ -109,8 +120,9 @@ def _merge_list(current: list[Any], patch: list[Any], merge_key: str) -> list[An
         if not isinstance(item, dict) or merge_key not in item:
             result.append(copy.deepcopy(item))
             continue
-        index = next((i for i, old in enumerate(result)
-                      if isinstance(old, dict) and old.get(merge_key) == item[merge_key]), None)
+        index = next(
+            (i for i, old in enumerate(result) if isinstance(old, dict) and old.get(merge_key) == item[merge_key]), None
+        )
         if item.get("$patch") == "delete":
             if index is not None:
                 del result[index]

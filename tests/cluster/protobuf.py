@@ -21,22 +21,50 @@ MAGIC = b"k8s\x00"
 # message -> {field number: (json name, kind)}; kind: str, bytes, int, bool, time, a message name,
 # "map:<value kind>" or "list:<kind>".
 _MESSAGES: dict[str, dict[int, tuple[str, str]]] = {
-    "Unknown": {1: ("typeMeta", "TypeMeta"), 2: ("raw", "raw"), 3: ("contentEncoding", "str"),
-                4: ("contentType", "str")},
+    "Unknown": {
+        1: ("typeMeta", "TypeMeta"),
+        2: ("raw", "raw"),
+        3: ("contentEncoding", "str"),
+        4: ("contentType", "str"),
+    },
     "TypeMeta": {1: ("apiVersion", "str"), 2: ("kind", "str")},
-    "ObjectMeta": {1: ("name", "str"), 2: ("generateName", "str"), 3: ("namespace", "str"), 5: ("uid", "str"),
-                   6: ("resourceVersion", "str"), 7: ("generation", "int"), 8: ("creationTimestamp", "time"),
-                   11: ("labels", "map:str"), 12: ("annotations", "map:str"),
-                   13: ("ownerReferences", "list:OwnerReference"), 14: ("finalizers", "list:str")},
-    "OwnerReference": {1: ("kind", "str"), 3: ("name", "str"), 4: ("uid", "str"), 5: ("apiVersion", "str"),
-                       6: ("controller", "bool"), 7: ("blockOwnerDeletion", "bool")},
+    "ObjectMeta": {
+        1: ("name", "str"),
+        2: ("generateName", "str"),
+        3: ("namespace", "str"),
+        5: ("uid", "str"),
+        6: ("resourceVersion", "str"),
+        7: ("generation", "int"),
+        8: ("creationTimestamp", "time"),
+        11: ("labels", "map:str"),
+        12: ("annotations", "map:str"),
+        13: ("ownerReferences", "list:OwnerReference"),
+        14: ("finalizers", "list:str"),
+    },
+    "OwnerReference": {
+        1: ("kind", "str"),
+        3: ("name", "str"),
+        4: ("uid", "str"),
+        5: ("apiVersion", "str"),
+        6: ("controller", "bool"),
+        7: ("blockOwnerDeletion", "bool"),
+    },
     "Time": {1: ("seconds", "int"), 2: ("nanos", "int")},
     "Namespace": {1: ("metadata", "ObjectMeta"), 2: ("spec", "NamespaceSpec")},
     "NamespaceSpec": {1: ("finalizers", "list:str")},
-    "Secret": {1: ("metadata", "ObjectMeta"), 2: ("data", "map:bytes"), 3: ("type", "str"),
-               4: ("stringData", "map:str"), 5: ("immutable", "bool")},
-    "ConfigMap": {1: ("metadata", "ObjectMeta"), 2: ("data", "map:str"), 3: ("binaryData", "map:bytes"),
-                  4: ("immutable", "bool")},
+    "Secret": {
+        1: ("metadata", "ObjectMeta"),
+        2: ("data", "map:bytes"),
+        3: ("type", "str"),
+        4: ("stringData", "map:str"),
+        5: ("immutable", "bool"),
+    },
+    "ConfigMap": {
+        1: ("metadata", "ObjectMeta"),
+        2: ("data", "map:str"),
+        3: ("binaryData", "map:bytes"),
+        4: ("immutable", "bool"),
+    },
     "ServiceAccount": {1: ("metadata", "ObjectMeta"), 4: ("automountServiceAccountToken", "bool")},
 }
 SUPPORTED_KINDS = ("Namespace", "Secret", "ConfigMap", "ServiceAccount")
@@ -50,7 +78,7 @@ def decode(body: bytes) -> dict[str, Any]:
     """The JSON form of a protobuf-encoded Namespace, Secret or ConfigMap."""
     if not body.startswith(MAGIC):
         raise ProtobufError("missing the k8s protobuf magic prefix")
-    unknown = _message(body[len(MAGIC):], "Unknown")
+    unknown = _message(body[len(MAGIC) :], "Unknown")
     type_meta = unknown.get("typeMeta", {})
     kind = type_meta.get("kind", "")
     if kind not in SUPPORTED_KINDS:
@@ -83,7 +111,7 @@ def _fields(data: bytes) -> list[tuple[int, int | bytes]]:
             fields.append((number, value))
         elif wire == 2:
             length, pos = _varint(data, pos)
-            fields.append((number, data[pos:pos + length]))
+            fields.append((number, data[pos : pos + length]))
             pos += length
         elif wire == 1:
             pos += 8

@@ -53,8 +53,16 @@ from tests.cluster import schema as crd_schema
 from tests.cluster.apierrors import ApiError, FieldError
 from tests.cluster.resources import BuiltinSchemas, ResourceDef
 
-_READONLY_META = ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation",
-                  "name", "namespace", "selfLink")
+_READONLY_META = (
+    "uid",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "generation",
+    "name",
+    "namespace",
+    "selfLink",
+)
 NAMESPACES = kmock.resource("", "v1", "namespaces")
 PODS = kmock.resource("", "v1", "pods")
 
@@ -87,7 +95,8 @@ class Registry:
         self.rv = 0
         self.builtin_schemas = BuiltinSchemas()
         self._log: dict[kmock.resource, collections.deque[Change]] = collections.defaultdict(
-            lambda: collections.deque(maxlen=history))
+            lambda: collections.deque(maxlen=history)
+        )
         self._dropped_rv: dict[kmock.resource, int] = {}
         self._waiters: set[asyncio.Future[None]] = set()
         self._gc_wanted = False
@@ -109,7 +118,8 @@ class Registry:
 
     def items(self, rdef: ResourceDef, namespace: str | None = None) -> list[dict[str, Any]]:
         found = [
-            (ns or "", name, obj.raw) for (res, ns, name), obj in self.objects.items()
+            (ns or "", name, obj.raw)
+            for (res, ns, name), obj in self.objects.items()
             if res == rdef.key and not obj.deleted and (namespace is None or ns == namespace)
         ]
         return [raw for _, _, raw in sorted(found, key=lambda item: (item[0], item[1]))]
@@ -162,8 +172,15 @@ class Registry:
 
     # --- writing ---------------------------------------------------------------------------------
 
-    def create(self, rdef: ResourceDef, namespace: str | None, body: Any, *, field_validation: str = "Warn",
-               dry_run: bool = False) -> WriteResult:
+    def create(
+        self,
+        rdef: ResourceDef,
+        namespace: str | None,
+        body: Any,
+        *,
+        field_validation: str = "Warn",
+        dry_run: bool = False,
+    ) -> WriteResult:
         if not isinstance(body, dict):
             raise apierrors.bad_request("the body of the request was in an unknown format")
         obj = copy.deepcopy(body)
@@ -171,8 +188,9 @@ class Registry:
         self._check_type_meta(rdef, obj)
         if rdef.namespaced:
             if meta.get("namespace") and meta["namespace"] != namespace:
-                raise apierrors.bad_request("the namespace of the provided object does not match the namespace "
-                                            "sent on the request")
+                raise apierrors.bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request"
+                )
             meta["namespace"] = namespace
         else:
             meta.pop("namespace", None)
@@ -202,8 +220,11 @@ class Registry:
             if ns is None:
                 raise apierrors.not_found("namespaces", namespace or "")
             if ns.get("metadata", {}).get("deletionTimestamp"):
-                raise apierrors.forbidden(rdef.group_resource, name, f"unable to create new content in namespace "
-                                          f"{namespace} because it is being terminated")
+                raise apierrors.forbidden(
+                    rdef.group_resource,
+                    name,
+                    f"unable to create new content in namespace {namespace} because it is being terminated",
+                )
             if rdef.kind == "Pod":
                 error, pod_warnings = admission.pod_security(obj, ns)
                 if error:
@@ -223,25 +244,55 @@ class Registry:
         self._record(rdef, "ADDED", obj, None)
         return WriteResult(obj, warnings, created=True)
 
-    def update(self, rdef: ResourceDef, namespace: str | None, name: str, body: Any, *, subresource: str | None = None,
-               field_validation: str = "Warn", dry_run: bool = False) -> WriteResult:
+    def update(
+        self,
+        rdef: ResourceDef,
+        namespace: str | None,
+        name: str,
+        body: Any,
+        *,
+        subresource: str | None = None,
+        field_validation: str = "Warn",
+        dry_run: bool = False,
+    ) -> WriteResult:
         if not isinstance(body, dict):
             raise apierrors.bad_request("the body of the request was in an unknown format")
         current = self.require(rdef, namespace, name)
         body_name = (body.get("metadata") or {}).get("name")
         if body_name and body_name != name:
-            raise apierrors.bad_request(f"the name of the object ({body_name}) does not match the name on the URL "
-                                        f"({name})")
+            raise apierrors.bad_request(
+                f"the name of the object ({body_name}) does not match the name on the URL ({name})"
+            )
         sent_rv = (body.get("metadata") or {}).get("resourceVersion")
         if not sent_rv and rdef.custom:
-            raise apierrors.invalid(rdef.kind, rdef.group, name, [FieldError(
-                "metadata.resourceVersion", "FieldValueInvalid", "Invalid value: 0: must be specified for an update")])
+            raise apierrors.invalid(
+                rdef.kind,
+                rdef.group,
+                name,
+                [
+                    FieldError(
+                        "metadata.resourceVersion",
+                        "FieldValueInvalid",
+                        "Invalid value: 0: must be specified for an update",
+                    )
+                ],
+            )
         if sent_rv and sent_rv != current["metadata"]["resourceVersion"]:
             raise apierrors.conflict(rdef.group_resource, name)
         return self._write(rdef, current, copy.deepcopy(body), subresource, field_validation, dry_run)
 
-    def patch(self, rdef: ResourceDef, namespace: str | None, name: str, content_type: str, patch: Any, *,
-              subresource: str | None = None, field_validation: str = "Warn", dry_run: bool = False) -> WriteResult:
+    def patch(
+        self,
+        rdef: ResourceDef,
+        namespace: str | None,
+        name: str,
+        content_type: str,
+        patch: Any,
+        *,
+        subresource: str | None = None,
+        field_validation: str = "Warn",
+        dry_run: bool = False,
+    ) -> WriteResult:
         current = self.require(rdef, namespace, name)
         patched = patching.apply(current, content_type, patch, custom=rdef.custom)
         if not isinstance(patched, dict):
@@ -251,16 +302,32 @@ class Registry:
             raise apierrors.conflict(rdef.group_resource, name)
         return self._write(rdef, current, patched, subresource, field_validation, dry_run)
 
-    def apply(self, rdef: ResourceDef, namespace: str | None, name: str, body: Any, *,
-              field_validation: str = "Strict", dry_run: bool = False) -> WriteResult:
+    def apply(
+        self,
+        rdef: ResourceDef,
+        namespace: str | None,
+        name: str,
+        body: Any,
+        *,
+        field_validation: str = "Strict",
+        dry_run: bool = False,
+    ) -> WriteResult:
         """Server-side apply, simplified: create, or merge the applied configuration (no field ownership)."""
         if self.get(rdef, namespace, name) is None:
             return self.create(rdef, namespace, body, field_validation=field_validation, dry_run=dry_run)
-        return self.patch(rdef, namespace, name, patching.MERGE, body, field_validation=field_validation,
-                          dry_run=dry_run)
+        return self.patch(
+            rdef, namespace, name, patching.MERGE, body, field_validation=field_validation, dry_run=dry_run
+        )
 
-    def _write(self, rdef: ResourceDef, current: dict[str, Any], new: dict[str, Any], subresource: str | None,
-               field_validation: str, dry_run: bool) -> WriteResult:
+    def _write(
+        self,
+        rdef: ResourceDef,
+        current: dict[str, Any],
+        new: dict[str, Any],
+        subresource: str | None,
+        field_validation: str,
+        dry_run: bool,
+    ) -> WriteResult:
         name = current["metadata"]["name"]
         if subresource == "status":
             status = new.get("status")
@@ -294,8 +361,13 @@ class Registry:
                 errors += admission.pod_update_errors(current, new)
         old_finalizers = set(current["metadata"].get("finalizers") or [])
         if current["metadata"].get("deletionTimestamp") and set(meta.get("finalizers") or []) - old_finalizers:
-            errors.append(FieldError("metadata.finalizers", "FieldValueForbidden",
-                                     "Forbidden: no new finalizers can be added if the object is being deleted"))
+            errors.append(
+                FieldError(
+                    "metadata.finalizers",
+                    "FieldValueForbidden",
+                    "Forbidden: no new finalizers can be added if the object is being deleted",
+                )
+            )
         if errors:
             raise apierrors.invalid(rdef.kind, rdef.group, name, errors)
 
@@ -314,19 +386,33 @@ class Registry:
             self._record(rdef, "MODIFIED", new, current)
         return WriteResult(new, warnings)
 
-    def delete(self, rdef: ResourceDef, namespace: str | None, name: str, options: dict[str, Any] | None = None,
-               *, dry_run: bool = False) -> dict[str, Any]:
+    def delete(
+        self,
+        rdef: ResourceDef,
+        namespace: str | None,
+        name: str,
+        options: dict[str, Any] | None = None,
+        *,
+        dry_run: bool = False,
+    ) -> dict[str, Any]:
         options = options or {}
         current = self.require(rdef, namespace, name)
         meta = current["metadata"]
         pre = options.get("preconditions") or {}
         if pre.get("uid") and pre["uid"] != meta["uid"]:
-            raise apierrors.conflict(rdef.group_resource, name, f"Precondition failed: UID in precondition: "
-                                     f"{pre['uid']}, UID in object meta: {meta['uid']}")
+            raise apierrors.conflict(
+                rdef.group_resource,
+                name,
+                f"Precondition failed: UID in precondition: {pre['uid']}, UID in object meta: {meta['uid']}",
+            )
         if pre.get("resourceVersion") and pre["resourceVersion"] != meta["resourceVersion"]:
-            raise apierrors.conflict(rdef.group_resource, name, f"Precondition failed: ResourceVersion in "
-                                     f"precondition: {pre['resourceVersion']}, ResourceVersion in object meta: "
-                                     f"{meta['resourceVersion']}")
+            raise apierrors.conflict(
+                rdef.group_resource,
+                name,
+                f"Precondition failed: ResourceVersion in "
+                f"precondition: {pre['resourceVersion']}, ResourceVersion in object meta: "
+                f"{meta['resourceVersion']}",
+            )
         if dry_run:
             return current
         policy = options.get("propagationPolicy") or ("Orphan" if options.get("orphanDependents") else "Background")
@@ -391,11 +477,13 @@ class Registry:
         pod = self.require(rdef, namespace, name)
         node = ((binding or {}).get("target") or {}).get("name")
         if not node:
-            raise apierrors.invalid("Binding", "", name, [FieldError("target.name", "FieldValueRequired",
-                                                                     "Required value")])
+            raise apierrors.invalid(
+                "Binding", "", name, [FieldError("target.name", "FieldValueRequired", "Required value")]
+            )
         if pod["spec"].get("nodeName"):
-            raise apierrors.conflict("pods", name, f"pod {name} is already assigned to node "
-                                     f"\"{pod['spec']['nodeName']}\"")
+            raise apierrors.conflict(
+                "pods", name, f'pod {name} is already assigned to node "{pod["spec"]["nodeName"]}"'
+            )
         new = copy.deepcopy(pod)
         new["spec"]["nodeName"] = node
         _set_condition(new, {"type": "PodScheduled", "status": "True"})
@@ -410,8 +498,15 @@ class Registry:
         if pod.get("status", {}).get("phase") not in ("Succeeded", "Failed") and pod["spec"].get("nodeName"):
             status = copy.deepcopy(pod.get("status", {}))
             marked = {"status": status}
-            _set_condition(marked, {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI",
-                                    "message": "Eviction API: evicting"})
+            _set_condition(
+                marked,
+                {
+                    "type": "DisruptionTarget",
+                    "status": "True",
+                    "reason": "EvictionByEvictionAPI",
+                    "message": "Eviction API: evicting",
+                },
+            )
             self.patch(rdef, namespace, name, patching.MERGE, {"status": marked["status"]}, subresource="status")
         self.delete(rdef, namespace, name, (eviction or {}).get("deleteOptions"))
 
@@ -431,20 +526,30 @@ class Registry:
             owners = meta.get("ownerReferences") or []
             for ref in owners:
                 dependents[ref.get("uid", "")].append((rdef, obj))
-            present = [ref for ref in owners if ref.get("uid") in uids
-                       and _same_scope(obj, uids[ref["uid"]][1], uids[ref["uid"]][0])]
-            owner_foreground = any("foregroundDeletion" in (uids[ref["uid"]][1]["metadata"].get("finalizers") or [])
-                                   for ref in present)
+            present = [
+                ref
+                for ref in owners
+                if ref.get("uid") in uids and _same_scope(obj, uids[ref["uid"]][1], uids[ref["uid"]][0])
+            ]
+            owner_foreground = any(
+                "foregroundDeletion" in (uids[ref["uid"]][1]["metadata"].get("finalizers") or []) for ref in present
+            )
             if owners and (not present or owner_foreground) and not meta.get("deletionTimestamp"):
                 changed |= self._delete_quietly(rdef, meta)
         for rdef, obj in live:
             meta = obj["metadata"]
             if "foregroundDeletion" in (meta.get("finalizers") or []) and not any(
-                    self.get(d, dobj["metadata"].get("namespace"), dobj["metadata"]["name"])
-                    for d, dobj in dependents.get(meta["uid"], [])):
+                self.get(d, dobj["metadata"].get("namespace"), dobj["metadata"]["name"])
+                for d, dobj in dependents.get(meta["uid"], [])
+            ):
                 rest = [f for f in meta["finalizers"] if f != "foregroundDeletion"]
-                self.patch(rdef, meta.get("namespace"), meta["name"], patching.MERGE,
-                           {"metadata": {"finalizers": rest or None}})
+                self.patch(
+                    rdef,
+                    meta.get("namespace"),
+                    meta["name"],
+                    patching.MERGE,
+                    {"metadata": {"finalizers": rest or None}},
+                )
                 changed = True
             if rdef.kind == "Namespace" and meta.get("deletionTimestamp"):
                 changed |= self._empty_namespace(obj)
@@ -454,8 +559,9 @@ class Registry:
 
     def _empty_namespace(self, namespace: dict[str, Any]) -> bool:
         name = namespace["metadata"]["name"]
-        contents = [(rdef, obj) for rdef, obj in self.all_live() if rdef.namespaced
-                    and obj["metadata"].get("namespace") == name]
+        contents = [
+            (rdef, obj) for rdef, obj in self.all_live() if rdef.namespaced and obj["metadata"].get("namespace") == name
+        ]
         for rdef, obj in contents:
             if not obj["metadata"].get("deletionTimestamp"):
                 self._delete_quietly(rdef, obj["metadata"])
@@ -479,8 +585,13 @@ class Registry:
             refs = obj["metadata"].get("ownerReferences") or []
             if any(ref.get("uid") == uid for ref in refs):
                 rest = [ref for ref in refs if ref.get("uid") != uid]
-                self.patch(rdef, obj["metadata"].get("namespace"), obj["metadata"]["name"], patching.MERGE,
-                           {"metadata": {"ownerReferences": rest or None}})
+                self.patch(
+                    rdef,
+                    obj["metadata"].get("namespace"),
+                    obj["metadata"]["name"],
+                    patching.MERGE,
+                    {"metadata": {"ownerReferences": rest or None}},
+                )
 
     # --- schema and validation -------------------------------------------------------------------
 
@@ -488,11 +599,15 @@ class Registry:
         obj.setdefault("apiVersion", rdef.api_version)
         obj.setdefault("kind", rdef.kind)
         if obj["apiVersion"] != rdef.api_version:
-            raise apierrors.bad_request(f"the API version in the data ({obj['apiVersion']}) does not match the "
-                                        f"expected API version ({rdef.api_version})")
+            raise apierrors.bad_request(
+                f"the API version in the data ({obj['apiVersion']}) does not match the "
+                f"expected API version ({rdef.api_version})"
+            )
         if obj["kind"] != rdef.kind:
-            raise apierrors.bad_request(f"{obj['kind']} in version \"{rdef.version}\" cannot be handled as a "
-                                        f"{rdef.kind}: the kind in the data does not match the expected kind")
+            raise apierrors.bad_request(
+                f'{obj["kind"]} in version "{rdef.version}" cannot be handled as a '
+                f"{rdef.kind}: the kind in the data does not match the expected kind"
+            )
 
     def _admit_schema(self, rdef: ResourceDef, obj: dict[str, Any], directive: str, name: str) -> list[str]:
         """Defaulting and pruning; unknown fields fail (Strict), warn (Warn) or vanish (Ignore)."""
@@ -503,8 +618,10 @@ class Registry:
             unknown = self._builtin_unknown_fields(rdef, obj)
         if unknown and directive == "Strict":
             fields = ", ".join(f'unknown field "{field}"' for field in unknown)
-            raise apierrors.bad_request(f'{rdef.kind} in version "{rdef.version}" cannot be handled as a '
-                                        f"{rdef.kind}: strict decoding error: {fields}")
+            raise apierrors.bad_request(
+                f'{rdef.kind} in version "{rdef.version}" cannot be handled as a '
+                f"{rdef.kind}: strict decoding error: {fields}"
+            )
         return [f'unknown field "{field}"' for field in unknown] if directive != "Ignore" else []
 
     def _builtin_unknown_fields(self, rdef: ResourceDef, obj: dict[str, Any]) -> list[str]:
@@ -521,7 +638,8 @@ class Registry:
                 raise apierrors.bad_request(
                     f'{rdef.kind} in version "{rdef.version}" cannot be handled as a {rdef.kind}: json: cannot '
                     f"unmarshal {_json_type(error.instance)} into Go struct field {path} of type "
-                    f"{error.validator_value}")
+                    f"{error.validator_value}"
+                )
         for parent, key in unknown:
             holder: Any = obj
             for part in parent:
@@ -582,7 +700,8 @@ def _dotted(parts: list[Any]) -> str:
 
 def _json_type(value: Any) -> str:
     return {dict: "object", list: "array", str: "string", bool: "bool", int: "number", float: "number"}.get(
-        type(value), "null")
+        type(value), "null"
+    )
 
 
 def encode_continue(namespace: str, name: str) -> str:

@@ -89,8 +89,12 @@ class ResourceDef:
 
 def load_crd_documents(paths: Iterable[Path]) -> list[dict[str, Any]]:
     """Every CustomResourceDefinition in these YAML files (multi-document files allowed)."""
-    return [doc for path in paths for doc in yaml.safe_load_all(path.read_text())
-            if doc and doc.get("kind") == "CustomResourceDefinition"]
+    return [
+        doc
+        for path in paths
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc and doc.get("kind") == "CustomResourceDefinition"
+    ]
 
 
 def load_crds(paths: Iterable[Path]) -> list[ResourceDef]:
@@ -105,28 +109,59 @@ def crd_resources(crd: dict[str, Any]) -> list[ResourceDef]:
     for version in spec["versions"]:
         if not version.get("served", True):
             continue
-        columns = [Column("Name", "string", "", "Name must be unique within a namespace. Is required when "
-                          "creating resources, although some resources may allow a client to request the "
-                          "generation of an appropriate name automatically.", 0, "name")]
+        columns = [
+            Column(
+                "Name",
+                "string",
+                "",
+                "Name must be unique within a namespace. Is required when "
+                "creating resources, although some resources may allow a client to request the "
+                "generation of an appropriate name automatically.",
+                0,
+                "name",
+            )
+        ]
         printer = version.get("additionalPrinterColumns")
         if printer is None:
             printer = [{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}]
         for col in printer:
-            columns.append(Column(col["name"], col["type"], col["jsonPath"], col.get("description", ""),
-                                  col.get("priority", 0), col.get("format", "")))
-        defs.append(ResourceDef(
-            group=spec["group"], version=version["name"], plural=names["plural"], kind=names["kind"],
-            singular=names.get("singular", names["kind"].lower()), namespaced=spec["scope"] == "Namespaced",
-            short_names=tuple(names.get("shortNames", ())), categories=tuple(names.get("categories", ())),
-            subresources=frozenset(version.get("subresources", {}) or {}),
-            columns=columns, schema=version["schema"]["openAPIV3Schema"], custom=True, has_generation=True,
-        ))
+            columns.append(
+                Column(
+                    col["name"],
+                    col["type"],
+                    col["jsonPath"],
+                    col.get("description", ""),
+                    col.get("priority", 0),
+                    col.get("format", ""),
+                )
+            )
+        defs.append(
+            ResourceDef(
+                group=spec["group"],
+                version=version["name"],
+                plural=names["plural"],
+                kind=names["kind"],
+                singular=names.get("singular", names["kind"].lower()),
+                namespaced=spec["scope"] == "Namespaced",
+                short_names=tuple(names.get("shortNames", ())),
+                categories=tuple(names.get("categories", ())),
+                subresources=frozenset(version.get("subresources", {}) or {}),
+                columns=columns,
+                schema=version["schema"]["openAPIV3Schema"],
+                custom=True,
+                has_generation=True,
+            )
+        )
     return defs
 
 
 def _age() -> Column:
-    return Column("Age", "date", ".metadata.creationTimestamp",
-                  "CreationTimestamp is a timestamp representing the server time when this object was created.")
+    return Column(
+        "Age",
+        "date",
+        ".metadata.creationTimestamp",
+        "CreationTimestamp is a timestamp representing the server time when this object was created.",
+    )
 
 
 def _name() -> Column:
@@ -138,32 +173,107 @@ def builtin_resources() -> list[ResourceDef]:
     from tests.cluster import tables  # the pod status column lives with the other table logic
 
     return [
-        ResourceDef("", "v1", "pods", "Pod", "pod", True, ("po",), ("all",),
-                    frozenset({"status", "binding", "eviction", "log"}), columns=tables.pod_columns()),
+        ResourceDef(
+            "",
+            "v1",
+            "pods",
+            "Pod",
+            "pod",
+            True,
+            ("po",),
+            ("all",),
+            frozenset({"status", "binding", "eviction", "log"}),
+            columns=tables.pod_columns(),
+        ),
         ResourceDef("", "v1", "events", "Event", "event", True, ("ev",), columns=tables.event_columns()),
-        ResourceDef("", "v1", "secrets", "Secret", "secret", True, columns=[
-            _name(), Column("Type", "string", ".type"),
-            Column("Data", "integer", compute=lambda o: len(o.get("data") or {})), _age()]),
-        ResourceDef("", "v1", "configmaps", "ConfigMap", "configmap", True, ("cm",), columns=[
-            _name(), Column("Data", "integer", compute=lambda o: len(o.get("data") or {})
-                            + len(o.get("binaryData") or {})), _age()]),
-        ResourceDef("", "v1", "namespaces", "Namespace", "namespace", False, ("ns",),
-                    subresources=frozenset({"status", "finalize"}),
-                    verbs=("create", "delete", "get", "list", "patch", "update", "watch"),
-                    columns=[_name(), Column("Status", "string", ".status.phase"), _age()]),
-        ResourceDef("", "v1", "nodes", "Node", "node", False, ("no",), subresources=frozenset({"status"}),
-                    columns=[_name(), Column("Status", "string", compute=tables.node_status),
-                             Column("Roles", "string", compute=lambda o: "<none>"), _age(),
-                             Column("Version", "string", ".status.nodeInfo.kubeletVersion")]),
-        ResourceDef("", "v1", "serviceaccounts", "ServiceAccount", "serviceaccount", True, ("sa",),
-                    columns=[_name(), Column("Secrets", "integer", compute=lambda o: len(o.get("secrets") or [])),
-                             _age()]),
-        ResourceDef("coordination.k8s.io", "v1", "leases", "Lease", "lease", True, columns=[
-            _name(), Column("Holder", "string", ".spec.holderIdentity"), _age()]),
-        ResourceDef("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition",
-                    "customresourcedefinition", False, ("crd", "crds"), ("api-extensions",),
-                    subresources=frozenset({"status"}), columns=[
-                        _name(), Column("Created At", "date", compute=lambda o: o["metadata"]["creationTimestamp"])]),
+        ResourceDef(
+            "",
+            "v1",
+            "secrets",
+            "Secret",
+            "secret",
+            True,
+            columns=[
+                _name(),
+                Column("Type", "string", ".type"),
+                Column("Data", "integer", compute=lambda o: len(o.get("data") or {})),
+                _age(),
+            ],
+        ),
+        ResourceDef(
+            "",
+            "v1",
+            "configmaps",
+            "ConfigMap",
+            "configmap",
+            True,
+            ("cm",),
+            columns=[
+                _name(),
+                Column("Data", "integer", compute=lambda o: len(o.get("data") or {}) + len(o.get("binaryData") or {})),
+                _age(),
+            ],
+        ),
+        ResourceDef(
+            "",
+            "v1",
+            "namespaces",
+            "Namespace",
+            "namespace",
+            False,
+            ("ns",),
+            subresources=frozenset({"status", "finalize"}),
+            verbs=("create", "delete", "get", "list", "patch", "update", "watch"),
+            columns=[_name(), Column("Status", "string", ".status.phase"), _age()],
+        ),
+        ResourceDef(
+            "",
+            "v1",
+            "nodes",
+            "Node",
+            "node",
+            False,
+            ("no",),
+            subresources=frozenset({"status"}),
+            columns=[
+                _name(),
+                Column("Status", "string", compute=tables.node_status),
+                Column("Roles", "string", compute=lambda o: "<none>"),
+                _age(),
+                Column("Version", "string", ".status.nodeInfo.kubeletVersion"),
+            ],
+        ),
+        ResourceDef(
+            "",
+            "v1",
+            "serviceaccounts",
+            "ServiceAccount",
+            "serviceaccount",
+            True,
+            ("sa",),
+            columns=[_name(), Column("Secrets", "integer", compute=lambda o: len(o.get("secrets") or [])), _age()],
+        ),
+        ResourceDef(
+            "coordination.k8s.io",
+            "v1",
+            "leases",
+            "Lease",
+            "lease",
+            True,
+            columns=[_name(), Column("Holder", "string", ".spec.holderIdentity"), _age()],
+        ),
+        ResourceDef(
+            "apiextensions.k8s.io",
+            "v1",
+            "customresourcedefinitions",
+            "CustomResourceDefinition",
+            "customresourcedefinition",
+            False,
+            ("crd", "crds"),
+            ("api-extensions",),
+            subresources=frozenset({"status"}),
+            columns=[_name(), Column("Created At", "date", compute=lambda o: o["metadata"]["creationTimestamp"])],
+        ),
     ]
 
 

@@ -93,8 +93,12 @@ def to_jsonschema(schema: dict[str, Any], *, strict: bool = False, _field: str =
             out[key] = [to_jsonschema(s, strict=strict) for s in sub]
         else:
             out[key] = sub
-    closed = ("properties" in schema and "additionalProperties" not in schema
-              and not schema.get("x-kubernetes-preserve-unknown-fields") and _field != "metadata")
+    closed = (
+        "properties" in schema
+        and "additionalProperties" not in schema
+        and not schema.get("x-kubernetes-preserve-unknown-fields")
+        and _field != "metadata"
+    )
     if strict and closed:
         out["additionalProperties"] = False
     if schema.get("nullable") and "type" in out:
@@ -135,47 +139,68 @@ def translate(error: jsonschema.ValidationError) -> Iterator[FieldError]:
         case "type":
             expected = error.validator_value
             expected = expected[0] if isinstance(expected, list) else expected
-            yield FieldError(path, "FieldValueTypeInvalid",
-                             f'Invalid value: "{_type_name(value)}": {path} in body must be of type '
-                             f'{expected}: "{_type_name(value)}"')
+            yield FieldError(
+                path,
+                "FieldValueTypeInvalid",
+                f'Invalid value: "{_type_name(value)}": {path} in body must be of type '
+                f'{expected}: "{_type_name(value)}"',
+            )
         case "enum":
             allowed = ", ".join(go_value(v) for v in error.validator_value)
-            yield FieldError(path, "FieldValueNotSupported",
-                             f"Unsupported value: {go_value(value)}: supported values: {allowed}")
+            yield FieldError(
+                path, "FieldValueNotSupported", f"Unsupported value: {go_value(value)}: supported values: {allowed}"
+            )
         case "pattern":
-            yield FieldError(path, "FieldValueInvalid",
-                             f"Invalid value: {go_value(value)}: {path} in body should match "
-                             f"'{error.validator_value}'")
+            yield FieldError(
+                path,
+                "FieldValueInvalid",
+                f"Invalid value: {go_value(value)}: {path} in body should match '{error.validator_value}'",
+            )
         case "minimum" | "maximum":
             exclusive = error.schema.get("exclusiveMinimum" if error.validator == "minimum" else "exclusiveMaximum")
             word = "greater" if error.validator == "minimum" else "less"
             relation = f"{word} than" if exclusive else f"{word} than or equal to"
-            yield FieldError(path, "FieldValueInvalid",
-                             f"Invalid value: {go_value(value)}: {path} in body should be {relation} "
-                             f"{error.validator_value}")
+            yield FieldError(
+                path,
+                "FieldValueInvalid",
+                f"Invalid value: {go_value(value)}: {path} in body should be {relation} {error.validator_value}",
+            )
         case "minLength":
-            yield FieldError(path, "FieldValueInvalid",
-                             f"Invalid value: {go_value(value)}: {path} in body should be at least "
-                             f"{error.validator_value} chars long")
+            yield FieldError(
+                path,
+                "FieldValueInvalid",
+                f"Invalid value: {go_value(value)}: {path} in body should be at least "
+                f"{error.validator_value} chars long",
+            )
         case "maxLength":
-            yield FieldError(path, "FieldValueTooLong",
-                             f"Too long: may not be more than {error.validator_value} bytes")
+            yield FieldError(path, "FieldValueTooLong", f"Too long: may not be more than {error.validator_value} bytes")
         case "maxItems":
-            yield FieldError(path, "FieldValueTooMany",
-                             f"Too many: {len(value)}: must have at most {error.validator_value} items")
+            yield FieldError(
+                path, "FieldValueTooMany", f"Too many: {len(value)}: must have at most {error.validator_value} items"
+            )
         case "minItems":
-            yield FieldError(path, "FieldValueInvalid",
-                             f"Invalid value: {len(value)}: {path} in body should have at least "
-                             f"{error.validator_value} items")
+            yield FieldError(
+                path,
+                "FieldValueInvalid",
+                f"Invalid value: {len(value)}: {path} in body should have at least {error.validator_value} items",
+            )
         case "format":
-            yield FieldError(path, "FieldValueInvalid",
-                             f"Invalid value: {go_value(value)}: {path} in body must be of type "
-                             f"{error.validator_value}: {go_value(value)}")
+            yield FieldError(
+                path,
+                "FieldValueInvalid",
+                f"Invalid value: {go_value(value)}: {path} in body must be of type "
+                f"{error.validator_value}: {go_value(value)}",
+            )
         case "oneOf" | "anyOf" | "allOf" | "not":
-            word = {"oneOf": "one and only one schema (oneOf)", "anyOf": "at least one schema (anyOf)",
-                    "allOf": "all the schemas (allOf)", "not": "not match the schema (not)"}[error.validator]
-            yield FieldError(path, "FieldValueInvalid",
-                             f"Invalid value: {go_value(value)}: {path} in body must validate {word}")
+            word = {
+                "oneOf": "one and only one schema (oneOf)",
+                "anyOf": "at least one schema (anyOf)",
+                "allOf": "all the schemas (allOf)",
+                "not": "not match the schema (not)",
+            }[error.validator]
+            yield FieldError(
+                path, "FieldValueInvalid", f"Invalid value: {go_value(value)}: {path} in body must validate {word}"
+            )
         case _:
             yield FieldError(path, "FieldValueInvalid", f"Invalid value: {go_value(value)}: {error.message}")
 
@@ -196,8 +221,7 @@ def _list_type_errors(value: Any, schema: dict[str, Any], path: str) -> Iterator
             if list_type == "map" and isinstance(item, dict):
                 key = {k: item.get(k) for k in schema.get("x-kubernetes-list-map-keys", [])}
                 if key in seen:
-                    yield FieldError(f"{path}[{index}]", "FieldValueDuplicate",
-                                     f"Duplicate value: {_go_map(key)}")
+                    yield FieldError(f"{path}[{index}]", "FieldValueDuplicate", f"Duplicate value: {_go_map(key)}")
                 seen.append(key)
             elif list_type == "set":
                 if item in seen:
@@ -217,12 +241,15 @@ def _metadata_errors(obj: dict[str, Any], schema: dict[str, Any]) -> Iterator[Fi
         if not rules or not isinstance(value, str):
             continue
         if "maxLength" in rules and len(value) > rules["maxLength"]:
-            yield FieldError(f"metadata.{field}", "FieldValueTooLong",
-                             f"Too long: may not be more than {rules['maxLength']} bytes")
+            yield FieldError(
+                f"metadata.{field}", "FieldValueTooLong", f"Too long: may not be more than {rules['maxLength']} bytes"
+            )
         if "pattern" in rules and not re.search(rules["pattern"], value):
-            yield FieldError(f"metadata.{field}", "FieldValueInvalid",
-                             f"Invalid value: {go_value(value)}: metadata.{field} in body should match "
-                             f"'{rules['pattern']}'")
+            yield FieldError(
+                f"metadata.{field}",
+                "FieldValueInvalid",
+                f"Invalid value: {go_value(value)}: metadata.{field} in body should match '{rules['pattern']}'",
+            )
 
 
 def format_checker() -> jsonschema.FormatChecker:

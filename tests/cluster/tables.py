@@ -33,16 +33,27 @@ def wants_table(accept: str) -> bool:
     return False
 
 
-def render(rdef: ResourceDef, objects: list[dict[str, Any]], *, resource_version: str,
-           include_object: str = "Metadata", continue_token: str | None = None) -> dict[str, Any]:
+def render(
+    rdef: ResourceDef,
+    objects: list[dict[str, Any]],
+    *,
+    resource_version: str,
+    include_object: str = "Metadata",
+    continue_token: str | None = None,
+) -> dict[str, Any]:
     columns = rdef.columns
     table: dict[str, Any] = {
         "kind": "Table",
         "apiVersion": "meta.k8s.io/v1",
         "metadata": {"resourceVersion": resource_version},
         "columnDefinitions": [
-            {"name": c.name, "type": "string" if c.type == "date" and not rdef.custom else c.type,
-             "format": c.format, "description": c.description, "priority": c.priority}
+            {
+                "name": c.name,
+                "type": "string" if c.type == "date" and not rdef.custom else c.type,
+                "format": c.format,
+                "description": c.description,
+                "priority": c.priority,
+            }
             for c in columns
         ],
         "rows": [row(rdef, obj, include_object) for obj in objects],
@@ -58,8 +69,11 @@ def row(rdef: ResourceDef, obj: dict[str, Any], include_object: str = "Metadata"
     if include_object == "Object":
         result["object"] = obj
     elif include_object != "None":
-        result["object"] = {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
-                            "metadata": obj.get("metadata", {})}
+        result["object"] = {
+            "kind": "PartialObjectMetadata",
+            "apiVersion": "meta.k8s.io/v1",
+            "metadata": obj.get("metadata", {}),
+        }
     return result
 
 
@@ -85,8 +99,10 @@ def cell(col: Column, obj: dict[str, Any]) -> Any:
             return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
 
 
-_STEP = re.compile(r"""\.([A-Za-z0-9_\-]+)|\[(\d+)\]|\['([^']+)'\]"""
-                   r"""|\[\?\(@\.([A-Za-z0-9_.]+)\s*==\s*["']([^"']*)["']\)\]""")
+_STEP = re.compile(
+    r"""\.([A-Za-z0-9_\-]+)|\[(\d+)\]|\['([^']+)'\]"""
+    r"""|\[\?\(@\.([A-Za-z0-9_.]+)\s*==\s*["']([^"']*)["']\)\]"""
+)
 
 
 def jsonpath(obj: Any, path: str) -> Iterator[Any]:
@@ -172,14 +188,28 @@ def pod_columns() -> list[Column]:
 
     return [
         Column("Name", "string", "", "Name must be unique within a namespace.", 0, "name"),
-        Column("Ready", "string", description="The aggregate readiness state of this pod for accepting traffic.",
-               compute=ready),
-        Column("Status", "string", description="The aggregate status of the containers in this pod.",
-               compute=pod_status),
-        Column("Restarts", "string", description="The number of times the containers in this pod have been "
-               "restarted and when the last container in this pod has restarted.", compute=restarts),
-        Column("Age", "string", description="CreationTimestamp is a timestamp representing the server time "
-               "when this object was created.", compute=created_age),
+        Column(
+            "Ready",
+            "string",
+            description="The aggregate readiness state of this pod for accepting traffic.",
+            compute=ready,
+        ),
+        Column(
+            "Status", "string", description="The aggregate status of the containers in this pod.", compute=pod_status
+        ),
+        Column(
+            "Restarts",
+            "string",
+            description="The number of times the containers in this pod have been "
+            "restarted and when the last container in this pod has restarted.",
+            compute=restarts,
+        ),
+        Column(
+            "Age",
+            "string",
+            description="CreationTimestamp is a timestamp representing the server time when this object was created.",
+            compute=created_age,
+        ),
         Column("IP", "string", ".status.podIP", "IP address allocated to the pod.", 1),
         Column("Node", "string", ".spec.nodeName", "Name of the node assigned to the pod.", 1),
     ]
@@ -198,8 +228,11 @@ def pod_status(pod: dict[str, Any]) -> str:
         elif terminated and terminated.get("reason"):
             reason = terminated["reason"]
         elif terminated:
-            reason = (f"Signal:{terminated['signal']}" if terminated.get("signal")
-                      else f"ExitCode:{terminated.get('exitCode', 0)}")
+            reason = (
+                f"Signal:{terminated['signal']}"
+                if terminated.get("signal")
+                else f"ExitCode:{terminated.get('exitCode', 0)}"
+            )
         elif container.get("ready") and "running" in state:
             has_running = True
     if reason == "Completed" and has_running:
@@ -213,8 +246,9 @@ def event_columns() -> list[Column]:
     from tests.cluster.resources import Column
 
     def last_seen(event: dict[str, Any]) -> str:
-        stamp = (event.get("lastTimestamp") or event.get("eventTime")
-                 or event.get("metadata", {}).get("creationTimestamp"))
+        stamp = (
+            event.get("lastTimestamp") or event.get("eventTime") or event.get("metadata", {}).get("creationTimestamp")
+        )
         return age(stamp)
 
     def involved(event: dict[str, Any]) -> str:
@@ -224,7 +258,8 @@ def event_columns() -> list[Column]:
     text: Callable[[str], Column] = lambda name: Column(name.title(), "string", f".{name}")  # noqa: E731
     return [
         Column("Last Seen", "string", compute=last_seen),
-        text("type"), text("reason"),
+        text("type"),
+        text("reason"),
         Column("Object", "string", compute=involved),
         text("message"),
         Column("Count", "integer", ".count", priority=1),

@@ -18,8 +18,12 @@ JSON_PATCH = "application/json-patch+json"
 
 
 def agentrun(name: str, **spec: Any) -> dict[str, Any]:
-    return {"apiVersion": "agentrun.dev/v1alpha1", "kind": "AgentRun", "metadata": {"name": name},
-            "spec": {"graph": "examples.support_agent:app", "threadId": f"thread-{name}", **spec}}
+    return {
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "AgentRun",
+        "metadata": {"name": name},
+        "spec": {"graph": "examples.support_agent:app", "threadId": f"thread-{name}", **spec},
+    }
 
 
 def create(cluster: EmulatedCluster, name: str, **spec: Any) -> dict[str, Any]:
@@ -28,8 +32,9 @@ def create(cluster: EmulatedCluster, name: str, **spec: Any) -> dict[str, Any]:
     return response.body  # type: ignore[no-any-return]
 
 
-def watch(cluster: EmulatedCluster, path: str, params: dict[str, str], *, count: int,
-          timeout: float = 5) -> list[dict[str, Any]]:
+def watch(
+    cluster: EmulatedCluster, path: str, params: dict[str, str], *, count: int, timeout: float = 5
+) -> list[dict[str, Any]]:
     """Read up to ``count`` events from a watch (the server ends the stream at timeoutSeconds)."""
     url = urllib.parse.urlsplit(cluster.url)
     connection = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port, timeout=timeout)
@@ -71,6 +76,7 @@ def test_label_and_field_selectors_and_pagination(cluster: EmulatedCluster) -> N
 
     def names(params: dict[str, str]) -> list[str]:
         return [i["metadata"]["name"] for i in cluster.api("GET", AGENTRUNS, params=params).body["items"]]
+
     assert names({"labelSelector": "agentrun.dev/run=x"}) == ["r1"]
     assert names({"labelSelector": "agentrun.dev/run in (x,y)"}) == ["r1", "r2"]
     assert names({"labelSelector": "!agentrun.dev/run"}) == ["r3"]
@@ -98,19 +104,26 @@ def test_watch_with_a_selector_sees_objects_enter_and_leave(cluster: EmulatedClu
     create(cluster, "sel")
     rv = cluster.api("GET", AGENTRUNS).body["metadata"]["resourceVersion"]
     events: list[dict[str, Any]] = []
-    reader = threading.Thread(target=lambda: events.extend(watch(
-        cluster, AGENTRUNS, {"resourceVersion": rv, "labelSelector": "tier=gold"}, count=3)))
+    reader = threading.Thread(
+        target=lambda: events.extend(
+            watch(cluster, AGENTRUNS, {"resourceVersion": rv, "labelSelector": "tier=gold"}, count=3)
+        )
+    )
     reader.start()
     for labels in ({"tier": "gold"}, {"tier": "gold", "x": "1"}, {"tier": None}):
-        assert cluster.api("PATCH", f"{AGENTRUNS}/sel", {"metadata": {"labels": labels}},
-                           content_type=MERGE).status == 200
+        assert (
+            cluster.api("PATCH", f"{AGENTRUNS}/sel", {"metadata": {"labels": labels}}, content_type=MERGE).status == 200
+        )
     reader.join(10)
     assert summary(events) == [("ADDED", "sel"), ("MODIFIED", "sel"), ("DELETED", "sel")]
 
 
 def test_watch_from_an_expired_resource_version_is_gone(cluster: EmulatedCluster) -> None:
-    cluster.call(lambda: cluster.emulator.registry._dropped_rv.__setitem__(  # type: ignore[union-attr]
-        cluster.emulator.resource_def("ar").key, 100))  # type: ignore[union-attr]
+    cluster.call(
+        lambda: cluster.emulator.registry._dropped_rv.__setitem__(  # type: ignore[union-attr]
+            cluster.emulator.resource_def("ar").key, 100
+        )
+    )  # type: ignore[union-attr]
     response = cluster.api("GET", AGENTRUNS, params={"watch": "true", "resourceVersion": "5"})
     assert (response.status, response.body["reason"]) == (410, "Expired")
 
@@ -124,8 +137,9 @@ def test_finalizers_hold_a_deleted_object_until_removed(cluster: EmulatedCluster
     held = cluster.get("agentruns", "fin")
     assert held is not None and held["metadata"]["deletionTimestamp"]
     assert held["metadata"]["generation"] == 2, "setting deletionTimestamp bumps the generation"
-    more = cluster.api("PATCH", f"{AGENTRUNS}/fin", {"metadata": {"finalizers": ["agentrun.dev/cleanup", "other"]}},
-                       content_type=MERGE)
+    more = cluster.api(
+        "PATCH", f"{AGENTRUNS}/fin", {"metadata": {"finalizers": ["agentrun.dev/cleanup", "other"]}}, content_type=MERGE
+    )
     assert more.status == 422 and "no new finalizers can be added" in more.body["message"]
     released = cluster.api("PATCH", f"{AGENTRUNS}/fin", {"metadata": {"finalizers": None}}, content_type=MERGE)
     assert released.status == 200
@@ -135,8 +149,10 @@ def test_finalizers_hold_a_deleted_object_until_removed(cluster: EmulatedCluster
 def test_json_patch_test_on_resource_version_is_kopfs_optimistic_lock(cluster: EmulatedCluster) -> None:
     obj = create(cluster, "jp")
     rv = obj["metadata"]["resourceVersion"]
-    ops = [{"op": "test", "path": "/metadata/resourceVersion", "value": rv},
-           {"op": "add", "path": "/metadata/finalizers", "value": ["agentrun.dev/cleanup"]}]
+    ops = [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
+        {"op": "add", "path": "/metadata/finalizers", "value": ["agentrun.dev/cleanup"]},
+    ]
     assert cluster.api("PATCH", f"{AGENTRUNS}/jp", ops, content_type=JSON_PATCH).status == 200
     stale = cluster.api("PATCH", f"{AGENTRUNS}/jp", ops, content_type=JSON_PATCH)
     assert stale.status == 422, "a failed JSON-patch test must be 422 (kopf retries on it)"
@@ -146,8 +162,12 @@ def test_merge_patch_with_a_stale_resource_version_conflicts(cluster: EmulatedCl
     obj = create(cluster, "mp")
     stale = obj["metadata"]["resourceVersion"]
     assert cluster.api("PATCH", f"{AGENTRUNS}/mp", {"spec": {"userId": "a"}}, content_type=MERGE).status == 200
-    conflict = cluster.api("PATCH", f"{AGENTRUNS}/mp", {"metadata": {"resourceVersion": stale},
-                                                        "spec": {"userId": "b"}}, content_type=MERGE)
+    conflict = cluster.api(
+        "PATCH",
+        f"{AGENTRUNS}/mp",
+        {"metadata": {"resourceVersion": stale}, "spec": {"userId": "b"}},
+        content_type=MERGE,
+    )
     assert (conflict.status, conflict.body["reason"]) == (409, "Conflict")
     assert "the object has been modified" in conflict.body["message"]
 
@@ -167,8 +187,9 @@ def test_status_subresource_writes_only_status_and_is_validated(cluster: Emulate
     written = cluster.api("PUT", f"{AGENTRUNS}/st/status", obj)
     assert written.status == 200
     assert written.body["status"] == {"phase": "Running"} and "userId" not in written.body["spec"]
-    invalid = cluster.api("PATCH", f"{AGENTRUNS}/st/status", {"status": {"phase": "Done", "attempt": -1}},
-                          content_type=MERGE)
+    invalid = cluster.api(
+        "PATCH", f"{AGENTRUNS}/st/status", {"status": {"phase": "Done", "attempt": -1}}, content_type=MERGE
+    )
     assert invalid.status == 422
     assert {c["field"] for c in invalid.body["details"]["causes"]} == {"status.phase", "status.attempt"}
 
@@ -202,8 +223,9 @@ def test_create_conflicts_generate_name_and_dry_run(cluster: EmulatedCluster) ->
 
 def test_strategic_merge_patch_is_rejected_for_custom_resources(cluster: EmulatedCluster) -> None:
     create(cluster, "smp")
-    response = cluster.api("PATCH", f"{AGENTRUNS}/smp", {"spec": {"stop": True}},
-                           content_type="application/strategic-merge-patch+json")
+    response = cluster.api(
+        "PATCH", f"{AGENTRUNS}/smp", {"spec": {"stop": True}}, content_type="application/strategic-merge-patch+json"
+    )
     assert response.status == 415
 
 
@@ -231,8 +253,7 @@ def test_pod_spec_is_immutable_except_a_few_fields(cluster: EmulatedCluster) -> 
 
 RESTRICTED_SECURITY = {
     "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
-    "container": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                  "capabilities": {"drop": ["ALL"]}},
+    "container": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}},
 }
 
 
@@ -246,8 +267,12 @@ def test_pod_security_admission_restricted(cluster: EmulatedCluster, mode: str) 
         assert loose.status == 403
         message = loose.body["message"]
         assert 'violates PodSecurity "restricted:latest"' in message
-        for check in ("allowPrivilegeEscalation != false", "unrestricted capabilities", "runAsNonRoot != true",
-                      "seccompProfile"):
+        for check in (
+            "allowPrivilegeEscalation != false",
+            "unrestricted capabilities",
+            "runAsNonRoot != true",
+            "seccompProfile",
+        ):
             assert check in message
     else:
         assert loose.status == 201 and "would violate PodSecurity" in loose.headers["Warning"]
@@ -272,28 +297,48 @@ def test_orphan_and_foreground_deletion(cluster: EmulatedCluster) -> None:
 
 
 def test_kopf_peering_and_lease_resources_are_served(cluster: EmulatedCluster) -> None:
-    peering = cluster.api("POST", "/apis/kopf.dev/v1/clusterkopfpeerings", {
-        "apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": "default"}})
+    peering = cluster.api(
+        "POST",
+        "/apis/kopf.dev/v1/clusterkopfpeerings",
+        {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": "default"}},
+    )
     assert peering.status == 201
-    patched = cluster.api("PATCH", "/apis/kopf.dev/v1/clusterkopfpeerings/default",
-                          {"status": {"op-1": {"priority": 0, "lastseen": "2025-01-01T00:00:00Z"}}},
-                          content_type=MERGE)
+    patched = cluster.api(
+        "PATCH",
+        "/apis/kopf.dev/v1/clusterkopfpeerings/default",
+        {"status": {"op-1": {"priority": 0, "lastseen": "2025-01-01T00:00:00Z"}}},
+        content_type=MERGE,
+    )
     assert patched.status == 200 and patched.body["status"]["op-1"]["priority"] == 0
     leases = "/apis/coordination.k8s.io/v1/namespaces/default/leases"
-    lease = cluster.api("POST", leases, {"metadata": {"name": "agentrun-operator"},
-                                         "spec": {"holderIdentity": "op-1", "leaseDurationSeconds": 15}}).body
+    lease = cluster.api(
+        "POST",
+        leases,
+        {"metadata": {"name": "agentrun-operator"}, "spec": {"holderIdentity": "op-1", "leaseDurationSeconds": 15}},
+    ).body
     stale = dict(lease, spec={**lease["spec"], "holderIdentity": "op-2"})
     assert cluster.api("PUT", f"{leases}/agentrun-operator", stale).status == 200
-    taken = cluster.api("PUT", f"{leases}/agentrun-operator", dict(lease, spec={**lease["spec"],
-                                                                                 "holderIdentity": "op-3"}))
+    taken = cluster.api(
+        "PUT", f"{leases}/agentrun-operator", dict(lease, spec={**lease["spec"], "holderIdentity": "op-3"})
+    )
     assert taken.status == 409, "two candidates updating one Lease version: only the first may win"
 
 
 def test_events_are_listed_by_involved_object(cluster: EmulatedCluster) -> None:
     run = create(cluster, "ev")
-    event = {"metadata": {"generateName": "ev."}, "type": "Normal", "reason": "PodCreated", "message": "pod ev-1",
-             "involvedObject": {"kind": "AgentRun", "apiVersion": "agentrun.dev/v1alpha1", "name": "ev",
-                                "namespace": "default", "uid": run["metadata"]["uid"]}}
+    event = {
+        "metadata": {"generateName": "ev."},
+        "type": "Normal",
+        "reason": "PodCreated",
+        "message": "pod ev-1",
+        "involvedObject": {
+            "kind": "AgentRun",
+            "apiVersion": "agentrun.dev/v1alpha1",
+            "name": "ev",
+            "namespace": "default",
+            "uid": run["metadata"]["uid"],
+        },
+    }
     assert cluster.api("POST", "/api/v1/namespaces/default/events", event).status == 201
     selector = f"involvedObject.name=ev,involvedObject.uid={run['metadata']['uid']}"
     listed = cluster.api("GET", "/api/v1/namespaces/default/events", params={"fieldSelector": selector}).body
@@ -306,8 +351,9 @@ def test_openapi_v3_documents_the_crd_for_kubectl(cluster: EmulatedCluster) -> N
     index = cluster.api("GET", "/openapi/v3").body["paths"]
     document = cluster.api("GET", index["apis/agentrun.dev/v1alpha1"]["serverRelativeURL"].split("?")[0]).body
     schema = document["components"]["schemas"]["dev.agentrun.v1alpha1.AgentRun"]
-    assert schema["x-kubernetes-group-version-kind"] == [{"group": "agentrun.dev", "version": "v1alpha1",
-                                                          "kind": "AgentRun"}]
+    assert schema["x-kubernetes-group-version-kind"] == [
+        {"group": "agentrun.dev", "version": "v1alpha1", "kind": "AgentRun"}
+    ]
     assert schema["properties"]["spec"]["properties"]["threadId"]["maxLength"] == 189
     patch = document["paths"]["/apis/agentrun.dev/v1alpha1/namespaces/{namespace}/agentruns/{name}"]["patch"]
     assert "fieldValidation" in [p["name"] for p in patch["parameters"]]

@@ -33,15 +33,18 @@ def schema() -> dict[str, Any]:
 
 def strict_errors(obj: dict[str, Any]) -> list[jsonschema.ValidationError]:
     """Direct jsonschema validation, rejecting unknown fields like kubectl's default (strict) validation."""
-    validator = jsonschema.Draft4Validator(to_jsonschema(schema(), strict=True),
-                                           format_checker=format_checker())
+    validator = jsonschema.Draft4Validator(to_jsonschema(schema(), strict=True), format_checker=format_checker())
     return list(validator.iter_errors(obj))
 
 
 def agentrun(**spec: Any) -> dict[str, Any]:
     base = {"graph": "examples.support_agent:app", "threadId": "order-4821"}
-    return {"apiVersion": "agentrun.dev/v1alpha1", "kind": "AgentRun", "metadata": {"name": "run"},
-            "spec": {**base, **spec}}
+    return {
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "AgentRun",
+        "metadata": {"name": "run"},
+        "spec": {**base, **spec},
+    }
 
 
 def walk(node: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
@@ -67,16 +70,23 @@ def test_crd_names_scope_and_version() -> None:
     spec = crd()["spec"]
     assert spec["group"] == "agentrun.dev"
     assert spec["scope"] == "Namespaced"
-    assert spec["names"] == {"kind": "AgentRun", "listKind": "AgentRunList", "plural": "agentruns",
-                             "singular": "agentrun", "shortNames": ["ar"], "categories": ["agentrun"]}
+    assert spec["names"] == {
+        "kind": "AgentRun",
+        "listKind": "AgentRunList",
+        "plural": "agentruns",
+        "singular": "agentrun",
+        "shortNames": ["ar"],
+        "categories": ["agentrun"],
+    }
     (only,) = spec["versions"]
     assert (only["name"], only["served"], only["storage"]) == ("v1alpha1", True, True)
     assert only["subresources"] == {"status": {}}, "the operator writes status through the status subresource"
 
 
 def test_printer_columns_show_phase_node_version_attempt_age() -> None:
-    columns = [(c["name"], c["type"], c["jsonPath"]) for c in version()["additionalPrinterColumns"]
-               if not c.get("priority")]
+    columns = [
+        (c["name"], c["type"], c["jsonPath"]) for c in version()["additionalPrinterColumns"] if not c.get("priority")
+    ]
     assert columns == [
         ("Phase", "string", ".status.phase"),
         ("Node", "string", ".status.currentNode"),
@@ -87,19 +97,25 @@ def test_printer_columns_show_phase_node_version_attempt_age() -> None:
 
 
 def test_every_field_has_a_description_for_kubectl_explain() -> None:
-    undescribed = [path for path, sub in walk(schema())
-                   if not path.endswith(("[]", ".*")) and not sub.get("description")
-                   and not path.startswith(".metadata")]  # the server documents metadata as ObjectMeta
-    undescribed += [path for path, sub in walk(schema()) if path.endswith("[]") and sub.get("type") == "object"
-                    and not sub.get("description")]
+    undescribed = [
+        path
+        for path, sub in walk(schema())
+        if not path.endswith(("[]", ".*")) and not sub.get("description") and not path.startswith(".metadata")
+    ]  # the server documents metadata as ObjectMeta
+    undescribed += [
+        path
+        for path, sub in walk(schema())
+        if path.endswith("[]") and sub.get("type") == "object" and not sub.get("description")
+    ]
     assert not undescribed, f"fields without a description (kubectl explain shows nothing): {undescribed}"
 
 
 def test_schema_is_structural() -> None:
     """Every field typed (or int-or-string / preserve-unknown), no CEL, and defaults that validate."""
     for path, sub in walk(schema()):
-        typed = ("type" in sub or sub.get("x-kubernetes-int-or-string")
-                 or sub.get("x-kubernetes-preserve-unknown-fields"))
+        typed = (
+            "type" in sub or sub.get("x-kubernetes-int-or-string") or sub.get("x-kubernetes-preserve-unknown-fields")
+        )
         assert typed, f"{path} has no type: a structural schema needs one"
         assert "x-kubernetes-validations" not in sub, f"{path}: CEL rules are not checked by the emulated cluster"
         assert not ("properties" in sub and "additionalProperties" in sub), f"{path}: properties or a map, not both"
@@ -118,8 +134,13 @@ def test_example_manifest_is_valid_and_names_a_real_graph() -> None:
     assert spec["input"]["messages"][0]["content"] == "charge my saved card for order 4821 and email me the receipt"
     module, attribute = spec["graph"].split(":")
     source = ROOT.joinpath(*module.split(".")).with_suffix(".py")
-    assigned = {target.id for node in ast.parse(source.read_text()).body if isinstance(node, ast.Assign)
-                for target in node.targets if isinstance(target, ast.Name)}
+    assigned = {
+        target.id
+        for node in ast.parse(source.read_text()).body
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
     assert attribute in assigned, f"{spec['graph']}: {source} assigns no {attribute!r}"
 
 
@@ -179,38 +200,66 @@ def test_graph_reference_accepts_module_colon_attribute(graph: str) -> None:
     assert strict_errors(agentrun(graph=graph)) == []
 
 
-@pytest.mark.parametrize("graph", ["examples.support_agent", "examples/support_agent.py:app", ":app", "mod:",
-                                   "mod:app:x", "1mod:app", "mod: app", "mod.:app"])
+@pytest.mark.parametrize(
+    "graph",
+    [
+        "examples.support_agent",
+        "examples/support_agent.py:app",
+        ":app",
+        "mod:",
+        "mod:app:x",
+        "1mod:app",
+        "mod: app",
+        "mod.:app",
+    ],
+)
 def test_graph_reference_rejects_anything_else(graph: str) -> None:
     assert _error_fields(strict_errors(agentrun(graph=graph))) == {"spec.graph"}
 
 
-@pytest.mark.parametrize(("thread", "valid"), [
-    ("o", True), ("order-4821", True), ("tenant:42@eu.west_1", True), ("x" * 189, True),
-    ("", False), ("x" * 190, False), ("order 4821", False), ("a/b", False), ("-leading", False), ("trailing-", False),
-])
+@pytest.mark.parametrize(
+    ("thread", "valid"),
+    [
+        ("o", True),
+        ("order-4821", True),
+        ("tenant:42@eu.west_1", True),
+        ("x" * 189, True),
+        ("", False),
+        ("x" * 190, False),
+        ("order 4821", False),
+        ("a/b", False),
+        ("-leading", False),
+        ("trailing-", False),
+    ],
+)
 def test_thread_id_is_1_to_189_safe_characters(thread: str, valid: bool) -> None:
     assert (strict_errors(agentrun(threadId=thread)) == []) is valid
 
 
-@pytest.mark.parametrize(("config", "field"), [
-    ({"toolTimeoutSeconds": 0, "nodeTimeoutSeconds": 0}, None),  # 0 disables a deadline
-    ({"toolTimeoutSeconds": 0.5}, None),
-    ({"nodeTimeoutSeconds": -1}, "spec.config.nodeTimeoutSeconds"),
-    ({"recursionLimit": 0}, "spec.config.recursionLimit"),
-    ({"recursionLimit": 10001}, "spec.config.recursionLimit"),
-    ({"durableCheckpointEveryStep": "yes"}, "spec.config.durableCheckpointEveryStep"),
-])
+@pytest.mark.parametrize(
+    ("config", "field"),
+    [
+        ({"toolTimeoutSeconds": 0, "nodeTimeoutSeconds": 0}, None),  # 0 disables a deadline
+        ({"toolTimeoutSeconds": 0.5}, None),
+        ({"nodeTimeoutSeconds": -1}, "spec.config.nodeTimeoutSeconds"),
+        ({"recursionLimit": 0}, "spec.config.recursionLimit"),
+        ({"recursionLimit": 10001}, "spec.config.recursionLimit"),
+        ({"durableCheckpointEveryStep": "yes"}, "spec.config.durableCheckpointEveryStep"),
+    ],
+)
 def test_config_bounds(config: dict[str, Any], field: str | None) -> None:
     assert _error_fields(strict_errors(agentrun(config=config))) == ({field} if field else set())
 
 
-@pytest.mark.parametrize(("policy", "field"), [
-    ({"maxRestarts": 0, "backoffSeconds": 0}, None),
-    ({"maxRestarts": 100, "backoffSeconds": 3600}, None),
-    ({"maxRestarts": -1}, "spec.restartPolicy.maxRestarts"),
-    ({"backoffSeconds": 3601}, "spec.restartPolicy.backoffSeconds"),
-])
+@pytest.mark.parametrize(
+    ("policy", "field"),
+    [
+        ({"maxRestarts": 0, "backoffSeconds": 0}, None),
+        ({"maxRestarts": 100, "backoffSeconds": 3600}, None),
+        ({"maxRestarts": -1}, "spec.restartPolicy.maxRestarts"),
+        ({"backoffSeconds": 3601}, "spec.restartPolicy.backoffSeconds"),
+    ],
+)
 def test_restart_policy_bounds(policy: dict[str, Any], field: str | None) -> None:
     assert _error_fields(strict_errors(agentrun(restartPolicy=policy))) == ({field} if field else set())
 
@@ -225,13 +274,27 @@ def test_defaults_fill_config_restart_policy_and_stop() -> None:
 
 
 def test_resume_takes_any_json_value_or_one_per_interrupt_id() -> None:
-    for resume in ({"value": {"approved": True}}, {"value": "yes"}, {"value": 3},
-                   {"values": {"int-1": True, "int-2": {"note": "ok"}}}):
+    for resume in (
+        {"value": {"approved": True}},
+        {"value": "yes"},
+        {"value": 3},
+        {"values": {"int-1": True, "int-2": {"note": "ok"}}},
+    ):
         assert strict_errors(agentrun(resume=resume)) == [], resume
 
 
-@pytest.mark.parametrize("forbidden", ["serviceAccountName", "securityContext", "command", "volumes", "hostNetwork",
-                                       "image", "automountServiceAccountToken"])
+@pytest.mark.parametrize(
+    "forbidden",
+    [
+        "serviceAccountName",
+        "securityContext",
+        "command",
+        "volumes",
+        "hostNetwork",
+        "image",
+        "automountServiceAccountToken",
+    ],
+)
 def test_pod_template_rejects_fields_outside_the_safe_subset(forbidden: str) -> None:
     errors = strict_errors(agentrun(podTemplate={forbidden: "x"}))
     assert _error_fields(errors) == {f"spec.podTemplate.{forbidden}"}
@@ -239,25 +302,44 @@ def test_pod_template_rejects_fields_outside_the_safe_subset(forbidden: str) -> 
 
 def test_pod_template_accepts_the_safe_subset() -> None:
     template = {
-        "labels": {"team": "support"}, "annotations": {"note": "x"},
+        "labels": {"team": "support"},
+        "annotations": {"note": "x"},
         "resources": {"limits": {"cpu": "1", "memory": "512Mi"}, "requests": {"cpu": "250m", "memory": 268435456}},
         "nodeSelector": {"pool": "agents"},
         "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "agents", "effect": "NoSchedule"}],
-        "env": [{"name": "LOG_LEVEL", "value": "debug"},
-                {"name": "API_KEY", "valueFrom": {"secretKeyRef": {"name": "model", "key": "apiKey"}}},
-                {"name": "REGION", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "region"}}}],
+        "env": [
+            {"name": "LOG_LEVEL", "value": "debug"},
+            {"name": "API_KEY", "valueFrom": {"secretKeyRef": {"name": "model", "key": "apiKey"}}},
+            {"name": "REGION", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "region"}}},
+        ],
     }
     assert strict_errors(agentrun(podTemplate=template)) == []
 
 
-@pytest.mark.parametrize(("env", "field"), [
-    ([{"name": "X", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}], "spec.podTemplate.env.0.valueFrom"),
-    ([{"name": "X", "valueFrom": {}}], "spec.podTemplate.env.0.valueFrom"),
-    ([{"name": "X", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"},
-                                  "configMapKeyRef": {"name": "c", "key": "k"}}}], "spec.podTemplate.env.0.valueFrom"),
-    ([{"name": "1X=", "value": "v"}], "spec.podTemplate.env.0.name"),
-    ([{"value": "v"}], "spec.podTemplate.env.0.name"),
-])
+@pytest.mark.parametrize(
+    ("env", "field"),
+    [
+        (
+            [{"name": "X", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+            "spec.podTemplate.env.0.valueFrom",
+        ),
+        ([{"name": "X", "valueFrom": {}}], "spec.podTemplate.env.0.valueFrom"),
+        (
+            [
+                {
+                    "name": "X",
+                    "valueFrom": {
+                        "secretKeyRef": {"name": "s", "key": "k"},
+                        "configMapKeyRef": {"name": "c", "key": "k"},
+                    },
+                }
+            ],
+            "spec.podTemplate.env.0.valueFrom",
+        ),
+        ([{"name": "1X=", "value": "v"}], "spec.podTemplate.env.0.name"),
+        ([{"value": "v"}], "spec.podTemplate.env.0.name"),
+    ],
+)
 def test_pod_template_env_is_a_value_or_a_secret_or_configmap_key(env: list[Any], field: str) -> None:
     fields = _error_fields(strict_errors(agentrun(podTemplate={"env": env})))
     assert field in fields
@@ -271,16 +353,36 @@ def test_duplicate_env_names_are_rejected_by_the_list_map_semantics() -> None:
 
 def test_a_full_status_validates_and_phase_is_an_enum() -> None:
     status = {
-        "phase": "Interrupted", "stateVersion": 12, "currentNode": "tools", "step": 5, "attempt": 2,
-        "restarts": 1, "disruptions": 0, "podName": "run-2", "lastCheckpointTime": "2025-01-01T10:00:00Z",
+        "phase": "Interrupted",
+        "stateVersion": 12,
+        "currentNode": "tools",
+        "step": 5,
+        "attempt": 2,
+        "restarts": 1,
+        "disruptions": 0,
+        "podName": "run-2",
+        "lastCheckpointTime": "2025-01-01T10:00:00Z",
         "toolCalls": {"executed": 3, "replayed": 2},
         "interrupt": {"id": "int-1", "ids": ["int-1", "int-2"], "message": "approve?", "payload": {"amount": 49.99}},
-        "conditions": [{"type": "Ready", "status": "False", "reason": "WaitingForResume", "message": "m",
-                        "lastTransitionTime": "2025-01-01T10:00:00Z", "observedGeneration": 3}],
-        "observedGeneration": 3, "startTime": "2025-01-01T09:59:00Z", "reason": "Interrupted", "message": "waiting",
+        "conditions": [
+            {
+                "type": "Ready",
+                "status": "False",
+                "reason": "WaitingForResume",
+                "message": "m",
+                "lastTransitionTime": "2025-01-01T10:00:00Z",
+                "observedGeneration": 3,
+            }
+        ],
+        "observedGeneration": 3,
+        "startTime": "2025-01-01T09:59:00Z",
+        "reason": "Interrupted",
+        "message": "waiting",
     }
     assert strict_errors({**agentrun(), "status": status}) == []
-    bad = {**agentrun(), "status": {"phase": "Done", "conditions": [{"type": "Ready"}],
-                                    "lastCheckpointTime": "yesterday"}}
+    bad = {
+        **agentrun(),
+        "status": {"phase": "Done", "conditions": [{"type": "Ready"}], "lastCheckpointTime": "yesterday"},
+    }
     fields = _error_fields(strict_errors(bad))
     assert fields == {"status.phase", "status.conditions.0.status", "status.lastCheckpointTime"}

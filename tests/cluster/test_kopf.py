@@ -20,16 +20,27 @@ NAME = "support-order-4821"
 
 @pytest.fixture
 def kopf_operator(cluster: EmulatedCluster, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
-    peering = cluster.api("POST", "/apis/kopf.dev/v1/clusterkopfpeerings", {
-        "apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": "default"}})
+    peering = cluster.api(
+        "POST",
+        "/apis/kopf.dev/v1/clusterkopfpeerings",
+        {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": "default"}},
+    )
     assert peering.status == 201
     marker = tmp_path / "deleted"
-    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "KOPF_SMOKE_MARKER": str(marker),
-           "PYTHONPATH": str(ROOT)}
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(cluster.kubeconfig),
+        "KOPF_SMOKE_MARKER": str(marker),
+        "PYTHONPATH": str(ROOT),
+    }
     log = tmp_path / "kopf.log"
     with open(log, "wb") as out:
-        process = subprocess.Popen([sys.executable, "-m", "kopf", "run", "--all-namespaces", "--peering=default",
-                                    "--verbose", str(HANDLERS)], env=env, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "kopf", "run", "--all-namespaces", "--peering=default", "--verbose", str(HANDLERS)],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         yield process, marker
     finally:
@@ -48,20 +59,25 @@ def phase(cluster: EmulatedCluster) -> Any:
 
 
 def test_kopf_handlers_finalizers_events_and_peering_work(
-        cluster: EmulatedCluster, kopf_operator: tuple[subprocess.Popen[bytes], Path]) -> None:
+    cluster: EmulatedCluster, kopf_operator: tuple[subprocess.Popen[bytes], Path]
+) -> None:
     process, marker = kopf_operator
     assert cluster.kubectl("apply", "-f", str(EXAMPLE)).returncode == 0
     cluster.wait_for(lambda: phase(cluster) == "Running", timeout=20, message="kopf's create handler ran")
     obj = cluster.get("agentruns", NAME)
     assert obj is not None and obj["metadata"]["finalizers"] == ["agentrun.dev/kopf-smoke"]
-    peers = cluster.wait_for(lambda: (cluster.get("clusterkopfpeerings", "default", None) or {}).get("status"),
-                             message="kopf's peering keep-alive")
+    peers = cluster.wait_for(
+        lambda: (cluster.get("clusterkopfpeerings", "default", None) or {}).get("status"),
+        message="kopf's peering keep-alive",
+    )
     assert len(peers) == 1, f"one operator, one peer: {peers}"
 
     assert cluster.kubectl("patch", "ar", NAME, "--type", "merge", "-p", '{"spec":{"stop":true}}').returncode == 0
     cluster.wait_for(lambda: phase(cluster) == "Stopped", timeout=20, message="kopf's field handler ran")
-    events = cluster.wait_for(lambda: [e for e in cluster.list_objects("events", "default")
-                                       if e["involvedObject"]["name"] == NAME], message="kopf posted an event")
+    events = cluster.wait_for(
+        lambda: [e for e in cluster.list_objects("events", "default") if e["involvedObject"]["name"] == NAME],
+        message="kopf posted an event",
+    )
     assert any("started by the smoke operator" in e["message"] for e in events)
 
     result = cluster.kubectl("delete", "ar", NAME, "--timeout=30s")

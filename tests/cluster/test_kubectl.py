@@ -30,8 +30,9 @@ def apply_example(cluster: EmulatedCluster) -> dict[str, Any]:
 
 def set_status(cluster: EmulatedCluster, status: dict[str, Any]) -> dict[str, Any]:
     """What the operator does: a merge patch of the status subresource."""
-    response = cluster.api("PATCH", f"{AGENTRUNS}/{NAME}/status", {"status": status},
-                           content_type="application/merge-patch+json")
+    response = cluster.api(
+        "PATCH", f"{AGENTRUNS}/{NAME}/status", {"status": status}, content_type="application/merge-patch+json"
+    )
     assert response.status == 200, response.body
     body: dict[str, Any] = response.body
     return body
@@ -58,8 +59,12 @@ def test_kubectl_apply_creates_the_example_with_client_validation_on(cluster: Em
     meta = obj["metadata"]
     assert meta["generation"] == 1 and meta["uid"] and meta["creationTimestamp"] and meta["resourceVersion"]
     assert obj["spec"]["restartPolicy"] == {"maxRestarts": 3, "backoffSeconds": 5}, "CRD defaults not applied"
-    assert obj["spec"]["config"] == {"toolTimeoutSeconds": 60, "nodeTimeoutSeconds": 300,
-                                     "durableCheckpointEveryStep": True, "recursionLimit": 50}
+    assert obj["spec"]["config"] == {
+        "toolTimeoutSeconds": 60,
+        "nodeTimeoutSeconds": 300,
+        "durableCheckpointEveryStep": True,
+        "recursionLimit": 50,
+    }
     assert obj["spec"]["stop"] is False
 
 
@@ -87,11 +92,22 @@ def test_kubectl_get_prints_phase_node_version_attempt(cluster: EmulatedCluster,
 
 def test_kubectl_get_wide_and_all_namespaces(cluster: EmulatedCluster) -> None:
     apply_example(cluster)
-    set_status(cluster, {"phase": "Failed", "attempt": 4, "restarts": 3, "disruptions": 1,
-                         "reason": "BackoffLimitExceeded"})
+    set_status(
+        cluster, {"phase": "Failed", "attempt": 4, "restarts": 3, "disruptions": 1, "reason": "BackoffLimitExceeded"}
+    )
     header, row = table(cluster.kubectl("get", "ar", "-o", "wide").stdout)
-    assert header == ["NAME", "PHASE", "NODE", "VERSION", "ATTEMPT", "RESTARTS", "DISRUPTIONS", "THREAD",
-                      "REASON", "AGE"]
+    assert header == [
+        "NAME",
+        "PHASE",
+        "NODE",
+        "VERSION",
+        "ATTEMPT",
+        "RESTARTS",
+        "DISRUPTIONS",
+        "THREAD",
+        "REASON",
+        "AGE",
+    ]
     assert row[:9] == [NAME, "Failed", "", "", "4", "3", "1", "order-4821", "BackoffLimitExceeded"]
     header, row = table(cluster.kubectl("get", "ar", "-A").stdout)
     assert header[:3] == ["NAMESPACE", "NAME", "PHASE"] and row[:3] == ["default", NAME, "Failed"]
@@ -117,8 +133,13 @@ def test_short_name_ar_is_unambiguous_in_discovery(cluster: EmulatedCluster) -> 
     resources = cluster.api("GET", "/apis/agentrun.dev/v1alpha1").body["resources"]
     main, status = resources
     assert (main["name"], main["shortNames"], main["categories"]) == ("agentruns", ["ar"], ["agentrun"])
-    assert status == {"name": "agentruns/status", "singularName": "", "namespaced": True, "kind": "AgentRun",
-                      "verbs": ["get", "patch", "update"]}
+    assert status == {
+        "name": "agentruns/status",
+        "singularName": "",
+        "namespaced": True,
+        "kind": "AgentRun",
+        "verbs": ["get", "patch", "update"],
+    }
     result = cluster.kubectl("api-resources", "--api-group=agentrun.dev")
     assert result.returncode == 0 and result.stderr == "", result.stderr
     header, row = table(result.stdout)
@@ -154,8 +175,16 @@ def test_kubectl_rejects_invalid_manifest_naming_the_field(cluster: EmulatedClus
 
 def test_kubectl_patch_stop_bumps_generation_but_status_patch_does_not(cluster: EmulatedCluster) -> None:
     created = apply_example(cluster)
-    status = cluster.kubectl("patch", "ar", NAME, "--subresource=status", "--type", "merge",
-                             "-p", '{"status":{"phase":"Running","attempt":1}}')
+    status = cluster.kubectl(
+        "patch",
+        "ar",
+        NAME,
+        "--subresource=status",
+        "--type",
+        "merge",
+        "-p",
+        '{"status":{"phase":"Running","attempt":1}}',
+    )
     assert status.returncode == 0, status.stderr
     after_status = cluster.get("agentruns", NAME)
     assert after_status is not None
@@ -186,8 +215,10 @@ def test_stale_resource_version_is_a_conflict(cluster: EmulatedCluster, tmp_path
     apply_example(cluster)
     stale = tmp_path / "stale.json"
     stale.write_text(cluster.kubectl("get", "ar", NAME, "-o", "json").stdout)
-    assert cluster.kubectl("patch", "ar", NAME, "--type", "merge", "-p", '{"spec":{"userId":"customer-119"}}'
-                           ).returncode == 0
+    assert (
+        cluster.kubectl("patch", "ar", NAME, "--type", "merge", "-p", '{"spec":{"userId":"customer-119"}}').returncode
+        == 0
+    )
     edited = json.loads(stale.read_text())
     edited["spec"]["userId"] = "someone-else"
     stale.write_text(json.dumps(edited))
@@ -235,8 +266,9 @@ def test_kubectl_apply_pod_and_get_pods(cluster: EmulatedCluster, tmp_path: Path
 
 def test_kubectl_create_secret_and_get_it(cluster: EmulatedCluster) -> None:
     """kubectl create sends protobuf for built-ins: the emulator decodes the kinds users create."""
-    result = cluster.kubectl("create", "secret", "generic", "agentrun-store",
-                             "--from-literal=postgresDsn=postgresql://agentrun@db/agentrun")
+    result = cluster.kubectl(
+        "create", "secret", "generic", "agentrun-store", "--from-literal=postgresDsn=postgresql://agentrun@db/agentrun"
+    )
     assert result.returncode == 0, result.stderr
     header, row = table(cluster.kubectl("get", "secrets").stdout)
     assert header == ["NAME", "TYPE", "DATA", "AGE"] and row[:3] == ["agentrun-store", "Opaque", "1"]
@@ -271,8 +303,11 @@ def test_kubectl_describe_agentrun(cluster: EmulatedCluster) -> None:
 def test_watch_of_the_emulator_ends_when_the_cluster_stops(tmp_path: Path) -> None:
     """A client still watching must not keep the server from stopping (teardown stays fast)."""
     emulated = EmulatedCluster(tmp_path / "c").start()
-    watch = subprocess.Popen([KUBECTL, f"--kubeconfig={emulated.kubeconfig}", "get", "pods", "-w"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    watch = subprocess.Popen(
+        [KUBECTL, f"--kubeconfig={emulated.kubeconfig}", "get", "pods", "-w"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         time.sleep(0.5)
         started = time.monotonic()
@@ -291,8 +326,10 @@ def test_the_crd_is_installed_and_can_be_reapplied_deleted_and_restored(cluster:
     assert reapplied.returncode == 0 and reapplied.stderr == "", reapplied.stderr
     crd = cluster.get("crds", "agentruns.agentrun.dev", None)
     assert crd is not None
-    assert {c["type"]: c["status"] for c in crd["status"]["conditions"]} == {"NamesAccepted": "True",
-                                                                           "Established": "True"}
+    assert {c["type"]: c["status"] for c in crd["status"]["conditions"]} == {
+        "NamesAccepted": "True",
+        "Established": "True",
+    }
     apply_example(cluster)
     assert cluster.kubectl("delete", "crd", "agentruns.agentrun.dev").returncode == 0
     assert cluster.api("GET", AGENTRUNS).status == 404, "a deleted CRD's resource is still served"
@@ -303,12 +340,25 @@ def test_the_crd_is_installed_and_can_be_reapplied_deleted_and_restored(cluster:
 
 def test_kubectl_wait_for_a_phase_a_condition_and_deletion(cluster: EmulatedCluster) -> None:
     apply_example(cluster)
-    with cluster.kubectl_popen("wait", "--timeout=20s", "--for=jsonpath={.status.phase}=Succeeded",
-                               f"ar/{NAME}") as waiting:
+    with cluster.kubectl_popen(
+        "wait", "--timeout=20s", "--for=jsonpath={.status.phase}=Succeeded", f"ar/{NAME}"
+    ) as waiting:
         time.sleep(0.5)
         assert waiting.poll() is None, "kubectl wait returned before the phase was reached"
-        set_status(cluster, {"phase": "Succeeded", "conditions": [
-            {"type": "Ready", "status": "True", "reason": "Completed", "lastTransitionTime": "2025-01-01T00:00:00Z"}]})
+        set_status(
+            cluster,
+            {
+                "phase": "Succeeded",
+                "conditions": [
+                    {
+                        "type": "Ready",
+                        "status": "True",
+                        "reason": "Completed",
+                        "lastTransitionTime": "2025-01-01T00:00:00Z",
+                    }
+                ],
+            },
+        )
         out, err = waiting.communicate(timeout=20)
     assert waiting.returncode == 0 and "condition met" in out, err
     ready = cluster.kubectl("wait", "--for=condition=Ready", f"ar/{NAME}", "--timeout=5s")

@@ -23,8 +23,9 @@ print("ready", flush=True)
 time.sleep(60)
 """
 SLEEPER = "import time; print('ready', flush=True); time.sleep(60)"
-STUBBORN = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-            "print('ready', flush=True); time.sleep(60)")
+STUBBORN = (
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"
+)
 
 
 def create_pod(cluster: EmulatedCluster, pod: dict[str, Any], namespace: str = "default") -> None:
@@ -36,6 +37,7 @@ def wait_pod(cluster: EmulatedCluster, name: str, phase: str, timeout: float = 1
     def check() -> dict[str, Any] | None:
         pod = cluster.get("pods", name)
         return pod if pod is not None and pod.get("status", {}).get("phase") == phase else None
+
     return cluster.wait_for(check, timeout=timeout, message=f"pod {name} in phase {phase}")
 
 
@@ -59,8 +61,14 @@ def last_state(history: list[dict[str, Any] | None]) -> dict[str, Any]:
 def test_pod_reads_a_secret_through_its_env_and_succeeds(cluster: EmulatedCluster, kubelet: KubeletThread) -> None:
     secret = {"metadata": {"name": "agentrun-store"}, "stringData": {"postgresDsn": "postgresql://db/agentrun"}}
     assert cluster.api("POST", "/api/v1/namespaces/default/secrets", secret).status == 201
-    assert cluster.api("POST", "/api/v1/namespaces/default/configmaps", {
-        "metadata": {"name": "settings"}, "data": {"region": "eu-west-1"}}).status == 201
+    assert (
+        cluster.api(
+            "POST",
+            "/api/v1/namespaces/default/configmaps",
+            {"metadata": {"name": "settings"}, "data": {"region": "eu-west-1"}},
+        ).status
+        == 201
+    )
     env: list[dict[str, Any]] = [
         {"name": "AGENTRUN_STORE_DSN", "valueFrom": {"secretKeyRef": {"name": "agentrun-store", "key": "postgresDsn"}}},
         {"name": "REGION", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "region"}}},
@@ -109,7 +117,8 @@ def test_oom_kill_is_reported_as_oomkilled(cluster: EmulatedCluster, kubelet: Ku
 
 
 def test_eviction_marks_disruption_target_sends_sigterm_and_removes_the_pod(
-        cluster: EmulatedCluster, kubelet: KubeletThread, tmp_path: Path) -> None:
+    cluster: EmulatedCluster, kubelet: KubeletThread, tmp_path: Path
+) -> None:
     marker = tmp_path / "evicted"
     create_pod(cluster, python_pod("evicted-1", PREEMPTIBLE.format(marker=str(marker)), grace=10))
     wait_ready(kubelet, cluster, "evicted-1")
@@ -126,7 +135,8 @@ def test_eviction_marks_disruption_target_sends_sigterm_and_removes_the_pod(
 
 
 def test_node_pressure_eviction_keeps_a_failed_pod_with_reason_evicted(
-        cluster: EmulatedCluster, kubelet: KubeletThread) -> None:
+    cluster: EmulatedCluster, kubelet: KubeletThread
+) -> None:
     create_pod(cluster, python_pod("pressure-1", SLEEPER))
     wait_ready(kubelet, cluster, "pressure-1")
     kubelet.evict("pressure-1", node_pressure=True)
@@ -139,7 +149,8 @@ def test_node_pressure_eviction_keeps_a_failed_pod_with_reason_evicted(
 
 
 def test_delete_with_grace_period_sends_sigterm_first(
-        cluster: EmulatedCluster, kubelet: KubeletThread, tmp_path: Path) -> None:
+    cluster: EmulatedCluster, kubelet: KubeletThread, tmp_path: Path
+) -> None:
     marker = tmp_path / "terminated"
     create_pod(cluster, python_pod("graceful-1", PREEMPTIBLE.format(marker=str(marker)), grace=10))
     wait_ready(kubelet, cluster, "graceful-1")
@@ -154,7 +165,8 @@ def test_delete_with_grace_period_sends_sigterm_first(
 
 
 def test_a_process_ignoring_sigterm_is_killed_after_the_grace_period(
-        cluster: EmulatedCluster, kubelet: KubeletThread) -> None:
+    cluster: EmulatedCluster, kubelet: KubeletThread
+) -> None:
     create_pod(cluster, python_pod("stubborn-1", STUBBORN, grace=1))
     wait_ready(kubelet, cluster, "stubborn-1")
     started = time.monotonic()
@@ -166,7 +178,8 @@ def test_a_process_ignoring_sigterm_is_killed_after_the_grace_period(
 
 
 def test_missing_secret_keeps_the_pod_pending_with_create_container_config_error(
-        cluster: EmulatedCluster, kubelet: KubeletThread) -> None:
+    cluster: EmulatedCluster, kubelet: KubeletThread
+) -> None:
     env = [{"name": "DSN", "valueFrom": {"secretKeyRef": {"name": "late-store", "key": "postgresDsn"}}}]
     create_pod(cluster, python_pod("late-1", "import os; print(os.environ['DSN'])", env=env))
 
@@ -175,26 +188,44 @@ def test_missing_secret_keeps_the_pod_pending_with_create_container_config_error
         statuses = (pod or {}).get("status", {}).get("containerStatuses") or [{}]
         found: dict[str, Any] | None = statuses[0].get("state", {}).get("waiting")
         return found
-    state = cluster.wait_for(lambda: (w := waiting()) and w["reason"] == "CreateContainerConfigError" and w,
-                             message="CreateContainerConfigError")
+
+    state = cluster.wait_for(
+        lambda: (w := waiting()) and w["reason"] == "CreateContainerConfigError" and w,
+        message="CreateContainerConfigError",
+    )
     assert state["message"] == 'secret "late-store" not found'
     pod = cluster.get("pods", "late-1")
     assert pod is not None and pod["status"]["phase"] == "Pending"
     assert "CreateContainerConfigError" in cluster.kubectl("get", "pod", "late-1").stdout
 
-    assert cluster.api("POST", "/api/v1/namespaces/default/secrets", {
-        "metadata": {"name": "late-store"}, "stringData": {"other": "x"}}).status == 201
-    cluster.wait_for(lambda: (w := waiting()) and "couldn't find key postgresDsn" in w.get("message", ""),
-                     message="missing key reported")
-    assert cluster.api("PATCH", "/api/v1/namespaces/default/secrets/late-store",
-                       {"stringData": {"postgresDsn": "postgresql://late"}},
-                       content_type="application/merge-patch+json").status == 200
+    assert (
+        cluster.api(
+            "POST",
+            "/api/v1/namespaces/default/secrets",
+            {"metadata": {"name": "late-store"}, "stringData": {"other": "x"}},
+        ).status
+        == 201
+    )
+    cluster.wait_for(
+        lambda: (w := waiting()) and "couldn't find key postgresDsn" in w.get("message", ""),
+        message="missing key reported",
+    )
+    assert (
+        cluster.api(
+            "PATCH",
+            "/api/v1/namespaces/default/secrets/late-store",
+            {"stringData": {"postgresDsn": "postgresql://late"}},
+            content_type="application/merge-patch+json",
+        ).status
+        == 200
+    )
     wait_pod(cluster, "late-1", "Succeeded")
     assert kubelet.logs("late-1").strip() == "postgresql://late"
 
 
 def test_lost_node_reports_unknown_kills_the_process_and_needs_a_force_delete(
-        cluster: EmulatedCluster, kubelet: KubeletThread) -> None:
+    cluster: EmulatedCluster, kubelet: KubeletThread
+) -> None:
     create_pod(cluster, python_pod("lost-1", SLEEPER, grace=1))
     wait_ready(kubelet, cluster, "lost-1")
     pid = kubelet.pid("lost-1")
@@ -213,10 +244,13 @@ def test_lost_node_reports_unknown_kills_the_process_and_needs_a_force_delete(
 
 
 def test_pause_stops_the_process_and_resume_continues_it(
-        cluster: EmulatedCluster, kubelet: KubeletThread, tmp_path: Path) -> None:
+    cluster: EmulatedCluster, kubelet: KubeletThread, tmp_path: Path
+) -> None:
     ticks = tmp_path / "ticks"
-    script = (f"import pathlib, time\nprint('ready', flush=True)\nfor i in range(40):\n"
-              f"    pathlib.Path({str(ticks)!r}).write_text(str(i)); time.sleep(0.05)")
+    script = (
+        f"import pathlib, time\nprint('ready', flush=True)\nfor i in range(40):\n"
+        f"    pathlib.Path({str(ticks)!r}).write_text(str(i)); time.sleep(0.05)"
+    )
     create_pod(cluster, python_pod("paused-1", script))
     wait_ready(kubelet, cluster, "paused-1")
     kubelet.pause("paused-1")
@@ -230,12 +264,14 @@ def test_pause_stops_the_process_and_resume_continues_it(
 
 
 def test_node_selector_that_matches_no_node_leaves_the_pod_unschedulable(
-        cluster: EmulatedCluster, kubelet: KubeletThread) -> None:
+    cluster: EmulatedCluster, kubelet: KubeletThread
+) -> None:
     create_pod(cluster, python_pod("gpu-1", "pass", nodeSelector={"accelerator": "h100"}))
 
     def scheduled() -> dict[str, Any] | None:
         pod = cluster.get("pods", "gpu-1") or {}
         return {c["type"]: c for c in pod.get("status", {}).get("conditions") or []}.get("PodScheduled")
+
     condition = cluster.wait_for(scheduled, message="PodScheduled condition")
     assert (condition["status"], condition["reason"]) == ("False", "Unschedulable")
     pod = cluster.get("pods", "gpu-1")
@@ -243,12 +279,14 @@ def test_node_selector_that_matches_no_node_leaves_the_pod_unschedulable(
 
 
 def test_deleting_an_agentrun_terminates_and_collects_its_running_pod(
-        cluster: EmulatedCluster, kubelet: KubeletThread, tmp_path: Path) -> None:
+    cluster: EmulatedCluster, kubelet: KubeletThread, tmp_path: Path
+) -> None:
     assert cluster.kubectl("apply", "-f", str(EXAMPLE)).returncode == 0
     owner = cluster.get("agentruns", "support-order-4821")
     marker = tmp_path / "collected"
-    create_pod(cluster, python_pod("support-order-4821-1", PREEMPTIBLE.format(marker=str(marker)), grace=5,
-                                   owner=owner))
+    create_pod(
+        cluster, python_pod("support-order-4821-1", PREEMPTIBLE.format(marker=str(marker)), grace=5, owner=owner)
+    )
     wait_ready(kubelet, cluster, "support-order-4821-1")
     assert cluster.kubectl("delete", "ar", "support-order-4821").returncode == 0
     wait_gone(cluster, "support-order-4821-1")
@@ -290,8 +328,7 @@ def test_kubectl_logs_reads_the_pod_output_through_the_api(cluster: EmulatedClus
     assert cluster.kubectl("logs", "chatty-1", "--tail=1").stdout == "line 2\n"
 
 
-def test_kubectl_logs_follow_streams_until_the_process_ends(
-        cluster: EmulatedCluster, kubelet: KubeletThread) -> None:
+def test_kubectl_logs_follow_streams_until_the_process_ends(cluster: EmulatedCluster, kubelet: KubeletThread) -> None:
     script = "import time\nfor i in range(3):\n    print(f'tick {i}', flush=True); time.sleep(0.3)"
     create_pod(cluster, python_pod("ticker-1", script))
     wait_pod(cluster, "ticker-1", "Running")

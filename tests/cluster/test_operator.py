@@ -46,15 +46,15 @@ def dsn() -> Iterator[str]:
 @pytest.fixture
 def store(cluster: EmulatedCluster, dsn: str) -> str:
     for namespace in ("default",):
-        result = cluster.kubectl("create", "secret", "generic", "agentrun-store", "-n", namespace,
-                                 f"--from-literal=postgresDsn={dsn}")
+        result = cluster.kubectl(
+            "create", "secret", "generic", "agentrun-store", "-n", namespace, f"--from-literal=postgresDsn={dsn}"
+        )
         assert result.returncode == 0, result.stderr
     return dsn
 
 
 @pytest.fixture
-def operator(cluster: EmulatedCluster, kubelet: KubeletThread, store: str, tmp_path: Path
-             ) -> Iterator[OperatorProcess]:
+def operator(cluster: EmulatedCluster, kubelet: KubeletThread, store: str, tmp_path: Path) -> Iterator[OperatorProcess]:
     process = start_operator(cluster, tmp_path)
     try:
         yield process
@@ -67,11 +67,22 @@ def status(cluster: EmulatedCluster, name: str, namespace: str = "default") -> d
     return (run or {}).get("status") or {}
 
 
-def wait_phase(cluster: EmulatedCluster, operator: OperatorProcess, name: str, phase: str, *,
-               timeout: float = 60, namespace: str = "default") -> dict[str, Any]:
+def wait_phase(
+    cluster: EmulatedCluster,
+    operator: OperatorProcess,
+    name: str,
+    phase: str,
+    *,
+    timeout: float = 60,
+    namespace: str = "default",
+) -> dict[str, Any]:
     try:
-        return cluster.wait_for(lambda: (s := status(cluster, name, namespace)).get("phase") == phase and s,
-                                timeout=timeout, interval=0.1, message=f"{name} in phase {phase}")
+        return cluster.wait_for(
+            lambda: (s := status(cluster, name, namespace)).get("phase") == phase and s,
+            timeout=timeout,
+            interval=0.1,
+            message=f"{name} in phase {phase}",
+        )
     except AssertionError:
         raise AssertionError(
             f"{name} never reached {phase}; status: {json.dumps(status(cluster, name, namespace))}\n"
@@ -90,8 +101,11 @@ def wait_node(dsn: str, thread: str, node: str, timeout: float = 30) -> None:
 
 
 def pods_of(cluster: EmulatedCluster, run: str) -> list[str]:
-    return sorted(p["metadata"]["name"] for p in cluster.list_objects("pods", "default")
-                  if p["metadata"].get("labels", {}).get("agentrun.dev/run") == run)
+    return sorted(
+        p["metadata"]["name"]
+        for p in cluster.list_objects("pods", "default")
+        if p["metadata"].get("labels", {}).get("agentrun.dev/run") == run
+    )
 
 
 def test_kubectl_apply_runs_to_succeeded_and_status_mirrors_the_store(
@@ -111,8 +125,11 @@ def test_kubectl_apply_runs_to_succeeded_and_status_mirrors_the_store(
     row = next(line.split() for line in shown.stdout.splitlines() if line.startswith("order-4821"))
     assert row[1:5] == ["Succeeded", "__end__", str(stored.version), "1"], shown.stdout
     assert count_effects(str(effects))["charges"] == 1
-    events = [e["reason"] for e in cluster.list_objects("events", "default")
-              if e.get("involvedObject", {}).get("name") == "order-4821"]
+    events = [
+        e["reason"]
+        for e in cluster.list_objects("events", "default")
+        if e.get("involvedObject", {}).get("name") == "order-4821"
+    ]
     assert "PodCreated" in events and "Completed" in events
 
 
@@ -120,8 +137,16 @@ def test_sigkill_mid_tool_reschedules_and_charges_once(
     cluster: EmulatedCluster, kubelet: KubeletThread, operator: OperatorProcess, store: str, tmp_path: Path
 ) -> None:
     effects = tmp_path / "effects.db"
-    apply(cluster, agentrun("kill-me", thread="kill-me", effects=effects, env={"SUPPORT_TOOL_DELAY": "1.5"},
-                           restartPolicy={"maxRestarts": 3, "backoffSeconds": 1}))
+    apply(
+        cluster,
+        agentrun(
+            "kill-me",
+            thread="kill-me",
+            effects=effects,
+            env={"SUPPORT_TOOL_DELAY": "1.5"},
+            restartPolicy={"maxRestarts": 3, "backoffSeconds": 1},
+        ),
+    )
     wait_node(store, "default/kill-me", "tools")
     time.sleep(0.5)  # inside the tools now
     kubelet.kill("kill-me-1")
@@ -135,8 +160,16 @@ def test_crash_loop_fails_with_backoff_limit_exceeded(
     cluster: EmulatedCluster, operator: OperatorProcess, tmp_path: Path
 ) -> None:
     effects = tmp_path / "effects.db"
-    apply(cluster, agentrun("crashy", thread="crashy", graph="tests.cluster.graphs:crasher", effects=effects,
-                           restartPolicy={"maxRestarts": 2, "backoffSeconds": 0}))
+    apply(
+        cluster,
+        agentrun(
+            "crashy",
+            thread="crashy",
+            graph="tests.cluster.graphs:crasher",
+            effects=effects,
+            restartPolicy={"maxRestarts": 2, "backoffSeconds": 0},
+        ),
+    )
     final = wait_phase(cluster, operator, "crashy", "Failed", timeout=90)
     assert final["reason"] == "BackoffLimitExceeded", final
     assert final["restarts"] == 2 and final["attempt"] == 3
@@ -172,8 +205,15 @@ def test_interrupt_then_kubectl_patch_resume_completes_without_rerunning_sibling
     assert interrupt["message"] == "approve a refund of 120?"
     assert isinstance(interrupt["payload"], str) and interrupt["payload"].endswith("…(truncated)")
     assert sorted(executions(effects)) == ["notify", "reserve"]
-    patched = cluster.kubectl("patch", "ar", "approval", "--type", "merge",
-                              "-p", json.dumps({"spec": {"resume": {"value": {"approved": True}}}}))
+    patched = cluster.kubectl(
+        "patch",
+        "ar",
+        "approval",
+        "--type",
+        "merge",
+        "-p",
+        json.dumps({"spec": {"resume": {"value": {"approved": True}}}}),
+    )
     assert patched.returncode == 0, patched.stderr
     final = wait_phase(cluster, operator, "approval", "Succeeded")
     assert final["attempt"] == 2
@@ -249,8 +289,9 @@ def test_same_thread_id_in_two_namespaces_is_two_threads(
     cluster: EmulatedCluster, operator: OperatorProcess, store: str, tmp_path: Path
 ) -> None:
     assert cluster.kubectl("create", "namespace", "team-b").returncode == 0
-    made = cluster.kubectl("create", "secret", "generic", "agentrun-store", "-n", "team-b",
-                           f"--from-literal=postgresDsn={store}")
+    made = cluster.kubectl(
+        "create", "secret", "generic", "agentrun-store", "-n", "team-b", f"--from-literal=postgresDsn={store}"
+    )
     assert made.returncode == 0, made.stderr
     apply(cluster, agentrun("shared", thread="shared-thread", effects=tmp_path / "a.db"))
     apply(cluster, agentrun("shared", thread="shared-thread", effects=tmp_path / "b.db"), namespace="team-b")
@@ -267,8 +308,9 @@ def test_two_replicas_exactly_one_leads_and_the_other_takes_over(
     one = start_operator(cluster, tmp_path, identity="op-1")
     two = start_operator(cluster, tmp_path, identity="op-2")
     try:
-        cluster.wait_for(lambda: {one.role(), two.role()} == {"leader", "standby"}, timeout=20,
-                         message="one leader and one standby")
+        cluster.wait_for(
+            lambda: {one.role(), two.role()} == {"leader", "standby"}, timeout=20, message="one leader and one standby"
+        )
         leader, standby = (one, two) if one.role() == "leader" else (two, one)
         apply(cluster, agentrun("led", thread="led", effects=tmp_path / "a.db"))
         wait_phase(cluster, leader, "led", "Succeeded")
@@ -287,11 +329,13 @@ def test_two_replicas_exactly_one_leads_and_the_other_takes_over(
 
 
 @pytest.fixture
-def impatient_operator(cluster: EmulatedCluster, kubelet: KubeletThread, store: str, tmp_path: Path
-                       ) -> Iterator[OperatorProcess]:
+def impatient_operator(
+    cluster: EmulatedCluster, kubelet: KubeletThread, store: str, tmp_path: Path
+) -> Iterator[OperatorProcess]:
     """An operator with short stop-grace and lost-node timeouts."""
-    process = start_operator(cluster, tmp_path, AGENTRUN_OPERATOR_STOP_GRACE_SECONDS="3",
-                             AGENTRUN_OPERATOR_LOST_NODE_TIMEOUT_SECONDS="2")
+    process = start_operator(
+        cluster, tmp_path, AGENTRUN_OPERATOR_STOP_GRACE_SECONDS="3", AGENTRUN_OPERATOR_LOST_NODE_TIMEOUT_SECONDS="2"
+    )
     try:
         yield process
     finally:
@@ -299,7 +343,10 @@ def impatient_operator(cluster: EmulatedCluster, kubelet: KubeletThread, store: 
 
 
 def test_a_runner_that_ignores_stop_is_force_deleted(
-    cluster: EmulatedCluster, kubelet: KubeletThread, impatient_operator: OperatorProcess, store: str,
+    cluster: EmulatedCluster,
+    kubelet: KubeletThread,
+    impatient_operator: OperatorProcess,
+    store: str,
     tmp_path: Path,
 ) -> None:
     apply(cluster, agentrun("frozen", thread="frozen", effects=tmp_path / "e.db", env={"SUPPORT_TOOL_DELAY": "3600"}))
@@ -326,8 +373,12 @@ def _delete_pod(cluster: EmulatedCluster, kubelet: KubeletThread, pod: str) -> N
 
 @pytest.mark.parametrize("disrupt", [_evict, _lose_node, _delete_pod], ids=["eviction", "lost-node", "pod-deleted"])
 def test_a_disruption_reschedules_without_counting_a_restart_and_charges_once(
-    cluster: EmulatedCluster, kubelet: KubeletThread, impatient_operator: OperatorProcess, store: str,
-    tmp_path: Path, disrupt: Any,
+    cluster: EmulatedCluster,
+    kubelet: KubeletThread,
+    impatient_operator: OperatorProcess,
+    store: str,
+    tmp_path: Path,
+    disrupt: Any,
 ) -> None:
     effects = tmp_path / "e.db"
     name = disrupt.__name__.strip("_").replace("_", "-")  # one thread per case: the database is per module
@@ -367,8 +418,9 @@ def test_an_operator_watching_one_namespace_leaves_the_others_alone(
     cluster: EmulatedCluster, kubelet: KubeletThread, store: str, tmp_path: Path
 ) -> None:
     assert cluster.kubectl("create", "namespace", "team-a").returncode == 0
-    made = cluster.kubectl("create", "secret", "generic", "agentrun-store", "-n", "team-a",
-                           f"--from-literal=postgresDsn={store}")
+    made = cluster.kubectl(
+        "create", "secret", "generic", "agentrun-store", "-n", "team-a", f"--from-literal=postgresDsn={store}"
+    )
     assert made.returncode == 0, made.stderr
     scoped = start_operator(cluster, tmp_path, AGENTRUN_OPERATOR_NAMESPACES="team-a")
     try:

@@ -47,16 +47,21 @@ def kube() -> Kubectl:
         pytest.skip("no real cluster: AGENTRUN_E2E_KUBECONFIG is not set")
     client = Kubectl(KUBECONFIG)
     lease = Kubectl(KUBECONFIG, namespace=OPERATOR_NAMESPACE)
-    wait_for(lambda: ((lease.json("lease", LEASE) or {}).get("spec") or {}).get("holderIdentity"), timeout=180,
-             message=lambda: f"no operator replica took the leader lease\n{client.operator_log()}")
+    wait_for(
+        lambda: ((lease.json("lease", LEASE) or {}).get("spec") or {}).get("holderIdentity"),
+        timeout=180,
+        message=lambda: f"no operator replica took the leader lease\n{client.operator_log()}",
+    )
     return client
 
 
 @pytest.fixture(scope="session")
 def store() -> Store:
     if not POSTGRES_DSN:
-        pytest.fail("AGENTRUN_E2E_KUBECONFIG is set but AGENTRUN_E2E_POSTGRES_DSN is not: the tests read the "
-                    "store to check what the cluster did (hack/e2e-kind.sh port-forwards it and sets both)")
+        pytest.fail(
+            "AGENTRUN_E2E_KUBECONFIG is set but AGENTRUN_E2E_POSTGRES_DSN is not: the tests read the "
+            "store to check what the cluster did (hack/e2e-kind.sh port-forwards it and sets both)"
+        )
     return Store(POSTGRES_DSN)
 
 

@@ -36,8 +36,9 @@ LEASE = "agentrun-operator"
 TERMINAL = ("Succeeded", "Failed", "Stopped")
 
 
-def wait_for(probe: Callable[[], T | None], *, timeout: float, interval: float = 2.0,
-             message: Callable[[], str] | str = "") -> T:
+def wait_for(
+    probe: Callable[[], T | None], *, timeout: float, interval: float = 2.0, message: Callable[[], str] | str = ""
+) -> T:
     """Poll ``probe`` until it returns something truthy; fail with ``message`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
@@ -57,8 +58,9 @@ class Kubectl:
         self.kubeconfig = kubeconfig
         self.namespace = namespace
 
-    def run(self, *args: str, input: str | None = None, timeout: float = 120.0,
-            check: bool = True) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, *args: str, input: str | None = None, timeout: float = 120.0, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
         command = [KUBECTL, "--kubeconfig", self.kubeconfig, "--namespace", self.namespace, *args]
         result = subprocess.run(command, input=input, capture_output=True, text=True, timeout=timeout)
         if check and result.returncode != 0:
@@ -91,14 +93,28 @@ class Kubectl:
 
     def evict(self, pod: str) -> None:
         """Evict through the Eviction API, as ``kubectl drain`` and the cluster autoscaler do."""
-        body = {"apiVersion": "policy/v1", "kind": "Eviction",
-                "metadata": {"name": pod, "namespace": self.namespace}}
-        self.run("create", "--raw", f"/api/v1/namespaces/{self.namespace}/pods/{pod}/eviction",
-                 "-f", "-", input=json.dumps(body))
+        body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod, "namespace": self.namespace}}
+        self.run(
+            "create",
+            "--raw",
+            f"/api/v1/namespaces/{self.namespace}/pods/{pod}/eviction",
+            "-f",
+            "-",
+            input=json.dumps(body),
+        )
 
     def operator_log(self, tail: int = 80) -> str:
-        result = self.run("logs", "--namespace", OPERATOR_NAMESPACE, "-l", OPERATOR_SELECTOR, "--prefix",
-                          "--all-containers", f"--tail={tail}", check=False)
+        result = self.run(
+            "logs",
+            "--namespace",
+            OPERATOR_NAMESPACE,
+            "-l",
+            OPERATOR_SELECTOR,
+            "--prefix",
+            "--all-containers",
+            f"--tail={tail}",
+            check=False,
+        )
         return result.stdout or result.stderr
 
     def diagnostics(self, run: str) -> str:
@@ -115,6 +131,7 @@ class Kubectl:
 
 def wait_phase(kube: Kubectl, name: str, phase: str, *, timeout: float = 300) -> dict[str, Any]:
     """The run's status once it is in ``phase``; fails at once if it ends in another terminal phase."""
+
     def probe() -> dict[str, Any] | None:
         status = kube.run_status(name)
         current = status.get("phase")
@@ -153,12 +170,17 @@ class Store:
 
     def wait_node(self, thread: str, node: str, *, timeout: float = 300) -> Progress:
         """Wait until the thread runs ``node`` (the pod is up and inside that node)."""
+
         def probe() -> Progress | None:
             seen = self.progress(thread)
             return seen if seen is not None and seen.current_node == node and seen.status == "running" else None
 
-        return wait_for(probe, timeout=timeout, interval=0.5,
-                        message=lambda: f"thread {thread} never ran node {node}; last: {self.progress(thread)}")
+        return wait_for(
+            probe,
+            timeout=timeout,
+            interval=0.5,
+            message=lambda: f"thread {thread} never ran node {node}; last: {self.progress(thread)}",
+        )
 
 
 def example_run(name: str, *, thread: str, env: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
@@ -189,8 +211,17 @@ def sigkill_from_the_node(pod: dict[str, Any], container: str = "runner") -> int
             raise AssertionError(f"on kind node {node}: {' '.join(args)} failed: {result.stderr.strip()}")
         return result.stdout
 
-    ids = on_node("crictl", "ps", "-q", "--name", f"^{container}$", "--label", f"io.kubernetes.pod.name={name}",
-                  "--label", f"io.kubernetes.pod.namespace={namespace}").split()
+    ids = on_node(
+        "crictl",
+        "ps",
+        "-q",
+        "--name",
+        f"^{container}$",
+        "--label",
+        f"io.kubernetes.pod.name={name}",
+        "--label",
+        f"io.kubernetes.pod.namespace={namespace}",
+    ).split()
     assert len(ids) == 1, f"expected one running {container} container of pod {name} on {node}, found {ids}"
     pid = int(json.loads(on_node("crictl", "inspect", ids[0]))["info"]["pid"])
     on_node("sh", "-c", 'kill -KILL "$1"', "sh", str(pid))

@@ -86,8 +86,12 @@ def test_leader_election_rbac_is_one_lease_in_the_operator_namespace() -> None:
     assert role["metadata"]["namespace"] == SYSTEM == DEPLOYMENT["metadata"]["namespace"]
     assert role["rules"] == [
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
-        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [default("lease_name")],
-         "verbs": ["get", "update"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": [default("lease_name")],
+            "verbs": ["get", "update"],
+        },
     ]
     binding = find(OPERATOR, "RoleBinding", "agentrun-operator-leader-election")
     assert binding["metadata"]["namespace"] == SYSTEM and binding["roleRef"]["kind"] == "Role"
@@ -102,8 +106,9 @@ def test_operator_deployment_runs_two_electing_replicas() -> None:
     assert env["AGENTRUN_OPERATOR_LEASE_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
     assert env["AGENTRUN_OPERATOR_IDENTITY"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert env["AGENTRUN_OPERATOR_DEFAULT_IMAGE"]["value"] == CONTAINER["image"] == SHIPPED_IMAGE
-    assert set(env) <= {f"AGENTRUN_OPERATOR_{f.upper()}" for f in OperatorSettings.model_fields}, \
+    assert set(env) <= {f"AGENTRUN_OPERATOR_{f.upper()}" for f in OperatorSettings.model_fields}, (
         "every variable must be a setting the operator reads"
+    )
     # The operator's pods must not look like runner pods: kopf reacts to pods with this label.
     assert not set(MANAGED_BY.items()) & set(POD["metadata"]["labels"].items())
     assert DEPLOYMENT["spec"]["selector"]["matchLabels"].items() <= POD["metadata"]["labels"].items()
@@ -134,8 +139,9 @@ def pods_of(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [o["spec"]["template"] for o in objects if o["kind"] == "Deployment"]
 
 
-@pytest.mark.parametrize("pod", pods_of(OPERATOR) + pods_of(STORE), ids=lambda p: p["metadata"]["labels"][
-    "app.kubernetes.io/name"])
+@pytest.mark.parametrize(
+    "pod", pods_of(OPERATOR) + pods_of(STORE), ids=lambda p: p["metadata"]["labels"]["app.kubernetes.io/name"]
+)
 def test_every_pod_meets_the_restricted_pod_security_profile(pod: dict[str, Any]) -> None:
     """agentrun-system enforces "restricted": a pod that does not meet it is never created."""
     spec = pod["spec"]
@@ -153,8 +159,9 @@ def test_every_pod_meets_the_restricted_pod_security_profile(pod: dict[str, Any]
 
 def test_operator_container_is_hardened_beyond_the_profile() -> None:
     sc = CONTAINER["securityContext"]
-    assert sc["readOnlyRootFilesystem"] is True and sc["runAsUser"] == 65532 == POD["spec"]["securityContext"][
-        "runAsUser"]
+    assert (
+        sc["readOnlyRootFilesystem"] is True and sc["runAsUser"] == 65532 == POD["spec"]["securityContext"]["runAsUser"]
+    )
 
 
 def test_operator_namespace_enforces_the_restricted_profile() -> None:
@@ -182,8 +189,10 @@ def test_the_e2e_script_parses_and_substitutes_the_shipped_image() -> None:
     assert f'MANIFEST_IMAGE="{SHIPPED_IMAGE}"' in text, "the script must replace the image deploy/ ships with"
     checked = subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stderr
-    assert "e2e-kind: $(STAMP)" in (ROOT / "Makefile").read_text() and "bash hack/e2e-kind.sh" in (
-        ROOT / "Makefile").read_text()
+    assert (
+        "e2e-kind: $(STAMP)" in (ROOT / "Makefile").read_text()
+        and "bash hack/e2e-kind.sh" in (ROOT / "Makefile").read_text()
+    )
 
 
 @pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")

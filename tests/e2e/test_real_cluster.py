@@ -77,10 +77,16 @@ def test_runner_killed_mid_tool_is_rescheduled_and_charges_once(kube: Kubectl, s
         # The operator keeps the AGENTRUN_ prefix for the pod contract and drops the fault point
         # from spec.podTemplate.env; kill the runner from outside instead, once the charge is recorded.
         if not os.environ.get("AGENTRUN_E2E_KIND_CLUSTER"):
-            pytest.skip("the operator does not pass AGENTRUN_FAULT_POINT to runner pods, and only on kind "
-                        "(AGENTRUN_E2E_KIND_CLUSTER) can the test SIGKILL a container's PID 1 from its node")
-        wait_for(lambda: [e for e in store.ledger(thread_of(name)) if e.tool_name == "charge_card"], timeout=300,
-                 interval=0.5, message=lambda: f"charge_card never recorded\n{kube.diagnostics(name)}")
+            pytest.skip(
+                "the operator does not pass AGENTRUN_FAULT_POINT to runner pods, and only on kind "
+                "(AGENTRUN_E2E_KIND_CLUSTER) can the test SIGKILL a container's PID 1 from its node"
+            )
+        wait_for(
+            lambda: [e for e in store.ledger(thread_of(name)) if e.tool_name == "charge_card"],
+            timeout=300,
+            interval=0.5,
+            message=lambda: f"charge_card never recorded\n{kube.diagnostics(name)}",
+        )
         sigkill_from_the_node(wait_for(lambda: kube.json("pod", f"{name}-1"), timeout=10))
     final = wait_phase(kube, name, "Succeeded")
     assert final["podName"] == f"{name}-2" and final["attempt"] == 2, final
@@ -139,8 +145,11 @@ def test_exactly_one_operator_replica_holds_the_lease(kube: Kubectl) -> None:
     pods = (system.json("pods", "-l", OPERATOR_SELECTOR) or {}).get("items") or []
     running = {p["metadata"]["name"] for p in pods if not p["metadata"].get("deletionTimestamp")}
     assert len(running) == 2, f"deploy/operator.yaml runs two replicas: {sorted(running)}"
-    ready = {p["metadata"]["name"] for p in pods
-             if any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions") or [])}
+    ready = {
+        p["metadata"]["name"]
+        for p in pods
+        if any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions") or [])
+    }
     assert ready == running, "a standby must be Ready too (/readyz answers 200 'standby')"
     holder = ((system.json("lease", LEASE) or {}).get("spec") or {}).get("holderIdentity")
     assert holder in running, f"the lease holder {holder!r} must be one of the operator pods {sorted(running)}"

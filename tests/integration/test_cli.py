@@ -37,7 +37,9 @@ def test_cli_from_a_fresh_virtualenv_runs_the_example(tmp_path: Path, env: dict[
     venv.create(target, with_pip=True)
     pip = subprocess.run(
         [str(target / "bin" / "python"), "-m", "pip", "install", "--quiet", str(ROOT)],
-        capture_output=True, text=True, timeout=540,
+        capture_output=True,
+        text=True,
+        timeout=540,
     )
     assert pip.returncode == 0, pip.stderr[-3000:]
     exe = str(target / "bin" / "agentrun")
@@ -54,7 +56,10 @@ def test_cli_from_a_fresh_virtualenv_runs_the_example(tmp_path: Path, env: dict[
     assert sorted(e["tool"] for e in state["ledger"]) == ["charge_card", "lookup_order", "send_receipt"]
     imported = subprocess.run(
         [str(target / "bin" / "python"), "-c", "import agentrun; print(agentrun.__file__)"],
-        capture_output=True, text=True, env=clean, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=clean,
+        cwd=tmp_path,
     )
     assert str(target) in imported.stdout, "the fresh virtualenv imported agentrun from somewhere else"
     assert count_effects(env["SUPPORT_EFFECTS_DB"])["charges"] == 1
@@ -65,7 +70,11 @@ def test_cli_stop_ends_a_run_hung_in_a_tool(env: dict[str, str]) -> None:
     hung = dict(env, SUPPORT_TOOL_DELAY="3600")
     proc = subprocess.Popen(
         [sys.executable, "-m", "agentrun.cli", "run", GRAPH, "--thread-id", "t-stop", "--input", REQUEST],
-        env=hung, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=hung,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         deadline = time.monotonic() + 30

@@ -22,8 +22,9 @@ from examples.support_agent import count_effects
 REQUEST = "charge my saved card for order 4821 and email me the receipt"
 
 
-def drive(env: dict[str, str], store: str, *, text: str | None, mode: str, fault: str | None = None,
-          timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def drive(
+    env: dict[str, str], store: str, *, text: str | None, mode: str, fault: str | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
     child_env = dict(env)
     if fault:
         child_env["AGENTRUN_FAULT_POINT"] = fault
@@ -112,8 +113,10 @@ def test_between_nodes_resume_reruns_no_tool(tmp_path: Path, subprocess_env: dic
     """After the tool node's checkpoint, every tool ran exactly once across crash and resume."""
     store = f"sqlite:///{tmp_path / 'agentrun.db'}"
     effects = subprocess_env["SUPPORT_EFFECTS_DB"]
-    assert drive(subprocess_env, store, text=REQUEST, mode="astream",
-                 fault="after_checkpoint:tools").returncode == -signal.SIGKILL
+    assert (
+        drive(subprocess_env, store, text=REQUEST, mode="astream", fault="after_checkpoint:tools").returncode
+        == -signal.SIGKILL
+    )
     assert drive(subprocess_env, store, text=None, mode="astream").returncode == 0
     for tool_name in ("charge_card", "send_receipt"):
         assert invocations(effects, tool_name) == 1, f"{tool_name} ran again after its node was checkpointed"

@@ -87,8 +87,13 @@ class FakeProvider:
         if presented != f"Bearer {self.key}":
             # Like a careless provider, echo what was presented: the adapter must redact it.
             return web.json_response(
-                {"error": {"message": f"Incorrect API key provided: {presented.removeprefix('Bearer ')}.",
-                           "type": "invalid_request_error", "code": "invalid_api_key"}},
+                {
+                    "error": {
+                        "message": f"Incorrect API key provided: {presented.removeprefix('Bearer ')}.",
+                        "type": "invalid_request_error",
+                        "code": "invalid_api_key",
+                    }
+                },
                 status=401,
             )
         if not self.script:
@@ -213,13 +218,18 @@ async def test_three_parallel_tool_calls_map_to_tool_calls_with_raw_arguments(
     provider: FakeProvider, make_model: Callable[..., OpenAIChatModel]
 ) -> None:
     # Odd spacing on purpose: the string must arrive byte for byte, never re-serialized.
-    raw = ['{"order_id": "4821"}', '{ "order_id" :"4821" , "amount": 49.99 }', '{}']
+    raw = ['{"order_id": "4821"}', '{ "order_id" :"4821" , "amount": 49.99 }', "{}"]
     provider.script = [
-        Reply(body=completion(None, [
-            wire_call("call_a", "lookup_order", raw[0]),
-            wire_call("call_b", "charge_card", raw[1]),
-            wire_call("call_c", "send_receipt", raw[2]),
-        ]))
+        Reply(
+            body=completion(
+                None,
+                [
+                    wire_call("call_a", "lookup_order", raw[0]),
+                    wire_call("call_b", "charge_card", raw[1]),
+                    wire_call("call_c", "send_receipt", raw[2]),
+                ],
+            )
+        )
     ]
     reply = (await make_model()({"messages": [user("charge order 4821")]}))["messages"][0]
     assert reply.role == "assistant" and reply.content == ""
@@ -235,10 +245,15 @@ async def test_malformed_arguments_reach_the_tool_node_as_a_tool_error_and_the_r
 ) -> None:
     broken = '{"city": "Par'
     provider.script = [
-        Reply(body=completion(None, [
-            wire_call("call_ok", "get_weather", '{"city": "Oslo"}'),
-            wire_call("call_bad", "get_weather", broken),
-        ])),
+        Reply(
+            body=completion(
+                None,
+                [
+                    wire_call("call_ok", "get_weather", '{"city": "Oslo"}'),
+                    wire_call("call_bad", "get_weather", broken),
+                ],
+            )
+        ),
         Reply(body=completion("Oslo is sunny; I could not read the other city.")),
     ]
     graph = StateGraph()
@@ -422,10 +437,12 @@ async def test_the_request_body_is_the_chat_completions_wire_format(
     history = [
         system("You are terse."),
         user("Weather in Oslo and Paris?", name="ada"),
-        assistant(tool_calls=[
-            ToolCall(id="call_1", name="get_weather", arguments='{"city": "Oslo"}'),
-            ToolCall(id="call_2", name="get_weather", arguments='{"city": "Par'),
-        ]),
+        assistant(
+            tool_calls=[
+                ToolCall(id="call_1", name="get_weather", arguments='{"city": "Oslo"}'),
+                ToolCall(id="call_2", name="get_weather", arguments='{"city": "Par'),
+            ]
+        ),
         tool_message("sunny in Oslo", tool_call_id="call_1", name="get_weather"),
         tool_message("Error: arguments are not valid JSON", tool_call_id="call_2", name="get_weather", is_error=True),
         assistant("Paris failed; retrying."),
@@ -446,10 +463,16 @@ async def test_the_request_body_is_the_chat_completions_wire_format(
                 "role": "assistant",
                 "content": None,
                 "tool_calls": [
-                    {"id": "call_1", "type": "function",
-                     "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}},
-                    {"id": "call_2", "type": "function",
-                     "function": {"name": "get_weather", "arguments": '{"city": "Par'}},
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+                    },
+                    {
+                        "id": "call_2",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "Par'},
+                    },
                 ],
             },
             {"role": "tool", "tool_call_id": "call_1", "content": "sunny in Oslo"},
@@ -457,15 +480,21 @@ async def test_the_request_body_is_the_chat_completions_wire_format(
             {"role": "assistant", "content": "Paris failed; retrying."},
             {"role": "user", "content": "thanks"},
         ],
-        "tools": [{
-            "type": "function",
-            "function": {
-                "name": "get_weather",
-                "description": "The weather in a city.",
-                "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                               "required": ["city"], "additionalProperties": False},
-            },
-        }],
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": "get_weather",
+                    "description": "The weather in a city.",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"city": {"type": "string"}},
+                        "required": ["city"],
+                        "additionalProperties": False,
+                    },
+                },
+            }
+        ],
         "temperature": 0.2,
         "max_tokens": 64,
         "tool_choice": "auto",
@@ -535,11 +564,16 @@ async def test_support_agent_loop_against_the_local_server(
         last = body["messages"][-1]
         if last["role"] == "user":
             args = json.dumps({"order_id": "4821"})
-            return Reply(body=completion(None, [
-                wire_call("call_1", "lookup_order", args),
-                wire_call("call_2", "charge_card", args),
-                wire_call("call_3", "send_receipt", args),
-            ]))
+            return Reply(
+                body=completion(
+                    None,
+                    [
+                        wire_call("call_1", "lookup_order", args),
+                        wire_call("call_2", "charge_card", args),
+                        wire_call("call_3", "send_receipt", args),
+                    ],
+                )
+            )
         results = [m for m in body["messages"] if m["role"] == "tool"]
         return Reply(body=completion("Done. " + " | ".join(m["content"] for m in results)))
 

@@ -36,8 +36,12 @@ def pod_env(tmp_path: Path, subprocess_env: dict[str, str]) -> dict[str, str]:
 
 def start(env: dict[str, str], **overrides: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "agentrun.runner"], env={**env, **overrides}, cwd=ROOT,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-m", "agentrun.runner"],
+        env={**env, **overrides},
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -116,7 +120,10 @@ def test_stop_request_exits_4(pod_env: dict[str, str]) -> None:
     # As the operator will: a stop request in the store, from another process.
     asked = subprocess.run(
         [sys.executable, "-m", "agentrun.cli", "stop", "--thread-id", pod_env["AGENTRUN_THREAD_ID"]],
-        env={**pod_env, "AGENTRUN_STORE": pod_env["AGENTRUN_STORE"]}, cwd=ROOT, capture_output=True, text=True,
+        env={**pod_env, "AGENTRUN_STORE": pod_env["AGENTRUN_STORE"]},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
     assert asked.returncode == 0, asked.stderr
     _, err = proc.communicate(timeout=30)

@@ -17,8 +17,6 @@ REQUEST = "charge my saved card for order 4821 and email me the receipt"
 SIDE_EFFECT_TOOLS = ("charge_card", "send_receipt")
 
 
-
-
 async def fetch(dsn: str, query: str, *args: Any) -> list[asyncpg.Record]:
     """Run one query on a connection of its own (a reader outside the checkpointer)."""
     conn = await asyncpg.connect(dsn, server_settings={"search_path": "agentrun"})

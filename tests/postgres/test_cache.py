@@ -41,8 +41,9 @@ async def keys(prefix: str) -> list[str]:
 async def test_a_cache_hit_returns_exactly_what_postgres_holds(pg_dsn: str, cached: PgCheckpointer) -> None:
     a, b = user("a"), assistant("b")
     await cached.aput("t", write((0, a), count=1, values={"n": 1}, meta={"run_id": "r"}), expected_version=0)
-    await cached.aput("t", write((0, a.model_copy(update={"content": "a2"})), (1, b), count=2, step=1),
-                      expected_version=1)
+    await cached.aput(
+        "t", write((0, a.model_copy(update={"content": "a2"})), (1, b), count=2, step=1), expected_version=1
+    )
     hits = counter(CACHE_READS, result="hit")
     from_cache = await cached.aget("t")
     assert counter(CACHE_READS, result="hit") == hits + 1, "the read did not come from the cache"
@@ -57,9 +58,7 @@ async def test_a_cache_hit_returns_exactly_what_postgres_holds(pg_dsn: str, cach
         await plain.aclose()
 
 
-async def test_after_a_newer_write_the_older_cached_state_is_never_served(
-    pg_dsn: str, cached: PgCheckpointer
-) -> None:
+async def test_after_a_newer_write_the_older_cached_state_is_never_served(pg_dsn: str, cached: PgCheckpointer) -> None:
     await cached.aput("t", write((0, user("v1")), count=1), expected_version=0)
     assert (await cached.aget("t")).version == 1  # type: ignore[union-attr]  # cached at version 1
     # Another process writes version 2 without reaching Redis (no cache configured: as if Redis was down for it).
@@ -88,10 +87,19 @@ async def test_a_late_cache_update_never_replaces_a_newer_entry(cached: PgCheckp
     assert head is not None and head.version == 2
     incarnation = cached._incarnations["t"]
     # A slow writer's update of version 1 and a slow reader's fill of version 1 arrive after version 2.
-    assert await cache.apply_write(
-        "t", incarnation, base_version=0, version=1, write=write((0, user("v1")), count=1), created_at=0.0,
-        bodies=[(0, '{"role":"user","content":"late"}')], event={"type": "progress", "version": 1, "step": 0},
-    ) == 0
+    assert (
+        await cache.apply_write(
+            "t",
+            incarnation,
+            base_version=0,
+            version=1,
+            write=write((0, user("v1")), count=1),
+            created_at=0.0,
+            bodies=[(0, '{"role":"user","content":"late"}')],
+            event={"type": "progress", "version": 1, "step": 0},
+        )
+        == 0
+    )
     await cache.fill("t", incarnation, v1, [m.model_dump_json() for m in v1.messages])
     assert await cache.get("t", incarnation, 2) == head, "an older update replaced the newer cache entry"
     assert await cache.get("t", incarnation, 1) is None
@@ -110,8 +118,11 @@ async def test_concurrent_readers_never_see_a_version_older_than_the_last_commit
         nonlocal committed
         try:
             for version in range(40):
-                committed = await writer.aput("t", write((version, user(f"m{version}")), count=version + 1,
-                                                          step=version), expected_version=version)
+                committed = await writer.aput(
+                    "t",
+                    write((version, user(f"m{version}")), count=version + 1, step=version),
+                    expected_version=version,
+                )
         finally:
             done.set()
 
@@ -243,8 +254,10 @@ async def test_redis_killed_mid_run_the_run_completes_on_postgres(
     pg_dsn: str, private_redis: PrivateRedis, subprocess_env: dict[str, str]
 ) -> None:
     env = dict(subprocess_env, SUPPORT_TOOL_DELAY="1.0")
-    reference = await drive(dict(subprocess_env, SUPPORT_EFFECTS_DB=subprocess_env["SUPPORT_EFFECTS_DB"] + ".ref"),
-                            driver_args(pg_dsn, "reference", text=REQUEST))
+    reference = await drive(
+        dict(subprocess_env, SUPPORT_EFFECTS_DB=subprocess_env["SUPPORT_EFFECTS_DB"] + ".ref"),
+        driver_args(pg_dsn, "reference", text=REQUEST),
+    )
     assert reference.returncode == 0, str(reference)
 
     process = await spawn(env, driver_args(pg_dsn, "t", text=REQUEST, redis=private_redis.url, redis_prefix="p"))
@@ -263,6 +276,7 @@ async def test_steps_kept_out_of_postgres_are_published_as_non_durable_progress(
     pg_dsn: str, cached: PgCheckpointer, redis_prefix: str
 ) -> None:
     """``durable_checkpoint_every_step: false``: PostgreSQL gets the start and the end, Redis hears every step."""
+
     def reply(text: str) -> Any:
         return lambda state: {"messages": [assistant(text)]}
 

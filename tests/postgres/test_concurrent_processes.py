@@ -22,9 +22,13 @@ async def test_two_processes_racing_on_one_thread_each_version_has_one_writer_an
     await setup.aclose()
     start_at = f"{time.time() + 1.5:.3f}"
     runs = await asyncio.gather(
-        *(drive(subprocess_env, [sys.executable, "-m", "tests.postgres.workers", "race", pg_dsn, "t", name,
-                                 str(WRITES), start_at])
-          for name in ("a", "b"))
+        *(
+            drive(
+                subprocess_env,
+                [sys.executable, "-m", "tests.postgres.workers", "race", pg_dsn, "t", name, str(WRITES), start_at],
+            )
+            for name in ("a", "b")
+        )
     )
     for run in runs:
         assert run.returncode == 0, str(run)
@@ -39,16 +43,26 @@ async def test_two_processes_racing_on_one_thread_each_version_has_one_writer_an
 
     # Nothing a winner wrote is lost: each committed version's row is that writer's, and its message
     # sits at the index it wrote, in the thread's final message list.
-    rows = {r["version"]: r["content"] for r in await fetch(pg_dsn, "SELECT version, meta->>'content' AS content "
-                                                                     "FROM states WHERE thread_id = 't'")}
-    messages = [r["content"] for r in await fetch(
-        pg_dsn, "SELECT body->>'content' AS content FROM messages WHERE thread_id = 't' ORDER BY idx")]
+    rows = {
+        r["version"]: r["content"]
+        for r in await fetch(pg_dsn, "SELECT version, meta->>'content' AS content FROM states WHERE thread_id = 't'")
+    }
+    messages = [
+        r["content"]
+        for r in await fetch(
+            pg_dsn, "SELECT body->>'content' AS content FROM messages WHERE thread_id = 't' ORDER BY idx"
+        )
+    ]
     for result in results.values():
         for version, content in result["committed"]:
             assert rows[version] == content, f"version {version} does not hold what its committer wrote"
             assert messages[version - 1] == content, f"the message committed at version {version} was lost"
     assert len(messages) == 2 * WRITES
-    assert await fetchval(
-        pg_dsn, "SELECT count(*) FROM pg_indexes WHERE schemaname = 'agentrun' AND tablename = 'states' "
-                "AND indexdef LIKE 'CREATE UNIQUE INDEX % ON agentrun.states USING btree (thread_id, version)'"
-    ) == 1, "the UNIQUE (thread_id, version) index is missing"
+    assert (
+        await fetchval(
+            pg_dsn,
+            "SELECT count(*) FROM pg_indexes WHERE schemaname = 'agentrun' AND tablename = 'states' "
+            "AND indexdef LIKE 'CREATE UNIQUE INDEX % ON agentrun.states USING btree (thread_id, version)'",
+        )
+        == 1
+    ), "the UNIQUE (thread_id, version) index is missing"

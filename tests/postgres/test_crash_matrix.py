@@ -76,8 +76,11 @@ def reference(module_pg_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> R
     """An uninterrupted run of the same request: the state every crashed-and-resumed run must reach."""
     env = child_env(tmp_path_factory.mktemp("reference") / "effects.db")
     process = subprocess.Popen(
-        driver_args(module_pg_dsn, "reference", text=REQUEST), env=env, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True,
+        driver_args(module_pg_dsn, "reference", text=REQUEST),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     assert process.stdout is not None
     first = process.stdout.readline()
@@ -138,11 +141,12 @@ async def resume_and_check(
         else:
             assert (was, now) == (0, 1), f"{tool} had not started before the kill: it must run once, ran {was}/{now}"
 
-    versions = [r["version"] for r in await fetch(
-        dsn, "SELECT version FROM states WHERE thread_id = $1 ORDER BY version", thread_id)]
+    versions = [
+        r["version"]
+        for r in await fetch(dsn, "SELECT version FROM states WHERE thread_id = $1 ORDER BY version", thread_id)
+    ]
     assert versions == list(range(1, len(versions) + 1)), f"versions are not gapless: {versions}"
-    status = await fetch(dsn, "SELECT status FROM states WHERE thread_id = $1 ORDER BY version DESC LIMIT 1",
-                         thread_id)
+    status = await fetch(dsn, "SELECT status FROM states WHERE thread_id = $1 ORDER BY version DESC LIMIT 1", thread_id)
     assert status[0]["status"] == "completed"
     return runs
 
@@ -180,9 +184,13 @@ async def test_sigkill_at_a_fault_point_then_resume_reaches_the_same_state_and_c
     effects = tmp_path / "effects.db"
     # The production configuration: PostgreSQL with the Redis hot cache (the crash and the resume).
     cache = Cache(redis_url(), module_redis_prefix)
-    crashed = await finish(await spawn(
-        child_env(effects), driver_args(module_pg_dsn, thread_id, text=REQUEST, redis=cache.url,
-                                        redis_prefix=cache.prefix), fault=fault))
+    crashed = await finish(
+        await spawn(
+            child_env(effects),
+            driver_args(module_pg_dsn, thread_id, text=REQUEST, redis=cache.url, redis_prefix=cache.prefix),
+            fault=fault,
+        )
+    )
     assert crashed.returncode == -signal.SIGKILL, f"the run was supposed to die by SIGKILL at {fault}\n{crashed}"
     assert f"AGENTRUN-FAULT {fault if ':' in fault else fault + ':'}" in crashed.stderr
     runs = await resume_and_check(module_pg_dsn, thread_id, effects, reference, crashed, cache)
@@ -212,8 +220,10 @@ async def test_sigkill_at_a_seeded_random_time_then_resume_reaches_the_same_stat
     thread_id = request.node.callspec.id
     effects = tmp_path / "effects.db"
     cache = Cache(redis_url() if with_cache else None, module_redis_prefix)
-    process = await spawn(child_env(effects), driver_args(module_pg_dsn, thread_id, text=REQUEST, redis=cache.url,
-                                                          redis_prefix=cache.prefix))
+    process = await spawn(
+        child_env(effects),
+        driver_args(module_pg_dsn, thread_id, text=REQUEST, redis=cache.url, redis_prefix=cache.prefix),
+    )
     lines = await wait_for_line(process, "READY")
     # Up to 10% past the reference duration, so some kills find the run already finished.
     await asyncio.sleep(fraction * reference.run_seconds * 1.1)

@@ -37,32 +37,43 @@ EXIT_FENCED = 7
 
 async def store_snapshot(dsn: str) -> dict[str, Any]:
     return {
-        "states": [tuple(r) for r in await fetch(dsn, "SELECT version, attempt, status, message_count FROM states "
-                                                      "ORDER BY version")],
+        "states": [
+            tuple(r)
+            for r in await fetch(dsn, "SELECT version, attempt, status, message_count FROM states ORDER BY version")
+        ],
         "messages": [tuple(r) for r in await fetch(dsn, "SELECT idx, body::text, version FROM messages ORDER BY idx")],
-        "ledger": [tuple(r) for r in await fetch(dsn, "SELECT tool_call_id, attempt, result::text, created_at "
-                                                      "FROM tool_executions ORDER BY tool_call_id")],
-        "intents": [tuple(r) for r in await fetch(dsn, "SELECT tool_call_id, attempt, started_at FROM tool_intents "
-                                                       "ORDER BY tool_call_id")],
+        "ledger": [
+            tuple(r)
+            for r in await fetch(
+                dsn, "SELECT tool_call_id, attempt, result::text, created_at FROM tool_executions ORDER BY tool_call_id"
+            )
+        ],
+        "intents": [
+            tuple(r)
+            for r in await fetch(
+                dsn, "SELECT tool_call_id, attempt, started_at FROM tool_intents ORDER BY tool_call_id"
+            )
+        ],
     }
 
 
 async def writes_of_attempt_1_after_attempt_2_registered(dsn: str) -> int:
-    return int(await fetchval(
-        dsn,
-        """SELECT (SELECT count(*) FROM states WHERE attempt = 1 AND created_at > r.at)
+    return int(
+        await fetchval(
+            dsn,
+            """SELECT (SELECT count(*) FROM states WHERE attempt = 1 AND created_at > r.at)
                 + (SELECT count(*) FROM tool_executions WHERE attempt = 1 AND created_at > r.at)
                 + (SELECT count(*) FROM tool_intents WHERE attempt = 1 AND started_at > r.at)
            FROM (SELECT registered_at AS at FROM attempts WHERE attempt = 2) r""",
-    ))
+        )
+    )
 
 
 async def test_attempt_frozen_mid_tool_cannot_record_anything_after_its_successor_finished(
     pg_dsn: str, subprocess_env: dict[str, str]
 ) -> None:
     effects = subprocess_env["SUPPORT_EFFECTS_DB"]
-    first = await spawn(dict(subprocess_env, SUPPORT_TOOL_DELAY="2"),
-                        driver_args(pg_dsn, "t", text=REQUEST, attempt=1))
+    first = await spawn(dict(subprocess_env, SUPPORT_TOOL_DELAY="2"), driver_args(pg_dsn, "t", text=REQUEST, attempt=1))
 
     async def tools_in_flight() -> bool:
         # Both side-effect calls started (intents) and lookup_order's record committed: attempt 1 now

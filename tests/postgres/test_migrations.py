@@ -18,8 +18,16 @@ from tests.support.checkpointers import write
 
 from .helpers import drive, fetch, fetchval, spawn, wait_until
 
-TABLES = {"agentrun_migrations", "threads", "states", "messages", "tool_executions", "tool_intents",
-          "stop_requests", "attempts"}
+TABLES = {
+    "agentrun_migrations",
+    "threads",
+    "states",
+    "messages",
+    "tool_executions",
+    "tool_intents",
+    "stop_requests",
+    "attempts",
+}
 
 
 async def connect(dsn: str) -> asyncpg.Connection:
@@ -54,11 +62,15 @@ def legacy_rows(version: int) -> list[str]:
             f"INSERT INTO messages (thread_id, idx, message_id, body, version) VALUES ('old', 0, 'm', '{message}', 1)",
         ]
     if version >= 2:
-        rows.append("INSERT INTO tool_executions (thread_id, tool_call_id, tool_name, result) "
-                    "VALUES ('old', 'm:call_1', 'charge', '{\"__kind__\": \"raw\", \"value\": 7}')")
+        rows.append(
+            "INSERT INTO tool_executions (thread_id, tool_call_id, tool_name, result) "
+            "VALUES ('old', 'm:call_1', 'charge', '{\"__kind__\": \"raw\", \"value\": 7}')"
+        )
     if version >= 3:
-        rows.append("INSERT INTO tool_intents (thread_id, tool_call_id, tool_name, idempotency_key) "
-                    "VALUES ('old', 'm:call_2', 'charge', 'idem')")
+        rows.append(
+            "INSERT INTO tool_intents (thread_id, tool_call_id, tool_name, idempotency_key) "
+            "VALUES ('old', 'm:call_2', 'charge', 'idem')"
+        )
     return rows
 
 
@@ -152,9 +164,12 @@ async def test_a_failed_migration_leaves_the_version_and_the_schema_unchanged(pg
             await apply_migrations(conn, [*MIGRATIONS, broken], schema="agentrun")
         assert await conn.fetchval("SELECT max(version) FROM agentrun_migrations") == len(MIGRATIONS)
         assert await conn.fetchval("SELECT to_regclass('half_done')") is None, "a failed step left a table behind"
-        assert await conn.fetchval(
-            "SELECT count(*) FROM information_schema.columns WHERE table_name = 'states' AND column_name = 'y'"
-        ) == 0, "a failed step left a column behind"
+        assert (
+            await conn.fetchval(
+                "SELECT count(*) FROM information_schema.columns WHERE table_name = 'states' AND column_name = 'y'"
+            )
+            == 0
+        ), "a failed step left a column behind"
         held = await conn.fetchval("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")
         assert held == 0, "a failed migration must release the migration lock"
     finally:

@@ -32,8 +32,9 @@ async def test_postgres_down_during_a_step_fails_it_cleanly_and_the_resumed_run_
 ) -> None:
     dsn = private_postgres.dsn
     effects = subprocess_env["SUPPORT_EFFECTS_DB"]
-    reference = await drive(dict(subprocess_env, SUPPORT_EFFECTS_DB=effects + ".ref"),
-                            driver_args(dsn, "reference", text=REQUEST))
+    reference = await drive(
+        dict(subprocess_env, SUPPORT_EFFECTS_DB=effects + ".ref"), driver_args(dsn, "reference", text=REQUEST)
+    )
     assert reference.returncode == 0, str(reference)
 
     run = await spawn(dict(subprocess_env, SUPPORT_TOOL_DELAY="1.5"), driver_args(dsn, "t", text=REQUEST, attempt=1))
@@ -52,8 +53,12 @@ async def test_postgres_down_during_a_step_fails_it_cleanly_and_the_resumed_run_
     assert count_effects(effects)["charges"] == 1
 
     private_postgres.start()
-    states = [(r["version"], r["current_node"], r["status"]) for r in await fetch(
-        dsn, "SELECT version, current_node, status FROM states WHERE thread_id = 't' ORDER BY version")]
+    states = [
+        (r["version"], r["current_node"], r["status"])
+        for r in await fetch(
+            dsn, "SELECT version, current_node, status FROM states WHERE thread_id = 't' ORDER BY version"
+        )
+    ]
     assert states == [(1, "model", "running"), (2, "tools", "running")], f"a partial step landed: {states}"
 
     resumed = await drive(subprocess_env, driver_args(dsn, "t", attempt=2))

@@ -59,8 +59,10 @@ async def test_concurrent_writers_from_one_version_exactly_one_commits(pg_dsn: s
     try:
         await writers[0].aput("t", write((0, user("base")), count=1), expected_version=0)
         results = await asyncio.gather(
-            *(cp.aput("t", write((1, user(f"w{i}")), count=2, values={"w": i}), expected_version=1)
-              for i, cp in enumerate(writers)),
+            *(
+                cp.aput("t", write((1, user(f"w{i}")), count=2, values={"w": i}), expected_version=1)
+                for i, cp in enumerate(writers)
+            ),
             return_exceptions=True,
         )
         winners = [i for i, r in enumerate(results) if r == 2]
@@ -75,9 +77,7 @@ async def test_concurrent_writers_from_one_version_exactly_one_commits(pg_dsn: s
             await cp.aclose()
 
 
-async def test_state_and_its_messages_commit_together_or_not_at_all(
-    pg_dsn: str, checkpointer: PgCheckpointer
-) -> None:
+async def test_state_and_its_messages_commit_together_or_not_at_all(pg_dsn: str, checkpointer: PgCheckpointer) -> None:
     await checkpointer.aput("t", write((0, user("a")), count=1), expected_version=0)
     # A negative index violates the messages CHECK after the state row was inserted in the same transaction.
     with pytest.raises(StorageError):
@@ -155,8 +155,13 @@ async def test_progress_reports_version_node_step_status_and_outcome(checkpointe
     await checkpointer.aput("t", write((0, user("a")), count=1), expected_version=0, attempt=2)
     await checkpointer.aput(
         "t",
-        write(count=1, step=4, node="tools", status="failed",
-              meta={"error": {"code": "NODE_ERROR_001", "message": "boom"}, "tool_calls": {"executed": 2}}),
+        write(
+            count=1,
+            step=4,
+            node="tools",
+            status="failed",
+            meta={"error": {"code": "NODE_ERROR_001", "message": "boom"}, "tool_calls": {"executed": 2}},
+        ),
         expected_version=1,
         attempt=2,
     )
@@ -217,8 +222,10 @@ async def test_state_messages_and_ledger_results_read_back_exactly_as_written(
         "the ledger reordered the recorded result's keys; a replay would show the model different text"
     )
     assert list(entry.result["value"]["alpha"]) == ["y", "b"]
-    assert await fetchval(pg_dsn, "SELECT result->'value'->>'status' FROM tool_executions "
-                                  "WHERE tool_call_id = 'm:d'") == "ok"
+    assert (
+        await fetchval(pg_dsn, "SELECT result->'value'->>'status' FROM tool_executions WHERE tool_call_id = 'm:d'")
+        == "ok"
+    )
 
 
 async def test_a_write_from_a_version_the_store_never_reached_is_stale_too(checkpointer: PgCheckpointer) -> None:

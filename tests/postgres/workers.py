@@ -1,12 +1,12 @@
 """Child processes of the PostgreSQL tier that are not graph runs.
 
-    python -m tests.postgres.workers race DSN THREAD_ID NAME WRITES START_AT
-        Load the thread, write one message on top, repeat until WRITES commits;
-        start at the wall-clock time START_AT so two racers overlap. Prints one
-        JSON line: {"committed": [[version, content], ...], "conflicts": [[expected, actual], ...]}.
+python -m tests.postgres.workers race DSN THREAD_ID NAME WRITES START_AT
+    Load the thread, write one message on top, repeat until WRITES commits;
+    start at the wall-clock time START_AT so two racers overlap. Prints one
+    JSON line: {"committed": [[version, content], ...], "conflicts": [[expected, actual], ...]}.
 
-    python -m tests.postgres.workers migrate DSN
-        Run the schema setup and print {"applied": [versions this process applied]}.
+python -m tests.postgres.workers migrate DSN
+    Run the schema setup and print {"applied": [versions this process applied]}.
 """
 
 from __future__ import annotations
@@ -43,8 +43,12 @@ async def race(dsn: str, thread_id: str, name: str, writes: int, start_at: float
             # A short pause between read and write widens the window in which the other racer commits.
             await asyncio.sleep(random.random() * 0.002)
             write = CheckpointWrite(
-                values={"writer": name}, current_node="model", step=version, status="running",
-                meta={"writer": name, "content": content}, message_count=count + 1,
+                values={"writer": name},
+                current_node="model",
+                step=version,
+                status="running",
+                meta={"writer": name, "content": content},
+                message_count=count + 1,
                 messages=[(count, user(content))],
             )
             try:

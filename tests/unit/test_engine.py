@@ -331,5 +331,9 @@ async def test_a_new_turn_after_a_stop_mid_tools_answers_the_dangling_calls() ->
         await run
     values = await app.ainvoke("second", {"thread_id": "t"})
     roles = [(m.role, m.tool_call_id, m.is_error) for m in values["messages"]]
-    assert roles[:4] == [("user", None, False), ("assistant", None, False), ("tool", "call_1", True),
-                         ("user", None, False)], roles
+    assert roles[:4] == [
+        ("user", None, False),
+        ("assistant", None, False),
+        ("tool", "call_1", True),
+        ("user", None, False),
+    ], roles

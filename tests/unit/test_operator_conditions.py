@@ -25,8 +25,9 @@ def at(seconds: int) -> datetime:
     return T0 + timedelta(seconds=seconds)
 
 
-def transition(current: dict[str, Any], phase: str, reason: str, now: datetime, generation: int = 1,
-               message: str = "m") -> dict[str, Any]:
+def transition(
+    current: dict[str, Any], phase: str, reason: str, now: datetime, generation: int = 1, message: str = "m"
+) -> dict[str, Any]:
     """Apply one phase change as reconcile's _write does; returns the new status."""
     patch: dict[str, Any] = {"phase": phase, "reason": reason, "message": message}
     with_conditions(current, patch, now, generation)
@@ -120,9 +121,16 @@ def test_current_status_is_not_mutated() -> None:
 
 def test_conditions_are_ordered_valid_and_bounded() -> None:
     status: dict[str, Any] = {"phase": "Pending"}
-    for i, (phase, reason) in enumerate([("Running", "Running"), ("Interrupted", "Interrupted"),
-                                         ("Pending", "PodCreated"), ("Running", "Running"),
-                                         ("Stopping", "StopRequested"), ("Stopped", "ForcedStop")]):
+    for i, (phase, reason) in enumerate(
+        [
+            ("Running", "Running"),
+            ("Interrupted", "Interrupted"),
+            ("Pending", "PodCreated"),
+            ("Running", "Running"),
+            ("Stopping", "StopRequested"),
+            ("Stopped", "ForcedStop"),
+        ]
+    ):
         status = transition(status, phase, reason, at(i), message="z" * 5000)
     conditions = status["conditions"]
     assert [c["type"] for c in conditions] == [t for t in PHASE_CONDITIONS if t in by_type(status)]
@@ -137,8 +145,13 @@ def test_conditions_are_ordered_valid_and_bounded() -> None:
 
 def test_changed_returns_only_differing_keys() -> None:
     current = {"phase": "Running", "stateVersion": 3, "toolCalls": {"executed": 1, "replayed": 0}, "lostSince": "x"}
-    desired = {"phase": "Running", "stateVersion": 4, "toolCalls": {"executed": 1, "replayed": 0},
-               "nextAttemptTime": None, "lostSince": None}
+    desired = {
+        "phase": "Running",
+        "stateVersion": 4,
+        "toolCalls": {"executed": 1, "replayed": 0},
+        "nextAttemptTime": None,
+        "lostSince": None,
+    }
     assert changed(current, desired) == {"stateVersion": 4, "lostSince": None}, (
         "a patch must carry only changes: None for an absent key is no change, None for a present key removes it"
     )

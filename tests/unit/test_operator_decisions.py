@@ -49,6 +49,7 @@ IMAGE = "ghcr.io/agentrun/agentrun:0.1.0"
 
 # --- kubelet-shaped pod manifests ------------------------------------------------------------------------------------
 
+
 def _container(state: dict[str, Any], *, name: str = "runner", ready: bool = False) -> dict[str, Any]:
     return {
         "name": name,
@@ -111,16 +112,22 @@ def manifest(
         status["reason"] = reason
     if message:
         status["message"] = message
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": {"containers": [{"name": "runner"}]},
-            "status": status}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": metadata,
+        "spec": {"containers": [{"name": "runner"}]},
+        "status": status,
+    }
 
 
 def running(attempt: int = 1, **kwargs: Any) -> dict[str, Any]:
     return manifest(attempt, phase="Running", ready=True, state={"running": {"startedAt": iso(STARTED)}}, **kwargs)
 
 
-def terminated(code: int, attempt: int = 1, *, reason: str | None = None, message: str | None = None,
-               **kwargs: Any) -> dict[str, Any]:
+def terminated(
+    code: int, attempt: int = 1, *, reason: str | None = None, message: str | None = None, **kwargs: Any
+) -> dict[str, Any]:
     state: dict[str, Any] = {
         "exitCode": code,
         "reason": reason or ("Completed" if code == 0 else "Error"),
@@ -139,8 +146,13 @@ def waiting(reason: str, message: str, attempt: int = 1) -> dict[str, Any]:
 
 
 def disruption_target(reason: str = "EvictionByEvictionAPI") -> dict[str, Any]:
-    return {"type": "DisruptionTarget", "status": "True", "reason": reason,
-            "message": "Eviction API: evicting", "lastTransitionTime": iso(NOW)}
+    return {
+        "type": "DisruptionTarget",
+        "status": "True",
+        "reason": reason,
+        "message": "Eviction API: evicting",
+        "lastTransitionTime": iso(NOW),
+    }
 
 
 def view(pod: dict[str, Any]) -> PodView:
@@ -149,13 +161,21 @@ def view(pod: dict[str, Any]) -> PodView:
 
 # --- run state -------------------------------------------------------------------------------------------------------
 
+
 def make_spec(**fields: Any) -> AgentRunSpec:
     return parse_spec({"graph": "examples.support_agent:app", "threadId": "order-4821", **fields})
 
 
 def run_status(phase: str = RUNNING, attempt: int = 1, **fields: Any) -> dict[str, Any]:
-    return {"phase": phase, "attempt": attempt, "restarts": 0, "disruptions": 0, "startTime": iso(STARTED),
-            "podName": pod_name(RUN, attempt), **fields}
+    return {
+        "phase": phase,
+        "attempt": attempt,
+        "restarts": 0,
+        "disruptions": 0,
+        "startTime": iso(STARTED),
+        "podName": pod_name(RUN, attempt),
+        **fields,
+    }
 
 
 def applied(status: dict[str, Any], decision: Decision) -> dict[str, Any]:
@@ -165,9 +185,15 @@ def applied(status: dict[str, Any], decision: Decision) -> dict[str, Any]:
 
 
 def progress(**fields: Any) -> Progress:
-    base: dict[str, Any] = dict(thread_id="shop/order-4821", version=7, current_node="tools", step=3,
-                                status="running", updated_at=(NOW - timedelta(seconds=2)).timestamp(),
-                                tool_calls={"executed": 2, "replayed": 1})
+    base: dict[str, Any] = dict(
+        thread_id="shop/order-4821",
+        version=7,
+        current_node="tools",
+        step=3,
+        status="running",
+        updated_at=(NOW - timedelta(seconds=2)).timestamp(),
+        tool_calls={"executed": 2, "replayed": 1},
+    )
     return Progress(**{**base, **fields})
 
 
@@ -184,6 +210,7 @@ def later(seconds: float) -> datetime:
 
 
 # --- PodView.from_manifest -------------------------------------------------------------------------------------------
+
 
 def test_podview_reads_the_runner_exit_code_reason_and_termination_message() -> None:
     pod = view(terminated(137, reason="OOMKilled", message="killed: memory limit 256Mi"))
@@ -224,8 +251,14 @@ def test_podview_ignores_a_disruption_target_condition_that_is_false() -> None:
 
 
 def test_podview_reads_kubelet_eviction_from_status_reason() -> None:
-    pod = view(manifest(phase="Failed", reason="Evicted", message="The node was low on resource: memory.",
-                        state={"terminated": {"exitCode": 137, "reason": "Error"}}))
+    pod = view(
+        manifest(
+            phase="Failed",
+            reason="Evicted",
+            message="The node was low on resource: memory.",
+            state={"terminated": {"exitCode": 137, "reason": "Error"}},
+        )
+    )
     assert pod.disruption == "Evicted", "a kubelet eviction (status.reason Evicted) was not seen as a disruption"
 
 
@@ -242,6 +275,7 @@ def test_podview_of_a_fresh_pod_without_status_is_pending() -> None:
 
 # --- classify --------------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     ("pod", "outcome"),
     [
@@ -254,26 +288,43 @@ def test_podview_of_a_fresh_pod_without_status_is_pending() -> None:
         pytest.param(terminated(137), Outcome.CRASHED, id="exit137-crash"),
         pytest.param(terminated(137, reason="OOMKilled"), Outcome.CRASHED, id="oomkilled-crash"),
         pytest.param(terminated(7), Outcome.CRASHED, id="unknown-code-crash"),
-        pytest.param(manifest(phase="Failed", reason="UnexpectedAdmissionError"), Outcome.CRASHED,
-                     id="failed-without-container-state-crash"),
+        pytest.param(
+            manifest(phase="Failed", reason="UnexpectedAdmissionError"),
+            Outcome.CRASHED,
+            id="failed-without-container-state-crash",
+        ),
         pytest.param(running(), Outcome.RUNNING, id="running"),
         pytest.param(waiting("ContainerCreating", ""), Outcome.PENDING, id="creating-pending"),
-        pytest.param(waiting("ImagePullBackOff", "Back-off pulling image"), Outcome.PENDING,
-                     id="image-pull-backoff-pending"),
-        pytest.param(running(conditions=[disruption_target()]), Outcome.TERMINATING,
-                     id="disruption-target-still-running-terminating"),
+        pytest.param(
+            waiting("ImagePullBackOff", "Back-off pulling image"), Outcome.PENDING, id="image-pull-backoff-pending"
+        ),
+        pytest.param(
+            running(conditions=[disruption_target()]),
+            Outcome.TERMINATING,
+            id="disruption-target-still-running-terminating",
+        ),
         pytest.param(terminated(6, conditions=[disruption_target()]), Outcome.DISRUPTED, id="evicted-exit6"),
         pytest.param(terminated(137, conditions=[disruption_target()]), Outcome.DISRUPTED, id="evicted-exit137"),
-        pytest.param(terminated(1, conditions=[disruption_target("PreemptionByScheduler")]), Outcome.DISRUPTED,
-                     id="preempted-exit1"),
-        pytest.param(manifest(phase="Failed", reason="Evicted", state={"terminated": {"exitCode": 137}}),
-                     Outcome.DISRUPTED, id="kubelet-evicted"),
+        pytest.param(
+            terminated(1, conditions=[disruption_target("PreemptionByScheduler")]),
+            Outcome.DISRUPTED,
+            id="preempted-exit1",
+        ),
+        pytest.param(
+            manifest(phase="Failed", reason="Evicted", state={"terminated": {"exitCode": 137}}),
+            Outcome.DISRUPTED,
+            id="kubelet-evicted",
+        ),
         pytest.param(manifest(phase="Unknown", reason="NodeLost"), Outcome.LOST, id="unknown-lost"),
-        pytest.param(manifest(phase="Unknown", conditions=[disruption_target("DeletionByTaintManager")],
-                              deleting=True), Outcome.LOST, id="unknown-marked-by-taint-manager-lost"),
+        pytest.param(
+            manifest(phase="Unknown", conditions=[disruption_target("DeletionByTaintManager")], deleting=True),
+            Outcome.LOST,
+            id="unknown-marked-by-taint-manager-lost",
+        ),
         pytest.param(manifest(phase="Unknown", deleting=True), Outcome.LOST, id="unknown-being-deleted-lost"),
-        pytest.param(waiting("CreateContainerConfigError", 'secret "s" not found'), Outcome.CONFIG_ERROR,
-                     id="config-error"),
+        pytest.param(
+            waiting("CreateContainerConfigError", 'secret "s" not found'), Outcome.CONFIG_ERROR, id="config-error"
+        ),
         pytest.param(waiting("InvalidImageName", "bad"), Outcome.CONFIG_ERROR, id="invalid-image-config-error"),
         pytest.param(running(deleting=True), Outcome.TERMINATING, id="deleting-terminating"),
     ],
@@ -293,6 +344,7 @@ def test_classify_exit_code_wins_over_deletion_in_progress() -> None:
 
 
 # --- backoff / truncate_payload ---------------------------------------------------------------------------------------
+
 
 def test_backoff_doubles_from_the_base_and_is_capped() -> None:
     assert [backoff(n, 5, 300) for n in range(1, 9)] == [5, 10, 20, 40, 80, 160, 300, 300]
@@ -321,6 +373,7 @@ def test_truncate_payload_accepts_non_json_values() -> None:
 
 # --- decide: start, running, outcomes ---------------------------------------------------------------------------------
 
+
 def test_new_run_creates_attempt_one_pod_and_is_pending() -> None:
     d = decide(make_spec(), {}, None, None, NOW, LIMITS)
     assert d.create_attempt == 1, "a new AgentRun did not get its first pod"
@@ -345,8 +398,9 @@ def test_running_pod_makes_the_phase_running_once() -> None:
 
 
 def test_pending_pod_waiting_reason_is_shown_without_a_phase_change() -> None:
-    d = decide(make_spec(), run_status(PENDING), view(waiting("ImagePullBackOff", "Back-off pulling image")),
-               None, NOW, LIMITS)
+    d = decide(
+        make_spec(), run_status(PENDING), view(waiting("ImagePullBackOff", "Back-off pulling image")), None, NOW, LIMITS
+    )
     assert no_action(d)
     assert d.status["message"] == "ImagePullBackOff: Back-off pulling image"
 
@@ -506,11 +560,19 @@ def test_interrupt_missing_from_status_is_filled_from_the_store_later() -> None:
 
 # --- decide: disruptions ---------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     "pod",
     [
-        pytest.param(manifest(phase="Failed", reason="Evicted", message="The node was low on resource: memory.",
-                              state={"terminated": {"exitCode": 137, "reason": "Error"}}), id="kubelet-eviction"),
+        pytest.param(
+            manifest(
+                phase="Failed",
+                reason="Evicted",
+                message="The node was low on resource: memory.",
+                state={"terminated": {"exitCode": 137, "reason": "Error"}},
+            ),
+            id="kubelet-eviction",
+        ),
         pytest.param(terminated(6, conditions=[disruption_target()], deleting=True), id="eviction-api-exit6"),
         pytest.param(terminated(137, conditions=[disruption_target("PreemptionByScheduler")]), id="preempted-killed"),
         pytest.param(terminated(6), id="exit6"),
@@ -590,8 +652,10 @@ def test_disruptions_up_to_the_cap_reschedule() -> None:
 
 # --- decide: crashes and backoff -------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
-    ("code", "reason"), [(1, "Error"), (137, "Error"), (137, "OOMKilled"), (139, "Error")],
+    ("code", "reason"),
+    [(1, "Error"), (137, "Error"), (137, "OOMKilled"), (139, "Error")],
 )
 def test_crash_counts_a_restart_and_backs_off(code: int, reason: str) -> None:
     d = decide(make_spec(), run_status(disruptions=2), view(terminated(code, reason=reason)), None, NOW, LIMITS)
@@ -682,6 +746,7 @@ def test_backoff_in_status_is_capped_by_the_operator_limit() -> None:
 
 
 # --- decide: stop ----------------------------------------------------------------------------------------------------
+
 
 def test_stop_before_any_pod_ends_the_run_without_one() -> None:
     d = decide(make_spec(stop=True), {}, None, None, NOW, LIMITS)

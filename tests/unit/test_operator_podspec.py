@@ -20,8 +20,9 @@ from agentrun_operator.spec import AgentRunSpec, parse_spec
 NAMESPACE = "shop"
 RUN_NAME = "support-order-4821"
 RUN_UID = "6f1c2d3e-0000-4000-8000-00000000abcd"
-SETTINGS = OperatorSettings(default_image="ghcr.io/agentrun/agentrun:9.9.9", runner_metrics_port=9191,
-                            pod_grace_seconds=45)
+SETTINGS = OperatorSettings(
+    default_image="ghcr.io/agentrun/agentrun:9.9.9", runner_metrics_port=9191, pod_grace_seconds=45
+)
 DSN = "postgresql://agent:s3cr3t@db.internal:5432/agentrun"
 
 FULL_TEMPLATE: dict[str, Any] = {
@@ -69,10 +70,23 @@ def env(pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 # --- the restricted Pod Security Standard, rule by rule ---------------------------------------------------------------
 
-RESTRICTED_VOLUME_TYPES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
-                           "projected", "secret"}
-SAFE_SYSCTLS = {"kernel.shm_rmid_forced", "net.ipv4.ip_local_port_range", "net.ipv4.ip_unprivileged_port_start",
-                "net.ipv4.tcp_syncookies", "net.ipv4.ping_group_range"}
+RESTRICTED_VOLUME_TYPES = {
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+}
+SAFE_SYSCTLS = {
+    "kernel.shm_rmid_forced",
+    "net.ipv4.ip_local_port_range",
+    "net.ipv4.ip_unprivileged_port_start",
+    "net.ipv4.tcp_syncookies",
+    "net.ipv4.ping_group_range",
+}
 
 
 def restricted_violations(pod: dict[str, Any]) -> list[str]:
@@ -120,21 +134,39 @@ def restricted_violations(pod: dict[str, Any]) -> list[str]:
 
 
 def test_the_restricted_checker_catches_an_unsafe_pod() -> None:
-    unsafe = {"spec": {"hostNetwork": True, "volumes": [{"name": "h", "hostPath": {"path": "/"}}],
-                       "containers": [{"name": "c", "securityContext": {"privileged": True,
-                                                                        "capabilities": {"add": ["SYS_ADMIN"]}},
-                                       "ports": [{"containerPort": 80, "hostPort": 80}]}]}}
+    unsafe = {
+        "spec": {
+            "hostNetwork": True,
+            "volumes": [{"name": "h", "hostPath": {"path": "/"}}],
+            "containers": [
+                {
+                    "name": "c",
+                    "securityContext": {"privileged": True, "capabilities": {"add": ["SYS_ADMIN"]}},
+                    "ports": [{"containerPort": 80, "hostPort": 80}],
+                }
+            ],
+        }
+    }
     problems = restricted_violations(unsafe)
-    for fragment in ("hostNetwork", "hostPath", "privileged", "allowPrivilegeEscalation", "runAsNonRoot",
-                     "seccomp", "drop ALL", "SYS_ADMIN", "hostPort", "read-only"):
+    for fragment in (
+        "hostNetwork",
+        "hostPath",
+        "privileged",
+        "allowPrivilegeEscalation",
+        "runAsNonRoot",
+        "seccomp",
+        "drop ALL",
+        "SYS_ADMIN",
+        "hostPort",
+        "read-only",
+    ):
         assert any(fragment in p for p in problems), f"the checker misses {fragment}: it would prove nothing"
 
 
 @pytest.mark.parametrize("template", [None, FULL_TEMPLATE], ids=["bare", "full-template"])
 @pytest.mark.parametrize("resume", [None, {"values": {"int-1": True}}], ids=["first", "resume"])
 def test_pod_is_a_valid_kubernetes_pod(template: dict[str, Any] | None, resume: dict[str, Any] | None) -> None:
-    spec = make_spec(podTemplate=template, userId="customer-118", input={"messages": []}) if template \
-        else make_spec()
+    spec = make_spec(podTemplate=template, userId="customer-118", input={"messages": []}) if template else make_spec()
     pod = pod_for(spec, 2, resume=resume)
     try:
         kubernetes_validate.validate(pod, "1.30", strict=True)
@@ -165,14 +197,16 @@ def test_pod_is_named_run_attempt_and_owned_by_the_agentrun() -> None:
     pod = pod_for(make_spec(), 3)
     assert pod["metadata"]["name"] == pod_name(RUN_NAME, 3) == f"{RUN_NAME}-3", "pod names must be deterministic"
     assert pod["metadata"]["namespace"] == NAMESPACE
-    assert pod["metadata"]["ownerReferences"] == [{
-        "apiVersion": "agentrun.dev/v1alpha1",
-        "kind": "AgentRun",
-        "name": RUN_NAME,
-        "uid": RUN_UID,
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }], "without a controller owner reference the pod outlives its AgentRun"
+    assert pod["metadata"]["ownerReferences"] == [
+        {
+            "apiVersion": "agentrun.dev/v1alpha1",
+            "kind": "AgentRun",
+            "name": RUN_NAME,
+            "uid": RUN_UID,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ], "without a controller owner reference the pod outlives its AgentRun"
 
 
 def test_pod_is_never_restarted_by_the_kubelet() -> None:
@@ -197,8 +231,10 @@ def test_operator_labels_win_over_template_labels() -> None:
 
 
 def test_store_credentials_come_only_from_the_secret() -> None:
-    spec = make_spec(store={"secretRef": {"name": "shop-store"}},
-                     podTemplate={"env": [{"name": "AGENTRUN_POSTGRES_DSN", "value": DSN}]})
+    spec = make_spec(
+        store={"secretRef": {"name": "shop-store"}},
+        podTemplate={"env": [{"name": "AGENTRUN_POSTGRES_DSN", "value": DSN}]},
+    )
     pod = pod_for(spec)
     variables = env(pod)
     assert variables["AGENTRUN_POSTGRES_DSN"] == {
@@ -235,11 +271,22 @@ def test_env_contract_values() -> None:
     assert all("value" in v or "valueFrom" in v for v in variables.values())
 
 
-@pytest.mark.parametrize("name", ["AGENTRUN_GRAPH", "AGENTRUN_THREAD_ID", "AGENTRUN_ATTEMPT", "AGENTRUN_RESUME",
-                                  "AGENTRUN_STORE", "agentrun_graph", "Agentrun_Thread_Id"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "AGENTRUN_GRAPH",
+        "AGENTRUN_THREAD_ID",
+        "AGENTRUN_ATTEMPT",
+        "AGENTRUN_RESUME",
+        "AGENTRUN_STORE",
+        "agentrun_graph",
+        "Agentrun_Thread_Id",
+    ],
+)
 def test_template_env_cannot_override_the_contract(name: str) -> None:
-    spec = make_spec(podTemplate={"env": [{"name": name, "value": "evil.module:app"},
-                                          {"name": "LOG_LEVEL", "value": "debug"}]})
+    spec = make_spec(
+        podTemplate={"env": [{"name": name, "value": "evil.module:app"}, {"name": "LOG_LEVEL", "value": "debug"}]}
+    )
     variables = env(pod_for(spec))  # also fails on a duplicate name
     assert all(v.get("value") != "evil.module:app" for v in variables.values()), (
         f"podTemplate.env set {name}: the contract's variables are the operator's (read case-insensitively)"
@@ -266,17 +313,34 @@ def test_without_template_nothing_optional_appears() -> None:
     for key in ("nodeSelector", "tolerations", "affinity", "serviceAccountName", "hostNetwork"):
         assert key not in pod["spec"]
     assert pod["metadata"]["annotations"] == {}
-    assert set(env(pod)) == {"AGENTRUN_GRAPH", "AGENTRUN_THREAD_ID", "AGENTRUN_RUN_NAME", "AGENTRUN_RUN_UID",
-                             "AGENTRUN_ATTEMPT", "AGENTRUN_CONFIG", "AGENTRUN_INPUT", "AGENTRUN_METRICS_PORT",
-                             "AGENTRUN_POSTGRES_DSN", "AGENTRUN_REDIS_URL"}
+    assert set(env(pod)) == {
+        "AGENTRUN_GRAPH",
+        "AGENTRUN_THREAD_ID",
+        "AGENTRUN_RUN_NAME",
+        "AGENTRUN_RUN_UID",
+        "AGENTRUN_ATTEMPT",
+        "AGENTRUN_CONFIG",
+        "AGENTRUN_INPUT",
+        "AGENTRUN_METRICS_PORT",
+        "AGENTRUN_POSTGRES_DSN",
+        "AGENTRUN_REDIS_URL",
+    }
 
 
 def test_pod_spec_has_only_operator_chosen_keys() -> None:
     # Whatever the template holds, the pod spec is the operator's: no template key can add privileges.
     pod = pod_for(make_spec(podTemplate=FULL_TEMPLATE))
-    assert set(pod["spec"]) <= {"restartPolicy", "automountServiceAccountToken", "enableServiceLinks",
-                                "terminationGracePeriodSeconds", "securityContext", "containers", "volumes",
-                                "nodeSelector", "tolerations"}
+    assert set(pod["spec"]) <= {
+        "restartPolicy",
+        "automountServiceAccountToken",
+        "enableServiceLinks",
+        "terminationGracePeriodSeconds",
+        "securityContext",
+        "containers",
+        "volumes",
+        "nodeSelector",
+        "tolerations",
+    }
     assert pod["spec"]["terminationGracePeriodSeconds"] == 45
 
 
@@ -293,7 +357,8 @@ def test_run_config_contains_only_what_the_user_set() -> None:
     )
     spec = make_spec(config={"toolTimeoutSeconds": 60, "durableCheckpointEveryStep": False})
     assert json.loads(env(pod_for(spec))["AGENTRUN_CONFIG"]["value"]) == {
-        "toolTimeoutSeconds": 60, "durableCheckpointEveryStep": False,
+        "toolTimeoutSeconds": 60,
+        "durableCheckpointEveryStep": False,
     }
 
 
@@ -328,11 +393,18 @@ def test_the_fault_point_is_the_only_agentrun_variable_a_template_may_set() -> N
     from agentrun_operator.settings import OperatorSettings
     from agentrun_operator.spec import parse_spec
 
-    spec = parse_spec({
-        "graph": "examples.support_agent:app", "threadId": "t",
-        "podTemplate": {"env": [{"name": "AGENTRUN_FAULT_POINT", "value": "after_tool:charge_card"},
-                                {"name": "AGENTRUN_GRAPH", "value": "evil:x"}]},
-    })
+    spec = parse_spec(
+        {
+            "graph": "examples.support_agent:app",
+            "threadId": "t",
+            "podTemplate": {
+                "env": [
+                    {"name": "AGENTRUN_FAULT_POINT", "value": "after_tool:charge_card"},
+                    {"name": "AGENTRUN_GRAPH", "value": "evil:x"},
+                ]
+            },
+        }
+    )
     run = {"metadata": {"name": "r", "namespace": "ns", "uid": "u"}}
     env = build_pod(run, spec, 1, OperatorSettings())["spec"]["containers"][0]["env"]
     assert {"name": "AGENTRUN_FAULT_POINT", "value": "after_tool:charge_card"} in env

@@ -34,15 +34,25 @@ def test_the_shipped_example_is_a_valid_spec() -> None:
 
 
 def test_a_full_spec_parses_with_defaults_filled() -> None:
-    spec = parse_spec(with_(
-        image="registry.local/agents:7", userId="customer-118", input={"messages": []},
-        config={"toolTimeoutSeconds": 0, "nodeTimeoutSeconds": 300, "recursionLimit": 10},
-        stop=False, resume={"values": {"int-1": {"ok": True}}},
-        restartPolicy={"maxRestarts": 100, "backoffSeconds": 0},
-        podTemplate={"resources": {"limits": {"memory": "1Gi"}}, "nodeSelector": {"pool": "a"},
-                     "tolerations": [{"operator": "Exists"}], "env": [{"name": "X", "value": "1"}],
-                     "labels": {"team": "t"}, "annotations": {"a": "b"}},
-    ))
+    spec = parse_spec(
+        with_(
+            image="registry.local/agents:7",
+            userId="customer-118",
+            input={"messages": []},
+            config={"toolTimeoutSeconds": 0, "nodeTimeoutSeconds": 300, "recursionLimit": 10},
+            stop=False,
+            resume={"values": {"int-1": {"ok": True}}},
+            restartPolicy={"maxRestarts": 100, "backoffSeconds": 0},
+            podTemplate={
+                "resources": {"limits": {"memory": "1Gi"}},
+                "nodeSelector": {"pool": "a"},
+                "tolerations": [{"operator": "Exists"}],
+                "env": [{"name": "X", "value": "1"}],
+                "labels": {"team": "t"},
+                "annotations": {"a": "b"},
+            },
+        )
+    )
     assert spec.restartPolicy.maxRestarts == 100 and spec.restartPolicy.backoffSeconds == 0
     assert spec.resume is not None and spec.resume.values == {"int-1": {"ok": True}}
     defaults = parse_spec(VALID)
@@ -70,38 +80,62 @@ def test_thread_id_of_the_longest_length_that_fits_the_store_is_accepted() -> No
         pytest.param(with_(threadId="other-ns/order-4821"), "spec.threadId", id="thread-slash-escapes-namespace"),
         pytest.param(with_(threadId="-order"), "spec.threadId", id="thread-leading-dash"),
         pytest.param(with_(threadId="order\n"), "spec.threadId", id="thread-newline"),
-        pytest.param(with_(config={"toolTimeoutSeconds": -1}), "spec.config.toolTimeoutSeconds",
-                     id="negative-tool-timeout"),
-        pytest.param(with_(config={"nodeTimeoutSeconds": -0.5}), "spec.config.nodeTimeoutSeconds",
-                     id="negative-node-timeout"),
+        pytest.param(
+            with_(config={"toolTimeoutSeconds": -1}), "spec.config.toolTimeoutSeconds", id="negative-tool-timeout"
+        ),
+        pytest.param(
+            with_(config={"nodeTimeoutSeconds": -0.5}), "spec.config.nodeTimeoutSeconds", id="negative-node-timeout"
+        ),
         pytest.param(with_(config={"recursionLimit": 0}), "spec.config.recursionLimit", id="recursion-limit-zero"),
         pytest.param(with_(config={"retries": 3}), "spec.config.retries", id="unknown-config-field"),
-        pytest.param(with_(restartPolicy={"maxRestarts": 101}), "spec.restartPolicy.maxRestarts",
-                     id="max-restarts-over-100"),
-        pytest.param(with_(restartPolicy={"maxRestarts": -1}), "spec.restartPolicy.maxRestarts",
-                     id="max-restarts-negative"),
-        pytest.param(with_(restartPolicy={"backoffSeconds": -1}), "spec.restartPolicy.backoffSeconds",
-                     id="negative-backoff"),
+        pytest.param(
+            with_(restartPolicy={"maxRestarts": 101}), "spec.restartPolicy.maxRestarts", id="max-restarts-over-100"
+        ),
+        pytest.param(
+            with_(restartPolicy={"maxRestarts": -1}), "spec.restartPolicy.maxRestarts", id="max-restarts-negative"
+        ),
+        pytest.param(
+            with_(restartPolicy={"backoffSeconds": -1}), "spec.restartPolicy.backoffSeconds", id="negative-backoff"
+        ),
         pytest.param(with_(priority="high"), "spec.priority", id="unknown-field"),
         pytest.param(with_(thread_id="x"), "spec.thread_id", id="snake-case-field"),
         pytest.param(with_(store={"secretRef": {"name": ""}}), "spec.store.secretRef.name", id="empty-secret-name"),
         pytest.param(with_(store={}), "spec.store.secretRef", id="store-without-secret"),
         pytest.param(with_(resume={"value": 1, "id": "int-1"}), "spec.resume.id", id="unknown-resume-field"),
-        pytest.param(with_(podTemplate={"serviceAccountName": "admin"}), "spec.podTemplate.serviceAccountName",
-                     id="template-service-account"),
-        pytest.param(with_(podTemplate={"volumes": [{"name": "h", "hostPath": {"path": "/"}}]}),
-                     "spec.podTemplate.volumes", id="template-volumes"),
-        pytest.param(with_(podTemplate={"securityContext": {"runAsUser": 0}}), "spec.podTemplate.securityContext",
-                     id="template-security-context"),
+        pytest.param(
+            with_(podTemplate={"serviceAccountName": "admin"}),
+            "spec.podTemplate.serviceAccountName",
+            id="template-service-account",
+        ),
+        pytest.param(
+            with_(podTemplate={"volumes": [{"name": "h", "hostPath": {"path": "/"}}]}),
+            "spec.podTemplate.volumes",
+            id="template-volumes",
+        ),
+        pytest.param(
+            with_(podTemplate={"securityContext": {"runAsUser": 0}}),
+            "spec.podTemplate.securityContext",
+            id="template-security-context",
+        ),
         pytest.param(with_(podTemplate={"hostNetwork": True}), "spec.podTemplate.hostNetwork", id="template-host-net"),
-        pytest.param(with_(podTemplate={"containers": [{"name": "x"}]}), "spec.podTemplate.containers",
-                     id="template-containers"),
-        pytest.param(with_(podTemplate={"automountServiceAccountToken": True}),
-                     "spec.podTemplate.automountServiceAccountToken", id="template-token"),
-        pytest.param(with_(podTemplate={"env": [{"name": "1BAD", "value": "x"}]}), "spec.podTemplate.env.0.name",
-                     id="template-env-bad-name"),
-        pytest.param(with_(podTemplate={"env": [{"name": "X", "value": "x", "secret": True}]}),
-                     "spec.podTemplate.env.0.secret", id="template-env-unknown-key"),
+        pytest.param(
+            with_(podTemplate={"containers": [{"name": "x"}]}), "spec.podTemplate.containers", id="template-containers"
+        ),
+        pytest.param(
+            with_(podTemplate={"automountServiceAccountToken": True}),
+            "spec.podTemplate.automountServiceAccountToken",
+            id="template-token",
+        ),
+        pytest.param(
+            with_(podTemplate={"env": [{"name": "1BAD", "value": "x"}]}),
+            "spec.podTemplate.env.0.name",
+            id="template-env-bad-name",
+        ),
+        pytest.param(
+            with_(podTemplate={"env": [{"name": "X", "value": "x", "secret": True}]}),
+            "spec.podTemplate.env.0.secret",
+            id="template-env-unknown-key",
+        ),
     ],
 )
 def test_invalid_spec_is_refused_naming_the_field(raw: dict[str, Any], field: str) -> None:
@@ -169,6 +203,7 @@ def test_spec_model_round_trips_its_camel_case_names() -> None:
 
 
 # --- OperatorSettings -----------------------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:

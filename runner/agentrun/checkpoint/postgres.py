@@ -311,9 +311,7 @@ class PgCheckpointer(Checkpointer):
         except _DB_ERRORS as e:
             raise StorageError(f"postgres {op} failed: {type(e).__name__}: {e}") from e
 
-    async def _read(
-        self, op: str, query: Callable[[Connection], Awaitable[T]], *, snapshot: bool = False
-    ) -> T:
+    async def _read(self, op: str, query: Callable[[Connection], Awaitable[T]], *, snapshot: bool = False) -> T:
         """Run a read, once more on a fresh connection if the first one was dropped."""
         pool = await self._get_pool()
         for retry in (False, True):
@@ -445,8 +443,16 @@ class PgCheckpointer(Checkpointer):
         version = current + 1
         try:
             created_at = await conn.fetchval(
-                _INSERT_STATE, thread_id, version, write.current_node, write.step, write.status, values, meta,
-                write.message_count, attempt,
+                _INSERT_STATE,
+                thread_id,
+                version,
+                write.current_node,
+                write.step,
+                write.status,
+                values,
+                meta,
+                write.message_count,
+                attempt,
             )
         except asyncpg.UniqueViolationError as e:
             # Unreachable while every writer takes the row lock; kept as the documented backstop.

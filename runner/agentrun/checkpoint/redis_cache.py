@@ -86,7 +86,9 @@ end
 # KEYS: state, msgs, progress. ARGV: incarnation, base version, new version, state JSON, message count,
 # ttl ms, channel, event JSON, step, then (index, body) pairs of the messages this write changed.
 # Returns 1 applied, 0 a newer entry is cached (left alone), -1 entry dropped (it missed steps).
-_APPLY_WRITE_LUA = _PROGRESS_LUA + """
+_APPLY_WRITE_LUA = (
+    _PROGRESS_LUA
+    + """
 local inc, base, version = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local count, ttl = tonumber(ARGV[5]), tonumber(ARGV[6])
 local result = 1
@@ -129,6 +131,7 @@ end
 put_progress(KEYS[3], ARGV[7], inc, version, tonumber(ARGV[9]), '1', ARGV[8], ttl)
 return result
 """
+)
 
 # KEYS: state, msgs. ARGV: incarnation, version, state JSON, ttl ms, then every message body.
 # A reader's fill: replaces the entry unless it already holds this version or a newer one.
@@ -144,10 +147,13 @@ return 1
 """
 
 # KEYS: progress. ARGV: channel, incarnation, version, step, event JSON, ttl ms. Non-durable progress.
-_PROGRESS_ONLY_LUA = _PROGRESS_LUA + """
+_PROGRESS_ONLY_LUA = (
+    _PROGRESS_LUA
+    + """
 return put_progress(KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), '0', ARGV[5],
                     tonumber(ARGV[6]))
 """
+)
 
 _ERRORS = (RedisError, OSError, TimeoutError)
 
@@ -228,7 +234,11 @@ class RedisHotCache:
                 self._down = True
                 log.warning(
                     "Redis at %s failed during %s (%s: %s); continuing on PostgreSQL alone, next try in %.0fs",
-                    self._safe_url(), op, type(e).__name__, e, self.retry_after,
+                    self._safe_url(),
+                    op,
+                    type(e).__name__,
+                    e,
+                    self.retry_after,
                 )
             return default
         if self._down:
@@ -299,8 +309,15 @@ class RedisHotCache:
     ) -> int | None:
         """Advance the entry from ``base_version`` to the committed ``version`` and publish its progress."""
         args: list[Any] = [
-            incarnation, base_version, version, _state_json(write, created_at), write.message_count,
-            self.ttl_ms, self.channel(thread_id), json.dumps(event), write.step,
+            incarnation,
+            base_version,
+            version,
+            _state_json(write, created_at),
+            write.message_count,
+            self.ttl_ms,
+            self.channel(thread_id),
+            json.dumps(event),
+            write.step,
         ]
         for index, body in bodies:
             args += [index, body]
@@ -353,8 +370,12 @@ class RedisHotCache:
     async def put_progress(self, thread_id: str, event: dict[str, Any]) -> None:
         """Record and publish the progress of a step that is not durable yet."""
         args = [
-            self.channel(thread_id), event.get("incarnation") or "", event["version"], event["step"],
-            json.dumps(event), self.ttl_ms,
+            self.channel(thread_id),
+            event.get("incarnation") or "",
+            event["version"],
+            event["step"],
+            json.dumps(event),
+            self.ttl_ms,
         ]
 
         async def call() -> None:

@@ -251,8 +251,17 @@ class SqliteCheckpointer(Checkpointer):
             version = current + 1
             conn.execute(
                 _INSERT_STATE,
-                (thread_id, version, write.current_node, write.step, write.status, values, meta,
-                 write.message_count, now),
+                (
+                    thread_id,
+                    version,
+                    write.current_node,
+                    write.step,
+                    write.status,
+                    values,
+                    meta,
+                    write.message_count,
+                    now,
+                ),
             )
             conn.executemany(_PUT_MESSAGE, [(thread_id, i, mid, body, version) for i, mid, body in bodies])
             return version

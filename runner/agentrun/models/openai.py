@@ -234,7 +234,11 @@ class OpenAIChatModel:
                     delay = self._backoff(attempt)
                     _log().warning(
                         "model request to %s failed (%s); attempt %d of %d, will retry in %.2fs",
-                        self.url, reason, attempt, self.max_attempts, delay,
+                        self.url,
+                        reason,
+                        attempt,
+                        self.max_attempts,
+                        delay,
                     )
                     await asyncio.sleep(delay)
                     continue
@@ -253,7 +257,12 @@ class OpenAIChatModel:
                 if delay <= self.max_retry_delay:
                     _log().warning(
                         "model endpoint %s answered HTTP %d (%s); attempt %d of %d, will retry in %.2fs",
-                        self.url, status, detail, attempt, self.max_attempts, delay,
+                        self.url,
+                        status,
+                        detail,
+                        attempt,
+                        self.max_attempts,
+                        delay,
                     )
                     await asyncio.sleep(delay)
                     continue
@@ -262,8 +271,7 @@ class OpenAIChatModel:
             if status == 401 and not key:
                 hint = f"; no API key was found ({self._key_source()})"
             raise ModelError(
-                f"model endpoint {self.url} answered HTTP {status} after {attempt} attempt(s): "
-                f"{detail}{hint}",
+                f"model endpoint {self.url} answered HTTP {status} after {attempt} attempt(s): {detail}{hint}",
                 code=HTTP_ERROR,
             )
         raise AssertionError("unreachable: the retry loop returns or raises")
@@ -328,7 +336,10 @@ class OpenAIChatModel:
             )
         _log().debug(
             "model reply %s (provider id %s, finish_reason %s, %d tool call(s))",
-            reply.id, body.get("id"), finish, len(calls),
+            reply.id,
+            body.get("id"),
+            finish,
+            len(calls),
         )
         return reply
 
@@ -344,8 +355,9 @@ def _tool_call(raw: Any, index: int, bad: Callable[[str], ModelError]) -> ToolCa
         # Some servers send an object instead of the JSON text; keep its content, as text.
         arguments = json.dumps(arguments, ensure_ascii=False)
     call_id = raw.get("id")
-    return ToolCall(id=call_id if isinstance(call_id, str) and call_id else None, name=function["name"],
-                    arguments=arguments)
+    return ToolCall(
+        id=call_id if isinstance(call_id, str) and call_id else None, name=function["name"], arguments=arguments
+    )
 
 
 def to_wire(message: Message) -> dict[str, Any]:
