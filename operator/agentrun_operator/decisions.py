@@ -29,6 +29,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from agentrun.checkpoint.base import Progress
+from agentrun.contract import ExitCode
 
 from .spec import AgentRunSpec
 
@@ -36,7 +37,6 @@ PENDING, RUNNING, INTERRUPTED, STOPPING = "Pending", "Running", "Interrupted", "
 STOPPED, SUCCEEDED, FAILED = "Stopped", "Succeeded", "Failed"
 TERMINAL = frozenset({STOPPED, SUCCEEDED, FAILED})
 
-EXIT_COMPLETED, EXIT_INTERRUPTED, EXIT_STOPPED, EXIT_FAILED, EXIT_PREEMPTED = 0, 3, 4, 5, 6
 PAYLOAD_LIMIT = 1024
 # A kubelet reports these when the container cannot even be created: retrying will not help.
 CONFIG_ERRORS = frozenset({"CreateContainerConfigError", "CreateContainerError", "InvalidImageName"})
@@ -52,6 +52,7 @@ class Outcome(enum.Enum):
     DISRUPTED = "disrupted"
     CRASHED = "crashed"
     LOST = "lost"
+    SUPERSEDED = "superseded"  # exit 7: another AgentRun claimed the thread
     CONFIG_ERROR = "config-error"
     TERMINATING = "terminating"
     GONE = "gone"
@@ -109,11 +110,12 @@ def classify(pod: PodView | None) -> Outcome:
     ended = pod.exit_code is not None or pod.phase in ("Succeeded", "Failed")
     # A runner that reached a final outcome (completed, interrupted, stopped, failed) wins over a
     # disruption that arrived meanwhile: re-running it would retry a permanent failure.
-    final = {
-        EXIT_COMPLETED: Outcome.COMPLETED,
-        EXIT_INTERRUPTED: Outcome.INTERRUPTED,
-        EXIT_STOPPED: Outcome.STOPPED,
-        EXIT_FAILED: Outcome.FAILED,
+    final: dict[int, Outcome] = {
+        ExitCode.COMPLETED: Outcome.COMPLETED,
+        ExitCode.INTERRUPTED: Outcome.INTERRUPTED,
+        ExitCode.STOPPED: Outcome.STOPPED,
+        ExitCode.FAILED: Outcome.FAILED,
+        ExitCode.FENCED: Outcome.SUPERSEDED,
     }
     if pod.disruption and ended and pod.exit_code in final:
         return final[pod.exit_code]
@@ -129,7 +131,7 @@ def classify(pod: PodView | None) -> Outcome:
     if ended:
         if pod.exit_code is None:
             return Outcome.CRASHED  # Failed without a container state (e.g. the node rejected it)
-        if pod.exit_code == EXIT_PREEMPTED:
+        if pod.exit_code == ExitCode.PREEMPTED:
             return Outcome.DISRUPTED
         return final.get(pod.exit_code, Outcome.CRASHED)
     if pod.deleting:
@@ -312,6 +314,8 @@ def _decide_stop(
             return _finish(d, SUCCEEDED, "Completed", "the run completed before it saw the stop request", now)
         if outcome is Outcome.FAILED:
             return _failed(d, pod, progress, now)
+        if outcome is Outcome.SUPERSEDED:
+            return _superseded(d, pod, now)
         reason = "StoppedBeforeStart" if not phase or not status.get("attempt") else "Stopped"
         return _finish(d, STOPPED, reason, "stopped by spec.stop", now)
     requested = parse_time(status.get("stopRequestedTime"))
@@ -382,6 +386,8 @@ def _decide_pod(
         return _finish(d, STOPPED, "Stopped", "the runner stopped on a stop request", now)
     if outcome is Outcome.FAILED:
         return _failed(d, pod, progress, now)
+    if outcome is Outcome.SUPERSEDED:
+        return _superseded(d, pod, now)
     if outcome is Outcome.CONFIG_ERROR:
         assert pod is not None
         d.delete_pod = pod.name
@@ -465,6 +471,14 @@ def _failed(d: Decision, pod: PodView | None, progress: Progress | None, now: da
     if not message and progress is not None and progress.error:
         message = f"{progress.error.get('code')}: {progress.error.get('message')}"
     return _finish(d, FAILED, "RunFailed", message or "the runner failed permanently (exit 5)", now, warning=True)
+
+
+def _superseded(d: Decision, pod: PodView | None, now: datetime) -> Decision:
+    # The current attempt is this run's newest, so a fence means another AgentRun registered on the
+    # thread after this one: retrying would be fenced again. The runner's line names the other run.
+    lines = [line for line in ((pod.termination_message if pod else None) or "").splitlines() if line.strip()]
+    message = lines[-1].strip() if lines else "another AgentRun owns this run's thread"
+    return _finish(d, FAILED, "Superseded", message, now, warning=True)
 
 
 def _finish(d: Decision, phase: str, reason: str, message: str, now: datetime, *, warning: bool = False) -> Decision:

@@ -9,8 +9,9 @@ RuntimeDefault), store credentials only through ``secretKeyRef``, and from
 from __future__ import annotations
 
 import hashlib
-import json
 from typing import Any
+
+from agentrun.contract import ENV_PREFIX, STORE_SECRET_KEYS, Env, RunnerInputs
 
 from .settings import OperatorSettings
 from .spec import AgentRunSpec, thread_key
@@ -19,10 +20,6 @@ GROUP, VERSION, PLURAL, KIND = "agentrun.dev", "v1alpha1", "agentruns", "AgentRu
 RUN_LABEL = "agentrun.dev/run"
 ATTEMPT_LABEL = "agentrun.dev/attempt"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "agentrun-operator"}
-RESERVED_ENV_PREFIX = "AGENTRUN_"
-# The one AGENTRUN_ variable a user may set: crash-test fault injection (agentrun.faults); it can only
-# make the user's own runner kill itself at a named point.
-FAULT_POINT_ENV = "AGENTRUN_FAULT_POINT"
 RUNNER_UID = 65532  # the conventional "nonroot" user of distroless images
 
 
@@ -53,27 +50,28 @@ def build_pod(
     name, namespace = meta["name"], meta["namespace"]
     template = spec.podTemplate
     secret = store_secret(spec, settings)
-    env: list[dict[str, Any]] = [
-        {"name": "AGENTRUN_GRAPH", "value": spec.graph},
-        {"name": "AGENTRUN_THREAD_ID", "value": thread_key(namespace, spec.threadId)},
-        {"name": "AGENTRUN_RUN_NAME", "value": name},
-        {"name": "AGENTRUN_RUN_UID", "value": meta["uid"]},
-        {"name": "AGENTRUN_ATTEMPT", "value": str(attempt)},
-        {"name": "AGENTRUN_CONFIG", "value": json.dumps(spec.run_config())},
-        {"name": "AGENTRUN_INPUT", "value": json.dumps(spec.input) if spec.input is not None else "null"},
-        {"name": "AGENTRUN_METRICS_PORT", "value": str(settings.runner_metrics_port)},
-        {"name": "AGENTRUN_POSTGRES_DSN", "valueFrom": {"secretKeyRef": {"name": secret, "key": "postgresDsn"}}},
-        {
-            "name": "AGENTRUN_REDIS_URL",
-            "valueFrom": {"secretKeyRef": {"name": secret, "key": "redisUrl", "optional": True}},
-        },
-    ]
-    if resume is not None:
-        env.append({"name": "AGENTRUN_RESUME", "value": json.dumps(resume)})
-    if spec.userId:
-        env.append({"name": "AGENTRUN_USER_ID", "value": spec.userId})
+    inputs = RunnerInputs(
+        graph=spec.graph,
+        thread_id=thread_key(namespace, spec.threadId),
+        run_name=name,
+        run_uid=meta["uid"],
+        user_id=spec.userId or None,
+        attempt=attempt,
+        config=spec.run_config(),
+        input=spec.input,
+        resume=resume,
+        metrics_port=settings.runner_metrics_port,
+    )
+    env: list[dict[str, Any]] = [*inputs.to_env()]
+    for variable, key in STORE_SECRET_KEYS.items():
+        ref: dict[str, Any] = {"name": secret, "key": key}
+        if variable is not Env.POSTGRES_DSN:
+            ref["optional"] = True
+        env.append({"name": variable.value, "valueFrom": {"secretKeyRef": ref}})
     for var in template.env if template and template.env else []:
-        if var.name.upper().startswith(RESERVED_ENV_PREFIX) and var.name != FAULT_POINT_ENV:
+        if var.name.upper().startswith(ENV_PREFIX) and var.name != Env.FAULT_POINT:
+            # The one AGENTRUN_ variable a user may set is crash-test fault injection (agentrun.faults):
+            # it can only make the user's own runner kill itself at a named point.
             # The contract's variables are the operator's to set. Case-insensitive: the runner's
             # pydantic settings read env names case-insensitively, so ``agentrun_graph`` would win.
             continue

@@ -24,12 +24,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from .checkpoint import Checkpointer, from_url
+from .contract import ExitCode
 from .errors import AgentRunError, GraphReferenceError, RunStopped, ThreadStateError
 from .interrupts import Command
 from .loader import compile_reference
 from .messages import Message
 
-EXIT_OK, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_STOPPED, EXIT_FAILED = 0, 2, 3, 4, 5
 DEFAULT_STORE = "sqlite:///agentrun.db"
 
 
@@ -81,7 +81,7 @@ async def _run(args: argparse.Namespace, checkpointer: Checkpointer) -> int:
                 print(f"        payload: {json.dumps(pending.payload, default=str)[:500]}")
             example = json.dumps({i.id: "..." for i in event.interrupts})
             print(f"resume with: agentrun run {args.graph} --thread-id {args.thread_id} --resume '{example}'")
-            return EXIT_INTERRUPTED
+            return ExitCode.INTERRUPTED
         else:
             snapshot = await app.aget_state(args.thread_id)
             counts = (snapshot.meta.get("tool_calls") if snapshot else None) or {}
@@ -90,7 +90,7 @@ async def _run(args: argparse.Namespace, checkpointer: Checkpointer) -> int:
                 f"({counts.get('executed', 0)} tool calls executed, {counts.get('replayed', 0)} replayed)",
                 flush=True,
             )
-    return EXIT_OK
+    return ExitCode.COMPLETED
 
 
 async def _state(args: argparse.Namespace, checkpointer: Checkpointer) -> int:
@@ -118,7 +118,7 @@ async def _state(args: argparse.Namespace, checkpointer: Checkpointer) -> int:
                 default=str,
             )
         )
-        return EXIT_OK
+        return ExitCode.COMPLETED
     print(f"thread:   {checkpoint.thread_id}")
     print(f"status:   {checkpoint.status}" + (" (stop requested)" if stop is not None else ""))
     print(f"version:  {checkpoint.version}")
@@ -137,7 +137,7 @@ async def _state(args: argparse.Namespace, checkpointer: Checkpointer) -> int:
     print(f"ledger ({len(ledger)} entries):")
     for entry in ledger:
         print(f"    {entry.key}  {entry.tool_name}")
-    return EXIT_OK
+    return ExitCode.COMPLETED
 
 
 async def _stop(args: argparse.Namespace, checkpointer: Checkpointer) -> int:
@@ -152,7 +152,7 @@ async def _stop(args: argparse.Namespace, checkpointer: Checkpointer) -> int:
             f"stop requested for thread {args.thread_id} (status {checkpoint.status}); "
             "its next run will stop before running a node"
         )
-    return EXIT_OK
+    return ExitCode.COMPLETED
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -207,13 +207,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return asyncio.run(_main(args))
     except (UsageError, GraphReferenceError, ThreadStateError) as e:
         print(f"agentrun: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     except RunStopped as e:
         print(f"stopped: {e}", file=sys.stderr)
-        return EXIT_STOPPED
+        return ExitCode.STOPPED
     except AgentRunError as e:
         print(f"agentrun: failed: {e}", file=sys.stderr)
-        return EXIT_FAILED
+        return ExitCode.FAILED
     except KeyboardInterrupt:
         return 130
 

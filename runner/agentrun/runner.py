@@ -1,26 +1,9 @@
 """The runner pod entrypoint: ``python -m agentrun.runner``.
 
 The operator starts one pod per attempt of an AgentRun and talks to it only
-through environment variables (in), the store and the exit code (out):
-
-| variable | meaning |
-|---|---|
-| ``AGENTRUN_GRAPH`` | graph reference ``module:attribute`` importable in the image |
-| ``AGENTRUN_THREAD_ID`` | namespace-qualified thread id (``<namespace>/<threadId>``) |
-| ``AGENTRUN_RUN_NAME``, ``AGENTRUN_RUN_UID`` | the AgentRun; the uid marks the turn in the store |
-| ``AGENTRUN_ATTEMPT`` | attempt number, registered for fencing |
-| ``AGENTRUN_CONFIG`` | run config JSON (CRD camelCase keys or snake_case) |
-| ``AGENTRUN_INPUT`` | input JSON (``{"messages": [...]}``), used when a new turn starts |
-| ``AGENTRUN_RESUME`` | ``{"value": v}`` or ``{"values": {interrupt_id: v}}`` answering an interrupt |
-| ``AGENTRUN_POSTGRES_DSN``, ``AGENTRUN_REDIS_URL`` | the store, from a Secret via ``secretKeyRef`` |
-| ``AGENTRUN_STORE`` | alternative store URL (``sqlite:///...``) for local use |
-| ``AGENTRUN_METRICS_PORT`` | Prometheus ``/metrics`` port (default 9090, 0 = off) |
-| ``AGENTRUN_PREEMPT_FINISH_SECONDS`` | after SIGTERM, how long the current node may finish before it is cancelled |
-
-Exit codes (DESIGN.md section 3): 0 completed, 3 interrupted, 4 stopped,
-5 failed permanently, 6 preempted (SIGTERM, checkpointed), 7 fenced (a newer
-attempt owns the thread: this pod is stale and did nothing), anything else a
-crash. The outcome is also in the store (the checkpoint's status and error),
+through environment variables (in), the store and the exit code (out); the
+names, the inputs and the exit codes live in ``agentrun.contract``.
+The outcome is also in the store (the checkpoint's status and error),
 and a one-line reason goes to the termination log, so the operator never has
 to trust an exit code alone. The runner needs no Kubernetes credentials.
 """
@@ -39,6 +22,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .checkpoint import Checkpointer, from_url
 from .checkpoint.base import Checkpoint
+from .contract import ENV_PREFIX, Env, ExitCode, RunnerInputs
 from .engine import CompiledGraph, Preemption
 from .errors import (
     AgentRunError,
@@ -56,9 +40,6 @@ from .errors import (
 from .interrupts import Command
 from .loader import compile_reference
 from .logs import configure_logging
-
-EXIT_COMPLETED, EXIT_CRASH, EXIT_INTERRUPTED, EXIT_STOPPED = 0, 1, 3, 4
-EXIT_FAILED, EXIT_PREEMPTED, EXIT_FENCED = 5, 6, 7
 
 # Errors a retry cannot fix: the operator marks the run Failed instead of rescheduling.
 PERMANENT = (
@@ -81,26 +62,10 @@ CONFIG_KEYS = {
 log = logging.getLogger("agentrun.runner")
 
 
-class RunnerSettings(BaseSettings):
-    """The pod's environment contract (prefix ``AGENTRUN_``)."""
+class RunnerSettings(BaseSettings, RunnerInputs):
+    """``RunnerInputs`` read from the pod's environment (``AGENTRUN_<FIELD>``)."""
 
-    model_config = SettingsConfigDict(env_prefix="AGENTRUN_", extra="ignore")
-
-    graph: str
-    thread_id: str
-    run_name: str = ""
-    run_uid: str = ""
-    attempt: int = 1
-    config: dict[str, Any] = {}
-    input: dict[str, Any] | None = None
-    resume: dict[str, Any] | None = None
-    postgres_dsn: str | None = None
-    redis_url: str | None = None
-    store: str | None = None
-    metrics_port: int = 9090
-    preempt_finish_seconds: float = 5.0
-    log_format: str = "text"
-    termination_log: str = "/dev/termination-log"
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
 
     def run_config(self) -> dict[str, Any]:
         config = {CONFIG_KEYS.get(k, k): v for k, v in self.config.items()}
@@ -118,7 +83,7 @@ class Plan:
 
     action: str  # "start" | "resume" | "exit"
     payload: Any = None
-    exit_code: int = EXIT_COMPLETED
+    exit_code: ExitCode = ExitCode.COMPLETED
     reason: str = ""
 
 
@@ -126,12 +91,14 @@ def plan(checkpoint: Checkpoint | None, settings: RunnerSettings) -> Plan:
     ours = checkpoint is not None and checkpoint.meta.get("run_uid") == (settings.run_uid or None)
     if checkpoint is None or (not ours and checkpoint.status in ("completed", "stopped", "failed")):
         if settings.input is None:
-            return Plan("exit", exit_code=EXIT_FAILED, reason="InputMissing: AGENTRUN_INPUT is required to start a run")
+            return Plan(
+                "exit", exit_code=ExitCode.FAILED, reason=f"InputMissing: {Env.INPUT} is required to start a run"
+            )
         return Plan("start", payload=settings.input)
     if not ours:
         return Plan(
             "exit",
-            exit_code=EXIT_FAILED,
+            exit_code=ExitCode.FAILED,
             reason=f"ThreadBusy: thread {settings.thread_id} has an unfinished run of another AgentRun "
             f"(uid {checkpoint.meta.get('run_uid')}, status {checkpoint.status})",
         )
@@ -139,26 +106,26 @@ def plan(checkpoint: Checkpoint | None, settings: RunnerSettings) -> Plan:
         return Plan("resume", payload=None)
     if checkpoint.status == "interrupted":
         if settings.resume is None:
-            return Plan("exit", exit_code=EXIT_INTERRUPTED, reason="Interrupted: waiting for spec.resume")
+            return Plan("exit", exit_code=ExitCode.INTERRUPTED, reason="Interrupted: waiting for spec.resume")
         values = settings.resume.get("values")
         return Plan("resume", payload=Command(resume=values if values else settings.resume.get("value")))
     if checkpoint.status == "stopped":
-        return Plan("exit", exit_code=EXIT_STOPPED, reason="Stopped")
-    return Plan("exit", exit_code=EXIT_COMPLETED, reason="Completed")
+        return Plan("exit", exit_code=ExitCode.STOPPED, reason="Stopped")
+    return Plan("exit", exit_code=ExitCode.COMPLETED, reason="Completed")
 
 
-def exit_code_for(error: BaseException) -> int:
+def exit_code_for(error: BaseException) -> ExitCode:
     if isinstance(error, RunStopped):
-        return EXIT_STOPPED
+        return ExitCode.STOPPED
     if isinstance(error, RunPreempted):
-        return EXIT_PREEMPTED
+        return ExitCode.PREEMPTED
     if isinstance(error, FencedError):
-        return EXIT_FENCED
+        return ExitCode.FENCED
     if isinstance(error, NodeError) and isinstance(error.__cause__, OSError | TimeoutError):
-        return EXIT_CRASH  # a node hit the network or disk: worth a retry with backoff
+        return ExitCode.CRASH  # a node hit the network or disk: worth a retry with backoff
     if isinstance(error, (*PERMANENT, BadInput)):
-        return EXIT_FAILED
-    return EXIT_CRASH
+        return ExitCode.FAILED
+    return ExitCode.CRASH
 
 
 def _checkpointer(settings: RunnerSettings) -> Checkpointer:
@@ -222,15 +189,15 @@ async def run(settings: RunnerSettings) -> int:
             last = event
         if last is not None and last.kind == "interrupt":
             _termination(settings, "Interrupted: " + ", ".join(i.id for i in last.interrupts))
-            return EXIT_INTERRUPTED
-        return EXIT_COMPLETED
+            return ExitCode.INTERRUPTED
+        return ExitCode.COMPLETED
     except BaseException as e:
         if isinstance(e, KeyboardInterrupt | SystemExit | asyncio.CancelledError):
             raise
         code = exit_code_for(e)
         name = getattr(e, "code", type(e).__name__)
-        level = logging.INFO if code in (EXIT_STOPPED, EXIT_PREEMPTED) else logging.ERROR
-        log.log(level, "exit %d: %s", code, e, exc_info=code == EXIT_CRASH)
+        level = logging.INFO if code in (ExitCode.STOPPED, ExitCode.PREEMPTED) else logging.ERROR
+        log.log(level, "exit %d: %s", code, e, exc_info=code == ExitCode.CRASH)
         _termination(settings, f"{name}: {e}")
         return code
     finally:
@@ -256,7 +223,7 @@ def main() -> int:
         configure_logging("text")
         problems = "; ".join(f"AGENTRUN_{'_'.join(map(str, err['loc'])).upper()}: {err['msg']}" for err in e.errors())
         log.error("invalid runner environment: %s", problems)
-        return EXIT_FAILED
+        return ExitCode.FAILED
     configure_logging(settings.log_format)
     _start_metrics(settings.metrics_port)
     return asyncio.run(run(settings))

@@ -287,7 +287,8 @@ def test_podview_of_a_fresh_pod_without_status_is_pending() -> None:
         pytest.param(terminated(1), Outcome.CRASHED, id="exit1-crash"),
         pytest.param(terminated(137), Outcome.CRASHED, id="exit137-crash"),
         pytest.param(terminated(137, reason="OOMKilled"), Outcome.CRASHED, id="oomkilled-crash"),
-        pytest.param(terminated(7), Outcome.CRASHED, id="unknown-code-crash"),
+        pytest.param(terminated(7), Outcome.SUPERSEDED, id="exit7-fenced-superseded"),
+        pytest.param(terminated(9), Outcome.CRASHED, id="unknown-code-crash"),
         pytest.param(
             manifest(phase="Failed", reason="UnexpectedAdmissionError"),
             Outcome.CRASHED,
@@ -331,6 +332,16 @@ def test_podview_of_a_fresh_pod_without_status_is_pending() -> None:
 )
 def test_classify_maps_every_pod_ending_to_the_exit_code_table(pod: dict[str, Any], outcome: Outcome) -> None:
     assert classify(view(pod)) is outcome, f"DESIGN §3 exit-code table broken for {pod['status']}"
+
+
+def test_fenced_current_pod_fails_the_run_as_superseded_without_spending_a_restart() -> None:
+    line = "STORAGE_FENCED_001: thread 'ns/t' is owned by AgentRun uid-2; this run was superseded"
+    d = decide(make_spec(), run_status(restarts=0), view(terminated(7, message=line)), None, NOW, LIMITS)
+    assert d.status["phase"] == FAILED and d.status["reason"] == "Superseded", (
+        "exit 7 (fenced) of the current pod must end the run as Superseded, not be retried as a crash"
+    )
+    assert d.create_attempt is None and "restarts" not in d.status, "a fenced attempt spent a restart"
+    assert d.status["message"] == line, "the runner's reason must reach status.message"
 
 
 def test_classify_no_pod_is_gone() -> None:

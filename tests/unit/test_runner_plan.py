@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from agentrun.checkpoint.base import Checkpoint
+from agentrun.contract import ExitCode
 from agentrun.errors import (
     FencedError,
     GraphReferenceError,
@@ -20,13 +21,6 @@ from agentrun.errors import (
 )
 from agentrun.interrupts import Command
 from agentrun.runner import (
-    EXIT_COMPLETED,
-    EXIT_CRASH,
-    EXIT_FAILED,
-    EXIT_FENCED,
-    EXIT_INTERRUPTED,
-    EXIT_PREEMPTED,
-    EXIT_STOPPED,
     RunnerSettings,
     exit_code_for,
     plan,
@@ -57,14 +51,14 @@ def test_a_rescheduled_attempt_resumes_instead_of_starting_the_turn_again() -> N
 
 
 def test_a_turn_that_already_finished_is_not_run_again() -> None:
-    assert plan(checkpoint("completed"), settings(input=INPUT)).exit_code == EXIT_COMPLETED
+    assert plan(checkpoint("completed"), settings(input=INPUT)).exit_code == ExitCode.COMPLETED
     assert plan(checkpoint("completed"), settings(input=INPUT)).action == "exit"
-    assert plan(checkpoint("stopped"), settings(input=INPUT)).exit_code == EXIT_STOPPED
+    assert plan(checkpoint("stopped"), settings(input=INPUT)).exit_code == ExitCode.STOPPED
 
 
 def test_interrupted_waits_for_resume_then_answers_with_it() -> None:
     waiting = plan(checkpoint("interrupted"), settings(input=INPUT))
-    assert (waiting.action, waiting.exit_code) == ("exit", EXIT_INTERRUPTED)
+    assert (waiting.action, waiting.exit_code) == ("exit", ExitCode.INTERRUPTED)
     single = plan(checkpoint("interrupted"), settings(input=INPUT, resume={"value": {"approve": True}}))
     assert single.action == "resume" and single.payload == Command(resume={"approve": True})
     several = plan(checkpoint("interrupted"), settings(resume={"values": {"a": 1, "b": 2}}))
@@ -79,12 +73,12 @@ def test_a_new_agentrun_on_a_finished_thread_starts_the_next_turn() -> None:
 def test_a_new_agentrun_never_hijacks_another_runs_unfinished_turn() -> None:
     for status in ("running", "interrupted"):
         decided = plan(checkpoint(status, run_uid="other"), settings(input=INPUT))
-        assert decided.exit_code == EXIT_FAILED and "ThreadBusy" in decided.reason
+        assert decided.exit_code == ExitCode.FAILED and "ThreadBusy" in decided.reason
 
 
 def test_missing_input_for_a_new_turn_fails_permanently() -> None:
     decided = plan(None, settings())
-    assert decided.exit_code == EXIT_FAILED and "InputMissing" in decided.reason
+    assert decided.exit_code == ExitCode.FAILED and "InputMissing" in decided.reason
 
 
 def _caused(error: BaseException, cause: BaseException) -> BaseException:
@@ -95,18 +89,18 @@ def _caused(error: BaseException, cause: BaseException) -> BaseException:
 @pytest.mark.parametrize(
     ("error", "code"),
     [
-        (RunStopped("t", node="n", version=1), EXIT_STOPPED),
-        (RunPreempted("p"), EXIT_PREEMPTED),
-        (FencedError("f"), EXIT_FENCED),
-        (GraphReferenceError("g"), EXIT_FAILED),
-        (NodeError("n", node="x"), EXIT_FAILED),
-        (NodeTimeoutError("slow", timeout=1), EXIT_CRASH),
-        (ModelError("503"), EXIT_CRASH),
-        (StorageError("down"), EXIT_CRASH),
-        (StaleStateError("t", 1, 2), EXIT_CRASH),
-        (OSError("disk"), EXIT_CRASH),
-        (_caused(NodeError("n", node="x"), ConnectionResetError()), EXIT_CRASH),
-        (_caused(NodeError("n", node="x"), ValueError()), EXIT_FAILED),
+        (RunStopped("t", node="n", version=1), ExitCode.STOPPED),
+        (RunPreempted("p"), ExitCode.PREEMPTED),
+        (FencedError("f"), ExitCode.FENCED),
+        (GraphReferenceError("g"), ExitCode.FAILED),
+        (NodeError("n", node="x"), ExitCode.FAILED),
+        (NodeTimeoutError("slow", timeout=1), ExitCode.CRASH),
+        (ModelError("503"), ExitCode.CRASH),
+        (StorageError("down"), ExitCode.CRASH),
+        (StaleStateError("t", 1, 2), ExitCode.CRASH),
+        (OSError("disk"), ExitCode.CRASH),
+        (_caused(NodeError("n", node="x"), ConnectionResetError()), ExitCode.CRASH),
+        (_caused(NodeError("n", node="x"), ValueError()), ExitCode.FAILED),
     ],
 )
 def test_errors_map_to_the_pod_exit_code_table(error: BaseException, code: int) -> None:

@@ -1,0 +1,124 @@
+"""The pod contract between the operator and the runner: one home for what two processes share.
+
+The operator starts one runner pod per attempt and talks to it only through
+environment variables (in), the store, and the exit code plus termination
+log (out). Both sides import this module; nothing else spells an
+``AGENTRUN_*`` name or an exit code as a literal, so the two cannot drift.
+
+- ``ExitCode``: what the runner's exit status means (DESIGN.md section 3).
+- ``Env``: the environment variable names, one per ``RunnerInputs`` field
+  plus the two store variables that arrive by ``secretKeyRef``.
+- ``RunnerInputs``: the typed inputs; the runner parses them from its
+  environment, the operator renders them into the pod with ``to_env()``.
+
+HAZARD: a rename here is a protocol change between an operator and runner
+images of another version. Add fields with defaults; never repurpose a code.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+ENV_PREFIX = "AGENTRUN_"
+
+
+class ExitCode(enum.IntEnum):
+    """The runner's exit status, and what the operator does with it."""
+
+    COMPLETED = 0  # phase Succeeded
+    CRASH = 1  # any code not listed here is a crash too: rescheduled with backoff, counted as a restart
+    USAGE = 2  # the CLI only: bad arguments, unknown thread, bad JSON
+    INTERRUPTED = 3  # phase Interrupted: waiting for spec.resume
+    STOPPED = 4  # phase Stopped
+    FAILED = 5  # phase Failed, no retry: bad graph, bad input, recursion limit, a node raising
+    PREEMPTED = 6  # SIGTERM, reached a safe point, checkpointed: rescheduled as a disruption
+    # Another attempt or another AgentRun owns the thread; this pod did nothing. The operator only
+    # ever classifies the current attempt's pod, and the current attempt is the run's newest, so
+    # for it FENCED means another AgentRun claimed the thread: phase Failed, reason Superseded.
+    FENCED = 7
+    # Reserved: the store stayed unreachable past the runner's bounded retries (a disruption).
+    STORE_UNAVAILABLE = 8
+
+    @classmethod
+    def describe(cls, code: int | None) -> str:
+        """``"exit 7 (FENCED)"``; a code outside the table reads as a crash."""
+        if code is None:
+            return "no exit code"
+        try:
+            return f"exit {code} ({cls(code).name})"
+        except ValueError:
+            return f"exit {code} (crash)"
+
+
+class Env(enum.StrEnum):
+    """The runner's environment variable names."""
+
+    GRAPH = "AGENTRUN_GRAPH"
+    THREAD_ID = "AGENTRUN_THREAD_ID"
+    RUN_NAME = "AGENTRUN_RUN_NAME"
+    RUN_UID = "AGENTRUN_RUN_UID"
+    USER_ID = "AGENTRUN_USER_ID"
+    ATTEMPT = "AGENTRUN_ATTEMPT"
+    CONFIG = "AGENTRUN_CONFIG"
+    INPUT = "AGENTRUN_INPUT"
+    RESUME = "AGENTRUN_RESUME"
+    METRICS_PORT = "AGENTRUN_METRICS_PORT"
+    # From the store Secret by secretKeyRef, never inline (keys in STORE_SECRET_KEYS).
+    POSTGRES_DSN = "AGENTRUN_POSTGRES_DSN"
+    REDIS_URL = "AGENTRUN_REDIS_URL"
+    # Local use only (the CLI, demos): a store URL such as sqlite:///agentrun.db.
+    STORE = "AGENTRUN_STORE"
+    PREEMPT_FINISH_SECONDS = "AGENTRUN_PREEMPT_FINISH_SECONDS"
+    LOG_FORMAT = "AGENTRUN_LOG_FORMAT"
+    TERMINATION_LOG = "AGENTRUN_TERMINATION_LOG"
+    # Crash tests only (agentrun.faults); the one AGENTRUN_ variable a user may set in podTemplate.
+    FAULT_POINT = "AGENTRUN_FAULT_POINT"
+
+
+# Store Secret key -> the variable it fills in the runner pod.
+STORE_SECRET_KEYS: dict[Env, str] = {Env.POSTGRES_DSN: "postgresDsn", Env.REDIS_URL: "redisUrl"}
+# The variables the operator never sets inline (they come from the Secret) or never sets at all.
+_NOT_RENDERED = {"postgres_dsn", "redis_url", "store", "termination_log", "log_format", "preempt_finish_seconds"}
+
+
+class RunnerInputs(BaseModel):
+    """What the operator tells one runner attempt; each field is the variable ``AGENTRUN_<FIELD>``."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    graph: str
+    thread_id: str  # namespace-qualified: <namespace>/<threadId>
+    run_name: str = ""
+    run_uid: str = ""  # marks the turn in the store and scopes fencing to the AgentRun
+    user_id: str | None = None
+    attempt: int = 1  # registered for fencing
+    config: dict[str, Any] = {}  # the run config: CRD camelCase keys or snake_case
+    input: dict[str, Any] | None = None  # starts a new turn
+    resume: dict[str, Any] | None = None  # {"value": v} or {"values": {interrupt_id: v}}
+    postgres_dsn: str | None = None
+    redis_url: str | None = None
+    store: str | None = None
+    metrics_port: int = 9090  # 0 = off
+    preempt_finish_seconds: float = 5.0  # after SIGTERM, how long the current node may finish
+    log_format: str = "text"
+    termination_log: str = "/dev/termination-log"
+
+    def to_env(self) -> list[dict[str, str]]:
+        """The inline ``env`` entries of the runner container (store credentials excluded)."""
+        env: list[dict[str, str]] = []
+        for field in type(self).model_fields:
+            value = getattr(self, field)
+            if field in _NOT_RENDERED or (value is None and field in ("user_id", "resume")):
+                continue
+            text = json.dumps(value) if isinstance(value, dict) or value is None else str(value)
+            env.append({"name": env_name(field).value, "value": text})
+        return env
+
+
+def env_name(field: str) -> Env:
+    """The variable of a ``RunnerInputs`` field."""
+    return Env(ENV_PREFIX + field.upper())

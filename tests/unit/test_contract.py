@@ -1,0 +1,51 @@
+"""The pod contract (agentrun.contract): one list of names and codes that the runner and operator share."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentrun.contract import ENV_PREFIX, STORE_SECRET_KEYS, Env, ExitCode, RunnerInputs, env_name
+from agentrun.runner import RunnerSettings
+
+
+def test_every_runner_input_has_exactly_one_variable_name() -> None:
+    fields = set(RunnerInputs.model_fields)
+    named = {member.value.removeprefix(ENV_PREFIX).lower() for member in Env} - {"fault_point"}
+    assert fields == named, "RunnerInputs and Env drifted: the operator would set a name the runner does not read"
+
+
+def test_the_runner_reads_what_the_operator_renders(monkeypatch: pytest.MonkeyPatch) -> None:
+    sent = RunnerInputs(
+        graph="examples.support_agent:app",
+        thread_id="ns/order-1",
+        run_name="r",
+        run_uid="uid-1",
+        user_id="customer-1",
+        attempt=4,
+        config={"toolTimeoutSeconds": 5},
+        input={"messages": [{"role": "user", "content": "hi"}]},
+        resume={"values": {"abc": True}},
+        metrics_port=0,
+    )
+    for entry in sent.to_env():
+        monkeypatch.setenv(entry["name"], entry["value"])
+    received = RunnerSettings()  # type: ignore[call-arg]
+    assert RunnerInputs.model_validate(received.model_dump()) == sent, "a value changed on its way into the pod"
+
+
+def test_store_credentials_are_never_rendered_inline() -> None:
+    inputs = RunnerInputs(graph="a:b", thread_id="ns/t", postgres_dsn="postgresql://u:secret@h/db", redis_url="r")
+    names = {entry["name"] for entry in inputs.to_env()}
+    assert not names & {variable.value for variable in STORE_SECRET_KEYS}, "a DSN would travel inline, not by secret"
+    assert "secret" not in str(inputs.to_env())
+
+
+@pytest.mark.parametrize(("code", "text"), [(7, "exit 7 (FENCED)"), (137, "exit 137 (crash)"), (None, "no exit code")])
+def test_exit_codes_describe_themselves(code: int | None, text: str) -> None:
+    assert ExitCode.describe(code) == text
+
+
+def test_env_name_of_a_field() -> None:
+    assert env_name("thread_id") is Env.THREAD_ID
+    with pytest.raises(ValueError):
+        env_name("no_such_field")
