@@ -1,15 +1,18 @@
 """The ``agentrun`` command: run a graph on a thread, inspect it, stop it.
 
     agentrun run GRAPH_REF --thread-id ID --input TEXT   start a turn, streaming each step
+    agentrun run GRAPH_REF --thread-id ID --input-json OBJ   the same with spec.input-shaped JSON
     agentrun run GRAPH_REF --thread-id ID                resume the thread's unfinished run
     agentrun run GRAPH_REF --thread-id ID --resume JSON  answer a pending interrupt
     agentrun state --thread-id ID                        version, node, step, messages, ledger
     agentrun stop --thread-id ID                         ask the running process to stop
 
 The store defaults to a SQLite file ``agentrun.db`` in the current directory
-(``--store`` or ``AGENTRUN_STORE`` to change it). Exit codes match the runner
-pod: 0 completed, 3 interrupted, 4 stopped, 5 failed; 2 for a usage error
-(bad graph reference, unknown thread, bad JSON).
+(``--store`` or ``AGENTRUN_STORE`` to change it; both options go before or
+after the subcommand). Exit codes are the runner pod's (``agentrun.contract``):
+0 completed, 3 interrupted, 4 stopped, 5 failed, 8 store unavailable (try
+again later); 2 for a usage error (bad graph reference, unknown thread, bad
+JSON, nothing to stop).
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from .checkpoint import Checkpointer, from_url
-from .contract import ExitCode
-from .errors import AgentRunError, GraphReferenceError, RunStopped, ThreadStateError
+from .contract import Env, ExitCode
+from .errors import AgentRunError, GraphReferenceError, RunStopped, StorageError, ThreadStateError
 from .interrupts import Command
 from .loader import compile_reference
 from .messages import Message
@@ -67,6 +70,10 @@ async def _run(args: argparse.Namespace, checkpointer: Checkpointer) -> int:
         payload = Command(resume=_json_arg("--resume", args.resume))
     elif args.input is not None:
         payload = args.input
+    elif args.input_json is not None:
+        payload = _json_arg("--input-json", args.input_json)
+        if not isinstance(payload, dict):
+            raise UsageError('--input-json must be a JSON object of channel values, e.g. {"messages": [...]}')
     else:
         payload = None
     async for event in app.astream(payload, config):
@@ -144,40 +151,68 @@ async def _stop(args: argparse.Namespace, checkpointer: Checkpointer) -> int:
     checkpoint = await checkpointer.aget(args.thread_id)
     if checkpoint is None:
         raise UsageError(f"thread {args.thread_id!r} not found in {args.store}")
+    if checkpoint.status in ("completed", "stopped"):
+        # A request kept for a thread with nothing to stop would end its NEXT turn, silently.
+        raise UsageError(
+            f"thread {args.thread_id!r} has no run in progress (status {checkpoint.status}); nothing to stop"
+        )
     await checkpointer.request_stop(args.thread_id, args.reason)
-    if checkpoint.status in ("running", "failed"):
+    if checkpoint.status == "running":
         print(f"stop requested for thread {args.thread_id}; a process running it stops within about a second")
     else:
         print(
             f"stop requested for thread {args.thread_id} (status {checkpoint.status}); "
-            "its next run will stop before running a node"
+            "the run stops before running a node when it is resumed"
         )
     return ExitCode.COMPLETED
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="agentrun", description="Run durable agent graphs.")
-    parser.add_argument(
+def _common_options(*, top: bool) -> argparse.ArgumentParser:
+    """``--store`` and ``--quiet``, accepted before or after the subcommand and shown in every help.
+
+    On subcommands the default is SUPPRESS, so an option given before the subcommand is not
+    overwritten by the subcommand's default.
+    """
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
         "--store",
-        default=os.environ.get("AGENTRUN_STORE", DEFAULT_STORE),
-        help="store URL: sqlite:///path.db (default sqlite:///agentrun.db) or postgresql://...",
+        default=os.environ.get(Env.STORE, DEFAULT_STORE) if top else argparse.SUPPRESS,
+        help=f"store URL: sqlite:///path.db (default {DEFAULT_STORE}, or ${Env.STORE}) or postgresql://...",
     )
-    parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors on stderr")
+    common.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        default=False if top else argparse.SUPPRESS,
+        help="only warnings and errors on stderr",
+    )
+    return common
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="agentrun", description="Run durable agent graphs.", parents=[_common_options(top=True)]
+    )
+    common = _common_options(top=False)
     commands = parser.add_subparsers(dest="command", required=True)
 
-    run = commands.add_parser("run", help="run or resume a graph on a thread")
+    run = commands.add_parser("run", parents=[common], help="run or resume a graph on a thread")
     run.add_argument("graph", help="graph reference, module:attribute (e.g. examples.support_agent:app)")
     run.add_argument("--thread-id", required=True)
     what = run.add_mutually_exclusive_group()
-    what.add_argument("--input", help="the user's message; omit to resume the thread's unfinished run")
+    what.add_argument("--input", help="the user's message as plain text; omit to resume the unfinished run")
+    what.add_argument(
+        "--input-json",
+        help="the input as a JSON object, like an AgentRun's spec.input: '{\"messages\": [...]}'",
+    )
     what.add_argument("--resume", help="JSON resume value for a pending interrupt, or {interrupt_id: value}")
     run.add_argument("--config", help="run config JSON, e.g. '{\"tool_timeout\": 60}'")
 
-    state = commands.add_parser("state", help="show a thread's state, messages and ledger")
+    state = commands.add_parser("state", parents=[common], help="show a thread's state, messages and ledger")
     state.add_argument("--thread-id", required=True)
     state.add_argument("--json", action="store_true")
 
-    stop = commands.add_parser("stop", help="ask the process running a thread to stop")
+    stop = commands.add_parser("stop", parents=[common], help="ask the process running a thread to stop")
     stop.add_argument("--thread-id", required=True)
     stop.add_argument("--reason", default="requested from the command line")
     return parser
@@ -211,11 +246,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RunStopped as e:
         print(f"stopped: {e}", file=sys.stderr)
         return ExitCode.STOPPED
+    except StorageError as e:
+        # Transient as far as we know: the same command may well work once the store is back.
+        print(f"agentrun: store unavailable: {e}", file=sys.stderr)
+        return ExitCode.STORE_UNAVAILABLE
     except AgentRunError as e:
         print(f"agentrun: failed: {e}", file=sys.stderr)
         return ExitCode.FAILED
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (``agentrun state ... | head``): not an error of ours. Point stdout at
+        # /dev/null so the interpreter's final flush does not raise again; 141 is what a shell reports.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + 13
 
 
 if __name__ == "__main__":

@@ -130,3 +130,50 @@ def test_cli_missing_thread_and_nothing_to_resume(env: dict[str, str]) -> None:
 def test_cli_store_url_errors_are_clear(env: dict[str, str]) -> None:
     result = cli(dict(env, AGENTRUN_STORE="mysql://x"), "state", "--thread-id", "t")
     assert result.returncode == 2 and "unknown store URL scheme" in result.stderr
+
+
+def test_cli_global_options_work_after_the_subcommand(tmp_path: Path, env: dict[str, str]) -> None:
+    """`agentrun stop --thread-id t --store URL` is how users type it; --store must be honoured there."""
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    assert cli(env, "run", GRAPH, "--thread-id", "t-opt", "--input", REQUEST, "--store", other, "-q").returncode == 0
+    here = cli(env, "state", "--thread-id", "t-opt", "--store", other, "--json")
+    assert here.returncode == 0 and json.loads(here.stdout)["status"] == "completed", here.stderr
+    before = cli(env, "--store", other, "state", "--thread-id", "t-opt")
+    assert before.returncode == 0, "the option before the subcommand must keep working"
+    default_store = cli(env, "state", "--thread-id", "t-opt")
+    assert default_store.returncode == 2, "the run went to AGENTRUN_STORE although --store named another store"
+    for command in ("run", "state", "stop"):
+        assert "--store" in cli(env, command, "--help").stdout, f"`agentrun {command} --help` hides --store"
+
+
+def test_cli_state_into_a_closed_pipe_is_not_a_traceback(env: dict[str, str]) -> None:
+    assert cli(env, "run", GRAPH, "--thread-id", "t-pipe", "--input", REQUEST).returncode == 0
+    shell = f"{sys.executable} -m agentrun.cli state --thread-id t-pipe | head -1"
+    piped = subprocess.run(["bash", "-c", shell], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert piped.stdout.startswith("thread:"), piped.stdout
+    assert "Traceback" not in piped.stderr and "BrokenPipe" not in piped.stderr, piped.stderr
+
+
+def test_cli_input_json_is_spec_input_shaped(env: dict[str, str]) -> None:
+    body = json.dumps({"messages": [{"role": "user", "content": REQUEST}]})
+    run = cli(env, "run", GRAPH, "--thread-id", "t-json", "--input-json", body)
+    assert run.returncode == 0, run.stderr
+    assert "charge_card(call_2)" in run.stdout
+    bad = cli(env, "run", GRAPH, "--thread-id", "t-json2", "--input-json", "[1, 2]")
+    assert bad.returncode == 2 and "must be a JSON object" in bad.stderr
+
+
+def test_cli_unreachable_postgres_is_a_transient_exit_not_a_permanent_failure(env: dict[str, str]) -> None:
+    closed = "postgresql://nobody@127.0.0.1:1/none?connect_timeout=2"
+    result = cli(env, "state", "--thread-id", "t", "--store", closed)
+    assert result.returncode == 8, f"store unavailable must exit 8 (try again), not 5 (failed for good)\n{result}"
+    assert "store unavailable" in result.stderr
+
+
+def test_cli_refuses_to_arm_a_stop_on_a_thread_with_nothing_running(env: dict[str, str]) -> None:
+    """A stop kept for a completed thread would silently end its next turn."""
+    assert cli(env, "run", GRAPH, "--thread-id", "t-done", "--input", REQUEST).returncode == 0
+    stop = cli(env, "stop", "--thread-id", "t-done")
+    assert stop.returncode == 2 and "nothing to stop" in stop.stderr, stop
+    state = json.loads(cli(env, "state", "--thread-id", "t-done", "--json").stdout)
+    assert state["stop_requested"] is None, "a refused stop left a request behind"
