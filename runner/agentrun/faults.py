@@ -1,8 +1,16 @@
-"""Named fault points for crash tests: the process SIGKILLs itself exactly there.
+"""Crash-test fault points: inert in production, a real SIGKILL at a named point in tests.
+
+Like FoundationDB's BUGGIFY, the points stay in the product code so that the
+crash tests exercise the code users run, not a copy. They are inert and
+cheap when unused: the variable is read once at import, and an unarmed
+``fault_point`` call is one string comparison (``tests/integration/test_faults.py``
+checks that an unarmed point never fires). The operator lets a user set only
+this one ``AGENTRUN_`` variable in ``podTemplate.env``: it can make nothing
+but the user's own runner kill itself.
 
 Set ``AGENTRUN_FAULT_POINT`` to ``<point>`` or ``<point>:<detail>`` (for tool
 points the detail is the tool name), e.g. ``after_ledger_record:charge_card``.
-Unset (always, in production) a fault point costs one dict lookup. Points:
+Points:
 
 - ``before_tool``          intent recorded, tool not started
 - ``after_tool``           tool returned, result not yet recorded
@@ -19,7 +27,9 @@ import os
 import signal
 import sys
 
-_SPEC = os.environ.get("AGENTRUN_FAULT_POINT", "")
+from .contract import Env
+
+_SPEC = os.environ.get(Env.FAULT_POINT, "")
 _POINT, _, _DETAIL = _SPEC.partition(":")
 
 
