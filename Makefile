@@ -29,8 +29,9 @@ test-postgres: $(STAMP)
 test-cluster: $(STAMP)
 	$(BIN)/pytest -q tests/cluster
 
-lint: $(STAMP)  ## ruff, mypy --strict, import layers
+lint: $(STAMP)  ## ruff (lint and format), mypy --strict (product and test support code), import layers
 	$(BIN)/ruff check runner operator tests examples
+	$(BIN)/ruff format --check runner operator tests examples
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
-from agentrun import END, START, StateGraph, ToolCall, ToolNode, assistant, interrupt, tool, tools_condition
+from agentrun import END, START, Message, StateGraph, ToolCall, ToolNode, assistant, interrupt, tool, tools_condition
 from agentrun.models import ScriptedModel
 
 
@@ -41,7 +43,7 @@ def approve(amount: int) -> str:
     return f"decision {decision}"
 
 
-def _approval_model(messages: list) -> object:  # type: ignore[type-arg]
+def _approval_model(messages: Sequence[Message]) -> Message:
     if messages[-1].role == "user":
         return assistant(
             tool_calls=[
@@ -54,7 +56,7 @@ def _approval_model(messages: list) -> object:  # type: ignore[type-arg]
 
 
 _approval = StateGraph()
-_approval.add_node("model", ScriptedModel(_approval_model))  # type: ignore[arg-type]
+_approval.add_node("model", ScriptedModel(_approval_model))
 _approval.add_node("tools", ToolNode([reserve, approve, notify]))
 _approval.add_edge(START, "model")
 _approval.add_conditional_edges("model", tools_condition, {"tools": "tools", END: END})
@@ -62,7 +64,7 @@ _approval.add_edge("tools", "model")
 approval = _approval
 
 
-def _crash(state: dict) -> dict:  # type: ignore[type-arg]
+def _crash(state: dict[str, Any]) -> NoReturn:
     _record("crash")
     time.sleep(0.2)
     os._exit(1)

@@ -36,7 +36,8 @@ def _upstream_definitions() -> dict[str, Any]:
     defs = kv_utils.schema_contents(
         f"kubernetes-json-schema/v{versions[-1]}-local/_definitions.json", KUBERNETES_VERSION
     )
-    return _to_openapi(defs["$defs"])  # type: ignore[no-any-return]
+    definitions: dict[str, Any] = _to_openapi(defs["$defs"])
+    return definitions
 
 
 def _to_openapi(node: Any) -> Any:

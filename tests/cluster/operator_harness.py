@@ -42,13 +42,15 @@ class OperatorProcess:
     def role(self) -> str | None:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=2) as response:
-                return response.read().decode()
+                body: bytes = response.read()
+                return body.decode()
         except OSError:
             return None
 
     def metrics(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=2) as response:
-            return response.read().decode()
+            body: bytes = response.read()
+            return body.decode()
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.proc.poll() is None:

@@ -57,7 +57,8 @@ def apply(current: dict[str, Any], content_type: str, patch: Any, *, custom: boo
         if not isinstance(patch, list):
             raise apierrors.bad_request("json: cannot unmarshal object into Go value of type jsonpatch.Patch")
         try:
-            return jsonpatch.apply_patch(copy.deepcopy(current), patch)  # type: ignore[no-any-return]
+            patched_doc: dict[str, Any] = jsonpatch.apply_patch(copy.deepcopy(current), patch)
+            return patched_doc
         except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException) as e:
             raise apierrors.unprocessable(str(e)) from e
     if not isinstance(patch, dict):

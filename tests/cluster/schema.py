@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 import datetime
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import jsonschema
@@ -130,15 +130,18 @@ class SchemaValidator:
 def translate(error: jsonschema.ValidationError) -> Iterator[FieldError]:
     """The field error(s) kube-apiserver reports for one JSON Schema failure."""
     path = _path(error.absolute_path)
-    value = error.instance
+    # The stubs allow "unset" for errors built by hand; one from iter_errors always
+    # carries the offending value, the rule's value and the schema holding the rule.
+    value: Any = error.instance
+    rule: Any = error.validator_value
+    schema = error.schema if isinstance(error.schema, Mapping) else {}
     match error.validator:
         case "required":
-            for name in error.validator_value:
+            for name in rule:
                 if isinstance(value, dict) and name not in value:
                     yield FieldError(_join(path, name), "FieldValueRequired", "Required value")
         case "type":
-            expected = error.validator_value
-            expected = expected[0] if isinstance(expected, list) else expected
+            expected = rule[0] if isinstance(rule, list) else rule
             yield FieldError(
                 path,
                 "FieldValueTypeInvalid",
@@ -146,7 +149,7 @@ def translate(error: jsonschema.ValidationError) -> Iterator[FieldError]:
                 f'{expected}: "{_type_name(value)}"',
             )
         case "enum":
-            allowed = ", ".join(go_value(v) for v in error.validator_value)
+            allowed = ", ".join(go_value(v) for v in rule)
             yield FieldError(
                 path, "FieldValueNotSupported", f"Unsupported value: {go_value(value)}: supported values: {allowed}"
             )
@@ -154,42 +157,38 @@ def translate(error: jsonschema.ValidationError) -> Iterator[FieldError]:
             yield FieldError(
                 path,
                 "FieldValueInvalid",
-                f"Invalid value: {go_value(value)}: {path} in body should match '{error.validator_value}'",
+                f"Invalid value: {go_value(value)}: {path} in body should match '{rule}'",
             )
         case "minimum" | "maximum":
-            exclusive = error.schema.get("exclusiveMinimum" if error.validator == "minimum" else "exclusiveMaximum")
+            exclusive = schema.get("exclusiveMinimum" if error.validator == "minimum" else "exclusiveMaximum")
             word = "greater" if error.validator == "minimum" else "less"
             relation = f"{word} than" if exclusive else f"{word} than or equal to"
             yield FieldError(
                 path,
                 "FieldValueInvalid",
-                f"Invalid value: {go_value(value)}: {path} in body should be {relation} {error.validator_value}",
+                f"Invalid value: {go_value(value)}: {path} in body should be {relation} {rule}",
             )
         case "minLength":
             yield FieldError(
                 path,
                 "FieldValueInvalid",
-                f"Invalid value: {go_value(value)}: {path} in body should be at least "
-                f"{error.validator_value} chars long",
+                f"Invalid value: {go_value(value)}: {path} in body should be at least {rule} chars long",
             )
         case "maxLength":
-            yield FieldError(path, "FieldValueTooLong", f"Too long: may not be more than {error.validator_value} bytes")
+            yield FieldError(path, "FieldValueTooLong", f"Too long: may not be more than {rule} bytes")
         case "maxItems":
-            yield FieldError(
-                path, "FieldValueTooMany", f"Too many: {len(value)}: must have at most {error.validator_value} items"
-            )
+            yield FieldError(path, "FieldValueTooMany", f"Too many: {len(value)}: must have at most {rule} items")
         case "minItems":
             yield FieldError(
                 path,
                 "FieldValueInvalid",
-                f"Invalid value: {len(value)}: {path} in body should have at least {error.validator_value} items",
+                f"Invalid value: {len(value)}: {path} in body should have at least {rule} items",
             )
         case "format":
             yield FieldError(
                 path,
                 "FieldValueInvalid",
-                f"Invalid value: {go_value(value)}: {path} in body must be of type "
-                f"{error.validator_value}: {go_value(value)}",
+                f"Invalid value: {go_value(value)}: {path} in body must be of type {rule}: {go_value(value)}",
             )
         case "oneOf" | "anyOf" | "allOf" | "not":
             word = {
