@@ -626,38 +626,6 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             raise apierrors.resource_not_found()
         return _json(self._openapi[key])
 
-    # --- internal errors -------------------------------------------------------------------------
-
-    async def _render_error(self, exc: Exception) -> aiohttp.web.StreamResponse:
-        if isinstance(exc, ApiError):
-            return _json(exc.as_status(), status=exc.status)
-        if isinstance(exc, kmock.KubernetesError):
-            return _json(
-                {
-                    "kind": "Status",
-                    "apiVersion": "v1",
-                    "metadata": {},
-                    "status": "Failure",
-                    "reason": exc.reason,
-                    "message": exc.message,
-                    "code": exc.status,
-                },
-                status=exc.status,
-            )
-        logger.error("emulator bug while serving a request", exc_info=exc)
-        return _json(
-            {
-                "kind": "Status",
-                "apiVersion": "v1",
-                "metadata": {},
-                "status": "Failure",
-                "reason": "InternalError",
-                "message": f"emulator error: {exc!r}",
-                "code": 500,
-            },
-            status=500,
-        )
-
 
 # --- helpers ---------------------------------------------------------------------------------------
 

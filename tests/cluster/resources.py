@@ -97,11 +97,6 @@ def load_crd_documents(paths: Iterable[Path]) -> list[dict[str, Any]]:
     ]
 
 
-def load_crds(paths: Iterable[Path]) -> list[ResourceDef]:
-    """Every served version of every CRD in these YAML files."""
-    return [rdef for doc in load_crd_documents(paths) for rdef in crd_resources(doc)]
-
-
 def crd_resources(crd: dict[str, Any]) -> list[ResourceDef]:
     spec = crd["spec"]
     names = spec["names"]

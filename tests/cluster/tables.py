@@ -19,8 +19,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from tests.cluster.resources import Column, ResourceDef
 
-TABLE_MEDIA = "as=Table"
-
 
 def wants_table(accept: str) -> bool:
     """True when the client prefers a meta.k8s.io/v1 Table (the first acceptable media type)."""

@@ -37,7 +37,6 @@ from tests.e2e.realcluster import LEASE, OPERATOR_NAMESPACE, Kubectl, NewRun, St
 
 KUBECONFIG = os.environ.get("AGENTRUN_E2E_KUBECONFIG", "")
 POSTGRES_DSN = os.environ.get("AGENTRUN_E2E_POSTGRES_DSN", "")
-KIND_CLUSTER = os.environ.get("AGENTRUN_E2E_KIND_CLUSTER", "")
 
 
 @pytest.fixture(scope="session")
