@@ -93,7 +93,7 @@ class ApiPath:
     subresource: str | None
 
 
-def _parse_path_safely(path: str) -> Any:
+def _parse_path_safely(path: str) -> kmock_parsing.ParsedPath:
     """kmock 0.8's path parser raises on the namespace collection (``/api/v1/namespaces``)."""
     try:
         return _kmock_parse_path(path)

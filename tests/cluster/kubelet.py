@@ -797,8 +797,8 @@ def _field_ref(pod: dict[str, Any], path: str) -> str:
 class KubeletThread:
     """The kubelet on its own thread and event loop, with synchronous fault injection for tests."""
 
-    def __init__(self, api_url: str, workdir: Path, **kwargs: Any) -> None:
-        self.kubelet = Kubelet(api_url, workdir=workdir, **kwargs)
+    def __init__(self, api_url: str, workdir: Path) -> None:
+        self.kubelet = Kubelet(api_url, workdir=workdir)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="kubelet", daemon=True)
 

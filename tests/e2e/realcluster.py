@@ -13,7 +13,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -150,8 +150,8 @@ class Store:
     def __init__(self, dsn: str) -> None:
         self.dsn = dsn
 
-    def _read(self, what: Callable[[PgCheckpointer], Any]) -> Any:
-        async def read() -> Any:
+    def _read(self, what: Callable[[PgCheckpointer], Awaitable[T]]) -> T:
+        async def read() -> T:
             store = PgCheckpointer(self.dsn)
             try:
                 return await what(store)
@@ -161,12 +161,10 @@ class Store:
         return asyncio.run(read())
 
     def progress(self, thread: str) -> Progress | None:
-        result: Progress | None = self._read(lambda store: store.aget_progress(thread))
-        return result
+        return self._read(lambda store: store.aget_progress(thread))
 
     def ledger(self, thread: str) -> list[LedgerEntry]:
-        result: list[LedgerEntry] = self._read(lambda store: store.ledger_list(thread))
-        return result
+        return self._read(lambda store: store.ledger_list(thread))
 
     def wait_node(self, thread: str, node: str, *, timeout: float = 300) -> Progress:
         """Wait until the thread runs ``node`` (the pod is up and inside that node)."""
