@@ -46,4 +46,4 @@ e2e-kind: $(STAMP)  ## real cluster: kind, the image, deploy/, the operator scen
 	bash hack/e2e-kind.sh
 
 clean:
-	rm -rf $(VENV) .demo .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .demo .pytest_cache .mypy_cache .ruff_cache .import_linter_cache
