@@ -21,13 +21,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from agentrun.logs import configure_logging
 
-from . import metrics
-from .handlers import register
-from .kube import KubeClient
-from .leader import LeaderElector
-from .reconcile import Reconciler
+from .io import metrics
+from .io.handlers import register
+from .io.kube import KubeClient
+from .io.leader import LeaderElector
+from .io.reconcile import Reconciler
+from .io.stores import StoreRegistry
 from .settings import OperatorSettings
-from .store import StoreRegistry
 
 log = logging.getLogger("agentrun_operator")
 

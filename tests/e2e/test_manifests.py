@@ -18,7 +18,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from agentrun_operator.podspec import MANAGED_BY
+from agentrun_operator.decide.podspec import MANAGED_BY
 from agentrun_operator.settings import OperatorSettings
 
 pytestmark = pytest.mark.chart

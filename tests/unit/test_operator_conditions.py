@@ -10,10 +10,10 @@ from __future__ import annotations
 import copy
 import re
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
-from agentrun_operator.decisions import iso
-from agentrun_operator.reconcile import PHASE_CONDITIONS, changed, with_conditions
+from agentrun_operator.decide.conditions import PHASE_CONDITIONS, changed, with_conditions
+from agentrun_operator.decide.status import AgentRunStatus, StatusPatch, iso
 
 T0 = datetime(2025, 3, 1, 12, 0, 0, tzinfo=UTC)
 # metav1.Condition validation (apimachinery): reason is CamelCase-ish, status True/False/Unknown.
@@ -30,7 +30,7 @@ def transition(
 ) -> dict[str, Any]:
     """Apply one phase change as reconcile's _write does; returns the new status."""
     patch: dict[str, Any] = {"phase": phase, "reason": reason, "message": message}
-    with_conditions(current, patch, now, generation)
+    with_conditions(AgentRunStatus.parse(current), cast(StatusPatch, patch), now=now, generation=generation)
     return {**current, **patch}
 
 
@@ -108,14 +108,15 @@ def test_no_phase_change_leaves_the_patch_alone() -> None:
     current = transition({"phase": "Pending"}, "Running", "Running", at(0))
     for patch in ({"stateVersion": 4}, {"phase": "Running", "stateVersion": 4}):
         before = dict(patch)
-        with_conditions(current, patch, at(5), 1)
+        with_conditions(AgentRunStatus.parse(current), cast(StatusPatch, patch), now=at(5), generation=1)
         assert patch == before, "conditions were rewritten without a phase change"
 
 
 def test_current_status_is_not_mutated() -> None:
-    current = transition({"phase": "Pending"}, "Running", "Running", at(0))
+    current = AgentRunStatus.parse(transition({"phase": "Pending"}, "Running", "Running", at(0)))
     snapshot = copy.deepcopy(current)
-    with_conditions(current, {"phase": "Failed", "reason": "RunFailed", "message": "x"}, at(5), 1)
+    failed = cast(StatusPatch, {"phase": "Failed", "reason": "RunFailed", "message": "x"})
+    with_conditions(current, failed, now=at(5), generation=1)
     assert current == snapshot, "with_conditions must not edit the status it read"
 
 
@@ -152,7 +153,7 @@ def test_changed_returns_only_differing_keys() -> None:
         "nextAttemptTime": None,
         "lostSince": None,
     }
-    assert changed(current, desired) == {"stateVersion": 4, "lostSince": None}, (
+    assert changed(current, cast(StatusPatch, desired)) == {"stateVersion": 4, "lostSince": None}, (
         "a patch must carry only changes: None for an absent key is no change, None for a present key removes it"
     )
-    assert changed(current, {k: current[k] for k in ("phase", "stateVersion")}) == {}
+    assert changed(current, cast(StatusPatch, {k: current[k] for k in ("phase", "stateVersion")})) == {}

@@ -9,6 +9,7 @@ Multi-step scenarios apply each Decision's status as the merge patch would
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -16,29 +17,18 @@ from typing import Any
 import pytest
 
 from agentrun.checkpoint.base import Progress
-from agentrun_operator.decisions import (
-    FAILED,
-    INTERRUPTED,
-    PAYLOAD_LIMIT,
-    PENDING,
-    RUNNING,
-    STOPPED,
-    STOPPING,
-    SUCCEEDED,
-    TERMINAL,
-    Decision,
-    Limits,
-    Outcome,
-    PodView,
-    backoff,
-    classify,
-    decide,
-    iso,
-    parse_time,
-    truncate_payload,
-)
-from agentrun_operator.podspec import pod_name
-from agentrun_operator.spec import AgentRunSpec, parse_spec
+from agentrun_operator.decide.classify import Outcome, PodView, classify
+from agentrun_operator.decide.decision import Decision, Limits, StoreProblem
+from agentrun_operator.decide.podspec import pod_name
+from agentrun_operator.decide.reasons import TERMINAL, Phase, Reason
+from agentrun_operator.decide.run import PAYLOAD_LIMIT, at_rest, backoff, rejected, truncate_payload
+from agentrun_operator.decide.run import decide as decide_run
+from agentrun_operator.decide.spec import AgentRunSpec, InvalidSpec, parse_spec
+from agentrun_operator.decide.status import AgentRunStatus, iso, parse_time
+from agentrun_operator.decide.thread import ThreadPeer
+
+PENDING, RUNNING, INTERRUPTED, STOPPING = Phase.PENDING, Phase.RUNNING, Phase.INTERRUPTED, Phase.STOPPING
+STOPPED, SUCCEEDED, FAILED = Phase.STOPPED, Phase.SUCCEEDED, Phase.FAILED
 
 RUN = "support-order-4821"
 NOW = datetime(2025, 3, 1, 12, 0, 0, tzinfo=UTC)
@@ -176,6 +166,20 @@ def run_status(phase: str = RUNNING, attempt: int = 1, **fields: Any) -> dict[st
         "podName": pod_name(RUN, attempt),
         **fields,
     }
+
+
+def decide(
+    spec: AgentRunSpec,
+    status: dict[str, Any],
+    pod: PodView | None,
+    progress: Progress | None,
+    now: datetime,
+    limits: Limits,
+) -> Decision:
+    """``decide`` on a status as the API holds it: the plain dict that ``applied`` builds from merge patches."""
+    return decide_run(
+        spec=spec, status=AgentRunStatus.parse(status), pod=pod, progress=progress, now=now, limits=limits
+    )
 
 
 def applied(status: dict[str, Any], decision: Decision) -> dict[str, Any]:
@@ -854,3 +858,151 @@ def test_a_pod_stuck_terminating_on_a_dead_node_is_replaced_after_the_timeout() 
     d = decide(make_spec(), run_status(), view(pod), None, late, LIMITS)
     assert d.delete_pod == pod["metadata"]["name"] and d.delete_grace == 0
     assert d.create_attempt == 2 and d.status["disruptions"] == 1
+
+
+# --- decide: one live run per thread (the newer waits) ---------------------------------------------------------------
+
+ME = ThreadPeer(name=RUN, uid="uid-me", created=NOW - timedelta(minutes=1))
+
+
+def peer(name: str, *, age: float, phase: Phase | None = None, attempt: int = 0, deleting: bool = False) -> ThreadPeer:
+    """Another AgentRun on the thread, created ``age`` seconds before NOW."""
+    return ThreadPeer(
+        name=name,
+        uid=f"uid-{name}",
+        created=NOW - timedelta(seconds=age),
+        phase=phase,
+        attempt=attempt,
+        deleting=deleting,
+    )
+
+
+@pytest.mark.parametrize(
+    ("others", "waits_for"),
+    [
+        pytest.param([], None, id="alone-starts"),
+        pytest.param([peer("older-running", age=600, phase=RUNNING, attempt=1)], "older-running", id="older-started"),
+        pytest.param([peer("newer-running", age=5, phase=RUNNING, attempt=1)], "newer-running", id="newer-started"),
+        pytest.param([peer("older-new", age=600)], "older-new", id="older-not-started"),
+        pytest.param([peer("newer-new", age=5)], None, id="newer-not-started-waits-for-me"),
+        pytest.param([peer("twin", age=60)], None, id="same-age-tie-broken-by-name-twin-after-me"),
+        pytest.param([peer("a-twin", age=60)], "a-twin", id="same-age-tie-broken-by-name-a-twin-first"),
+        pytest.param([peer("done", age=600, phase=SUCCEEDED, attempt=1)], None, id="older-succeeded-frees"),
+        pytest.param([peer("failed", age=600, phase=FAILED, attempt=3)], None, id="older-failed-frees"),
+        pytest.param([peer("stopped", age=600, phase=STOPPED)], None, id="older-stopped-frees"),
+        pytest.param([peer("going", age=600, phase=RUNNING, attempt=1, deleting=True)], None, id="deleted-frees"),
+        pytest.param([peer("paused", age=600, phase=INTERRUPTED, attempt=1)], "paused", id="interrupted-holds"),
+        pytest.param([peer("backoff", age=600, phase=PENDING, attempt=2)], "backoff", id="backing-off-holds"),
+        pytest.param(
+            [peer("older-new", age=600), peer("newer-running", age=5, phase=RUNNING, attempt=1)],
+            "newer-running",
+            id="a-started-run-is-named-first",
+        ),
+        pytest.param([peer("old", age=900), peer("older", age=1200)], "older", id="waits-for-the-oldest-not-started"),
+        pytest.param([dataclasses.replace(ME, phase=PENDING)], None, id="itself-in-the-index-is-ignored"),
+    ],
+)
+def test_a_run_that_has_not_started_waits_while_another_live_run_holds_its_thread(
+    others: list[ThreadPeer], waits_for: str | None
+) -> None:
+    d = decide_run(
+        spec=make_spec(),
+        status=AgentRunStatus(),
+        pod=None,
+        progress=None,
+        now=NOW,
+        limits=LIMITS,
+        run=ME,
+        peers=others,
+    )
+    if waits_for is None:
+        assert d.create_attempt == 1, f"nothing holds the thread, yet the run did not start: {d.status}"
+        return
+    assert d.create_attempt is None, f"GUARANTEE BROKEN: two live runs on one thread ({waits_for} holds it)"
+    assert d.status["phase"] == PENDING and d.status["reason"] == Reason.THREAD_BUSY
+    assert waits_for in d.status["message"] and "order-4821" in d.status["message"], "say whom the run waits for"
+    assert "attempt" not in d.status and "startTime" not in d.status, "a waiting run has not started"
+
+
+def test_a_waiting_run_starts_once_the_holder_ends() -> None:
+    holder = peer("first-turn", age=600, phase=RUNNING, attempt=1)
+    kwargs: dict[str, Any] = dict(spec=make_spec(), pod=None, progress=None, limits=LIMITS, run=ME)
+    waiting = decide_run(status=AgentRunStatus(), now=NOW, peers=[holder], **kwargs)
+    status = applied({}, waiting)
+    assert status["reason"] == Reason.THREAD_BUSY
+    again = decide_run(status=AgentRunStatus.parse(status), now=later(1), peers=[holder], **kwargs)
+    assert again.create_attempt is None and applied(status, again) == status, (
+        "a run still waiting must not start nor rewrite its status"
+    )
+    ended = dataclasses.replace(holder, phase=SUCCEEDED)
+    d = decide_run(status=AgentRunStatus.parse(status), now=later(2), peers=[ended], **kwargs)
+    assert d.create_attempt == 1 and d.status["reason"] == Reason.POD_CREATED
+    assert d.status["startTime"] == iso(later(2)), "startTime is when the run started, not when it was applied"
+
+
+def test_a_started_run_is_never_held_back_by_the_thread_rule() -> None:
+    """Its own next attempts (crash restarts, resumes) must not wait for a newer run: that would deadlock."""
+    newer = peer("newer", age=5, phase=RUNNING, attempt=1)
+    status = applied(run_status(), decide(make_spec(), run_status(), view(terminated(1)), None, NOW, LIMITS))
+    d = decide_run(
+        spec=make_spec(),
+        status=AgentRunStatus.parse(status),
+        pod=view(terminated(1)),
+        progress=None,
+        now=later(5),
+        limits=LIMITS,
+        run=dataclasses.replace(ME, attempt=1),
+        peers=[newer],
+    )
+    assert d.create_attempt == 2
+
+
+def test_stop_of_a_waiting_run_ends_it_without_a_pod() -> None:
+    holder = peer("holder", age=600, phase=RUNNING, attempt=1)
+    d = decide_run(
+        spec=make_spec(stop=True),
+        status=AgentRunStatus(phase=PENDING, reason=Reason.THREAD_BUSY),
+        pod=None,
+        progress=None,
+        now=NOW,
+        limits=LIMITS,
+        run=ME,
+        peers=[holder],
+    )
+    assert d.status["phase"] == STOPPED and d.status["reason"] == Reason.STOPPED_BEFORE_START
+    assert d.create_attempt is None
+
+
+def test_store_secret_problem_fails_the_run_unless_it_is_stopping() -> None:
+    problem = StoreProblem(reason=Reason.STORE_SECRET_NOT_FOUND, message="store secret ns/s does not exist")
+    kwargs: dict[str, Any] = dict(pod=None, progress=None, now=NOW, limits=LIMITS, store_problem=problem)
+    d = decide_run(spec=make_spec(), status=AgentRunStatus(), **kwargs)
+    assert d.status["phase"] == FAILED and d.status["reason"] == Reason.STORE_SECRET_NOT_FOUND
+    assert d.create_attempt is None
+    stopping = decide_run(spec=make_spec(stop=True), status=AgentRunStatus(), **kwargs)
+    assert stopping.status["phase"] == STOPPED, "a stop needs no store: the run ends Stopped, not Failed"
+
+
+def test_invalid_spec_is_rejected_with_its_reason() -> None:
+    d = rejected(InvalidSpec("spec.graph: bad"))
+    assert d.status["phase"] == FAILED and d.status["reason"] == Reason.INVALID_SPEC
+    assert d.events == [("Warning", "InvalidSpec", "spec.graph: bad")]
+
+
+def test_at_rest_covers_ended_and_deleted_runs() -> None:
+    assert at_rest(AgentRunStatus(phase=SUCCEEDED), deleting=False)
+    assert at_rest(AgentRunStatus(phase=RUNNING), deleting=True)
+    assert not at_rest(AgentRunStatus(phase=PENDING, reason=Reason.THREAD_BUSY), deleting=False)
+
+
+@pytest.mark.parametrize(
+    ("pod", "status", "reason"),
+    [
+        pytest.param(terminated(6), {}, "Preempted", id="disruption-labels-its-cause"),
+        pytest.param(None, {}, "PodDeleted", id="pod-deleted"),
+        pytest.param(terminated(1), {"nextAttemptTime": iso(NOW)}, "BackOff", id="restart-after-backoff"),
+    ],
+)
+def test_a_reschedule_says_why(pod: dict[str, Any] | None, status: dict[str, Any], reason: str) -> None:
+    d = decide(make_spec(), run_status(**status), view(pod) if pod else None, None, NOW, LIMITS)
+    assert d.create_attempt == 2 and d.reschedule_reason == reason

@@ -13,9 +13,9 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from agentrun_operator.podspec import build_pod, pod_name
+from agentrun_operator.decide.podspec import RunRef, build_pod, pod_name
+from agentrun_operator.decide.spec import AgentRunSpec, parse_spec
 from agentrun_operator.settings import OperatorSettings
-from agentrun_operator.spec import AgentRunSpec, parse_spec
 
 NAMESPACE = "shop"
 RUN_NAME = "support-order-4821"
@@ -52,7 +52,7 @@ def run(spec_raw: dict[str, Any] | None = None) -> dict[str, Any]:
 
 
 def pod_for(spec: AgentRunSpec, attempt: int = 1, *, resume: dict[str, Any] | None = None) -> dict[str, Any]:
-    return build_pod(run(), spec, attempt, SETTINGS, resume=resume)
+    return build_pod(RunRef.from_body(run()), spec, attempt=attempt, settings=SETTINGS, resume=resume)
 
 
 def container(pod: dict[str, Any]) -> dict[str, Any]:
@@ -380,7 +380,7 @@ def test_build_pod_does_not_share_state_between_calls() -> None:
 
 
 def test_long_run_names_still_make_valid_label_values() -> None:
-    from agentrun_operator.podspec import label_value
+    from agentrun_operator.decide.podspec import label_value
 
     name = "r" * 200
     assert len(label_value(name)) <= 63 and label_value(name) == label_value(name)
@@ -389,9 +389,9 @@ def test_long_run_names_still_make_valid_label_values() -> None:
 
 
 def test_the_fault_point_is_the_only_agentrun_variable_a_template_may_set() -> None:
-    from agentrun_operator.podspec import build_pod
+    from agentrun_operator.decide.podspec import RunRef, build_pod
+    from agentrun_operator.decide.spec import parse_spec
     from agentrun_operator.settings import OperatorSettings
-    from agentrun_operator.spec import parse_spec
 
     spec = parse_spec(
         {
@@ -406,6 +406,6 @@ def test_the_fault_point_is_the_only_agentrun_variable_a_template_may_set() -> N
         }
     )
     run = {"metadata": {"name": "r", "namespace": "ns", "uid": "u"}}
-    env = build_pod(run, spec, 1, OperatorSettings())["spec"]["containers"][0]["env"]
+    env = build_pod(RunRef.from_body(run), spec, attempt=1, settings=OperatorSettings())["spec"]["containers"][0]["env"]
     assert {"name": "AGENTRUN_FAULT_POINT", "value": "after_tool:charge_card"} in env
     assert [e.get("value") for e in env if e["name"] == "AGENTRUN_GRAPH"] == ["examples.support_agent:app"]

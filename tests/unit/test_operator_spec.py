@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
+from agentrun_operator.decide.spec import AgentRunSpec, InvalidSpec, ResumeSpec, parse_spec, thread_key
 from agentrun_operator.settings import OperatorSettings
-from agentrun_operator.spec import AgentRunSpec, InvalidSpec, ResumeSpec, parse_spec, thread_key
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "agentrun.yaml"
 VALID: dict[str, Any] = {"graph": "examples.support_agent:app", "threadId": "order-4821"}

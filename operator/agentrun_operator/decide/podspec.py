@@ -9,11 +9,13 @@ RuntimeDefault), store credentials only through ``secretKeyRef``, and from
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from agentrun.contract import ENV_PREFIX, STORE_SECRET_KEYS, Env, RunnerInputs
 
-from .settings import OperatorSettings
+from ..settings import OperatorSettings
 from .spec import AgentRunSpec, thread_key
 
 GROUP, VERSION, PLURAL, KIND = "agentrun.dev", "v1alpha1", "agentruns", "AgentRun"
@@ -21,6 +23,20 @@ RUN_LABEL = "agentrun.dev/run"
 ATTEMPT_LABEL = "agentrun.dev/attempt"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "agentrun-operator"}
 RUNNER_UID = 65532  # the conventional "nonroot" user of distroless images
+
+
+@dataclass(frozen=True)
+class RunRef:
+    """Which AgentRun a pod belongs to."""
+
+    namespace: str
+    name: str
+    uid: str
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> RunRef:
+        meta = body["metadata"]
+        return cls(namespace=str(meta["namespace"]), name=str(meta["name"]), uid=str(meta["uid"]))
 
 
 def label_value(value: str) -> str:
@@ -39,22 +55,22 @@ def store_secret(spec: AgentRunSpec, settings: OperatorSettings) -> str:
 
 
 def build_pod(
-    run: dict[str, Any],
+    run: RunRef,
     spec: AgentRunSpec,
+    *,
     attempt: int,
     settings: OperatorSettings,
-    *,
     resume: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    meta = run["metadata"]
-    name, namespace = meta["name"], meta["namespace"]
+    """The pod manifest of ``run``'s attempt ``attempt``; ``resume`` answers its interrupt(s)."""
+    name, namespace = run.name, run.namespace
     template = spec.podTemplate
     secret = store_secret(spec, settings)
     inputs = RunnerInputs(
         graph=spec.graph,
         thread_id=thread_key(namespace, spec.threadId),
         run_name=name,
-        run_uid=meta["uid"],
+        run_uid=run.uid,
         user_id=spec.userId or None,
         attempt=attempt,
         config=spec.run_config(),
@@ -134,7 +150,7 @@ def build_pod(
                     "apiVersion": f"{GROUP}/{VERSION}",
                     "kind": KIND,
                     "name": name,
-                    "uid": meta["uid"],
+                    "uid": run.uid,
                     "controller": True,
                     "blockOwnerDeletion": True,
                 }

@@ -1,11 +1,27 @@
-"""Reconcile one AgentRun: gather (run, pod, store progress), ``decide``, apply, write status.
+"""Reconcile one AgentRun: gather (run, pod, store progress, its thread's other runs), ``decide``, apply, write.
 
 Level-triggered and idempotent: called on every AgentRun change, every pod
-event of its runs and on a timer (about once per second per active run,
-which is also the status mirror's coalescing: at most one status patch per
-second per run, plus one on every phase change). Creating a pod that already
-exists is success, so a restarted operator never makes two pods for one
-attempt; the status patch is written only after the pod exists.
+event of its runs, on a timer (about once per second per active run, which
+is also the status mirror's coalescing: at most one status patch per second
+per run, plus one on every phase change) and when a run on the same thread
+ends. Creating a pod that already exists is success, so a restarted
+operator never makes two pods for one attempt; the status patch is written
+only after the pod exists.
+
+Which copy of the run is used. The caller hands in kopf's body (the event's,
+the timer's live one, or the watch-fed index's); it is never re-read from the
+API. Its spec and metadata are as new as the last event kopf processed, and
+reconciles of one run are serialised by a FIFO lock in call order, so a
+reconcile never sees an older spec than the one before it. Its *status*,
+though, may predate our own last status patch (the watch event for that patch
+may not have arrived yet), and deciding on an old status would repeat a
+transition (a second pod for the same attempt is harmless, a second restart
+counted is not). The operator is the only writer of status and a single
+leader, so the status returned by our last patch is the newest there is:
+it replaces the body's status whenever we have one (``_written``); after an
+operator restart there is none, and kopf's freshly listed body is current.
+The same record freshens the thread index, so a run that just ended frees its
+thread at once for a waiter.
 """
 
 from __future__ import annotations
@@ -14,52 +30,41 @@ import asyncio
 import copy
 import logging
 import time
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 from agentrun.checkpoint.base import Checkpointer, Progress
 
+from ..decide.classify import PodView
+from ..decide.conditions import status_patch
+from ..decide.decision import Decision, Limits, StoreProblem
+from ..decide.podspec import RUN_LABEL, RunRef, build_pod, label_value, pod_name, store_secret
+from ..decide.reasons import Phase
+from ..decide.run import at_rest, decide, rejected
+from ..decide.spec import AgentRunSpec, InvalidSpec, parse_spec, thread_key
+from ..decide.status import AgentRunStatus, StatusPatch, iso, parse_time
+from ..decide.thread import ThreadPeer
+from ..settings import OperatorSettings
 from . import metrics
-from .decisions import TERMINAL, Decision, Limits, PodView, decide, iso, parse_time
 from .kube import Conflict, KubeClient, NotFound, events_path, pod_path, run_path
-from .podspec import RUN_LABEL, build_pod, label_value, pod_name, store_secret
-from .settings import OperatorSettings
-from .spec import AgentRunSpec, InvalidSpec, parse_spec, thread_key
-from .store import StoreRegistry, StoreUnavailable
+from .stores import StoreRegistry, StoreUnavailable
 
 log = logging.getLogger("agentrun_operator")
 
-PHASE_CONDITIONS = ("Running", "Interrupted", "Stopping", "Stopped", "Succeeded", "Failed")
 
-
-def with_conditions(current: dict[str, Any], patch: dict[str, Any], now: datetime, generation: int) -> None:
-    """On a phase change, make the new phase's condition True and the others False (Kubernetes conventions)."""
-    phase = patch.get("phase")
-    if not phase or phase == current.get("phase"):
-        return
-    conditions = {c["type"]: c for c in copy.deepcopy(current.get("conditions") or [])}
-    for kind in PHASE_CONDITIONS:
-        active = kind == phase or (kind == "Running" and phase == "Stopping")
-        existing = conditions.get(kind)
-        if existing is None and not active:
-            continue
-        status = "True" if active else "False"
-        if existing is None or existing.get("status") != status or active:
-            conditions[kind] = {
-                "type": kind,
-                "status": status,
-                "reason": patch.get("reason") or phase,
-                "message": (patch.get("message") or "")[:1024],
-                "lastTransitionTime": iso(now)
-                if existing is None or existing.get("status") != status
-                else existing["lastTransitionTime"],
-                "observedGeneration": generation,
-            }
-    patch["conditions"] = [conditions[k] for k in PHASE_CONDITIONS if k in conditions]
-
-
-def changed(current: dict[str, Any], desired: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in desired.items() if current.get(k) != v}
+def thread_peer(body: Mapping[str, Any], status: Mapping[str, Any] | None = None) -> ThreadPeer:
+    """This AgentRun as its thread's other runs see it (``status`` overrides the body's)."""
+    meta = body["metadata"]
+    seen = AgentRunStatus.parse(body.get("status") if status is None else status)
+    return ThreadPeer(
+        name=str(meta["name"]),
+        uid=str(meta["uid"]),
+        created=parse_time(meta.get("creationTimestamp")),
+        phase=seen.phase,
+        attempt=seen.attempt,
+        deleting=bool(meta.get("deletionTimestamp")),
+    )
 
 
 class Reconciler:
@@ -74,89 +79,116 @@ class Reconciler:
             max_backoff=settings.max_backoff_seconds,
         )
         self._locks: dict[str, asyncio.Lock] = {}
+        self._written: dict[str, dict[str, Any]] = {}  # uid -> .status as our last patch left it
         self.phases: dict[str, str] = {}
         self._pod_created: dict[str, float] = {}
 
     def forget(self, uid: str) -> None:
         self._locks.pop(uid, None)
+        self._written.pop(uid, None)
         self.phases.pop(uid, None)
         self._pod_created.pop(uid, None)
         self._publish_phases()
+
+    def status_of(self, body: Mapping[str, Any]) -> AgentRunStatus:
+        """The run's newest status: ours if we wrote one, else the body's (see the module docstring)."""
+        raw = self._written.get(str(body["metadata"]["uid"]))
+        return AgentRunStatus.parse(body.get("status") if raw is None else raw)
+
+    def fresh(self, peer: ThreadPeer) -> ThreadPeer:
+        """A thread index entry with the status of our own last write, which the index may not have seen."""
+        raw = self._written.get(peer.uid)
+        if raw is None:
+            return peer
+        seen = AgentRunStatus.parse(raw)
+        return ThreadPeer(
+            name=peer.name,
+            uid=peer.uid,
+            created=peer.created,
+            phase=seen.phase,
+            attempt=seen.attempt,
+            deleting=peer.deleting,
+        )
 
     def _publish_phases(self) -> None:
         counts: dict[str, int] = {}
         for phase in self.phases.values():
             counts[phase] = counts.get(phase, 0) + 1
-        for phase in ("Pending", "Running", "Interrupted", "Stopping", "Stopped", "Succeeded", "Failed"):
+        for phase in Phase:
             metrics.RUNS.labels(phase).set(counts.get(phase, 0))
 
-    async def reconcile(self, run: dict[str, Any]) -> None:
-        uid = run["metadata"]["uid"]
+    async def reconcile(self, body: Mapping[str, Any], *, peers: Iterable[ThreadPeer] = ()) -> AgentRunStatus:
+        """Reconcile the run of ``body``; ``peers``: the runs on its thread (read under the run's lock).
+
+        Returns the run's status afterwards, so the caller can tell whether it ended.
+        """
+        run = copy.deepcopy(dict(body))
+        uid = str(run["metadata"]["uid"])
         lock = self._locks.setdefault(uid, asyncio.Lock())
         async with lock:
             started = time.perf_counter()
             try:
-                fresh = await self._fresh(run)
-                if fresh is not None:
-                    await self._reconcile(fresh)
+                await self._reconcile(run, [self.fresh(p) for p in peers])
             except Exception as e:
                 metrics.RECONCILE_ERRORS.labels(type(e).__name__).inc()
                 raise
             finally:
                 metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
+            return self.status_of(run)
 
-    async def _fresh(self, run: dict[str, Any]) -> dict[str, Any] | None:
-        """Re-read the run under its lock: the caller's copy may predate our own last status patch."""
+    async def _reconcile(self, run: dict[str, Any], peers: list[ThreadPeer]) -> None:
         meta = run["metadata"]
-        try:
-            return await self.kube.get(run_path(meta["namespace"], meta["name"]))
-        except NotFound:
-            return None
-
-    async def _reconcile(self, run: dict[str, Any]) -> None:
-        meta = run["metadata"]
-        namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
-        status: dict[str, Any] = run.get("status") or {}
-        self.phases[uid] = status.get("phase") or "Pending"
-        if meta.get("deletionTimestamp") or status.get("phase") in TERMINAL:
+        ref = RunRef.from_body(run)
+        status = self.status_of(run)
+        self.phases[ref.uid] = status.phase or Phase.PENDING
+        if at_rest(status, deleting=bool(meta.get("deletionTimestamp"))):
             self._publish_phases()
             return
         now = datetime.now(UTC)
         try:
             spec = parse_spec(run.get("spec") or {})
         except InvalidSpec as e:
-            await self._write(run, Decision().phase("Failed", "InvalidSpec", str(e), warning=True), now)
+            await self._write(run, status, rejected(e), now)
             return
-        attempt = int(status.get("attempt") or 0)
         store: Checkpointer | None = None
+        problem: StoreProblem | None = None
         progress: Progress | None = None
-        thread = thread_key(namespace, spec.threadId)
+        thread = thread_key(ref.namespace, spec.threadId)
         try:
-            store = await self.stores.get(namespace, store_secret(spec, self.settings))
+            store = await self.stores.get(ref.namespace, store_secret(spec, self.settings))
         except StoreUnavailable as e:
-            if not spec.stop:
-                await self._write(run, Decision().phase("Failed", e.reason, str(e), warning=True), now)
-                return
+            problem = e.problem
         pod: PodView | None = None
-        if attempt:
+        if status.attempt:
             try:
-                pod = PodView.from_manifest(await self.kube.get(pod_path(namespace, pod_name(name, attempt))))
+                pod = PodView.from_manifest(
+                    await self.kube.get(pod_path(ref.namespace, pod_name(ref.name, status.attempt)))
+                )
             except NotFound:
                 pod = None
             if store is not None:
                 try:
                     progress = await store.aget_progress(thread)
                 except Exception as e:  # the mirror can wait; decisions on pods must not
-                    log.warning("[%s/%s] cannot read progress of %s: %s", namespace, name, thread, e)
-        decision = decide(spec, status, pod, progress, now, self.limits)
-        await self._apply(run, spec, decision, store, thread)
-        await self._write(run, decision, now)
+                    log.warning("[%s/%s] cannot read progress of %s: %s", ref.namespace, ref.name, thread, e)
+        decision = decide(
+            spec=spec,
+            status=status,
+            pod=pod,
+            progress=progress,
+            now=now,
+            limits=self.limits,
+            store_problem=problem,
+            run=thread_peer(run, status.wire()),
+            peers=peers,
+        )
+        await self._apply(ref, spec, decision, store, thread)
+        await self._write(run, status, decision, now)
 
     async def _apply(
-        self, run: dict[str, Any], spec: AgentRunSpec, decision: Decision, store: Checkpointer | None, thread: str
+        self, ref: RunRef, spec: AgentRunSpec, decision: Decision, store: Checkpointer | None, thread: str
     ) -> None:
-        meta = run["metadata"]
-        namespace, name = meta["namespace"], meta["name"]
+        namespace, name = ref.namespace, ref.name
         if decision.request_stop and store is not None:
             await store.request_stop(thread, "spec.stop")
             log.info("[%s/%s] stop requested in the store for thread %s", namespace, name, thread)
@@ -164,56 +196,55 @@ class Reconciler:
             await self.kube.delete(pod_path(namespace, decision.delete_pod), grace_seconds=decision.delete_grace)
             log.info("[%s/%s] deleted pod %s", namespace, name, decision.delete_pod)
         if decision.create_attempt:
-            manifest = build_pod(run, spec, decision.create_attempt, self.settings, resume=decision.resume)
+            manifest = build_pod(
+                ref, spec, attempt=decision.create_attempt, settings=self.settings, resume=decision.resume
+            )
+            pod = manifest["metadata"]["name"]
             try:
                 await self.kube.create(pod_path(namespace), manifest)
-                log.info("[%s/%s] created pod %s", namespace, name, manifest["metadata"]["name"])
+                log.info("[%s/%s] created pod %s", namespace, name, pod)
             except Conflict:
-                log.info("[%s/%s] pod %s already exists; adopting it", namespace, name, manifest["metadata"]["name"])
-            decision.status["podName"] = manifest["metadata"]["name"]
-            self._pod_created[meta["uid"]] = time.monotonic()
-            if decision.create_attempt > 1:
-                reason = next((r for t, r, _ in decision.events if t == "Warning"), "Resume")
-                metrics.RESCHEDULES.labels(reason).inc()
+                log.info("[%s/%s] pod %s already exists; adopting it", namespace, name, pod)
+            decision.status["podName"] = pod
+            self._pod_created[ref.uid] = time.monotonic()
+            if decision.reschedule_reason is not None:
+                metrics.RESCHEDULES.labels(decision.reschedule_reason).inc()
 
-    async def _write(self, run: dict[str, Any], decision: Decision, now: datetime) -> None:
+    async def _write(self, run: dict[str, Any], status: AgentRunStatus, decision: Decision, now: datetime) -> None:
         meta = run["metadata"]
-        namespace, name = meta["namespace"], meta["name"]
-        current: dict[str, Any] = run.get("status") or {}
-        desired = dict(decision.status)
-        desired["observedGeneration"] = meta.get("generation", 1)
-        patch = changed(current, desired)
+        ref = RunRef.from_body(run)
+        patch = status_patch(status, decision.status, now=now, generation=int(meta.get("generation", 1)))
         if "phase" in patch:
-            with_conditions(current, patch, now, meta.get("generation", 1))
-            self._observe_transition(meta["uid"], current, patch, now)
+            self._observe_transition(ref.uid, status, patch, now)
         if not patch:
             return
-        await self.kube.merge_patch(run_path(namespace, name, status=True), {"status": patch})
+        written = await self.kube.merge_patch(run_path(ref.namespace, ref.name, status=True), {"status": patch})
+        self._written[ref.uid] = dict(written.get("status") or {})
         if "phase" in patch:
             log.info(
                 "[%s/%s] %s -> %s (%s): %s",
-                namespace,
-                name,
-                current.get("phase") or "-",
+                ref.namespace,
+                ref.name,
+                status.phase or "-",
                 patch["phase"],
                 patch.get("reason"),
                 patch.get("message"),
             )
-            self.phases[meta["uid"]] = patch["phase"]
+            self.phases[ref.uid] = patch["phase"]
             self._publish_phases()
-        for kind, reason, message in decision.events:
-            await self._event(run, kind, reason, message, now)
+        for event in decision.events:
+            await self._event(run, event.type, event.reason, event.message, now=now)
 
-    def _observe_transition(self, uid: str, current: dict[str, Any], patch: dict[str, Any], now: datetime) -> None:
+    def _observe_transition(self, uid: str, current: AgentRunStatus, patch: StatusPatch, now: datetime) -> None:
         metrics.TRANSITIONS.labels(patch["phase"]).inc()
-        requested = parse_time(current.get("stopRequestedTime"))
-        if patch["phase"] == "Stopped" and requested is not None:
+        requested = current.stop_requested_time
+        if patch["phase"] == Phase.STOPPED and requested is not None:
             metrics.STOP_LATENCY.observe(max(0.0, (now - requested).total_seconds()))
         created = self._pod_created.pop(uid, None)
-        if patch["phase"] == "Running" and created is not None:
+        if patch["phase"] == Phase.RUNNING and created is not None:
             metrics.POD_START_LATENCY.observe(time.monotonic() - created)
 
-    async def _event(self, run: dict[str, Any], kind: str, reason: str, message: str, now: datetime) -> None:
+    async def _event(self, run: dict[str, Any], kind: str, reason: str, message: str, *, now: datetime) -> None:
         meta = run["metadata"]
         stamp = iso(now)
         event = {
@@ -228,7 +259,7 @@ class Reconciler:
                 "uid": meta["uid"],
             },
             "type": kind,
-            "reason": reason,
+            "reason": str(reason),
             "message": message[:1024],
             "firstTimestamp": stamp,
             "lastTimestamp": stamp,

@@ -16,17 +16,26 @@ from dataclasses import dataclass
 from agentrun.checkpoint.base import Checkpointer
 from agentrun.checkpoint.postgres import PgCheckpointer
 
+from ..decide.decision import StoreProblem
+from ..decide.reasons import Reason
 from .kube import KubeClient, NotFound, secret_path
 
 log = logging.getLogger("agentrun_operator.store")
 
 
-class StoreUnavailable(Exception):
-    """The Secret is missing or unusable; ``reason`` is a CamelCase status reason."""
+def open_store(dsn: str, redis_url: str | None) -> Checkpointer:
+    """The one place the operator constructs a store (from a store Secret's keys)."""
+    if redis_url is None:
+        return PgCheckpointer(dsn)
+    return PgCheckpointer(dsn, redis_url=redis_url)
 
-    def __init__(self, reason: str, message: str) -> None:
+
+class StoreUnavailable(Exception):
+    """The Secret is missing or unusable; ``problem`` says why, as a status reason and message."""
+
+    def __init__(self, reason: Reason, message: str) -> None:
         super().__init__(message)
-        self.reason = reason
+        self.problem = StoreProblem(reason=reason, message=message)
 
 
 @dataclass
@@ -44,7 +53,9 @@ class StoreRegistry:
         try:
             body = await self.kube.get(secret_path(namespace, secret))
         except NotFound:
-            raise StoreUnavailable("StoreSecretNotFound", f"store secret {namespace}/{secret} does not exist") from None
+            raise StoreUnavailable(
+                Reason.STORE_SECRET_NOT_FOUND, f"store secret {namespace}/{secret} does not exist"
+            ) from None
         version = str(body.get("metadata", {}).get("resourceVersion", ""))
         key = (namespace, secret)
         entry = self._stores.get(key)
@@ -52,15 +63,17 @@ class StoreRegistry:
             return entry.checkpointer
         data = body.get("data") or {}
         if "postgresDsn" not in data:
-            raise StoreUnavailable("StoreSecretInvalid", f"store secret {namespace}/{secret} has no key postgresDsn")
+            raise StoreUnavailable(
+                Reason.STORE_SECRET_INVALID, f"store secret {namespace}/{secret} has no key postgresDsn"
+            )
         try:
             dsn = base64.b64decode(data["postgresDsn"]).decode()
             redis_url = base64.b64decode(data["redisUrl"]).decode() if data.get("redisUrl") else None
         except ValueError:
             raise StoreUnavailable(
-                "StoreSecretInvalid", f"store secret {namespace}/{secret} is not valid base64 text"
+                Reason.STORE_SECRET_INVALID, f"store secret {namespace}/{secret} is not valid base64 text"
             ) from None
-        checkpointer = PgCheckpointer(dsn, redis_url=redis_url)
+        checkpointer = open_store(dsn, redis_url)
         if entry is not None:
             await entry.checkpointer.aclose()
         self._stores[key] = _Entry(version, checkpointer)

@@ -1,0 +1,58 @@
+"""The typed output of a decision: what to write to status, what to do, which Events to post."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, NamedTuple
+
+from .reasons import DisruptionReason, Phase, Reason
+from .status import StatusPatch
+
+EventType = Literal["Normal", "Warning"]
+
+
+class Event(NamedTuple):
+    type: EventType
+    reason: Reason | DisruptionReason | str  # str: the cluster's own disruption reason, passed through
+    message: str
+
+
+@dataclass(frozen=True)
+class Limits:
+    stop_grace: float = 30.0
+    lost_node_timeout: float = 60.0
+    max_disruptions: int = 50
+    max_backoff: float = 300.0
+
+
+@dataclass(frozen=True)
+class StoreProblem:
+    """The run's store cannot be opened (its Secret is missing or unusable)."""
+
+    reason: Reason
+    message: str
+
+
+@dataclass
+class Decision:
+    """One reconcile's verdict. ``status`` is the desired status (a merge patch: ``None`` removes a field)."""
+
+    status: StatusPatch = field(default_factory=lambda: StatusPatch())
+    create_attempt: int | None = None
+    resume: dict[str, Any] | None = None  # the runner's AGENTRUN_RESUME for the attempt created
+    delete_pod: str | None = None
+    delete_grace: int | None = None
+    request_stop: bool = False
+    events: list[Event] = field(default_factory=list)
+    # Why ``create_attempt`` follows an earlier attempt (a metric label): a Reason or a disruption's reason.
+    reschedule_reason: str | None = None
+
+    def phase(self, phase: Phase, reason: Reason, message: str, *, warning: bool = False) -> Decision:
+        self.status["phase"] = phase
+        self.status["reason"] = reason
+        self.status["message"] = message
+        self.events.append(Event("Warning" if warning else "Normal", reason, message))
+        return self
+
+    def event(self, reason: Reason | DisruptionReason | str, message: str, *, warning: bool = True) -> None:
+        self.events.append(Event("Warning" if warning else "Normal", reason, message))

@@ -1,0 +1,149 @@
+"""The AgentRun status as types: ``AgentRunStatus`` in, ``StatusPatch`` out.
+
+``AgentRunStatus`` is what the operator reads (snake_case attributes, the
+CRD's camelCase names as aliases); it is lenient on purpose: a field it
+cannot read is absent, never an exception, because a status that does not
+parse must not wedge the run. ``StatusPatch`` is what a decision writes: a
+JSON merge patch of ``.status`` keyed by the CRD's names, where ``None``
+removes a field. Both list the same fields (a unit test keeps them equal).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from typing_extensions import TypedDict
+
+from .reasons import Phase, Reason
+
+
+def iso(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(value: Any) -> datetime | None:
+    """Kubernetes timestamps (``2026-12-02T15:04:05Z``, with or without fractional seconds); None if unset."""
+    if not value:
+        return None
+    if isinstance(value, datetime):
+        return value
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def _lenient_phase(value: Any) -> Phase | None:
+    try:
+        return Phase(value) if value else None
+    except ValueError:
+        return None
+
+
+Time = Annotated[datetime | None, BeforeValidator(parse_time)]
+
+
+class ToolCalls(TypedDict):
+    executed: int
+    replayed: int
+
+
+class InterruptInfo(TypedDict, total=False):
+    id: str | None
+    message: str
+    payload: Any
+    ids: list[str | None]
+
+
+class Condition(TypedDict, total=False):
+    type: str
+    status: str
+    reason: str
+    message: str
+    lastTransitionTime: str
+    observedGeneration: int
+
+
+class AgentRunStatus(BaseModel):
+    """``.status`` of an AgentRun as read from the API (empty for a run the operator has not seen yet)."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="ignore", frozen=True)
+
+    phase: Annotated[Phase | None, BeforeValidator(_lenient_phase)] = None
+    reason: str | None = None
+    message: str | None = None
+    attempt: int = 0
+    restarts: int = 0
+    disruptions: int = 0
+    pod_name: str | None = Field(default=None, alias="podName")
+    state_version: int | None = Field(default=None, alias="stateVersion")
+    current_node: str | None = Field(default=None, alias="currentNode")
+    step: int | None = None
+    tool_calls: ToolCalls | None = Field(default=None, alias="toolCalls")
+    last_checkpoint_time: Time = Field(default=None, alias="lastCheckpointTime")
+    interrupt: InterruptInfo | None = None
+    conditions: list[Condition] = []
+    observed_generation: int | None = Field(default=None, alias="observedGeneration")
+    start_time: Time = Field(default=None, alias="startTime")
+    completion_time: Time = Field(default=None, alias="completionTime")
+    next_attempt_time: Time = Field(default=None, alias="nextAttemptTime")
+    stop_requested_time: Time = Field(default=None, alias="stopRequestedTime")
+    resume_digest: str | None = Field(default=None, alias="resumeDigest")
+    lost_since: Time = Field(default=None, alias="lostSince")
+
+    @classmethod
+    def parse(cls, raw: Any) -> AgentRunStatus:
+        """From the API's ``.status`` (absent, empty or partial); a field that does not parse reads as unset."""
+        data = dict(raw or {})
+        while True:
+            try:
+                return cls.model_validate(data)
+            except ValidationError as e:
+                bad = {err["loc"][0] for err in e.errors() if err["loc"]}
+                if not bad & data.keys():
+                    return cls()
+                for key in bad:
+                    data.pop(str(key), None)
+
+    @property
+    def started(self) -> bool:
+        """The run has had an attempt (a pod was created for it at least once)."""
+        return self.attempt > 0
+
+    def wire(self) -> dict[str, Any]:
+        """The CRD-shaped dict, as the API holds it: camelCase names, timestamps as strings, unset fields absent."""
+        out: dict[str, Any] = {}
+        for name, info in type(self).model_fields.items():
+            value = getattr(self, name)
+            if name not in self.model_fields_set or value is None:
+                continue
+            out[info.alias or name] = iso(value) if isinstance(value, datetime) else value
+        return out
+
+
+class StatusPatch(TypedDict, total=False):
+    """A merge patch of ``.status``: the keys a decision sets; ``None`` removes a field."""
+
+    phase: Phase
+    reason: Reason
+    message: str
+    attempt: int
+    restarts: int
+    disruptions: int
+    podName: str
+    stateVersion: int
+    currentNode: str | None
+    step: int
+    toolCalls: ToolCalls
+    lastCheckpointTime: str
+    interrupt: InterruptInfo | None
+    conditions: list[Condition]
+    observedGeneration: int
+    startTime: str
+    completionTime: str
+    nextAttemptTime: str | None
+    stopRequestedTime: str
+    resumeDigest: str
+    lostSince: str | None
