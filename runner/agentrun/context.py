@@ -1,7 +1,12 @@
-"""The per-run context that nodes, tools and ``interrupt()`` read through contextvars.
+"""The per-run context: the store, the config, the logger and the resume values of one node run.
 
-Each node runs in its own asyncio task, which copies the context at
-creation, so concurrent runs in one process never see each other's context.
+Our own code gets it as a parameter (the engine hands it to a
+``nodes.ContextNode`` such as the tool node, which passes it on to the
+ledger). User code has no such channel, so the engine also puts it in the
+``current_run``/``current_scope`` context variables, where ``interrupt()``
+and the model adapter's logger find it. Each node runs in its own asyncio
+task, which copies the context at creation, so concurrent runs in one
+process never see each other's context.
 """
 
 from __future__ import annotations

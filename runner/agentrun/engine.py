@@ -1,4 +1,4 @@
-"""The engine: one loop that runs a compiled graph step by step, durably.
+"""The engine: the public API of a compiled graph and the one loop that runs it step by step, durably.
 
 Semantics (DESIGN.md section 2): before a node runs, the state names it as
 ``current_node``; after it completes, the next node is chosen, the step
@@ -9,60 +9,51 @@ from running twice.
 
 ``invoke``/``ainvoke``/``stream`` all consume ``astream``: there is one
 engine, so deadlines, stop, the ledger and checkpoints apply to every entry
-point alike.
+point alike. The blocking methods run on one event loop for the whole
+process (``agentrun.blocking``).
 
-Thread life cycle, by the status of the latest checkpoint:
-- ``running`` (a process died mid-run) or ``failed``: call with input
-  ``None`` to resume from ``current_node``;
-- ``interrupted``: call with ``Command(resume=...)``;
-- ``completed`` / ``stopped`` (or no thread yet): call with new input to
-  start the next turn.
-Anything else raises ``ThreadStateError`` instead of guessing, so input is
-never silently dropped and a paused run is never silently restarted.
+The jobs around the loop live in their own modules: what a call does to a
+thread (``lifecycle``), running one node under its deadline, stop and
+preemption (``supervisor``), and writing the run (``persistence``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import time
 import uuid
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator, Coroutine, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, NoReturn
+from typing import Any, Literal, TypeVar
 
-from .checkpoint.base import Checkpoint, Checkpointer, CheckpointWrite, RunStatus
+from . import blocking, lifecycle
+from .checkpoint.base import Checkpoint, Checkpointer, RunStatus
 from .checkpoint.memory import InMemoryCheckpointer
 from .config import RunConfig
-from .context import CallScope, RunContext, RunLogger, ToolCounts, current_run, current_scope, run_logger
+from .constants import END, START
+from .context import RunContext, RunLogger, ToolCounts, run_logger
 from .errors import (
     AgentRunError,
     FencedError,
     GraphInterrupt,
     GraphRecursionError,
     NodeError,
-    NodeTimeoutError,
     Preempted,
-    RunPreempted,
-    RunStopped,
     StaleStateError,
     StopRequested,
-    ThreadNotFoundError,
-    ThreadStateError,
 )
 from .faults import fault_point
-from .interrupts import Command, Interrupt
-from .messages import Message, tool_message, user
-from .metrics import CHECKPOINT_SECONDS, FENCED, INTERRUPTS, NODE_TIMEOUTS, STALE_STATE, STEP_SECONDS, STOPS
-from .state import MESSAGES, node_input
-from .sync import run_sync
-from .toolnode import last_tool_request
+from .interrupts import Interrupt
+from .messages import Message
+from .metrics import STEP_SECONDS
+from .nodes import Node, Topology
+from .persistence import Run, RunWriter
+from .state import MESSAGES
+from .supervisor import Preemption, run_node, stop_reason
 
-if TYPE_CHECKING:
-    from .graph import Node, StateGraph
+__all__ = ["CompiledGraph", "Preemption", "StateSnapshot", "StreamEvent"]
 
-# How long a cancelled node may take to unwind before the engine stops waiting for it.
-CANCEL_GRACE_SECONDS = 5.0
+T = TypeVar("T")
 
 
 @dataclass
@@ -82,19 +73,6 @@ class StreamEvent:
 
 
 @dataclass
-class Preemption:
-    """Set from a SIGTERM handler to end a run at a safe point, keeping it resumable.
-
-    ``requested``: start no further node (the current one may finish).
-    ``cancel_now``: cancel the current node as well; its tool calls that
-    completed are already in the ledger, so the next process replays them.
-    """
-
-    requested: bool = False
-    cancel_now: bool = False
-
-
-@dataclass
 class StateSnapshot:
     thread_id: str
     version: int
@@ -107,63 +85,24 @@ class StateSnapshot:
     created_at: float
 
 
-@dataclass
-class _Run:
-    """The in-memory state of one run and what of it is already durable."""
+@dataclass(frozen=True)
+class _Paused:
+    """The node raised ``interrupt()``: the run waits on these interrupts."""
 
-    state: dict[str, Any]
-    version: int
-    current_node: str | None
-    step: int
-    status: RunStatus
-    meta: dict[str, Any]
-    persisted_messages: int
-    counts: ToolCounts
-    replaced: set[int] = field(default_factory=set)
-
-    @property
-    def messages(self) -> list[Message]:
-        return self.state.get(MESSAGES, [])  # type: ignore[no-any-return]
-
-
-def _input_update(value: Any) -> dict[str, Any]:
-    if isinstance(value, str):
-        return {MESSAGES: [user(value)]}
-    if isinstance(value, Message):
-        return {MESSAGES: [value]}
-    if isinstance(value, dict):
-        return value
-    raise ThreadStateError(f"input must be a dict of channel values, a message or a string, not {type(value).__name__}")
-
-
-def _as_list(value: Any) -> list[Any]:
-    return list(value) if isinstance(value, list | tuple) else [value]
-
-
-def _unanswered_calls(state: dict[str, Any]) -> list[Message]:
-    request = last_tool_request(state)
-    if request is None:
-        return []
-    return [
-        tool_message(
-            "Error: not executed: the previous run ended before this call completed",
-            tool_call_id=call.id,
-            name=call.name,
-            is_error=True,
-        )
-        for call in request.tool_calls
-    ]
+    interrupts: list[Interrupt]
 
 
 class CompiledGraph:
     """A runnable graph bound to a checkpointer. Create it with ``StateGraph.compile()``."""
 
-    def __init__(self, graph: StateGraph, *, checkpointer: Checkpointer | None, name: str) -> None:
+    def __init__(self, graph: Topology, *, checkpointer: Checkpointer | None, name: str) -> None:
         self.graph = graph
         self.name = name
         self._ephemeral = checkpointer is None
         self.checkpointer: Checkpointer = checkpointer or InMemoryCheckpointer()
         self._setup_done = False
+        # Blocking calls in flight on the blocking API's loop; only that loop's thread touches it.
+        self._blocking_calls = 0
 
     # -- public API ----------------------------------------------------------
 
@@ -185,38 +124,12 @@ class CompiledGraph:
         return values
 
     def invoke(self, input: Any, config: RunConfig | dict[str, Any] | None = None) -> dict[str, Any]:
-        """Blocking ``ainvoke``; not for use inside a running event loop."""
-
-        async def invoke_and_close() -> dict[str, Any]:
-            try:
-                return await self.ainvoke(input, config)
-            finally:
-                await self._aclose_nodes()
-
-        return asyncio.run(invoke_and_close())
+        """Blocking ``ainvoke``; raises ``RuntimeError`` inside a running event loop."""
+        return blocking.run(lambda: self._blocking(self.ainvoke(input, config)), caller="invoke")
 
     def stream(self, input: Any, config: RunConfig | dict[str, Any] | None = None) -> Iterator[StreamEvent]:
-        """Blocking ``astream`` on a private event loop."""
-        loop = asyncio.new_event_loop()
-        agen = self.astream(input, config)
-        try:
-            while True:
-                try:
-                    yield loop.run_until_complete(agen.__anext__())
-                except StopAsyncIteration:
-                    break
-        finally:
-            loop.run_until_complete(agen.aclose())
-            loop.run_until_complete(self._aclose_nodes())
-            loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.close()
-
-    async def _aclose_nodes(self) -> None:
-        """Close what nodes hold on the private loop of the blocking wrappers (e.g. HTTP sessions)."""
-        for node in self.graph.nodes.values():
-            close = getattr(node.fn, "aclose", None)
-            if close is not None and inspect.iscoroutinefunction(close):
-                await close()
+        """Blocking ``astream``; raises ``RuntimeError`` inside a running event loop."""
+        return blocking.iterate(lambda: self._blocking_stream(self.astream(input, config)), caller="stream")
 
     async def aget_state(self, config: RunConfig | dict[str, Any] | str) -> StateSnapshot | None:
         thread_id = config if isinstance(config, str) else RunConfig.from_any(config).thread_id
@@ -225,7 +138,8 @@ class CompiledGraph:
         return None if checkpoint is None else self._snapshot(checkpoint)
 
     def get_state(self, config: RunConfig | dict[str, Any] | str) -> StateSnapshot | None:
-        return asyncio.run(self.aget_state(config))
+        """Blocking ``aget_state``; raises ``RuntimeError`` inside a running event loop."""
+        return blocking.run(lambda: self.aget_state(config), caller="get_state")
 
     async def arequest_stop(self, thread_id: str, reason: str = "") -> None:
         """Ask whichever process runs ``thread_id`` to stop; it does within about a second."""
@@ -248,358 +162,172 @@ class CompiledGraph:
         cfg = RunConfig.from_any(config, default_thread=f"ephemeral-{uuid.uuid4().hex}" if self._ephemeral else None)
         log = run_logger("agentrun.engine", cfg.thread_id, cfg.attempt)
         await self._setup()
+        writer = RunWriter(self.checkpointer, cfg, log)
+        run = await self._open(input, cfg, writer, log)
+        while run.current_node not in (None, END):
+            node = await self._node_to_run(run, cfg, writer, preemption)
+            outcome = await self._execute(node, run, cfg, writer, preemption)
+            if isinstance(outcome, _Paused):
+                await writer.pause(run, outcome.interrupts)
+                yield self._event("interrupt", run, cfg, node.name, values=True, interrupts=outcome.interrupts)
+                return
+            yield await self._advance(node, run, outcome, cfg, writer)
+        if run.status != "completed":  # the turn reached END without a step (a graph from START to END)
+            await writer.finish(run, "completed")
+        yield self._event("end", run, cfg, None, values=True)
+
+    # -- the loop's steps ----------------------------------------------------
+
+    async def _open(self, input: Any, cfg: RunConfig, writer: RunWriter, log: RunLogger) -> Run:
+        """Apply the life-cycle decision for ``input`` to the thread; returns the run to continue."""
         checkpoint = await self.checkpointer.aget(cfg.thread_id)
-        run, needs_write = self._begin(checkpoint, input, cfg, log)
-        if needs_write:
-            await self._persist(run, cfg, log, durable=True)
-        while True:
-            node_name = run.current_node
-            if node_name is None or node_name == "__end__":
-                await self._finish(run, cfg, log, "completed")
-                yield self._event("end", run, cfg, None, values=True)
-                return
-            if run.step >= cfg.recursion_limit:
-                limit = GraphRecursionError(
-                    f"recursion limit of {cfg.recursion_limit} steps reached before node {node_name!r}; "
-                    "raise recursion_limit in the run config if the graph really needs more steps"
-                )
-                await self._fail(run, cfg, log, limit)
-                raise limit
-            node = self.graph.nodes[node_name]
-            if preemption is not None and preemption.requested:
-                await self._preempted(run, cfg, log)
-            reason = await self._stop_reason(cfg, log)
-            if reason is not None:
-                await self._stopped(run, cfg, log, reason)
-            ctx = RunContext(
-                config=cfg,
-                checkpointer=self.checkpointer,
-                run_id=str(run.meta.get("run_id", "")),
-                node=node_name,
-                step=run.step,
-                log=log,
-                resume=dict(run.meta.get("resume") or {}),
-                counts=run.counts,
-            )
-            started = time.perf_counter()
-            try:
-                update = await self._run_node(node, run.state, cfg, ctx, log, preemption)
-            except Preempted:
-                await self._preempted(run, cfg, log)
-            except StopRequested as stop:
-                await self._stopped(run, cfg, log, str(stop.args[0]) if stop.args else "")
-            except GraphInterrupt as paused:
-                interrupts = [i for i in paused.interrupts if isinstance(i, Interrupt)]
-                run.meta["interrupts"] = [i.to_json() for i in interrupts]
-                INTERRUPTS.inc()
-                log.info(
-                    "paused at node %s for %d interrupt(s): %s",
-                    node_name,
-                    len(interrupts),
-                    ", ".join(i.id for i in interrupts),
-                )
-                await self._finish(run, cfg, log, "interrupted")
-                yield self._event("interrupt", run, cfg, node_name, values=True, interrupts=interrupts)
-                return
-            except (StaleStateError, FencedError):
-                raise  # another process owns the thread: write nothing more
-            except NodeTimeoutError as e:
-                NODE_TIMEOUTS.labels(node_name).inc()
-                await self._fail(run, cfg, log, e)
-                raise
-            except Exception as e:
-                # Our own errors (determinism, model, storage) keep their codes; user code's become NodeError.
-                error = (
-                    e
-                    if isinstance(e, AgentRunError)
-                    else NodeError(f"node {node_name!r} raised {type(e).__name__}: {e}", node=node_name)
-                )
-                await self._fail(run, cfg, log, error)
-                if error is e:
-                    raise
-                raise error from e
-            STEP_SECONDS.labels(node_name).observe(time.perf_counter() - started)
-            try:
-                before = run.messages
-                run.state = self.graph.schema.apply(run.state, update)
-                self._track_replaced(run, before)
-                next_node = self.graph.next_node(node_name, run.state)
-            except AgentRunError as e:
-                await self._fail(run, cfg, log, e)
-                raise
-            new_messages = run.messages[len(before) :] if MESSAGES in run.state else []
-            run.step += 1
-            run.current_node = next_node
-            # The interrupted node completed: its resume values are spent.
-            run.meta.pop("resume", None)
-            run.meta.pop("interrupts", None)
-            fault_point("before_checkpoint", node_name)
-            if next_node == "__end__":
-                await self._finish(run, cfg, log, "completed")
-                yield self._event("step", run, cfg, node_name, update=update, new_messages=new_messages)
-                yield self._event("end", run, cfg, None, values=True)
-                return
-            await self._persist(run, cfg, log, durable=self._must_be_durable(run, cfg))
-            fault_point("after_checkpoint", node_name)
-            yield self._event("step", run, cfg, node_name, update=update, new_messages=new_messages)
-
-    # -- run life cycle ------------------------------------------------------
-
-    def _begin(self, checkpoint: Checkpoint | None, input: Any, cfg: RunConfig, log: RunLogger) -> tuple[_Run, bool]:
-        """Decide from the thread's status and the input what this call does; returns (run, write first)."""
-        status = checkpoint.status if checkpoint else None
-        if isinstance(input, Command):
-            if checkpoint is None or status != "interrupted":
-                raise ThreadStateError(
-                    f"thread {cfg.thread_id!r} is not waiting on an interrupt (status: {status or 'no thread'})"
-                )
-            run = self._from_checkpoint(checkpoint)
-            run.meta["resume"] = {**(run.meta.get("resume") or {}), **self._resume_map(checkpoint, input, cfg)}
-            run.meta.pop("interrupts", None)
-            run.status = "running"
-            log.info("resuming node %s with %d resume value(s)", run.current_node, len(run.meta["resume"]))
-            return run, True
-        if input is None:
-            if checkpoint is None:
-                raise ThreadNotFoundError(f"thread {cfg.thread_id!r} does not exist; start it with some input")
-            if status == "interrupted":
-                ids = ", ".join(i["id"] for i in checkpoint.interrupts)
-                raise ThreadStateError(
-                    f"thread {cfg.thread_id!r} is paused on interrupt(s) {ids}: resume it with Command(resume=...)"
-                )
-            if status in ("completed", "stopped"):
-                raise ThreadStateError(
-                    f"thread {cfg.thread_id!r} has no unfinished run to resume (status: {status}); "
-                    "send new input to start the next turn"
-                )
-            run = self._from_checkpoint(checkpoint)
+        action = lifecycle.decide(checkpoint, input, thread_id=cfg.thread_id)
+        schema = self.graph.schema
+        if isinstance(action, lifecycle.StartTurn):
+            run = Run.new(schema) if checkpoint is None else Run.from_checkpoint(checkpoint, schema)
+            run.apply(schema, lifecycle.opening_update(run.state, action.update))
+            run.current_node = self.graph.next_node(START, run.state)
+            run.step = 0
+            run.counts = ToolCounts()
+            run.meta = {"run_id": uuid.uuid4().hex}
+            if cfg.run_uid is not None:
+                run.meta["run_uid"] = cfg.run_uid
+        else:
+            assert checkpoint is not None  # decide() resumes only a thread that exists
+            run = Run.from_checkpoint(checkpoint, schema)
+        run.status = "running"
+        if isinstance(action, lifecycle.Resume):
             log.info(
                 "resuming at node %s, step %d, from version %d (last status: %s)",
                 run.current_node,
                 run.step,
                 run.version,
-                status,
+                checkpoint.status if checkpoint else None,
             )
-            run.status = "running"
-            return run, False
-        if status in ("running", "interrupted"):
-            assert checkpoint is not None
-            raise ThreadStateError(
-                f"thread {cfg.thread_id!r} has an unfinished run ({status} at node {checkpoint.current_node!r}, "
-                f"step {checkpoint.step}); resume it (input None, or Command(resume=...) when interrupted) "
-                "before sending new input"
+            return run
+        if isinstance(action, lifecycle.AnswerInterrupts):
+            run.meta["resume"] = {**(run.meta.get("resume") or {}), **action.values}
+            run.meta.pop("interrupts", None)
+            log.info("resuming node %s with %d resume value(s)", run.current_node, len(run.meta["resume"]))
+        await writer.persist(run, durable=True)
+        return run
+
+    async def _node_to_run(self, run: Run, cfg: RunConfig, writer: RunWriter, preemption: Preemption | None) -> Node:
+        """The node to run next, unless the recursion limit, a preemption or a stop ends the run here."""
+        name = run.current_node
+        assert name is not None
+        if run.step >= cfg.recursion_limit:
+            limit = GraphRecursionError(
+                f"recursion limit of {cfg.recursion_limit} steps reached before node {name!r}; "
+                "raise recursion_limit in the run config if the graph really needs more steps"
             )
-        if checkpoint is None:
-            run = _Run(self.graph.schema.initial(), 0, None, 0, "running", {}, 0, ToolCounts())
-        else:
-            run = self._from_checkpoint(checkpoint)
-        before = run.messages
-        update = _input_update(input)
-        unanswered = _unanswered_calls(run.state)
-        if unanswered and MESSAGES in update:
-            # The previous turn stopped or failed between a model's tool request and its results. Chat APIs
-            # reject a tool call without a result, so the next turn starts by saying why there is none.
-            update = {**update, MESSAGES: [*unanswered, *_as_list(update[MESSAGES])]}
-        run.state = self.graph.schema.apply(run.state, update)
-        self._track_replaced(run, before)
-        run.current_node = self.graph.next_node("__start__", run.state)
-        run.step = 0
-        run.status = "running"
-        run.counts = ToolCounts()
-        run.meta = {"run_id": uuid.uuid4().hex}
-        if cfg.run_uid is not None:
-            run.meta["run_uid"] = cfg.run_uid
-        return run, True
+            await writer.fail(run, limit)
+            raise limit
+        node = self.graph.nodes[name]
+        if preemption is not None and preemption.requested:
+            await writer.preempt(run)
+        reason = await stop_reason(self.checkpointer, cfg.thread_id, writer.log)
+        if reason is not None:
+            await writer.stop(run, reason)
+        return node
 
-    def _resume_map(self, checkpoint: Checkpoint, command: Command, cfg: RunConfig) -> dict[str, Any]:
-        pending = [i["id"] for i in checkpoint.interrupts]
-        value = command.resume
-        if isinstance(value, dict) and value and set(value) <= set(pending):
-            return dict(value)
-        if len(pending) == 1:
-            return {pending[0]: value}
-        raise ThreadStateError(
-            f"thread {cfg.thread_id!r} has {len(pending)} pending interrupts ({', '.join(pending)}): "
-            "resume with a mapping {interrupt_id: value}"
-        )
-
-    def _from_checkpoint(self, checkpoint: Checkpoint) -> _Run:
-        state = dict(checkpoint.values)
-        if MESSAGES in self.graph.schema.reducers:
-            state[MESSAGES] = list(checkpoint.messages)
-        meta = dict(checkpoint.meta)
-        counts = ToolCounts(**(meta.get("tool_calls") or {}))
-        return _Run(
-            state,
-            checkpoint.version,
-            checkpoint.current_node,
-            checkpoint.step,
-            checkpoint.status,
-            meta,
-            len(checkpoint.messages),
-            counts,
-        )
-
-    @staticmethod
-    def _track_replaced(run: _Run, before: list[Message]) -> None:
-        # add_messages builds a new list; an element that is not the same object was replaced.
-        after = run.messages
-        for index in range(min(run.persisted_messages, len(before), len(after))):
-            if after[index] is not before[index]:
-                run.replaced.add(index)
-
-    @staticmethod
-    def _must_be_durable(run: _Run, cfg: RunConfig) -> bool:
-        if cfg.durable_checkpoint_every_step:
-            return True
-        # The ledger keys on the id of the message that asked for the tools: it must be
-        # durable before those tools run, or a crash would re-run the model under new ids.
-        return any(m.tool_calls for m in run.messages[run.persisted_messages :])
-
-    async def _run_node(
-        self,
-        node: Node,
-        state: dict[str, Any],
-        cfg: RunConfig,
-        ctx: RunContext,
-        log: RunLogger,
-        preemption: Preemption | None = None,
+    async def _execute(
+        self, node: Node, run: Run, cfg: RunConfig, writer: RunWriter, preemption: Preemption | None
     ) -> Any:
-        """Run one node as a cancellable task under its deadline, polling for stop requests."""
-
-        async def body() -> Any:
-            current_run.set(ctx)
-            current_scope.set(CallScope(name=node.name))
-            args: tuple[Any, ...] = (node_input(state), cfg) if node.wants_config else (node_input(state),)
-            fn = node.fn
-            if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__):
-                return await fn(*args)
-            result = await run_sync(fn, *args)
-            return await result if inspect.isawaitable(result) else result
-
-        task = asyncio.create_task(body(), name=f"agentrun:{cfg.thread_id}:{node.name}")
-        loop = asyncio.get_running_loop()
-        deadline = None if cfg.node_timeout is None else loop.time() + cfg.node_timeout
-        try:
-            while True:
-                wait = cfg.stop_poll_interval
-                if deadline is not None:
-                    wait = max(0.0, min(wait, deadline - loop.time()))
-                done, _ = await asyncio.wait({task}, timeout=wait)
-                if done:
-                    return task.result()
-                if deadline is not None and loop.time() >= deadline:
-                    await self._cancel(task, log)
-                    raise NodeTimeoutError(
-                        f"node {node.name!r} did not finish within {cfg.node_timeout:g}s",
-                        code=NodeTimeoutError.NODE,
-                        timeout=cfg.node_timeout or 0,
-                    )
-                if preemption is not None and preemption.cancel_now:
-                    log.info(
-                        "preempted while node %s runs; cancelling it (completed tool calls are recorded)", node.name
-                    )
-                    await self._cancel(task, log)
-                    raise Preempted()
-                reason = await self._stop_reason(cfg, log)
-                if reason is not None:
-                    log.info("stop requested while node %s runs; cancelling it", node.name)
-                    await self._cancel(task, log)
-                    raise StopRequested(reason)
-        finally:
-            if not task.done():
-                await self._cancel(task, log)
-
-    @staticmethod
-    async def _cancel(task: asyncio.Task[Any], log: RunLogger) -> None:
-        task.cancel()
-        done, _ = await asyncio.wait({task}, timeout=CANCEL_GRACE_SECONDS)
-        if not done:
-            log.error(
-                "node task %s ignored cancellation for %.0fs; abandoning it", task.get_name(), CANCEL_GRACE_SECONDS
-            )
-        elif not task.cancelled() and task.exception() is not None:
-            log.debug("node task ended with %r while being cancelled", task.exception())
-
-    async def _stop_reason(self, cfg: RunConfig, log: RunLogger) -> str | None:
-        try:
-            return await self.checkpointer.stop_requested(cfg.thread_id)
-        except Exception as e:  # a failed poll must not end the run; the next poll tries again
-            log.warning("could not check for a stop request: %s", e)
-            return None
-
-    async def _stopped(self, run: _Run, cfg: RunConfig, log: RunLogger, reason: str) -> NoReturn:
-        """Persist the stop, acknowledge the request and raise ``RunStopped``."""
-        run.meta["stop_reason"] = reason
-        await self._finish(run, cfg, log, "stopped")
-        await self.checkpointer.clear_stop(cfg.thread_id)
-        STOPS.inc()
-        log.info("stopped at node %s (version %d)%s", run.current_node, run.version, f": {reason}" if reason else "")
-        raise RunStopped(cfg.thread_id, node=run.current_node, version=run.version, reason=reason)
-
-    async def _preempted(self, run: _Run, cfg: RunConfig, log: RunLogger) -> NoReturn:
-        """Leave the thread resumable at ``current_node`` and raise ``RunPreempted``."""
-        if run.persisted_messages < len(run.messages) or run.replaced:
-            await self._persist(run, cfg, log, durable=True)  # steps kept only in the cache so far
-        log.info("preempted before node %s (version %d); the next attempt resumes here", run.current_node, run.version)
-        raise RunPreempted(
-            f"thread {cfg.thread_id!r} preempted at node {run.current_node!r} (version {run.version}); resumable"
-        )
-
-    async def _fail(self, run: _Run, cfg: RunConfig, log: RunLogger, error: BaseException) -> None:
-        code = getattr(error, "code", "NODE_ERROR_001")
-        run.meta["error"] = {"code": code, "message": str(error)[:2000], "node": run.current_node}
-        log.error("run failed at node %s: %s; resumable with input None", run.current_node, error)
-        try:
-            await self._finish(run, cfg, log, "failed")
-        except Exception as e:  # the original error is the one to report
-            log.error("could not persist the failure: %s", e)
-
-    async def _finish(self, run: _Run, cfg: RunConfig, log: RunLogger, status: RunStatus) -> None:
-        run.status = status
-        await self._persist(run, cfg, log, durable=True)
-
-    async def _persist(self, run: _Run, cfg: RunConfig, log: RunLogger, *, durable: bool) -> None:
-        messages = run.messages
-        changed = sorted(i for i in run.replaced if i < run.persisted_messages)
-        pending = [(i, messages[i]) for i in changed]
-        pending += [(i, messages[i]) for i in range(run.persisted_messages, len(messages))]
-        run.meta["tool_calls"] = run.counts.as_dict()
-        write = CheckpointWrite(
-            values={k: v for k, v in run.state.items() if k != MESSAGES},
-            current_node=run.current_node,
+        """Run ``node`` under supervision; returns its update or ``_Paused``, and ends the run on anything else."""
+        ctx = RunContext(
+            config=cfg,
+            checkpointer=self.checkpointer,
+            run_id=str(run.meta.get("run_id", "")),
+            node=node.name,
             step=run.step,
-            status=run.status,
-            meta=run.meta,
-            message_count=len(messages),
-            messages=pending,
+            log=writer.log,
+            resume=dict(run.meta.get("resume") or {}),
+            counts=run.counts,
         )
-        if not durable:
-            await self.checkpointer.cache_put(cfg.thread_id, write, version=run.version)
-            return
         started = time.perf_counter()
         try:
-            run.version = await self.checkpointer.aput(
-                cfg.thread_id, write, expected_version=run.version, attempt=cfg.attempt
-            )
-        except StaleStateError:
-            STALE_STATE.inc()
-            log.error("checkpoint rejected: another process advanced this thread; this run stops writing")
+            update = await run_node(node, run.state, ctx, preemption=preemption)
+        except Preempted:
+            await writer.preempt(run)
+        except StopRequested as stop:
+            await writer.stop(run, str(stop.args[0]) if stop.args else "")
+        except GraphInterrupt as paused:
+            return _Paused([i for i in paused.interrupts if isinstance(i, Interrupt)])
+        except (StaleStateError, FencedError):
+            raise  # another process owns the thread: write nothing more
+        except Exception as e:
+            # Our own errors (timeout, determinism, model, storage) keep their codes; user code's become NodeError.
+            error = e if isinstance(e, AgentRunError) else NodeError(_raised(node.name, e), node=node.name)
+            await writer.fail(run, error)
+            if error is e:
+                raise
+            raise error from e
+        STEP_SECONDS.labels(node.name).observe(time.perf_counter() - started)
+        return update
+
+    async def _advance(self, node: Node, run: Run, update: Any, cfg: RunConfig, writer: RunWriter) -> StreamEvent:
+        """Merge the node's update, route to the next node and checkpoint the step; returns its event."""
+        before = len(run.messages)
+        try:
+            run.apply(self.graph.schema, update)
+            next_node = self.graph.next_node(node.name, run.state)
+        except AgentRunError as e:
+            await writer.fail(run, e)
             raise
-        except FencedError:
-            FENCED.inc()
-            log.error("checkpoint rejected: a newer attempt owns this thread; this attempt stops")
-            raise
-        CHECKPOINT_SECONDS.labels(self.checkpointer.backend).observe(time.perf_counter() - started)
-        run.persisted_messages = len(messages)
-        run.replaced.clear()
+        new_messages = run.messages[before:] if MESSAGES in run.state else []
+        run.step += 1
+        run.current_node = next_node
+        # The interrupted node completed: its resume values are spent.
+        run.meta.pop("resume", None)
+        run.meta.pop("interrupts", None)
+        fault_point("before_checkpoint", node.name)
+        if next_node == END:
+            await writer.finish(run, "completed")
+        else:
+            await writer.persist(run, durable=run.must_be_durable(cfg))
+            fault_point("after_checkpoint", node.name)
+        return self._event("step", run, cfg, node.name, update=update, new_messages=new_messages)
+
+    # -- the blocking API ----------------------------------------------------
+
+    async def _blocking(self, call: Coroutine[Any, Any, T]) -> T:
+        self._blocking_calls += 1
+        try:
+            return await call
+        finally:
+            await self._release_blocking()
+
+    async def _blocking_stream(self, events: AsyncGenerator[StreamEvent, None]) -> AsyncGenerator[StreamEvent, None]:
+        self._blocking_calls += 1
+        try:
+            async for event in events:
+                yield event
+        finally:
+            try:
+                await events.aclose()
+            finally:
+                await self._release_blocking()
+
+    async def _release_blocking(self) -> None:
+        """After the last blocking call in flight, close what nodes hold on the loop (e.g. HTTP sessions).
+
+        Not after each call: a call of another thread may be using them.
+        """
+        self._blocking_calls -= 1
+        if self._blocking_calls:
+            return
+        for node in self.graph.nodes.values():
+            close = getattr(node.fn, "aclose", None)
+            if close is not None and inspect.iscoroutinefunction(close):
+                await close()
 
     # -- views ---------------------------------------------------------------
 
     def _event(
         self,
         kind: Literal["step", "interrupt", "end"],
-        run: _Run,
+        run: Run,
         cfg: RunConfig,
         node: str | None,
         *,
@@ -641,3 +369,7 @@ class CompiledGraph:
         if not self._setup_done:
             await self.checkpointer.setup()
             self._setup_done = True
+
+
+def _raised(node: str, error: Exception) -> str:
+    return f"node {node!r} raised {type(error).__name__}: {error}"

@@ -1,35 +1,26 @@
 """The graph builder: nodes, edges, conditional edges, ``START`` and ``END``.
 
 Building is pure; ``compile()`` validates the shape and hands it to the
-engine. Nodes run one at a time (parallelism lives inside the tool node),
-so every node has exactly one way out: a plain edge or a conditional edge.
+engine (which sees it as a ``nodes.Topology``, so the import runs one way:
+builder -> engine). Nodes run one at a time (parallelism lives inside the
+tool node), so every node has exactly one way out: a plain edge or a
+conditional edge.
 """
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .checkpoint.base import Checkpointer
+from .constants import END, START
+from .engine import CompiledGraph
 from .errors import GraphDefinitionError
+from .nodes import ContextNode, Node, NodeFn
 from .state import StateSchema
 
-if TYPE_CHECKING:
-    from .checkpoint.base import Checkpointer
-    from .engine import CompiledGraph
-
-START = "__start__"
-END = "__end__"
-
-NodeFn = Callable[..., Any]
-
-
-@dataclass(frozen=True)
-class Node:
-    name: str
-    fn: NodeFn
-    wants_config: bool
+__all__ = ["END", "START", "Branch", "StateGraph"]
 
 
 @dataclass(frozen=True)
@@ -53,18 +44,6 @@ class Branch:
         return result
 
 
-def _wants_config(fn: NodeFn) -> bool:
-    try:
-        params = [
-            p
-            for p in inspect.signature(fn).parameters.values()
-            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-        ]
-    except (TypeError, ValueError):
-        return False
-    return len(params) >= 2
-
-
 class StateGraph:
     """Build a graph over a state schema (a ``TypedDict``; default: ``MessagesState``)."""
 
@@ -74,18 +53,23 @@ class StateGraph:
         self.edges: dict[str, str] = {}
         self.branches: dict[str, Branch] = {}
 
-    def add_node(self, name: str | NodeFn, fn: NodeFn | None = None) -> StateGraph:
-        """Add a node. ``fn(state)`` or ``fn(state, config)``, sync or async, returns an update dict."""
+    def add_node(self, name: str | NodeFn | ContextNode, fn: NodeFn | ContextNode | None = None) -> StateGraph:
+        """Add a node. ``fn(state)`` or ``fn(state, config)``, sync or async, returns an update dict.
+
+        A ``nodes.ContextNode`` (such as ``ToolNode``) is called with the run context instead.
+        """
         if fn is None:
             if isinstance(name, str):
                 raise GraphDefinitionError(f"node {name!r} needs a function")
-            fn, name = name, getattr(name, "name", None) or name.__name__
-        assert isinstance(name, str)
+            fn = name
+            name = str(getattr(fn, "name", None) or getattr(fn, "__name__", ""))
+        if not isinstance(name, str) or not name:
+            raise GraphDefinitionError(f"node {fn!r} has no name: use add_node('<name>', node)")
         if name in (START, END):
             raise GraphDefinitionError(f"{name!r} is reserved")
         if name in self.nodes:
             raise GraphDefinitionError(f"node {name!r} is already defined")
-        self.nodes[name] = Node(name, fn, _wants_config(fn))
+        self.nodes[name] = Node.of(name, fn)
         return self
 
     def add_edge(self, source: str, target: str) -> StateGraph:
@@ -153,7 +137,5 @@ class StateGraph:
 
         Without a checkpointer the app keeps state in process memory only.
         """
-        from .engine import CompiledGraph
-
         self.validate()
         return CompiledGraph(self, checkpointer=checkpointer, name=name)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .context import CallScope, current_scope, get_run_context
+from .context import CallScope, RunContext, current_scope, get_run_context
 from .errors import GraphInterrupt
 
 
@@ -50,11 +50,18 @@ def interrupt(payload: Any = None, *, message: str = "") -> Any:
     AgentRun status). Code before the call runs again on resume, so keep side
     effects after it or in a separate tool.
     """
+    # User code (a node or a tool) has no channel to the run but these context variables, which the
+    # engine and the tool node set around it; our own code calls ``interrupt_in`` with explicit arguments.
     ctx = get_run_context()
     scope = current_scope.get()
     if scope is None:
         scope = CallScope(name=ctx.node)
         current_scope.set(scope)
+    return interrupt_in(ctx, scope, payload, message=message)
+
+
+def interrupt_in(ctx: RunContext, scope: CallScope, payload: Any, *, message: str) -> Any:
+    """``interrupt()`` at an explicit place: the resume value for the scope's next interrupt id, or pause."""
     interrupt_id = scope.next_interrupt_id(ctx)
     if interrupt_id in ctx.resume:
         return ctx.resume[interrupt_id]

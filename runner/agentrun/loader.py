@@ -35,7 +35,7 @@ def load_graph(reference: str) -> StateGraph:
     except AttributeError:
         raise GraphReferenceError(f"graph reference {reference!r}: module has no attribute {attribute!r}") from None
     if isinstance(target, CompiledGraph):
-        return target.graph
+        target = target.graph
     if isinstance(target, StateGraph):
         return target
     raise GraphReferenceError(

@@ -110,6 +110,14 @@ def node_input(state: dict[str, Any]) -> dict[str, Any]:
     return copied
 
 
+def last_tool_request(state: dict[str, Any]) -> Message | None:
+    """The last message if it is an assistant message asking for tools (a tool node's work), else ``None``."""
+    messages = state.get(MESSAGES) or []
+    if messages and messages[-1].role == "assistant" and messages[-1].tool_calls:
+        return messages[-1]  # type: ignore[no-any-return]
+    return None
+
+
 def changed_fields(baseline: dict[str, Any], branch: dict[str, Any]) -> dict[str, Any]:
     """The non-message channels whose value in ``branch`` differs from ``baseline``."""
     changed: dict[str, Any] = {}

@@ -9,6 +9,11 @@ state and only the fields it changed are merged back (a single call uses the
 shared state). Every sibling is awaited; a failure becomes a tool error
 message for the model, never a node failure.
 
+The node gets the run context (store, config, logger, resume values) as a
+parameter from the engine (it is a ``nodes.ContextNode``) and hands each
+call's interrupt scope on explicitly; only the tools themselves, user code,
+find the scope in a context variable, for their own ``interrupt()``.
+
 Limit: a tool that never returns control (a blocking C call in a sync tool
 running in a thread) cannot be cancelled by a deadline or a stop; make
 tools async, or keep their blocking calls short.
@@ -25,30 +30,22 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import ledger
-from .context import CallScope, RunContext, current_scope, get_run_context
+from .constants import END
+from .context import CallScope, RunContext, current_scope
 from .errors import DeterminismError, FencedError, GraphInterrupt, NodeTimeoutError
 from .faults import fault_point
-from .interrupts import interrupt
+from .interrupts import interrupt_in
 from .messages import Message, ToolCall, tool_message
 from .metrics import IN_DOUBT, TOOL_CALLS, TOOL_ERRORS, TOOL_TIMEOUTS
-from .state import MESSAGES, Replace, changed_fields, snapshot_fields
+from .state import MESSAGES, Replace, changed_fields, last_tool_request, snapshot_fields
 from .tools import Tool, ToolArgumentError, tool
 
 # Errors that must end the node rather than become a message for the model.
 _FATAL = (DeterminismError, FencedError)
 
 
-def last_tool_request(state: dict[str, Any]) -> Message | None:
-    messages = state.get(MESSAGES) or []
-    if messages and messages[-1].role == "assistant" and messages[-1].tool_calls:
-        return messages[-1]  # type: ignore[no-any-return]
-    return None
-
-
 def tools_condition(state: dict[str, Any]) -> str:
     """Conditional edge helper: ``"tools"`` if the last message asks for tools, else ``END``."""
-    from .graph import END
-
     return "tools" if last_tool_request(state) is not None else END
 
 
@@ -90,7 +87,10 @@ def _answered_interrupts(ctx: RunContext, scope_name: str) -> int:
 
 
 class ToolNode:
-    """A node that executes tool calls; ``graph.add_node("tools", ToolNode([...]))``."""
+    """A node that executes tool calls; ``graph.add_node("tools", ToolNode([...]))``.
+
+    The engine calls ``run_with_context``; a ``ToolNode`` is not a plain function of the state.
+    """
 
     def __init__(self, tools: Sequence[Tool | Callable[..., Any]], *, name: str = "tools") -> None:
         self.name = name
@@ -99,8 +99,8 @@ class ToolNode:
             t = item if isinstance(item, Tool) else tool(item)
             self.tools[t.name] = t
 
-    async def __call__(self, state: dict[str, Any]) -> dict[str, Any] | None:
-        ctx = get_run_context()
+    async def run_with_context(self, state: dict[str, Any], ctx: RunContext) -> dict[str, Any] | None:
+        """Run the calls of the last assistant message; the update holds their result messages."""
         request = last_tool_request(state)
         if request is None:
             return None
@@ -165,8 +165,9 @@ class ToolNode:
         key = None if ambiguous else ledger.ledger_key(origin_id, call.id)
         # The interrupt scope must be unique per call and stable across re-runs: without a key, the
         # call's position in the message tells calls apart.
-        scope = f"tool:{key}" if key else f"tool:{position}:{call.id or call.name}"
-        current_scope.set(CallScope(name=scope, tool_call_id=call.id))
+        scope = CallScope(
+            name=f"tool:{key}" if key else f"tool:{position}:{call.id or call.name}", tool_call_id=call.id
+        )
         t = self.tools.get(call.name)
         if t is None:
             known = ", ".join(sorted(self.tools)) or "none"
@@ -198,12 +199,12 @@ class ToolNode:
             return _error_message(call, f"{call.name}: {e}", "invalid_arguments")
         idem = ledger.idempotency_key(ctx.thread_id, key)
         if t.side_effects and key is not None:
-            decided = await self._check_intent(ctx, t, key, idem, call, arguments)
+            decided = await self._check_intent(ctx, scope, t, key, idem, call, arguments)
             if decided is not None:
                 return decided
         fault_point("before_tool", t.name)
         try:
-            result = await self._invoke(ctx, t, call, arguments, state, idem)
+            result = await self._invoke(ctx, scope, t, call, arguments, state, idem)
         except _ToolFailed as failed:
             return failed.message
         ctx.counts.executed += 1
@@ -215,7 +216,14 @@ class ToolNode:
         return _result_message(result, call, t.name, key)
 
     async def _check_intent(
-        self, ctx: RunContext, t: Tool, key: str, idem: str | None, call: ToolCall, arguments: dict[str, Any]
+        self,
+        ctx: RunContext,
+        scope: CallScope,
+        t: Tool,
+        key: str,
+        idem: str | None,
+        call: ToolCall,
+        arguments: dict[str, Any],
     ) -> Message | None:
         """Apply the in-doubt policy if a previous start of this call has no outcome; else record the intent.
 
@@ -225,8 +233,7 @@ class ToolNode:
         ``interrupt()`` must have no side effects), so it is not in doubt; a
         start that began after a resume and left no result is.
         """
-        scope = current_scope.get()
-        resumes = _answered_interrupts(ctx, scope.name) if scope is not None else 0
+        resumes = _answered_interrupts(ctx, scope.name)
         intent_key = key if resumes == 0 else f"{key}#resume{resumes}"
         try:
             intent = await ctx.checkpointer.intent_get(ctx.thread_id, intent_key)
@@ -258,14 +265,12 @@ class ToolNode:
                 "in_doubt",
             )
         # A scope of its own: the decision must never take the answer meant for an interrupt() of the tool.
-        token = current_scope.set(CallScope(name=f"in-doubt:{intent_key}", tool_call_id=call.id))
-        try:
-            decision = interrupt(
-                {"reason": "in_doubt", "tool": t.name, "arguments": arguments, "idempotency_key": idem},
-                message=f'{t.name} started but its outcome is unknown; resume with "retry" or {{"result": ...}}',
-            )
-        finally:
-            current_scope.reset(token)
+        decision = interrupt_in(
+            ctx,
+            CallScope(name=f"in-doubt:{intent_key}", tool_call_id=call.id),
+            {"reason": "in_doubt", "tool": t.name, "arguments": arguments, "idempotency_key": idem},
+            message=f'{t.name} started but its outcome is unknown; resume with "retry" or {{"result": ...}}',
+        )
         if decision == "retry":
             return None
         if isinstance(decision, dict) and "result" in decision:
@@ -279,6 +284,7 @@ class ToolNode:
     async def _invoke(
         self,
         ctx: RunContext,
+        scope: CallScope,
         t: Tool,
         call: ToolCall,
         arguments: dict[str, Any],
@@ -287,6 +293,8 @@ class ToolNode:
     ) -> Any:
         timeout = ctx.config.tool_timeout if t.timeout is None else (t.timeout if t.timeout > 0 else None)
         deadline = asyncio.timeout(timeout)
+        # The tool is user code: its own interrupt() finds the call's scope only in the context variable.
+        token = current_scope.set(scope)
         try:
             async with deadline:
                 return await t.ainvoke(arguments, state=state, idempotency_key=idem)
@@ -305,3 +313,5 @@ class ToolNode:
         except Exception as e:
             ctx.log.warning("tool %s (call %s) raised %s: %s", t.name, call.id, type(e).__name__, e)
             raise _ToolFailed(_error_message(call, f"{type(e).__name__}: {e}", "exception")) from e
+        finally:
+            current_scope.reset(token)

@@ -1,0 +1,188 @@
+"""Persistence of a run: its in-memory state, what of it is already durable, and every write the engine makes.
+
+Every state write goes through ``RunWriter.persist``: durable writes are the
+store's versioned ``aput`` (from the version the run last wrote, under the
+attempt's fence), cache-only writes its ``cache_put``. Only messages not yet
+durable (appended, or replaced in place) are sent, so the cost of a step does
+not grow with the thread's history.
+
+``StaleStateError`` and ``FencedError`` mean another process owns the thread:
+they propagate and nothing more is written. A failure to record a *failure*
+is logged and the original error is the one reported.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+from .checkpoint.base import Checkpoint, Checkpointer, CheckpointWrite, RunStatus
+from .config import RunConfig
+from .context import RunLogger, ToolCounts
+from .errors import FencedError, RunPreempted, RunStopped, StaleStateError
+from .interrupts import Interrupt
+from .messages import Message
+from .metrics import CHECKPOINT_SECONDS, FENCED, INTERRUPTS, STALE_STATE, STOPS
+from .state import MESSAGES, StateSchema
+
+
+@dataclass
+class Run:
+    """The in-memory state of one run and what of it is already durable."""
+
+    state: dict[str, Any]
+    version: int
+    current_node: str | None
+    step: int
+    status: RunStatus
+    meta: dict[str, Any]
+    persisted_messages: int
+    counts: ToolCounts
+    replaced: set[int] = field(default_factory=set)
+
+    @classmethod
+    def new(cls, schema: StateSchema) -> Run:
+        """A thread's first run: the schema's initial state, nothing durable yet."""
+        return cls(schema.initial(), 0, None, 0, "running", {}, 0, ToolCounts())
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint: Checkpoint, schema: StateSchema) -> Run:
+        """The run as ``checkpoint`` left it, everything in it durable."""
+        state = dict(checkpoint.values)
+        if MESSAGES in schema.reducers:
+            state[MESSAGES] = list(checkpoint.messages)
+        meta = dict(checkpoint.meta)
+        counts = ToolCounts(**(meta.get("tool_calls") or {}))
+        return cls(
+            state,
+            checkpoint.version,
+            checkpoint.current_node,
+            checkpoint.step,
+            checkpoint.status,
+            meta,
+            len(checkpoint.messages),
+            counts,
+        )
+
+    @property
+    def messages(self) -> list[Message]:
+        return self.state.get(MESSAGES, [])  # type: ignore[no-any-return]
+
+    def apply(self, schema: StateSchema, update: dict[str, Any] | None) -> None:
+        """Merge ``update`` into the state, noting durable messages it replaced in place."""
+        before = self.messages
+        self.state = schema.apply(self.state, update)
+        # add_messages builds a new list; an element that is not the same object was replaced.
+        after = self.messages
+        for index in range(min(self.persisted_messages, len(before), len(after))):
+            if after[index] is not before[index]:
+                self.replaced.add(index)
+
+    def must_be_durable(self, cfg: RunConfig) -> bool:
+        """Whether this step's write must reach the store, not only the cache."""
+        if cfg.durable_checkpoint_every_step:
+            return True
+        # The ledger keys on the id of the message that asked for the tools: it must be
+        # durable before those tools run, or a crash would re-run the model under new ids.
+        return any(m.tool_calls for m in self.messages[self.persisted_messages :])
+
+    @property
+    def has_cached_steps(self) -> bool:
+        """Whether steps were kept only in the cache since the last durable write."""
+        return self.persisted_messages < len(self.messages) or bool(self.replaced)
+
+
+class RunWriter:
+    """Writes one run's checkpoints to ``checkpointer`` and ends the run in each of its ways."""
+
+    def __init__(self, checkpointer: Checkpointer, cfg: RunConfig, log: RunLogger) -> None:
+        self.checkpointer = checkpointer
+        self.cfg = cfg
+        self.log = log
+
+    async def persist(self, run: Run, *, durable: bool) -> None:
+        """Write the run's state and its not yet durable messages; ``durable=False`` writes the cache only."""
+        messages = run.messages
+        changed = sorted(i for i in run.replaced if i < run.persisted_messages)
+        pending = [(i, messages[i]) for i in changed]
+        pending += [(i, messages[i]) for i in range(run.persisted_messages, len(messages))]
+        run.meta["tool_calls"] = run.counts.as_dict()
+        write = CheckpointWrite(
+            values={k: v for k, v in run.state.items() if k != MESSAGES},
+            current_node=run.current_node,
+            step=run.step,
+            status=run.status,
+            meta=run.meta,
+            message_count=len(messages),
+            messages=pending,
+        )
+        thread_id = self.cfg.thread_id
+        if not durable:
+            await self.checkpointer.cache_put(thread_id, write, version=run.version)
+            return
+        started = time.perf_counter()
+        try:
+            run.version = await self.checkpointer.aput(
+                thread_id, write, expected_version=run.version, attempt=self.cfg.attempt
+            )
+        except StaleStateError:
+            STALE_STATE.inc()
+            self.log.error("checkpoint rejected: another process advanced this thread; this run stops writing")
+            raise
+        except FencedError:
+            FENCED.inc()
+            self.log.error("checkpoint rejected: a newer attempt owns this thread; this attempt stops")
+            raise
+        CHECKPOINT_SECONDS.labels(self.checkpointer.backend).observe(time.perf_counter() - started)
+        run.persisted_messages = len(messages)
+        run.replaced.clear()
+
+    async def finish(self, run: Run, status: RunStatus) -> None:
+        """Persist the run durably with its new ``status``."""
+        run.status = status
+        await self.persist(run, durable=True)
+
+    async def pause(self, run: Run, interrupts: list[Interrupt]) -> None:
+        """Persist the run as interrupted, waiting on ``interrupts``."""
+        run.meta["interrupts"] = [i.to_json() for i in interrupts]
+        INTERRUPTS.inc()
+        self.log.info(
+            "paused at node %s for %d interrupt(s): %s",
+            run.current_node,
+            len(interrupts),
+            ", ".join(i.id for i in interrupts),
+        )
+        await self.finish(run, "interrupted")
+
+    async def fail(self, run: Run, error: BaseException) -> None:
+        """Persist the run as failed with ``error`` (resumable with input ``None``); never raises."""
+        code = getattr(error, "code", "NODE_ERROR_001")
+        run.meta["error"] = {"code": code, "message": str(error)[:2000], "node": run.current_node}
+        self.log.error("run failed at node %s: %s; resumable with input None", run.current_node, error)
+        try:
+            await self.finish(run, "failed")
+        except Exception as e:  # the original error is the one to report
+            self.log.error("could not persist the failure: %s", e)
+
+    async def stop(self, run: Run, reason: str) -> NoReturn:
+        """Persist the stop, acknowledge the request and raise ``RunStopped``."""
+        run.meta["stop_reason"] = reason
+        await self.finish(run, "stopped")
+        await self.checkpointer.clear_stop(self.cfg.thread_id)
+        STOPS.inc()
+        self.log.info(
+            "stopped at node %s (version %d)%s", run.current_node, run.version, f": {reason}" if reason else ""
+        )
+        raise RunStopped(self.cfg.thread_id, node=run.current_node, version=run.version, reason=reason)
+
+    async def preempt(self, run: Run) -> NoReturn:
+        """Leave the thread resumable at ``current_node`` and raise ``RunPreempted``."""
+        if run.has_cached_steps:
+            await self.persist(run, durable=True)
+        self.log.info(
+            "preempted before node %s (version %d); the next attempt resumes here", run.current_node, run.version
+        )
+        raise RunPreempted(
+            f"thread {self.cfg.thread_id!r} preempted at node {run.current_node!r} (version {run.version}); resumable"
+        )

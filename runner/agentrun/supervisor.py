@@ -1,0 +1,109 @@
+"""Node supervision: each node runs as a cancellable task under its deadline, watched for stop and preemption.
+
+While a node runs, its supervisor wakes at least every
+``RunConfig.stop_poll_interval`` (at most one second) and cancels the node
+when its deadline passed (``NodeTimeoutError`` ``NODE_TIMEOUT_001``), when
+the thread has a stop request (``StopRequested``) or when a preemption asks
+to end now (``Preempted``). Tool calls that completed before the
+cancellation are already in the ledger, so whoever resumes replays them.
+
+Limit: cancellation is cooperative. A node that ignores it (a blocking call
+in async code) is abandoned after ``CANCEL_GRACE_SECONDS`` and may keep
+running in the background until the process exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from .checkpoint.base import Checkpointer
+from .context import CallScope, RunContext, RunLogger, current_run, current_scope
+from .errors import NodeTimeoutError, Preempted, StopRequested
+from .metrics import NODE_TIMEOUTS
+from .nodes import Node
+from .state import node_input
+
+# How long a cancelled node may take to unwind before the engine stops waiting for it.
+CANCEL_GRACE_SECONDS = 5.0
+
+
+@dataclass
+class Preemption:
+    """Set from a SIGTERM handler to end a run at a safe point, keeping it resumable.
+
+    ``requested``: start no further node (the current one may finish).
+    ``cancel_now``: cancel the current node as well; its tool calls that
+    completed are already in the ledger, so the next process replays them.
+    """
+
+    requested: bool = False
+    cancel_now: bool = False
+
+
+async def stop_reason(checkpointer: Checkpointer, thread_id: str, log: RunLogger) -> str | None:
+    """The reason of a pending stop request for the thread, ``None`` if there is none or the store failed."""
+    try:
+        return await checkpointer.stop_requested(thread_id)
+    except Exception as e:  # a failed poll must not end the run; the next poll tries again
+        log.warning("could not check for a stop request: %s", e)
+        return None
+
+
+async def run_node(node: Node, state: dict[str, Any], ctx: RunContext, *, preemption: Preemption | None) -> Any:
+    """Run ``node`` on a copy of ``state`` and return its update.
+
+    Raises what the node raised, ``NodeTimeoutError``, ``StopRequested`` or
+    ``Preempted``; in each of the last three cases the node task has been
+    cancelled (or abandoned after the grace period).
+    """
+    cfg, log = ctx.config, ctx.log
+
+    async def body() -> Any:
+        # For user code only (interrupt(), the model adapter's logger); a ContextNode gets ctx as a parameter.
+        current_run.set(ctx)
+        current_scope.set(CallScope(name=node.name))
+        return await node.call(node_input(state), ctx)
+
+    task = asyncio.create_task(body(), name=f"agentrun:{cfg.thread_id}:{node.name}")
+    loop = asyncio.get_running_loop()
+    deadline = None if cfg.node_timeout is None else loop.time() + cfg.node_timeout
+    try:
+        while True:
+            wait = cfg.stop_poll_interval
+            if deadline is not None:
+                wait = max(0.0, min(wait, deadline - loop.time()))
+            done, _ = await asyncio.wait({task}, timeout=wait)
+            if done:
+                return task.result()
+            if deadline is not None and loop.time() >= deadline:
+                await cancel(task, log)
+                NODE_TIMEOUTS.labels(node.name).inc()
+                raise NodeTimeoutError(
+                    f"node {node.name!r} did not finish within {cfg.node_timeout:g}s",
+                    code=NodeTimeoutError.NODE,
+                    timeout=cfg.node_timeout or 0,
+                )
+            if preemption is not None and preemption.cancel_now:
+                log.info("preempted while node %s runs; cancelling it (completed tool calls are recorded)", node.name)
+                await cancel(task, log)
+                raise Preempted()
+            reason = await stop_reason(ctx.checkpointer, cfg.thread_id, log)
+            if reason is not None:
+                log.info("stop requested while node %s runs; cancelling it", node.name)
+                await cancel(task, log)
+                raise StopRequested(reason)
+    finally:
+        if not task.done():
+            await cancel(task, log)
+
+
+async def cancel(task: asyncio.Task[Any], log: RunLogger) -> None:
+    """Cancel ``task`` and wait up to ``CANCEL_GRACE_SECONDS`` for it to unwind."""
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=CANCEL_GRACE_SECONDS)
+    if not done:
+        log.error("node task %s ignored cancellation for %.0fs; abandoning it", task.get_name(), CANCEL_GRACE_SECONDS)
+    elif not task.cancelled() and task.exception() is not None:
+        log.debug("node task ended with %r while being cancelled", task.exception())
