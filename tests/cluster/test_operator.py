@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from examples.support_agent import count_effects
 from tests.cluster.harness import EmulatedCluster
@@ -432,3 +433,83 @@ def test_an_operator_watching_one_namespace_leaves_the_others_alone(
         assert pods_of(cluster, "theirs") == []
     finally:
         scoped.stop()
+
+
+# --- one live run per thread: the newer waits ------------------------------------------------------------------------
+
+
+def _waits_for(cluster: EmulatedCluster, waiter: str, holder: str) -> dict[str, Any]:
+    """The waiter is Pending ThreadBusy naming the holder, and has no pod."""
+    seen = cluster.wait_for(
+        lambda: (s := status(cluster, waiter)).get("reason") == "ThreadBusy" and s,
+        timeout=20,
+        interval=0.1,
+        message=f"{waiter} waiting for the thread (ThreadBusy)",
+    )
+    assert seen["phase"] == "Pending" and holder in seen["message"], seen
+    assert pods_of(cluster, waiter) == [], "GUARANTEE BROKEN: a waiting run got a pod while another holds its thread"
+    return seen
+
+
+def _ran_after(cluster: EmulatedCluster, first: dict[str, Any], second: dict[str, Any]) -> None:
+    assert second["startTime"] >= first["completionTime"], (
+        f"the waiter started ({second['startTime']}) before the holder ended ({first['completionTime']})"
+    )
+
+
+def test_a_second_run_on_a_running_thread_waits_then_continues_the_thread(
+    cluster: EmulatedCluster, operator: OperatorProcess, store: str, tmp_path: Path
+) -> None:
+    thread = "busy-thread"
+    apply(cluster, agentrun("turn-1", thread=thread, effects=tmp_path / "1.db", env={"SUPPORT_TOOL_DELAY": "2"}))
+    wait_node(store, f"default/{thread}", "tools")
+    apply(cluster, agentrun("turn-2", thread=thread, effects=tmp_path / "2.db", text="and where is my parcel?"))
+    _waits_for(cluster, "turn-2", "turn-1")
+    first = wait_phase(cluster, operator, "turn-1", "Succeeded")
+    second = wait_phase(cluster, operator, "turn-2", "Succeeded", timeout=60)
+    assert second["attempt"] == 1 and second["restarts"] == 0, second
+    _ran_after(cluster, first, second)
+
+
+def test_two_runs_applied_at_once_on_one_thread_run_one_after_the_other(
+    cluster: EmulatedCluster, operator: OperatorProcess, store: str, tmp_path: Path
+) -> None:
+    thread = "twin-thread"
+    runs = [
+        agentrun("twin-a", thread=thread, effects=tmp_path / "a.db", env={"SUPPORT_TOOL_DELAY": "1"}),
+        agentrun("twin-b", thread=thread, effects=tmp_path / "b.db", env={"SUPPORT_TOOL_DELAY": "1"}),
+    ]
+    applied = cluster.kubectl("apply", "-n", "default", "-f", "-", input=yaml.safe_dump_all(runs))
+    assert applied.returncode == 0, applied.stderr
+    # Created together, so which one the operator saw first decides who runs first (see decide/thread.py).
+    holder = cluster.wait_for(
+        lambda: next((name for name in ("twin-a", "twin-b") if pods_of(cluster, name)), None),
+        timeout=20,
+        interval=0.1,
+        message="one of the twins starts",
+    )
+    waiter = "twin-b" if holder == "twin-a" else "twin-a"
+    _waits_for(cluster, waiter, holder)
+    first = wait_phase(cluster, operator, holder, "Succeeded")
+    second = wait_phase(cluster, operator, waiter, "Succeeded", timeout=60)
+    _ran_after(cluster, first, second)
+    assert pods_of(cluster, waiter) == [f"{waiter}-1"]
+
+
+def test_a_new_run_for_the_next_turn_of_a_finished_thread_starts_and_succeeds(
+    cluster: EmulatedCluster, operator: OperatorProcess, store: str, tmp_path: Path
+) -> None:
+    thread = "next-turn"
+    apply(cluster, agentrun("turn-one", thread=thread, effects=tmp_path / "1.db"))
+    wait_phase(cluster, operator, "turn-one", "Succeeded")
+    before = progress(store, f"default/{thread}")
+    apply(
+        cluster,
+        agentrun("turn-two", thread=thread, effects=tmp_path / "2.db", restartPolicy={"maxRestarts": 0}),
+    )
+    final = wait_phase(cluster, operator, "turn-two", "Succeeded", timeout=60)
+    assert final["attempt"] == 1 and final.get("reason") == "Completed", final
+    after = progress(store, f"default/{thread}")
+    assert before is not None and after is not None and after.version > before.version, (
+        "the second AgentRun must continue the thread in the store"
+    )
