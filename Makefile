@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: dev test test-unit test-integration test-postgres test-cluster lint demo demo-local e2e-kind clean
+.PHONY: dev test test-unit test-integration test-postgres test-cluster test-chart lint demo demo-local e2e-kind deploy-manifests lock clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,9 @@ test-postgres: $(STAMP)
 test-cluster: $(STAMP)
 	$(BIN)/pytest -q tests/cluster
 
+test-chart: $(STAMP)  ## the Helm chart (real Helm), deploy/ and the Dockerfile, without a cluster
+	$(BIN)/pytest -q tests/chart tests/e2e/test_manifests.py
+
 lint: $(STAMP)  ## ruff (lint and format), mypy --strict (product and test support code), import layers
 	$(BIN)/ruff check runner operator tests examples
 	$(BIN)/ruff format --check runner operator tests examples
@@ -42,8 +45,14 @@ demo: $(STAMP)  ## emulated cluster: kubectl apply, SIGKILL the runner mid-tool,
 demo-local: $(STAMP)  ## no cluster, no services: the support agent on SQLite, SIGKILL mid-tool, resume
 	$(BIN)/python examples/crash_resume_demo.py
 
-e2e-kind: $(STAMP)  ## real cluster: kind, the image, deploy/, the operator scenarios (docker, kind, kubectl; KEEP_CLUSTER=1 keeps it)
+e2e-kind: $(STAMP)  ## real cluster: kind, the image, helm install of the chart with its dev store, the operator scenarios (docker, kind, kubectl, helm; KEEP_CLUSTER=1 keeps it)
 	bash hack/e2e-kind.sh
+
+deploy-manifests: $(STAMP)  ## deploy/*.yaml from the Helm chart (real Helm); tests/chart fails when they drift
+	$(BIN)/python hack/render_manifests.py
+
+lock: $(STAMP)  ## requirements/*.txt: the image's dependencies pinned with hashes, from pyproject.toml (LOCK_ARGS=--upgrade bumps)
+	bash hack/lock.sh $(LOCK_ARGS)
 
 clean:
 	rm -rf $(VENV) .demo .pytest_cache .mypy_cache .ruff_cache .import_linter_cache

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # End-to-end tests on a real Kubernetes cluster (kind): `make e2e-kind`.
 #
-# Creates (or reuses) a kind cluster, builds the one agentrun image, loads it into kind,
-# installs the CRD, the operator (deploy/operator.yaml with the image substituted) and the
-# throwaway store (deploy/dev-store.yaml), port-forwards the store's PostgreSQL so the
-# tests can read what the cluster did, and runs `pytest tests/e2e` against it.
+# Creates (or reuses) a kind cluster, builds the agentrun image's `demo` target (the runtime
+# image plus examples/, which the tests' AgentRuns run), loads it into kind, installs the CRD
+# and then the Helm chart helm/agentrun with its throwaway dev store (devStore.enabled: a
+# password-less PostgreSQL and Redis, never for anything real), port-forwards the store's
+# PostgreSQL so the tests can read what the cluster did, and runs `pytest tests/e2e` against it.
 #
-# Needs: docker (a running engine), kind, kubectl, and `make dev` done. Environment:
+# Needs: docker (a running engine), kind, kubectl, helm (v3.8+ or v4), and `make dev` done.
+# Environment:
 #   KIND_CLUSTER   cluster name (default agentrun-e2e); an existing one is reused and kept
 #   KEEP_CLUSTER=1 keep a cluster this script created (default: delete it at the end)
-#   IMAGE          image tag to build and load (default agentrun:e2e)
+#   IMAGE          image reference REPOSITORY:TAG to build and load (default agentrun:e2e)
 #   PYTEST         pytest to run (default .venv/bin/pytest)
 # Extra arguments go to pytest, e.g.  hack/e2e-kind.sh -k eviction -x
 set -euo pipefail
@@ -20,10 +22,13 @@ IMAGE="${IMAGE:-agentrun:e2e}"
 KEEP_CLUSTER="${KEEP_CLUSTER:-0}"
 PYTEST="${PYTEST:-$ROOT/.venv/bin/pytest}"
 PYTHON="$(dirname "$PYTEST")/python"
-# The image reference deploy/operator.yaml ships with (the operator's image and its default
-# runner image, AGENTRUN_OPERATOR_DEFAULT_IMAGE); both are replaced by IMAGE.
-MANIFEST_IMAGE="ghcr.io/agentrun/agentrun:0.1.0"
+CHART="$ROOT/helm/agentrun"
+RELEASE="agentrun"
 SYSTEM_NS="agentrun-system"
+# The chart takes the image as repository and tag (image.repository, image.tag); it is both the
+# operator's image and the default runner image (AGENTRUN_OPERATOR_DEFAULT_IMAGE).
+IMAGE_REPOSITORY="${IMAGE%:*}"
+IMAGE_TAG="${IMAGE##*:}"
 
 log() { printf 'e2e-kind: %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -32,6 +37,9 @@ need() { command -v "$1" >/dev/null 2>&1 || die "'$1' is not installed or not on
 need docker "install Docker: https://docs.docker.com/get-docker/"
 need kind "install kind: https://kind.sigs.k8s.io/docs/user/quick-start/#installation"
 need kubectl "install kubectl: https://kubernetes.io/docs/tasks/tools/"
+need helm "install Helm: https://helm.sh/docs/intro/install/"
+[[ "$IMAGE" == *:* && -n "$IMAGE_REPOSITORY" && "$IMAGE_TAG" =~ ^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$ ]] \
+    || die "IMAGE must be REPOSITORY:TAG (got '$IMAGE')"
 [[ -x "$PYTEST" && -x "$PYTHON" ]] || die "no pytest/python next to $PYTEST; run 'make dev' first (or set PYTEST)"
 docker info >/dev/null 2>&1 || die "docker is installed but its engine is not reachable (is the daemon running? may this user use it?)"
 
@@ -44,10 +52,12 @@ CREATED=0
 # Every kubectl call names the kind cluster's kubeconfig: the user's own kubeconfig and
 # current context are never read or changed.
 kc() { kubectl --kubeconfig "$KUBECONFIG_FILE" "$@"; }
+hc() { helm --kubeconfig "$KUBECONFIG_FILE" "$@"; }
 
 diagnostics() {
     log "diagnostics (the run failed):"
     kc get agentruns,pods -A -o wide || true
+    hc -n "$SYSTEM_NS" status "$RELEASE" || true
     kc -n "$SYSTEM_NS" get deployments,pods,leases -o wide || true
     kc -n "$SYSTEM_NS" logs -l app.kubernetes.io/name=agentrun-operator --all-containers --prefix --tail=200 || true
     kc get events -A --sort-by=.lastTimestamp | tail -n 60 || true
@@ -81,7 +91,7 @@ forward_postgres() {
     trap 'if [[ -n "$child" ]]; then kill "$child" 2>/dev/null || true; fi; exit 0' TERM
     while true; do
         kubectl --kubeconfig "$KUBECONFIG_FILE" -n "$SYSTEM_NS" port-forward --address 127.0.0.1 \
-            service/agentrun-postgres "$PG_PORT:5432" >>"$PF_LOG" 2>&1 &
+            service/"$RELEASE"-postgres "$PG_PORT:5432" >>"$PF_LOG" 2>&1 &
         child=$!
         wait "$child" || true
         echo "port-forward ended; restarting it" >>"$PF_LOG"
@@ -98,28 +108,42 @@ else
 fi
 kind get kubeconfig --name "$CLUSTER" >"$KUBECONFIG_FILE"
 
-log "building $IMAGE"
-docker build -t "$IMAGE" "$ROOT"
+log "building $IMAGE (target demo: the runtime image plus examples/)"
+docker build --target demo -t "$IMAGE" "$ROOT"
 log "loading $IMAGE into kind"
 kind load docker-image "$IMAGE" --name "$CLUSTER"
 
 log "installing the CRD"
-# Server-side: a CRD with a full schema can outgrow the last-applied annotation of a client-side apply.
+# Before the chart, and on every run: Helm installs a chart's crds/ on first install only and
+# never upgrades them, so a reused cluster would keep an old schema. Server-side: a CRD with a
+# full schema can outgrow the last-applied annotation of a client-side apply.
 kc apply --server-side --force-conflicts -f "$ROOT/crds/"
 kc wait --for=condition=Established crd/agentruns.agentrun.dev --timeout=60s
 
-log "installing the operator (image $IMAGE)"
-manifest="$(<"$ROOT/deploy/operator.yaml")"
-[[ "$manifest" == *"$MANIFEST_IMAGE"* ]] || die "deploy/operator.yaml no longer refers to $MANIFEST_IMAGE; update MANIFEST_IMAGE here"
-# imagePullPolicy is IfNotPresent in the manifest (operator and runner pods), which is what a
-# kind-loaded image needs: the node must not try to pull agentrun:e2e from a registry.
-printf '%s\n' "${manifest//"$MANIFEST_IMAGE"/"$IMAGE"}" | kc apply -f -
+log "preparing namespace $SYSTEM_NS (restricted Pod Security, enforced)"
+kc create namespace "$SYSTEM_NS" --dry-run=client -o yaml | kc apply -f -
+kc label namespace "$SYSTEM_NS" --overwrite \
+    pod-security.kubernetes.io/enforce=restricted pod-security.kubernetes.io/enforce-version=latest \
+    pod-security.kubernetes.io/warn=restricted pod-security.kubernetes.io/audit=restricted
 
-log "installing the throwaway store"
-kc apply -f "$ROOT/deploy/dev-store.yaml"
+log "installing the chart (release $RELEASE, image $IMAGE, dev store on)"
+# A cluster reused from before the chart (objects applied from deploy/ by kubectl) makes Helm
+# refuse to adopt them ("invalid ownership metadata"): delete that cluster, or those objects.
+# imagePullPolicy IfNotPresent (operator and runner pods) is what a kind-loaded image needs:
+# the node must not try to pull $IMAGE from a registry. The dev store's Secret lands in
+# "default", where the tests create their AgentRuns.
+hc upgrade --install "$RELEASE" "$CHART" --namespace "$SYSTEM_NS" \
+    --set-string image.repository="$IMAGE_REPOSITORY" --set-string image.tag="$IMAGE_TAG" \
+    --set image.pullPolicy=IfNotPresent \
+    --set devStore.enabled=true --set 'devStore.secretNamespaces={default}' \
+    --wait --timeout 600s
+if [[ "$CREATED" -eq 0 ]]; then
+    # Same tag, possibly a new image: make the operator pods start from what was just loaded.
+    kc -n "$SYSTEM_NS" rollout restart deployment/"$RELEASE"-operator
+fi
 
 log "waiting for rollouts (first image pulls can take minutes)"
-for deployment in agentrun-postgres agentrun-redis agentrun-operator; do
+for deployment in "$RELEASE"-postgres "$RELEASE"-redis "$RELEASE"-operator; do
     kc -n "$SYSTEM_NS" rollout status "deployment/$deployment" --timeout=600s
 done
 

