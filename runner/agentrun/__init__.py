@@ -3,9 +3,24 @@
 Build a graph, compile it with a checkpointer, run it; after a crash, run
 the same thread again and tool calls that completed are replayed from the
 ledger instead of executed twice.
+
+``PgCheckpointer`` and ``CachedStore`` are imported on first use, so a
+program on SQLite or memory never loads asyncpg or redis.
 """
 
-from .checkpoint import Checkpointer, InMemoryCheckpointer, SqliteCheckpointer
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .checkpoint import (
+    Checkpointer,
+    ControlStore,
+    InMemoryCheckpointer,
+    LedgerStore,
+    SqliteCheckpointer,
+    StateStore,
+    open_store,
+)
 from .config import RunConfig
 from .engine import CompiledGraph, Preemption, StateSnapshot, StreamEvent
 from .errors import (
@@ -32,13 +47,28 @@ from .state import MessagesState, Replace
 from .toolnode import ToolNode, tools_condition
 from .tools import Tool, tool
 
+if TYPE_CHECKING:
+    from .checkpoint.cached import CachedStore
+    from .checkpoint.postgres import PgCheckpointer
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("PgCheckpointer", "CachedStore"):
+        from . import checkpoint
+
+        return getattr(checkpoint, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "END",
     "START",
     "AgentRunError",
+    "CachedStore",
     "Checkpointer",
     "Command",
     "CompiledGraph",
+    "ControlStore",
     "DeterminismError",
     "FencedError",
     "GraphDefinitionError",
@@ -46,11 +76,13 @@ __all__ = [
     "GraphReferenceError",
     "InMemoryCheckpointer",
     "Interrupt",
+    "LedgerStore",
     "Message",
     "MessagesState",
     "ModelError",
     "NodeError",
     "NodeTimeoutError",
+    "PgCheckpointer",
     "Preemption",
     "Replace",
     "RunConfig",
@@ -60,6 +92,7 @@ __all__ = [
     "StaleStateError",
     "StateGraph",
     "StateSnapshot",
+    "StateStore",
     "StorageError",
     "StreamEvent",
     "ThreadNotFoundError",
@@ -70,6 +103,7 @@ __all__ = [
     "add_messages",
     "assistant",
     "interrupt",
+    "open_store",
     "system",
     "tool",
     "tool_message",

@@ -8,7 +8,14 @@ skipped (the tool runs every time).
 
 Failure policy, chosen so a broken ledger can cost a duplicate call but
 never a lost or wrong result:
-- a malformed or unreadable entry is a miss: the tool runs again;
+- a malformed or unreadable entry is a miss: the call proceeds as if never
+  recorded. A tool without side effects runs again; one with side effects
+  whose start was recorded (an intent) is in doubt and gets its in-doubt
+  policy (retry, report, or the default: pause the run for a human);
+- once the call has a fresh result (the tool ran again, or a human gave
+  one), it replaces the malformed entry by compare-and-swap on the entry's
+  exact text, so later replays hit; the first WELL-FORMED result stays
+  authoritative and of two repairers exactly one wins;
 - a read failure is logged and is a miss;
 - a write failure is logged at ERROR saying the call COMPLETED but was not
   recorded (a human may need to reconcile it), the result still goes to the
@@ -22,10 +29,12 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from .checkpoint.base import LedgerEntry
 from .context import RunContext
 from .errors import DeterminismError, FencedError
 from .messages import Message
 from .metrics import LEDGER_HITS, LEDGER_READ_FAILURES, LEDGER_RECORD_FAILURES
+from .tools import Tool
 
 MESSAGE = "message"
 RAW = "raw"
@@ -94,13 +103,34 @@ def decode(envelope: Any) -> Recorded:
 _MISS = object()
 
 
-async def lookup(ctx: RunContext, key: str, tool_name: str) -> Recorded | object:
+def _malformed(entry: LedgerEntry) -> bool:
+    try:
+        decode(entry.result)
+    except MalformedEntry:
+        return True
+    return False
+
+
+def _after_a_miss(tool: Tool) -> str:
+    """What happens to a call whose ledger entry could not be used: the log line's "what next"."""
+    if not tool.side_effects:
+        return "the tool will run again"
+    policy = {
+        "retry": "it runs again with the same idempotency key",
+        "report": "it is reported to the model as in doubt and not run again",
+        "interrupt": 'the run pauses with an in-doubt interrupt for a human to resume with "retry" or a result',
+    }[tool.in_doubt]
+    return f"the tool has side effects: if its start was recorded, {policy}; if not, the tool will run again"
+
+
+async def lookup(ctx: RunContext, key: str, tool: Tool) -> Recorded | object:
     """The recorded call for ``key``, or ``MISS``. Raises ``DeterminismError`` on a name mismatch."""
+    tool_name = tool.name
     try:
         entry = await ctx.checkpointer.ledger_get(ctx.thread_id, key)
     except Exception as e:  # any store failure is a miss: better a duplicate call than a stuck run
         LEDGER_READ_FAILURES.labels("read_error").inc()
-        ctx.log.warning("ledger read failed for %s (%s); treating as not recorded, the tool will run", key, e)
+        ctx.log.warning("ledger read failed for %s (%s); treating it as not recorded: %s", key, e, _after_a_miss(tool))
         return _MISS
     if entry is None:
         return _MISS
@@ -113,7 +143,14 @@ async def lookup(ctx: RunContext, key: str, tool_name: str) -> Recorded | object
         result = decode(entry.result)
     except MalformedEntry as e:
         LEDGER_READ_FAILURES.labels("malformed").inc()
-        ctx.log.warning("ledger entry %s for %s is malformed (%s); the tool will run again", key, tool_name, e)
+        ctx.log.warning(
+            "ledger entry %s for %s is malformed (%s); treating it as not recorded: %s, and the fresh result "
+            "will replace the entry",
+            key,
+            tool_name,
+            e,
+            _after_a_miss(tool),
+        )
         return _MISS
     LEDGER_HITS.labels(tool_name).inc()
     return result
@@ -121,19 +158,31 @@ async def lookup(ctx: RunContext, key: str, tool_name: str) -> Recorded | object
 
 async def record(ctx: RunContext, key: str, tool_name: str, result: Any, state: dict[str, Any] | None = None) -> bool:
     """Record a completed call; ``False`` if it was not recorded. Never raises except ``FencedError``."""
+    attempt, run_uid = ctx.config.attempt, ctx.config.run_uid
     try:
         envelope = encode(result, state)
-        if not await ctx.checkpointer.ledger_put(ctx.thread_id, key, tool_name, envelope, attempt=ctx.config.attempt):
-            # First write wins: an entry that was unreadable (malformed) or written meanwhile by another
-            # process stays authoritative, so this result reaches the model but a replay will not see it.
-            ctx.log.warning(
-                "tool call %s (%s) COMPLETED but the ledger already holds an entry for it, which stays "
-                "authoritative; this result goes to the model only",
-                key,
-                tool_name,
+        if await ctx.checkpointer.ledger_put(ctx.thread_id, key, tool_name, envelope, attempt=attempt, run_uid=run_uid):
+            return True
+        # First WELL-FORMED write wins: a malformed entry is replaced, one written meanwhile by another
+        # process stays authoritative (this result reaches the model, a replay will not see it).
+        existing = await ctx.checkpointer.ledger_get(ctx.thread_id, key)
+        if (
+            existing is not None
+            and _malformed(existing)
+            and existing.text is not None
+            and await ctx.checkpointer.ledger_replace(
+                ctx.thread_id, key, tool_name, envelope, expected_text=existing.text, attempt=attempt, run_uid=run_uid
             )
-            return False
-        return True
+        ):
+            ctx.log.info("tool call %s (%s): its malformed ledger entry was replaced by this result", key, tool_name)
+            return True
+        ctx.log.warning(
+            "tool call %s (%s) COMPLETED but the ledger already holds an entry for it, which stays "
+            "authoritative; this result goes to the model only",
+            key,
+            tool_name,
+        )
+        return False
     except FencedError:
         raise
     except Exception as e:

@@ -124,7 +124,7 @@ class RunWriter:
         started = time.perf_counter()
         try:
             run.version = await self.checkpointer.aput(
-                thread_id, write, expected_version=run.version, attempt=self.cfg.attempt
+                thread_id, write, expected_version=run.version, attempt=self.cfg.attempt, run_uid=self.cfg.run_uid
             )
         except StaleStateError:
             STALE_STATE.inc()

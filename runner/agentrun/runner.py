@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from .checkpoint import Checkpointer, from_url
+from .checkpoint import Checkpointer, open_store
 from .checkpoint.base import Checkpoint
 from .contract import ENV_PREFIX, Env, ExitCode, RunnerInputs
 from .engine import CompiledGraph, Preemption
@@ -87,6 +87,15 @@ class Plan:
     reason: str = ""
 
 
+def _another_runs_unfinished_turn(checkpoint: Checkpoint | None, settings: RunnerSettings) -> bool:
+    """The thread's latest turn belongs to another AgentRun and has not ended: ``plan`` answers ThreadBusy."""
+    return (
+        checkpoint is not None
+        and checkpoint.meta.get("run_uid") != (settings.run_uid or None)
+        and checkpoint.status not in ("completed", "stopped", "failed")
+    )
+
+
 def plan(checkpoint: Checkpoint | None, settings: RunnerSettings) -> Plan:
     ours = checkpoint is not None and checkpoint.meta.get("run_uid") == (settings.run_uid or None)
     if checkpoint is None or (not ours and checkpoint.status in ("completed", "stopped", "failed")):
@@ -129,12 +138,9 @@ def exit_code_for(error: BaseException) -> ExitCode:
 
 
 def _checkpointer(settings: RunnerSettings) -> Checkpointer:
-    if settings.postgres_dsn:
-        from .checkpoint.postgres import PgCheckpointer
-
-        return PgCheckpointer(settings.postgres_dsn, redis_url=settings.redis_url)
-    if settings.store:
-        return from_url(settings.store)
+    url = settings.postgres_dsn or settings.store
+    if url:
+        return open_store(url, redis_url=settings.redis_url)
     raise BadInput("no store configured: set AGENTRUN_POSTGRES_DSN (from the store Secret) or AGENTRUN_STORE")
 
 
@@ -171,8 +177,14 @@ async def run(settings: RunnerSettings) -> int:
         checkpointer = _checkpointer(settings)
         app = compile_reference(settings.graph, checkpointer)
         await checkpointer.setup()
-        await checkpointer.register_attempt(settings.thread_id, settings.attempt)
-        decided = plan(await checkpointer.aget(settings.thread_id), settings)
+        # Registering claims the thread for this run (fencing every other run off), so a run that will
+        # refuse the thread (ThreadBusy: another AgentRun's turn is unfinished) must not register.
+        existing = await checkpointer.aget(settings.thread_id)
+        if not _another_runs_unfinished_turn(existing, settings):
+            await checkpointer.register_attempt(settings.thread_id, settings.attempt, run_uid=settings.run_uid or None)
+            # Read again after registering: all that a now fenced attempt committed before it, nothing after.
+            existing = await checkpointer.aget(settings.thread_id)
+        decided = plan(existing, settings)
         if decided.action == "exit":
             log.info("nothing to run: %s", decided.reason)
             _termination(settings, decided.reason)

@@ -186,7 +186,7 @@ class ToolNode:
                 "message id" if not origin_id else "call id",
             )
         else:
-            recorded = await ledger.lookup(ctx, key, t.name)
+            recorded = await ledger.lookup(ctx, key, t)
             if isinstance(recorded, ledger.Recorded):
                 ctx.counts.replayed += 1
                 TOOL_CALLS.labels(t.name, "replayed").inc()
@@ -242,7 +242,9 @@ class ToolNode:
             intent = None
         if intent is None:
             try:
-                await ctx.checkpointer.intent_put(ctx.thread_id, intent_key, t.name, idem, attempt=ctx.config.attempt)
+                await ctx.checkpointer.intent_put(
+                    ctx.thread_id, intent_key, t.name, idem, attempt=ctx.config.attempt, run_uid=ctx.config.run_uid
+                )
             except FencedError:
                 raise
             except Exception as e:

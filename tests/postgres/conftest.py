@@ -1,4 +1,4 @@
-"""PostgreSQL tier: ``PgCheckpointer`` and its Redis hot cache against real servers, with real processes.
+"""PostgreSQL tier: ``PgCheckpointer`` and the Redis hot cache (``CachedStore``) against real servers.
 
 What this tier proves, each in its own module: the checkpointer contract
 with the cache on (the shared suite of tests/unit, re-run here), two
@@ -35,6 +35,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from agentrun.checkpoint import Checkpointer
+from agentrun.checkpoint.cached import CachedStore
 from agentrun.checkpoint.postgres import PgCheckpointer
 from tests.support.checkpointers import Backend
 from tests.support.databases import create_database, drop_database
@@ -129,10 +130,15 @@ async def checkpointer(pg_dsn: str) -> AsyncIterator[PgCheckpointer]:
         await cp.aclose()
 
 
+def cached_store(dsn: str, prefix: str) -> CachedStore:
+    """``PgCheckpointer`` on ``dsn`` behind the Redis hot cache, keys under ``prefix`` (not set up)."""
+    return CachedStore(PgCheckpointer(dsn), redis_url=redis_url(), redis_prefix=prefix)
+
+
 @pytest.fixture
-async def cached(pg_dsn: str, redis_prefix: str) -> AsyncIterator[PgCheckpointer]:
-    """A set-up ``PgCheckpointer`` on this test's database with the Redis hot cache."""
-    cp = PgCheckpointer(pg_dsn, redis_url=redis_url(), redis_prefix=redis_prefix)
+async def cached(pg_dsn: str, redis_prefix: str) -> AsyncIterator[CachedStore]:
+    """A set-up ``PgCheckpointer`` on this test's database behind the Redis hot cache."""
+    cp = cached_store(pg_dsn, redis_prefix)
     await cp.setup()
     try:
         yield cp
@@ -152,7 +158,7 @@ class CachedPostgresBackend(Backend):
         self.redis_prefix = prefix
 
     async def open(self) -> Checkpointer:
-        cp = PgCheckpointer(self.dsn, redis_url=redis_url(), redis_prefix=self.redis_prefix)
+        cp = cached_store(self.dsn, self.redis_prefix)
         self._opened.append(cp)
         await cp.setup()
         return cp

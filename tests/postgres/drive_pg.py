@@ -1,13 +1,14 @@
 """Run the support example on PostgreSQL in this process, as a runner pod would; used by this tier's tests.
 
-    python -m tests.postgres.drive_pg DSN THREAD_ID [--input TEXT | --auto TEXT] [--attempt N]
+    python -m tests.postgres.drive_pg DSN THREAD_ID [--input TEXT | --auto TEXT] [--attempt N [--run-uid UID]]
         [--redis URL --redis-prefix P] [--stop-self-before-version V]
 
 Modes: ``--input`` starts a turn; neither flag resumes the thread's
 unfinished run; ``--auto TEXT`` does what a restarted pod does: start with
 TEXT if the thread has no checkpoint yet, resume it if it is unfinished, and
 only report it if it already completed. With ``--attempt`` the process
-registers that attempt first and writes under it (fencing).
+registers that attempt first and writes under it (fencing); ``--run-uid``
+makes it an attempt of that AgentRun (fencing across the runs of a thread).
 
 ``--stop-self-before-version V`` makes the process SIGSTOP itself just
 before it writes state version V, so a test can freeze it at a precise
@@ -31,7 +32,9 @@ import sys
 from typing import Any
 
 from agentrun import RunStopped
-from agentrun.checkpoint.base import CheckpointWrite
+from agentrun.checkpoint import Checkpointer
+from agentrun.checkpoint.base import CheckpointWrite, Commit
+from agentrun.checkpoint.cached import CachedStore
 from agentrun.checkpoint.postgres import PgCheckpointer
 from agentrun.engine import CompiledGraph
 from agentrun.errors import AgentRunError, FencedError, StaleStateError, StorageError
@@ -47,31 +50,36 @@ class FreezingCheckpointer(PgCheckpointer):
         super().__init__(*args, **kwargs)
         self.freeze_before = freeze_before
 
-    async def aput(
-        self, thread_id: str, write: CheckpointWrite, *, expected_version: int, attempt: int | None = None
-    ) -> int:
+    async def acommit(
+        self,
+        thread_id: str,
+        write: CheckpointWrite,
+        *,
+        expected_version: int,
+        attempt: int | None = None,
+        run_uid: str | None = None,
+    ) -> Commit:
         if self.freeze_before is not None and expected_version + 1 == self.freeze_before:
             print(f"FROZEN before version {self.freeze_before}", flush=True)
             os.kill(os.getpid(), signal.SIGSTOP)
-        return await super().aput(thread_id, write, expected_version=expected_version, attempt=attempt)
+        return await super().acommit(
+            thread_id, write, expected_version=expected_version, attempt=attempt, run_uid=run_uid
+        )
 
 
 async def drive(args: argparse.Namespace) -> int:
     from examples.support_agent import graph
 
-    checkpointer = FreezingCheckpointer(
-        args.dsn,
-        redis_url=args.redis,
-        redis_prefix=args.redis_prefix,
-        freeze_before=args.stop_self_before_version,
-    )
+    checkpointer: Checkpointer = FreezingCheckpointer(args.dsn, freeze_before=args.stop_self_before_version)
+    if args.redis:
+        checkpointer = CachedStore(checkpointer, redis_url=args.redis, redis_prefix=args.redis_prefix)
     app = CompiledGraph(graph, checkpointer=checkpointer, name="support")
     config: dict[str, Any] = {"thread_id": args.thread_id}
     try:
         await checkpointer.setup()
         if args.attempt is not None:
-            config["attempt"] = args.attempt
-            await checkpointer.register_attempt(args.thread_id, args.attempt)
+            config.update(attempt=args.attempt, run_uid=args.run_uid)
+            await checkpointer.register_attempt(args.thread_id, args.attempt, run_uid=args.run_uid)
         payload: str | None = args.input
         if args.auto is not None:
             existing = await checkpointer.aget(args.thread_id)
@@ -105,6 +113,7 @@ def main() -> int:
     mode.add_argument("--input")
     mode.add_argument("--auto")
     parser.add_argument("--attempt", type=int)
+    parser.add_argument("--run-uid")
     parser.add_argument("--redis")
     parser.add_argument("--redis-prefix", default="agentrun")
     parser.add_argument("--stop-self-before-version", type=int)

@@ -68,6 +68,7 @@ def driver_args(
     text: str | None = None,
     auto: str | None = None,
     attempt: int | None = None,
+    run_uid: str | None = None,
     redis: str | None = None,
     redis_prefix: str | None = None,
     freeze_before: int | None = None,
@@ -79,6 +80,8 @@ def driver_args(
         cmd += ["--auto", auto]
     if attempt is not None:
         cmd += ["--attempt", str(attempt)]
+    if run_uid is not None:
+        cmd += ["--run-uid", run_uid]
     if redis is not None:
         cmd += ["--redis", redis]
     if redis_prefix is not None:

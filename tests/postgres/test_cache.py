@@ -13,12 +13,13 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from agentrun import END, START, StaleStateError, StateGraph
+from agentrun.checkpoint.cached import CachedStore
 from agentrun.checkpoint.postgres import PgCheckpointer
 from agentrun.messages import assistant, user
 from agentrun.metrics import CACHE_ERRORS, CACHE_READS
 from tests.support.checkpointers import write
 
-from .conftest import PrivateRedis, redis_url
+from .conftest import PrivateRedis, cached_store, redis_url
 from .helpers import REQUEST, drive, driver_args, fetch, invocations, spawn, wait_for_line
 
 
@@ -38,7 +39,7 @@ async def keys(prefix: str) -> list[str]:
         await client.aclose()
 
 
-async def test_a_cache_hit_returns_exactly_what_postgres_holds(pg_dsn: str, cached: PgCheckpointer) -> None:
+async def test_a_cache_hit_returns_exactly_what_postgres_holds(pg_dsn: str, cached: CachedStore) -> None:
     a, b = user("a"), assistant("b")
     await cached.aput("t", write((0, a), count=1, values={"n": 1}, meta={"run_id": "r"}), expected_version=0)
     await cached.aput(
@@ -58,7 +59,7 @@ async def test_a_cache_hit_returns_exactly_what_postgres_holds(pg_dsn: str, cach
         await plain.aclose()
 
 
-async def test_after_a_newer_write_the_older_cached_state_is_never_served(pg_dsn: str, cached: PgCheckpointer) -> None:
+async def test_after_a_newer_write_the_older_cached_state_is_never_served(pg_dsn: str, cached: CachedStore) -> None:
     await cached.aput("t", write((0, user("v1")), count=1), expected_version=0)
     assert (await cached.aget("t")).version == 1  # type: ignore[union-attr]  # cached at version 1
     # Another process writes version 2 without reaching Redis (no cache configured: as if Redis was down for it).
@@ -76,7 +77,7 @@ async def test_after_a_newer_write_the_older_cached_state_is_never_served(pg_dsn
     assert (await cached.aget("t")).version == 2  # type: ignore[union-attr]  # refilled, now a hit
 
 
-async def test_a_late_cache_update_never_replaces_a_newer_entry(cached: PgCheckpointer) -> None:
+async def test_a_late_cache_update_never_replaces_a_newer_entry(cached: CachedStore) -> None:
     cache = cached.cache
     assert cache is not None
     await cached.aput("t", write((0, user("v1")), count=1), expected_version=0)
@@ -108,8 +109,8 @@ async def test_a_late_cache_update_never_replaces_a_newer_entry(cached: PgCheckp
 async def test_concurrent_readers_never_see_a_version_older_than_the_last_commit_before_their_read(
     pg_dsn: str, redis_prefix: str
 ) -> None:
-    writer = PgCheckpointer(pg_dsn, redis_url=redis_url(), redis_prefix=redis_prefix)
-    readers = [PgCheckpointer(pg_dsn, redis_url=redis_url(), redis_prefix=redis_prefix) for _ in range(4)]
+    writer = cached_store(pg_dsn, redis_prefix)
+    readers = [cached_store(pg_dsn, redis_prefix) for _ in range(4)]
     committed = 0
     violations: list[tuple[int, int]] = []
     done = asyncio.Event()
@@ -126,7 +127,7 @@ async def test_concurrent_readers_never_see_a_version_older_than_the_last_commit
         finally:
             done.set()
 
-    async def read(cp: PgCheckpointer) -> int:
+    async def read(cp: CachedStore) -> int:
         reads = 0
         while not done.is_set():
             floor = committed
@@ -156,10 +157,10 @@ async def test_concurrent_readers_never_see_a_version_older_than_the_last_commit
     assert not violations, f"GUARANTEE BROKEN: reads returned versions older than already committed: {violations}"
 
 
-async def test_a_conflict_clears_the_cache_entry(pg_dsn: str, cached: PgCheckpointer, redis_prefix: str) -> None:
+async def test_a_conflict_clears_the_cache_entry(pg_dsn: str, cached: CachedStore, redis_prefix: str) -> None:
     await cached.aput("t", write((0, user("a")), count=1), expected_version=0)
     assert f"{redis_prefix}:{{t}}:state" in await keys(redis_prefix)
-    loser = PgCheckpointer(pg_dsn, redis_url=redis_url(), redis_prefix=redis_prefix)
+    loser = cached_store(pg_dsn, redis_prefix)
     try:
         try:
             await loser.aput("t", write((0, user("b")), count=1), expected_version=0)
@@ -173,7 +174,7 @@ async def test_a_conflict_clears_the_cache_entry(pg_dsn: str, cached: PgCheckpoi
 
 
 async def test_the_cache_of_a_deleted_thread_is_never_served_for_a_new_thread_of_the_same_id(
-    pg_dsn: str, cached: PgCheckpointer
+    pg_dsn: str, cached: CachedStore
 ) -> None:
     for version in range(3):
         await cached.aput("t", write((version, user(f"old{version}")), count=version + 1), expected_version=version)
@@ -192,9 +193,9 @@ async def test_the_cache_of_a_deleted_thread_is_never_served_for_a_new_thread_of
 
 
 async def test_stop_requests_and_progress_are_published_to_listeners_at_once(
-    pg_dsn: str, cached: PgCheckpointer, redis_prefix: str
+    pg_dsn: str, cached: CachedStore, redis_prefix: str
 ) -> None:
-    listener = PgCheckpointer(pg_dsn, redis_url=redis_url(), redis_prefix=redis_prefix)
+    listener = cached_store(pg_dsn, redis_prefix)
     events: list[dict[str, Any]] = []
     subscribed = asyncio.Event()
 
@@ -230,7 +231,7 @@ async def test_stop_requests_and_progress_are_published_to_listeners_at_once(
 async def test_redis_going_away_costs_a_warning_and_a_metric_and_everything_continues_on_postgres(
     pg_dsn: str, private_redis: PrivateRedis, caplog: Any
 ) -> None:
-    cp = PgCheckpointer(pg_dsn, redis_url=private_redis.url, redis_prefix="p")
+    cp = CachedStore(PgCheckpointer(pg_dsn), redis_url=private_redis.url, redis_prefix="p")
     try:
         await cp.aput("t", write((0, user("a")), count=1), expected_version=0)
         assert (await cp.aget("t")).version == 1  # type: ignore[union-attr]
@@ -273,7 +274,7 @@ async def test_redis_killed_mid_run_the_run_completes_on_postgres(
 
 
 async def test_steps_kept_out_of_postgres_are_published_as_non_durable_progress(
-    pg_dsn: str, cached: PgCheckpointer, redis_prefix: str
+    pg_dsn: str, cached: CachedStore, redis_prefix: str
 ) -> None:
     """``durable_checkpoint_every_step: false``: PostgreSQL gets the start and the end, Redis hears every step."""
 
@@ -287,7 +288,7 @@ async def test_steps_kept_out_of_postgres_are_published_as_non_durable_progress(
     graph.add_edge("a", "b")
     graph.add_edge("b", "c")
     graph.add_edge("c", END)
-    listener = PgCheckpointer(pg_dsn, redis_url=redis_url(), redis_prefix=redis_prefix)
+    listener = cached_store(pg_dsn, redis_prefix)
     heard: list[tuple[int, int, bool]] = []
 
     async def listen() -> None:

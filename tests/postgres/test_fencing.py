@@ -135,3 +135,43 @@ async def test_attempt_frozen_before_its_checkpoint_cannot_write_state_after_its
     assert settled["states"][-1][1:3] == (2, "completed")
     for tool in ("charge_card", "send_receipt"):
         assert invocations(effects, tool) == 1, f"{tool} ran twice across the two attempts"
+
+
+async def test_a_new_agentrun_on_a_used_thread_runs_and_the_old_runs_zombie_and_restart_are_fenced(
+    pg_dsn: str, subprocess_env: dict[str, str]
+) -> None:
+    """A thread outlives its AgentRuns: run B's attempt 1 starts the next turn after run A's attempt 2.
+
+    Run A's attempt 1 is frozen before its post-tools checkpoint, A's attempt 2
+    finishes the turn, then run B (a new AgentRun, its attempt numbers start
+    at 1 again) runs the next turn. When A's attempt 1 thaws, and when a pod
+    of A starts again, both are fenced off: B owns the thread.
+    """
+    effects = subprocess_env["SUPPORT_EFFECTS_DB"]
+    zombie = await spawn(
+        subprocess_env, driver_args(pg_dsn, "t", text=REQUEST, attempt=1, run_uid="uid-a", freeze_before=3)
+    )
+    try:
+        await wait_until_stopped(zombie.pid)
+        a2 = await drive(subprocess_env, driver_args(pg_dsn, "t", attempt=2, run_uid="uid-a"))
+        assert a2.returncode == 0, str(a2)
+        b1 = await drive(
+            subprocess_env, driver_args(pg_dsn, "t", text="please refund order 4821", attempt=1, run_uid="uid-b")
+        )
+        assert b1.returncode == 0, f"a new AgentRun on a thread that already ran must start, not be fenced\n{b1}"
+        settled = await store_snapshot(pg_dsn)
+        zombie.send_signal(signal.SIGCONT)
+        thawed = await finish(zombie)
+    finally:
+        if zombie.returncode is None:
+            zombie.kill()
+            await zombie.wait()
+    assert thawed.returncode == EXIT_FENCED, f"run A's zombie must be fenced off by run B\n{thawed}"
+    assert "uid-b" in thawed.stderr, "the fenced run must be told which run owns the thread"
+    restarted = await drive(subprocess_env, driver_args(pg_dsn, "t", attempt=3, run_uid="uid-a"))
+    assert restarted.returncode == EXIT_FENCED, f"a superseded run must not take the thread back\n{restarted}"
+    assert await store_snapshot(pg_dsn) == settled, "GUARANTEE BROKEN: a fenced run changed the store"
+    owner = await fetch(pg_dsn, "SELECT run_uid, attempt FROM attempts")
+    assert [tuple(r) for r in owner] == [("uid-b", 1)]
+    counts = count_effects(effects)
+    assert (counts["charges"], counts["receipts"], counts["refunds"]) == (1, 1, 1), counts

@@ -27,6 +27,7 @@ TABLES = {
     "tool_intents",
     "stop_requests",
     "attempts",
+    "thread_runs",
 }
 
 

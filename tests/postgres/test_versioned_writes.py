@@ -107,7 +107,7 @@ async def test_thread_id_column_type_is_configurable(pg_dsn: str) -> None:
             "WHERE table_schema = 'agentrun' AND column_name = 'thread_id'",
         )
         assert {(r["data_type"], r["character_maximum_length"]) for r in types} == {("character varying", 64)}
-        assert len(types) == 7, f"every thread_id column must use the configured type: {types}"
+        assert len(types) == 8, f"every thread_id column must use the configured type: {types}"
     finally:
         await cp.aclose()
     with pytest.raises(ValueError):
@@ -125,7 +125,7 @@ async def test_a_ledger_write_waiting_on_a_registration_sees_the_new_attempt_onc
     try:
         registration = conn.transaction()
         await registration.start()
-        await PgCheckpointer._register_attempt_txn(conn, "t", 2)  # holds the thread row lock, not committed
+        await PgCheckpointer._register_attempt_txn(conn, "t", 2, None)  # holds the thread row lock, not committed
         ledger = asyncio.create_task(checkpointer.ledger_put("t", "m:c", "charge", {"v": 1}, attempt=1))
         state = asyncio.create_task(checkpointer.aput("t", write(count=0), expected_version=0, attempt=1))
         await asyncio.sleep(0.3)
@@ -177,13 +177,22 @@ async def test_deleting_a_thread_deletes_its_ledger_and_everything_else_by_casca
     pg_dsn: str, checkpointer: PgCheckpointer
 ) -> None:
     for thread in ("gone", "kept"):
-        await checkpointer.register_attempt(thread, 1)
+        await checkpointer.register_attempt(thread, 1, run_uid=f"uid-{thread}")
         await checkpointer.aput(thread, write((0, user("a")), count=1), expected_version=0, attempt=1)
         await checkpointer.intent_put(thread, "m:c", "charge", "idem", attempt=1)
         await checkpointer.ledger_put(thread, "m:c", "charge", {"v": 1}, attempt=1)
         await checkpointer.request_stop(thread, "why")
     await checkpointer.delete_thread("gone")
-    tables = ["threads", "states", "messages", "tool_executions", "tool_intents", "stop_requests", "attempts"]
+    tables = [
+        "threads",
+        "states",
+        "messages",
+        "tool_executions",
+        "tool_intents",
+        "stop_requests",
+        "attempts",
+        "thread_runs",
+    ]
     for table in tables:
         left = await fetch(pg_dsn, f"SELECT thread_id, count(*) AS n FROM {table} GROUP BY thread_id")
         assert {r["thread_id"]: r["n"] for r in left} == {"kept": 1}, f"{table} after deleting a thread: {left}"

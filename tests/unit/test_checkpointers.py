@@ -1,20 +1,25 @@
-"""The checkpointer contract, run against every backend (the ``backend``/``checkpointer`` fixtures).
+"""The store contract, run against every backend (the ``backend``/``checkpointer`` fixtures), per protocol.
 
-Each test names the guarantee of ``agentrun.checkpoint.base`` it protects.
-The last tests run the engine on each backend where the store is what makes
-the guarantee hold: a completed tool call is not executed again after a crash.
+Sections follow ``agentrun.checkpoint.base``: ``StateStore`` (versioned
+writes, threads), ``LedgerStore`` (ledger, repair, intents),
+``ControlStore`` (stop requests, fencing across attempts and AgentRuns),
+then ``Checkpointer``: the engine on each backend where the store is what
+makes the guarantee hold (a completed tool call is not executed again after
+a crash). Each test names the guarantee it protects.
 """
 
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from collections import Counter
 from typing import Any
 
 import pytest
 
 from agentrun import Command, FencedError, StaleStateError, StorageError, interrupt, tool, user
-from agentrun.checkpoint import Checkpointer
+from agentrun.checkpoint import Checkpointer, ControlStore, LedgerStore, StateStore
 from agentrun.messages import assistant
 from tests.support.checkpointers import Backend, write
 
@@ -24,6 +29,27 @@ from .helpers import app_for, call, eventually, tool_messages
 def envelope(value: Any) -> dict[str, Any]:
     return {"__kind__": "raw", "value": value}
 
+
+def test_importing_agentrun_loads_neither_asyncpg_nor_redis_until_a_store_needs_them() -> None:
+    script = (
+        "import sys, agentrun\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('asyncpg', 'redis'))\n"
+        "assert not loaded, f'importing agentrun loaded {loaded}'\n"
+        "from agentrun import CachedStore, PgCheckpointer, open_store\n"
+        "assert PgCheckpointer.__module__ == 'agentrun.checkpoint.postgres' and 'asyncpg' in sys.modules\n"
+        "assert CachedStore.__module__ == 'agentrun.checkpoint.cached'\n"
+        "assert isinstance(open_store('postgresql://u@h/db', redis_url='redis://h:6379/0'), CachedStore)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, f"the public face broke: {done.stderr}"
+
+
+def test_every_backend_implements_the_three_protocols(checkpointer: Checkpointer) -> None:
+    for protocol in (StateStore, LedgerStore, ControlStore):
+        assert isinstance(checkpointer, protocol), f"{type(checkpointer).__name__} is not a {protocol.__name__}"
+
+
+# == StateStore ====================================================================================
 
 # -- versioned writes -----------------------------------------------------------------------------
 
@@ -109,6 +135,23 @@ async def test_setup_is_idempotent_and_keeps_data(backend: Backend, checkpointer
         assert entry is not None and entry.result == envelope(1)
 
 
+async def test_head_is_the_latest_version_and_changes_incarnation_when_the_thread_is_recreated(
+    backend: Backend, checkpointer: Checkpointer
+) -> None:
+    t = backend.thread()
+    assert await checkpointer.ahead(t) is None, "a thread without state has no head"
+    commit = await checkpointer.acommit(t, write((0, user("a")), count=1), expected_version=0)
+    head = await checkpointer.ahead(t)
+    assert head is not None and (head.version, head.incarnation) == (1, commit.incarnation)
+    await checkpointer.aput(t, write(count=1, step=1), expected_version=1)
+    assert (await checkpointer.ahead(t)) == type(head)(2, head.incarnation)
+    await checkpointer.delete_thread(t)
+    again = await checkpointer.acommit(t, write((0, user("b")), count=1), expected_version=0)
+    assert again.incarnation != commit.incarnation, "a re-created thread must not pass for the deleted one"
+
+
+# == LedgerStore ===================================================================================
+
 # -- the ledger and intents ---------------------------------------------------------------------
 
 
@@ -133,6 +176,26 @@ async def test_ledger_is_scoped_by_thread_and_listed_in_order(backend: Backend, 
     assert await checkpointer.ledger_list(other) == []
 
 
+async def test_ledger_replace_swaps_only_the_exact_text_it_read(backend: Backend, checkpointer: Checkpointer) -> None:
+    t = backend.thread()
+    await checkpointer.ledger_put(t, "m:c", "lookup", {"not": "an envelope"})
+    broken = await checkpointer.ledger_get(t, "m:c")
+    assert broken is not None and broken.text is not None, "a ledger entry must carry its stored text"
+    assert not await checkpointer.ledger_replace(t, "m:c", "other", envelope(1), expected_text=broken.text), (
+        "an entry of another tool must never be replaced"
+    )
+    assert not await checkpointer.ledger_replace(t, "m:c", "lookup", envelope(1), expected_text=broken.text + " "), (
+        "a replace must compare the exact stored text"
+    )
+    assert not await checkpointer.ledger_replace(t, "m:none", "lookup", envelope(1), expected_text=broken.text)
+    assert await checkpointer.ledger_replace(t, "m:c", "lookup", envelope("first"), expected_text=broken.text)
+    # A second repairer that read the same broken text loses: the first well-formed result stays.
+    assert not await checkpointer.ledger_replace(t, "m:c", "lookup", envelope("second"), expected_text=broken.text)
+    entry = await checkpointer.ledger_get(t, "m:c")
+    assert entry is not None and entry.result == envelope("first")
+    assert [e.key for e in await checkpointer.ledger_list(t)] == ["m:c"]
+
+
 async def test_intents_are_kept_once_recorded(backend: Backend, checkpointer: Checkpointer) -> None:
     t = backend.thread()
     assert await checkpointer.intent_get(t, "m:c") is None
@@ -146,6 +209,8 @@ async def test_intents_are_kept_once_recorded(backend: Backend, checkpointer: Ch
     assert none_key is not None and none_key.idempotency_key is None
     assert await checkpointer.intent_get(backend.thread("other"), "m:c") is None
 
+
+# == ControlStore ==================================================================================
 
 # -- stop requests ------------------------------------------------------------------------------
 
@@ -198,6 +263,71 @@ async def test_register_attempt_fences_off_older_attempts(backend: Backend, chec
     assert await checkpointer.ledger_put(t, "m:c", "tool", envelope(1), attempt=3) is True
 
 
+async def test_a_new_agentrun_claims_a_thread_that_outlived_the_previous_one(
+    backend: Backend, checkpointer: Checkpointer
+) -> None:
+    t = backend.thread()
+    await checkpointer.register_attempt(t, 1, run_uid="run-a")
+    await checkpointer.register_attempt(t, 2, run_uid="run-a")
+    await checkpointer.aput(t, write((0, user("a")), count=1), expected_version=0, attempt=2, run_uid="run-a")
+    # The next turn of the conversation is a new AgentRun, its first pod is attempt 1.
+    await checkpointer.register_attempt(t, 1, run_uid="run-b")
+    assert await checkpointer.aput(t, write(count=1, step=1), expected_version=1, attempt=1, run_uid="run-b") == 2
+    assert await checkpointer.ledger_put(t, "m:b", "tool", envelope(1), attempt=1, run_uid="run-b") is True
+    await checkpointer.intent_put(t, "m:b", "tool", "k", attempt=1, run_uid="run-b")
+    progress = await checkpointer.aget_progress(t)
+    assert progress is not None and progress.version == 2
+    if progress.attempt is not None:
+        assert (progress.run_uid, progress.attempt) == ("run-b", 1), "progress must name the run owning the thread"
+
+
+async def test_the_superseded_runs_zombie_writes_and_re_registration_are_fenced(
+    backend: Backend, checkpointer: Checkpointer
+) -> None:
+    t = backend.thread()
+    await checkpointer.register_attempt(t, 2, run_uid="run-a")
+    await checkpointer.aput(t, write((0, user("a")), count=1), expected_version=0, attempt=2, run_uid="run-a")
+    await checkpointer.register_attempt(t, 1, run_uid="run-b")
+    for zombie in (
+        checkpointer.aput(t, write((1, user("zombie")), count=2), expected_version=1, attempt=2, run_uid="run-a"),
+        checkpointer.ledger_put(t, "m:a", "tool", envelope("zombie"), attempt=2, run_uid="run-a"),
+        checkpointer.intent_put(t, "m:a", "tool", None, attempt=2, run_uid="run-a"),
+    ):
+        with pytest.raises(FencedError) as raised:
+            await zombie
+        assert "run-b" in str(raised.value), f"the error must name the run that owns the thread: {raised.value}"
+    # A restarted pod of the superseded run cannot take the thread back, whatever its attempt.
+    for attempt in (2, 3):
+        with pytest.raises(FencedError, match="run-b"):
+            await checkpointer.register_attempt(t, attempt, run_uid="run-a")
+    cp = await checkpointer.aget(t)
+    assert cp is not None and cp.version == 1 and [m.content for m in cp.messages] == ["a"], "a fenced write landed"
+    assert await checkpointer.ledger_get(t, "m:a") is None and await checkpointer.intent_get(t, "m:a") is None
+    # The owner's own older attempt is still fenced by attempt number.
+    await checkpointer.register_attempt(t, 2, run_uid="run-b")
+    with pytest.raises(FencedError, match="attempt 1 is fenced off by newer attempt 2"):
+        await checkpointer.aput(t, write(count=1), expected_version=1, attempt=1, run_uid="run-b")
+    assert await checkpointer.aput(t, write(count=1), expected_version=1, attempt=2, run_uid="run-b") == 2
+
+
+async def test_writers_without_a_run_uid_keep_the_attempt_only_rule(
+    backend: Backend, checkpointer: Checkpointer
+) -> None:
+    t = backend.thread()
+    await checkpointer.register_attempt(t, 3, run_uid="run-a")
+    with pytest.raises(FencedError):
+        await checkpointer.aput(t, write(count=0), expected_version=0, attempt=2)
+    assert await checkpointer.aput(t, write(count=0), expected_version=0, attempt=3) == 1
+    assert await checkpointer.aput(t, write(count=0), expected_version=1) == 2, "an unfenced writer is not fenced"
+    with pytest.raises(FencedError):
+        await checkpointer.register_attempt(t, 2)
+    await checkpointer.register_attempt(t, 4)
+    # The owner has no uid now: a writer of any run is held to the attempt number alone.
+    assert await checkpointer.aput(t, write(count=0), expected_version=2, attempt=4, run_uid="run-a") == 3
+
+
+# == StateStore: threads ===========================================================================
+
 # -- threads ------------------------------------------------------------------------------------
 
 
@@ -236,7 +366,7 @@ async def test_list_threads_lists_threads_with_state(backend: Backend, checkpoin
     assert sorted(mine) == sorted([a, b])
 
 
-# -- the engine on each backend -------------------------------------------------------------------
+# == Checkpointer: the engine on each backend =======================================================
 
 
 class Crash(BaseException):

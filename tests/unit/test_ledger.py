@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from agentrun import DeterminismError, InMemoryCheckpointer, SqliteCheckpointer, StorageError, tool
+from agentrun import Command, DeterminismError, InMemoryCheckpointer, SqliteCheckpointer, StorageError, tool
 from agentrun.checkpoint import Checkpointer, LedgerEntry
-from agentrun.ledger import idempotency_key, ledger_key
+from agentrun.ledger import decode, idempotency_key, ledger_key
 from tests.support.checkpointers import Backend
 
 from .helpers import app_for, call, log_lines, seed_tool_step, tool_messages
@@ -98,9 +98,10 @@ GARBAGE = [
 
 
 @pytest.mark.parametrize("garbage", GARBAGE)
-async def test_malformed_ledger_entry_is_a_miss_and_the_tool_runs_again(
+async def test_malformed_ledger_entry_is_a_miss_the_tool_runs_again_and_its_result_repairs_the_entry(
     backend: Backend, checkpointer: Checkpointer, garbage: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="agentrun")
     t = backend.thread()
     ran: Counter[str] = Counter()
 
@@ -116,15 +117,48 @@ async def test_malformed_ledger_entry_is_a_miss_and_the_tool_runs_again(
     assert tool_messages(values)["call_1"].content == "fresh result"
     warnings = log_lines(caplog, logging.WARNING)
     assert any("is malformed" in line and "will run again" in line for line in warnings)
-    # First write wins, even over garbage; the run says so instead of pretending it recorded the result.
+    # The first WELL-FORMED result wins: the fresh result replaced the garbage, so later replays hit.
     entry = await checkpointer.ledger_get(t, f"{request.id}:call_1")
-    assert entry is not None and entry.result == garbage
-    assert any("COMPLETED but the ledger already holds an entry" in line for line in warnings), warnings
+    assert entry is not None and decode(entry.result).result == "fresh result", (
+        "a malformed ledger entry must be replaced by the result of the call that ran again"
+    )
+    assert not any("COMPLETED but the ledger already holds an entry" in line for line in warnings), warnings
+    assert any("malformed ledger entry was replaced" in line for line in log_lines(caplog, logging.INFO))
+
+
+async def test_malformed_entry_of_a_started_side_effect_call_pauses_the_run_and_says_so(
+    backend: Backend, checkpointer: Checkpointer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Default in-doubt policy: the log line says the run pauses (it does not claim the tool runs again)."""
+    t = backend.thread()
+    ran: Counter[str] = Counter()
+
+    @tool(side_effects=True)
+    async def charge_card() -> str:
+        ran["charge_card"] += 1
+        return "charged"
+
+    request = await seed_tool_step(checkpointer, t, [call("call_1", "charge_card")])
+    key = f"{request.id}:call_1"
+    await checkpointer.intent_put(t, key, "charge_card", idempotency_key(t, key))
+    await checkpointer.ledger_put(t, key, "charge_card", {"not": "an envelope"})
+    paused = await app_for([charge_card], [], checkpointer).ainvoke(None, {"thread_id": t})
+    [pending] = paused["__interrupt__"]
+    assert pending.payload["reason"] == "in_doubt" and ran["charge_card"] == 0
+    [line] = [line for line in log_lines(caplog, logging.WARNING) if "is malformed" in line]
+    assert "the run pauses with an in-doubt interrupt" in line, f"the log must say what really happens next: {line}"
+    assert "the tool will run again" not in line.split("if not,")[0], line
+
+    values = await app_for([charge_card], [], checkpointer).ainvoke(Command(resume="retry"), {"thread_id": t})
+    assert ran["charge_card"] == 1 and tool_messages(values)["call_1"].content == "charged"
+    entry = await checkpointer.ledger_get(t, key)
+    assert entry is not None and decode(entry.result).result == "charged", "the retried call must repair the entry"
 
 
 async def test_unparsable_ledger_row_written_with_raw_sql_is_a_miss(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="agentrun")
     ran: Counter[str] = Counter()
 
     @tool
@@ -151,6 +185,9 @@ async def test_unparsable_ledger_row_written_with_raw_sql_is_a_miss(
     assert ran["lookup"] == 1, "an unparsable ledger row must be a miss: the tool runs"
     assert tool_messages(values)["call_1"].content == "fresh result"
     assert any("is malformed" in line for line in log_lines(caplog, logging.WARNING))
+    assert any("malformed ledger entry was replaced" in line for line in log_lines(caplog, logging.INFO)), (
+        "an unparsable row must be replaced by the fresh result"
+    )
 
 
 class UnreadableLedger(InMemoryCheckpointer):
@@ -160,7 +197,14 @@ class UnreadableLedger(InMemoryCheckpointer):
 
 class UnwritableLedger(InMemoryCheckpointer):
     async def ledger_put(
-        self, thread_id: str, key: str, tool_name: str, result: Any, *, attempt: int | None = None
+        self,
+        thread_id: str,
+        key: str,
+        tool_name: str,
+        result: Any,
+        *,
+        attempt: int | None = None,
+        run_uid: str | None = None,
     ) -> bool:
         raise StorageError("disk full")
 

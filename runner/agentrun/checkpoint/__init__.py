@@ -1,8 +1,40 @@
-"""Checkpointers: one interface (``base``), one module per backend."""
+"""Checkpointers: the protocols (``base``), one module per backend, the Redis hot cache as a wrapper.
 
-from .base import Checkpoint, Checkpointer, CheckpointWrite, Intent, LedgerEntry
+``PgCheckpointer`` and ``CachedStore`` load on first use, so importing
+agentrun imports neither asyncpg nor redis.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .base import (
+    Checkpoint,
+    Checkpointer,
+    CheckpointWrite,
+    ControlStore,
+    Intent,
+    LedgerEntry,
+    LedgerStore,
+    Progress,
+    StateStore,
+)
 from .memory import InMemoryCheckpointer
 from .sqlite import SqliteCheckpointer
+
+if TYPE_CHECKING:
+    from .cached import CachedStore
+    from .postgres import PgCheckpointer
+
+_LAZY = {"PgCheckpointer": ".postgres", "CachedStore": ".cached"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def from_url(url: str) -> Checkpointer:
@@ -23,13 +55,37 @@ def from_url(url: str) -> Checkpointer:
     raise ValueError(f"unknown store URL scheme in {url.split('://')[0]!r}:// (use sqlite:///, postgresql://)")
 
 
+def open_store(
+    url: str, *, redis_url: str | None = None, redis_prefix: str = "agentrun", cache_ttl: float = 3600.0
+) -> Checkpointer:
+    """The store for ``url`` (see ``from_url``), behind the Redis hot cache when ``redis_url`` is set.
+
+    The one factory of the runner and the operator. Nothing connects until
+    ``setup()`` or the first call; a Redis that is down costs a warning, the
+    store works without it. Raises ``ValueError`` for an unknown scheme.
+    """
+    store = from_url(url)
+    if not redis_url:
+        return store
+    from .cached import CachedStore
+
+    return CachedStore(store, redis_url=redis_url, redis_prefix=redis_prefix, cache_ttl=cache_ttl)
+
+
 __all__ = [
+    "CachedStore",
     "Checkpoint",
     "CheckpointWrite",
     "Checkpointer",
+    "ControlStore",
     "InMemoryCheckpointer",
     "Intent",
     "LedgerEntry",
+    "LedgerStore",
+    "PgCheckpointer",
+    "Progress",
     "SqliteCheckpointer",
+    "StateStore",
     "from_url",
+    "open_store",
 ]

@@ -1,22 +1,37 @@
-"""The checkpointer interface every backend implements.
+"""The store's interfaces: three small protocols, and ``Checkpointer`` for a store that has all three.
 
-A checkpointer stores, per thread: versioned state rows (one per durable
-step), the thread's messages (written incrementally: a step sends only the
-messages it added or replaced), the tool ledger, tool intents and stop
-requests. The engine is the only caller; backends hold no graph logic.
+A store keeps, per thread: versioned state rows (one per durable step), the
+thread's messages (written incrementally: a step sends only the messages it
+added or replaced), the tool ledger, tool intents, the run that owns the
+thread (fencing) and stop requests. Backends hold no graph logic.
+
+- ``StateStore``: versioned reads and writes of thread state. What the Redis
+  hot cache (``cached.CachedStore``) wraps.
+- ``LedgerStore``: the tool ledger and intents (what replay-safety rests on).
+- ``ControlStore``: fencing registration, stop requests and progress: all
+  the operator needs, and all it should depend on.
+- ``Checkpointer``: all three; what the engine takes, and the base class of
+  every backend (memory, SQLite, PostgreSQL) and of ``CachedStore``.
 
 Contract shared by all backends (the conformance suite in
-``tests/unit/test_checkpointers.py`` runs against each):
+``tests/unit/test_checkpointers.py`` runs it per protocol against each):
 
 - ``aput(thread_id, write, expected_version=v)`` commits state and its new
   messages atomically at version ``v + 1``, or raises ``StaleStateError``
   when the thread is no longer at ``v``. Nothing of a failed write lands.
 - ``ledger_put`` is insert-if-absent: the first recorded result for a key
   stays authoritative, a second write is a no-op that returns ``False``.
+  ``ledger_replace`` is the one exception, for repair: it swaps a row only
+  if it still holds exactly the text the caller read (compare-and-swap), so
+  of two repairers one wins and a well-formed row is never replaced.
 - ``ledger_get`` returns whatever is stored (the engine decides whether it
   is well-formed); it raises ``StorageError`` when the store cannot be read.
-- Ledger rows, intents and stop requests belong to a thread, and deleting
-  the thread deletes them.
+- Fencing (``register_attempt``, see ``claim`` and ``check_fence`` for the
+  rule): a thread outlives its AgentRuns, so ownership is a run uid plus its
+  attempt; every write that carries an older attempt of the owner, or
+  another run's uid, raises ``FencedError`` and nothing of it lands.
+- Ledger rows, intents, ownership and stop requests belong to a thread, and
+  deleting the thread deletes them.
 """
 
 from __future__ import annotations
@@ -24,12 +39,12 @@ from __future__ import annotations
 import abc
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, runtime_checkable
 
+from ..errors import FencedError
 from ..messages import Message
 
 RunStatus = Literal["running", "interrupted", "completed", "stopped", "failed"]
-TERMINAL_STATUSES: frozenset[str] = frozenset({"completed", "stopped", "failed"})
 
 
 @dataclass
@@ -71,6 +86,27 @@ class CheckpointWrite:
 
 
 @dataclass(frozen=True)
+class Head:
+    """The cheap head of a thread: its latest version, and which life of the thread id it is.
+
+    ``incarnation`` changes when a thread is deleted and created again under
+    the same id, so nothing cached for the old thread passes for the new one.
+    """
+
+    version: int
+    incarnation: str
+
+
+@dataclass(frozen=True)
+class Commit:
+    """What a durable write committed: the new version, the thread's incarnation, the commit time."""
+
+    version: int
+    incarnation: str
+    created_at: float
+
+
+@dataclass(frozen=True)
 class Progress:
     """Where a thread is, read cheaply: what the operator mirrors into the AgentRun status."""
 
@@ -83,8 +119,11 @@ class Progress:
     # False when the step is known only from a hot cache (``durable_checkpoint_every_step: false``):
     # a crash resumes from ``version``, not from this step.
     durable: bool = True
-    # The newest attempt registered for the thread, where the backend tracks it.
+    # The owner of the thread (the run uid and attempt registered last), where the backend tracks it.
     attempt: int | None = None
+    run_uid: str | None = None
+    # ``Head.incarnation``, where the backend reads it with the progress.
+    incarnation: str | None = None
     error: dict[str, Any] | None = None
     stop_reason: str | None = None
     tool_calls: dict[str, int] = field(default_factory=dict)
@@ -114,6 +153,8 @@ class LedgerEntry:
     # The stored envelope as decoded JSON; ``None`` when the stored text was not JSON.
     result: Any
     created_at: float
+    # The stored text exactly: what ``ledger_replace(expected_text=...)`` compares against.
+    text: str | None = None
 
 
 @dataclass(frozen=True)
@@ -124,68 +165,201 @@ class Intent:
     started_at: float
 
 
-class Checkpointer(abc.ABC):
-    """Durable storage of thread state, the tool ledger, intents and stop requests."""
+# -- fencing: one rule, every backend ----------------------------------------------------------
 
-    backend = "base"
 
+@dataclass(frozen=True)
+class Owner:
+    """The run that owns a thread: the uid of its AgentRun (``None`` outside Kubernetes) and its attempt."""
+
+    run_uid: str | None
+    attempt: int
+
+
+def claim(thread_id: str, owner: Owner | None, *, attempt: int, run_uid: str | None, seen: bool) -> Owner:
+    """The owner after ``run_uid``'s ``attempt`` registers on a thread owned by ``owner``.
+
+    Backends call this under the thread's lock. ``seen``: ``run_uid``
+    registered on this thread before. The rule:
+
+    - the owner's run (same uid, or both ``None``): a newer or equal attempt
+      takes over, an older one raises ``FencedError``;
+    - another run that registered here before was superseded by the owner:
+      ``FencedError`` naming the owner (a pod of an old AgentRun cannot take
+      the thread back);
+    - a run never seen here is a new AgentRun on a thread that outlived the
+      previous one: it claims the thread, whatever its attempt number;
+    - without a run uid only attempt numbers count (the rule before uids).
+
+    Limit: "newer" means "registered later". Two AgentRuns started on one
+    thread at once end with the later registrant owning it; the other is
+    fenced at its next write.
+    """
+    if owner is None:
+        return Owner(run_uid, attempt)
+    if run_uid == owner.run_uid or run_uid is None:
+        _check_attempt(thread_id, owner, attempt)
+        return Owner(run_uid, attempt)
+    if seen:
+        raise FencedError(
+            f"thread {thread_id!r} is owned by {_describe(owner)}; run {run_uid} was superseded and must stop "
+            "without further side effects"
+        )
+    return Owner(run_uid, attempt)
+
+
+def check_fence(thread_id: str, owner: Owner | None, *, attempt: int | None, run_uid: str | None) -> None:
+    """Raise ``FencedError`` unless a write of ``run_uid``'s ``attempt`` may land on a thread owned by ``owner``.
+
+    Refused: another run's uid (when both are set), or an attempt older than
+    the owner's. A writer without a run uid or attempt is checked on what it has.
+    """
+    if owner is None:
+        return
+    if run_uid is not None and owner.run_uid is not None and run_uid != owner.run_uid:
+        raise FencedError(
+            f"thread {thread_id!r} is owned by {_describe(owner)}; run {run_uid} was superseded and must stop "
+            "without further side effects"
+        )
+    if attempt is not None:
+        _check_attempt(thread_id, owner, attempt)
+
+
+def _check_attempt(thread_id: str, owner: Owner, attempt: int) -> None:
+    if attempt < owner.attempt:
+        raise FencedError(
+            f"thread {thread_id!r}: attempt {attempt} is fenced off by newer attempt {owner.attempt}; "
+            "this attempt must stop without further side effects"
+        )
+
+
+def _describe(owner: Owner) -> str:
+    run = f"AgentRun uid {owner.run_uid}" if owner.run_uid else "a run without uid"
+    return f"{run} (attempt {owner.attempt})"
+
+
+# -- the protocols -------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class StateStore(Protocol):
+    """Versioned thread state. Writes are optimistic (``expected_version``) and fenced."""
+
+    backend: str
+
+    @abc.abstractmethod
     async def setup(self) -> None:
         """Create or migrate the schema; idempotent, safe to call from every process."""
 
+    @abc.abstractmethod
     async def aclose(self) -> None:
-        """Release connections; the checkpointer cannot be used afterwards."""
-
-    # -- state -------------------------------------------------------------
+        """Release connections; the store cannot be used afterwards."""
 
     @abc.abstractmethod
     async def aget(self, thread_id: str) -> Checkpoint | None:
         """The latest durable checkpoint with all its messages, or ``None`` for an unknown thread."""
 
     @abc.abstractmethod
-    async def aput(
-        self, thread_id: str, write: CheckpointWrite, *, expected_version: int, attempt: int | None = None
-    ) -> int:
-        """Commit ``write`` at ``expected_version + 1`` and return that version.
+    async def ahead(self, thread_id: str) -> Head | None:
+        """The latest version and incarnation from one cheap read, or ``None`` for a thread without state."""
+
+    @abc.abstractmethod
+    async def acommit(
+        self,
+        thread_id: str,
+        write: CheckpointWrite,
+        *,
+        expected_version: int,
+        attempt: int | None = None,
+        run_uid: str | None = None,
+    ) -> Commit:
+        """Commit ``write`` at ``expected_version + 1``; returns what was committed.
 
         Raises ``StaleStateError`` if the thread's latest version is not
-        ``expected_version``, and ``FencedError`` if ``attempt`` is older than
-        the newest attempt registered for the thread.
+        ``expected_version``, and ``FencedError`` if the writer (``run_uid``,
+        ``attempt``) no longer owns the thread (``check_fence``).
         """
 
-    async def aget_progress(self, thread_id: str) -> Progress | None:
-        """Version, node, step and outcome of the thread's latest state, or ``None`` for an unknown thread.
+    @abc.abstractmethod
+    async def aput(
+        self,
+        thread_id: str,
+        write: CheckpointWrite,
+        *,
+        expected_version: int,
+        attempt: int | None = None,
+        run_uid: str | None = None,
+    ) -> int:
+        """``acommit`` returning only the new version."""
 
-        This default reads the whole checkpoint; backends override it with a cheaper query.
-        """
-        checkpoint = await self.aget(thread_id)
-        return None if checkpoint is None else Progress.from_checkpoint(checkpoint)
-
+    @abc.abstractmethod
     async def cache_put(self, thread_id: str, write: CheckpointWrite, *, version: int) -> None:
-        """Record a non-durable step (``durable_checkpoint_every_step: false``).
+        """Record a non-durable step (``durable_checkpoint_every_step: false``); not fenced.
 
-        Backends without a hot cache keep nothing: the next durable write
+        Stores without a hot cache keep nothing: the next durable write
         carries every message since the last one.
         """
 
-    # -- ledger and intents ------------------------------------------------
+    @abc.abstractmethod
+    async def delete_thread(self, thread_id: str) -> None:
+        """Delete the thread with its states, messages, ledger, intents, owner and stop request."""
 
     @abc.abstractmethod
-    async def ledger_get(self, thread_id: str, key: str) -> LedgerEntry | None: ...
+    async def list_threads(self) -> list[str]:
+        """Ids of the threads that have state."""
+
+
+@runtime_checkable
+class LedgerStore(Protocol):
+    """The tool ledger (first result wins) and the intents of calls with side effects."""
+
+    @abc.abstractmethod
+    async def ledger_get(self, thread_id: str, key: str) -> LedgerEntry | None:
+        """What is stored for ``key``, well-formed or not; raises ``StorageError`` if unreadable."""
 
     @abc.abstractmethod
     async def ledger_put(
-        self, thread_id: str, key: str, tool_name: str, result: Any, *, attempt: int | None = None
+        self,
+        thread_id: str,
+        key: str,
+        tool_name: str,
+        result: Any,
+        *,
+        attempt: int | None = None,
+        run_uid: str | None = None,
     ) -> bool:
         """Record a completed call; ``False`` if the key was already recorded (first result wins).
 
-        Raises ``FencedError`` like ``aput``.
+        Raises ``FencedError`` like ``StateStore.acommit``.
         """
 
     @abc.abstractmethod
-    async def ledger_list(self, thread_id: str) -> list[LedgerEntry]: ...
+    async def ledger_replace(
+        self,
+        thread_id: str,
+        key: str,
+        tool_name: str,
+        result: Any,
+        *,
+        expected_text: str,
+        attempt: int | None = None,
+        run_uid: str | None = None,
+    ) -> bool:
+        """Replace the entry of ``key`` only if it is ``tool_name``'s and its text is exactly ``expected_text``.
+
+        For repairing a malformed entry after the tool ran again: ``False``
+        when the entry changed since it was read (another repairer won; its
+        result stays authoritative) or is gone. Raises ``FencedError`` like
+        ``ledger_put``.
+        """
 
     @abc.abstractmethod
-    async def intent_get(self, thread_id: str, key: str) -> Intent | None: ...
+    async def ledger_list(self, thread_id: str) -> list[LedgerEntry]:
+        """Every entry of the thread, oldest first."""
+
+    @abc.abstractmethod
+    async def intent_get(self, thread_id: str, key: str) -> Intent | None:
+        """The recorded start of a call with side effects, or ``None``."""
 
     @abc.abstractmethod
     async def intent_put(
@@ -196,22 +370,33 @@ class Checkpointer(abc.ABC):
         idempotency_key: str | None,
         *,
         attempt: int | None = None,
+        run_uid: str | None = None,
     ) -> None:
         """Record that a call with side effects is about to start (kept if already present).
 
-        Raises ``FencedError`` like ``aput``: a fenced attempt must not start side effects.
+        Raises ``FencedError`` like ``ledger_put``: a fenced run must not start side effects.
         """
 
-    # -- fencing -----------------------------------------------------------
+
+@runtime_checkable
+class ControlStore(Protocol):
+    """Who owns a thread, stop requests, and where the thread is: what the operator needs."""
 
     @abc.abstractmethod
-    async def register_attempt(self, thread_id: str, attempt: int) -> None:
-        """Claim the thread for ``attempt``; later writes from older attempts raise ``FencedError``.
+    async def setup(self) -> None:
+        """Create or migrate the schema; idempotent, safe to call from every process."""
 
-        Raises ``FencedError`` if a newer attempt already registered.
+    @abc.abstractmethod
+    async def aclose(self) -> None:
+        """Release connections; the store cannot be used afterwards."""
+
+    @abc.abstractmethod
+    async def register_attempt(self, thread_id: str, attempt: int, *, run_uid: str | None = None) -> None:
+        """Claim the thread for ``run_uid``'s ``attempt`` under the thread's lock (the rule: ``claim``).
+
+        Later writes of older attempts and of superseded runs raise
+        ``FencedError``; so does this call when the caller is itself fenced.
         """
-
-    # -- stop requests -----------------------------------------------------
 
     @abc.abstractmethod
     async def request_stop(self, thread_id: str, reason: str = "") -> None:
@@ -222,13 +407,49 @@ class Checkpointer(abc.ABC):
         """The reason of a pending stop request (possibly ``""``), or ``None`` if there is none."""
 
     @abc.abstractmethod
-    async def clear_stop(self, thread_id: str) -> None: ...
-
-    # -- threads -----------------------------------------------------------
-
-    @abc.abstractmethod
-    async def delete_thread(self, thread_id: str) -> None:
-        """Delete the thread with its states, messages, ledger, intents and stop request."""
+    async def clear_stop(self, thread_id: str) -> None:
+        """Acknowledge a stop request; clearing none is fine."""
 
     @abc.abstractmethod
-    async def list_threads(self) -> list[str]: ...
+    async def aget_progress(self, thread_id: str) -> Progress | None:
+        """Version, node, step, owner and outcome of the thread's latest state, or ``None`` for an unknown thread."""
+
+
+class Checkpointer(StateStore, LedgerStore, ControlStore, abc.ABC):
+    """A store with all three protocols: what the engine needs. Backends subclass it.
+
+    Defaults: ``aput`` is ``acommit``'s version, ``cache_put`` keeps nothing,
+    ``aget_progress`` reads the whole checkpoint (backends override it with a
+    cheaper query), ``setup``/``aclose`` do nothing.
+    """
+
+    backend = "base"
+
+    async def setup(self) -> None:
+        """Create or migrate the schema; idempotent, safe to call from every process."""
+
+    async def aclose(self) -> None:
+        """Release connections; the store cannot be used afterwards."""
+
+    async def aput(
+        self,
+        thread_id: str,
+        write: CheckpointWrite,
+        *,
+        expected_version: int,
+        attempt: int | None = None,
+        run_uid: str | None = None,
+    ) -> int:
+        """Commit ``write`` at ``expected_version + 1`` and return that version (see ``acommit``)."""
+        commit = await self.acommit(
+            thread_id, write, expected_version=expected_version, attempt=attempt, run_uid=run_uid
+        )
+        return commit.version
+
+    async def cache_put(self, thread_id: str, write: CheckpointWrite, *, version: int) -> None:
+        """Keep nothing: without a hot cache the next durable write carries every message since the last."""
+
+    async def aget_progress(self, thread_id: str) -> Progress | None:
+        """Progress from the whole checkpoint (no owner, no incarnation); backends override it."""
+        checkpoint = await self.aget(thread_id)
+        return None if checkpoint is None else Progress.from_checkpoint(checkpoint)

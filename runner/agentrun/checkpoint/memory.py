@@ -7,14 +7,28 @@ not break on a durable backend because it kept a non-serializable object.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import FencedError, StaleStateError, StorageError
+from ..errors import StaleStateError, StorageError
 from ..messages import Message
-from .base import Checkpoint, Checkpointer, CheckpointWrite, Intent, LedgerEntry
+from .base import (
+    Checkpoint,
+    Checkpointer,
+    CheckpointWrite,
+    Commit,
+    Head,
+    Intent,
+    LedgerEntry,
+    Owner,
+    Progress,
+    check_fence,
+    claim,
+)
 
 
 @dataclass
@@ -25,7 +39,10 @@ class _Thread:
     ledger: dict[str, LedgerEntry] = field(default_factory=dict)
     intents: dict[str, Intent] = field(default_factory=dict)
     stop: str | None = None
-    attempt: int = 0
+    owner: Owner | None = None
+    # Every run uid that ever registered on the thread: a superseded run cannot take it back.
+    runs: set[str] = field(default_factory=set)
+    incarnation: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
 def _roundtrip(value: Any) -> Any:
@@ -36,18 +53,17 @@ def _roundtrip(value: Any) -> Any:
         raise StorageError(f"state is not JSON-serializable: {e}") from e
 
 
+def _entry(key: str, tool_name: str, result: Any, created_at: float) -> LedgerEntry:
+    value = _roundtrip(result)
+    return LedgerEntry(key, tool_name, value, created_at, text=json.dumps(value, separators=(",", ":")))
+
+
 class InMemoryCheckpointer(Checkpointer):
     backend = "memory"
 
     def __init__(self) -> None:
         self._threads: dict[str, _Thread] = {}
         self._lock = asyncio.Lock()
-
-    def _fence(self, thread: _Thread, thread_id: str, attempt: int | None) -> None:
-        if attempt is not None and attempt < thread.attempt:
-            raise FencedError(
-                f"thread {thread_id!r}: attempt {attempt} is fenced off by newer attempt {thread.attempt}"
-            )
 
     async def aget(self, thread_id: str) -> Checkpoint | None:
         thread = self._threads.get(thread_id)
@@ -66,12 +82,37 @@ class InMemoryCheckpointer(Checkpointer):
             created_at=s["created_at"],
         )
 
-    async def aput(
-        self, thread_id: str, write: CheckpointWrite, *, expected_version: int, attempt: int | None = None
-    ) -> int:
+    async def ahead(self, thread_id: str) -> Head | None:
+        thread = self._threads.get(thread_id)
+        if thread is None or thread.state is None:
+            return None
+        return Head(thread.version, thread.incarnation)
+
+    async def aget_progress(self, thread_id: str) -> Progress | None:
+        checkpoint = await self.aget(thread_id)
+        if checkpoint is None:
+            return None
+        thread = self._threads[thread_id]
+        owner = thread.owner
+        return dataclasses.replace(
+            Progress.from_checkpoint(checkpoint),
+            attempt=owner.attempt if owner else None,
+            run_uid=owner.run_uid if owner else None,
+            incarnation=thread.incarnation,
+        )
+
+    async def acommit(
+        self,
+        thread_id: str,
+        write: CheckpointWrite,
+        *,
+        expected_version: int,
+        attempt: int | None = None,
+        run_uid: str | None = None,
+    ) -> Commit:
         async with self._lock:
             thread = self._threads.setdefault(thread_id, _Thread())
-            self._fence(thread, thread_id, attempt)
+            check_fence(thread_id, thread.owner, attempt=attempt, run_uid=run_uid)
             if thread.version != expected_version:
                 raise StaleStateError(thread_id, expected_version, thread.version)
             state = _roundtrip(
@@ -96,21 +137,48 @@ class InMemoryCheckpointer(Checkpointer):
                     raise ValueError(f"message index {index} leaves a gap after {len(messages)}")
             thread.state, thread.messages = state, messages
             thread.version += 1
-            return thread.version
+            return Commit(thread.version, thread.incarnation, state["created_at"])
 
     async def ledger_get(self, thread_id: str, key: str) -> LedgerEntry | None:
         thread = self._threads.get(thread_id)
         return thread.ledger.get(key) if thread else None
 
     async def ledger_put(
-        self, thread_id: str, key: str, tool_name: str, result: Any, *, attempt: int | None = None
+        self,
+        thread_id: str,
+        key: str,
+        tool_name: str,
+        result: Any,
+        *,
+        attempt: int | None = None,
+        run_uid: str | None = None,
     ) -> bool:
         async with self._lock:
             thread = self._threads.setdefault(thread_id, _Thread())
-            self._fence(thread, thread_id, attempt)
+            check_fence(thread_id, thread.owner, attempt=attempt, run_uid=run_uid)
             if key in thread.ledger:
                 return False
-            thread.ledger[key] = LedgerEntry(key, tool_name, _roundtrip(result), time.time())
+            thread.ledger[key] = _entry(key, tool_name, result, time.time())
+            return True
+
+    async def ledger_replace(
+        self,
+        thread_id: str,
+        key: str,
+        tool_name: str,
+        result: Any,
+        *,
+        expected_text: str,
+        attempt: int | None = None,
+        run_uid: str | None = None,
+    ) -> bool:
+        async with self._lock:
+            thread = self._threads.setdefault(thread_id, _Thread())
+            check_fence(thread_id, thread.owner, attempt=attempt, run_uid=run_uid)
+            current = thread.ledger.get(key)
+            if current is None or current.tool_name != tool_name or current.text != expected_text:
+                return False
+            thread.ledger[key] = _entry(key, tool_name, result, current.created_at)
             return True
 
     async def ledger_list(self, thread_id: str) -> list[LedgerEntry]:
@@ -129,17 +197,20 @@ class InMemoryCheckpointer(Checkpointer):
         idempotency_key: str | None,
         *,
         attempt: int | None = None,
+        run_uid: str | None = None,
     ) -> None:
         async with self._lock:
             thread = self._threads.setdefault(thread_id, _Thread())
-            self._fence(thread, thread_id, attempt)
+            check_fence(thread_id, thread.owner, attempt=attempt, run_uid=run_uid)
             thread.intents.setdefault(key, Intent(key, tool_name, idempotency_key, time.time()))
 
-    async def register_attempt(self, thread_id: str, attempt: int) -> None:
+    async def register_attempt(self, thread_id: str, attempt: int, *, run_uid: str | None = None) -> None:
         async with self._lock:
             thread = self._threads.setdefault(thread_id, _Thread())
-            self._fence(thread, thread_id, attempt)
-            thread.attempt = attempt
+            seen = run_uid is not None and run_uid in thread.runs
+            thread.owner = claim(thread_id, thread.owner, attempt=attempt, run_uid=run_uid, seen=seen)
+            if run_uid is not None:
+                thread.runs.add(run_uid)
 
     async def request_stop(self, thread_id: str, reason: str = "") -> None:
         thread = self._threads.setdefault(thread_id, _Thread())

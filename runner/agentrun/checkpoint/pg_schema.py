@@ -163,6 +163,24 @@ MIGRATIONS: list[Migration] = [
         ALTER TABLE tool_intents ADD COLUMN attempt INTEGER;
         """,
     ),
+    Migration(
+        "fencing across AgentRuns: the owner's run uid, every run seen on a thread, the run that wrote each row",
+        """
+        -- NULL for owners registered before run uids (or without one): fenced by attempt alone.
+        ALTER TABLE attempts ADD COLUMN run_uid TEXT;
+        -- A thread outlives its AgentRuns: a run uid seen here before that no longer owns the
+        -- thread was superseded and must not take it back.
+        CREATE TABLE thread_runs (
+            thread_id {thread_id_type} NOT NULL REFERENCES threads (thread_id) ON DELETE CASCADE,
+            run_uid TEXT NOT NULL,
+            registered_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+            PRIMARY KEY (thread_id, run_uid)
+        );
+        ALTER TABLE states ADD COLUMN run_uid TEXT;
+        ALTER TABLE tool_executions ADD COLUMN run_uid TEXT;
+        ALTER TABLE tool_intents ADD COLUMN run_uid TEXT;
+        """,
+    ),
 ]
 
 _CREATE_VERSION_TABLE = """

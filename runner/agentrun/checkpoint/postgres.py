@@ -1,4 +1,4 @@
-"""The production checkpointer: PostgreSQL through an asyncpg pool, with an optional Redis hot cache.
+"""The production checkpointer: PostgreSQL through an asyncpg pool.
 
 Every runner pod of a cluster writes here, so these are the product's
 guarantees (DESIGN.md section 2, "PostgreSQL rules" and "Fencing"):
@@ -10,21 +10,23 @@ guarantees (DESIGN.md section 2, "PostgreSQL rules" and "Fencing"):
   and nothing of the write lands; ``UNIQUE (thread_id, version)`` backs the
   lock up. Only the messages a step added or replaced are sent.
 - The ledger (``tool_executions``) is insert-if-absent: the first recorded
-  result stays authoritative. Ledger rows, intents, stop requests and
-  attempts go with their thread (``ON DELETE CASCADE``); nothing is deleted
-  implicitly, only by ``delete_thread``.
-- Fencing. ``register_attempt`` records the pod attempt that owns a thread;
-  every write that carries an older attempt is refused with ``FencedError``.
-  Writes and registration serialize on the thread row lock, so no write of
-  an older attempt commits after a newer attempt's registration committed.
+  result stays authoritative; ``ledger_replace`` repairs a malformed row by
+  compare-and-swap on its exact text. Ledger rows, intents, stop requests,
+  the owner and the runs seen go with their thread (``ON DELETE CASCADE``);
+  nothing is deleted implicitly, only by ``delete_thread``.
+- Fencing. ``register_attempt`` records the run (AgentRun uid) and attempt
+  that own a thread, and every run uid that ever registered on it
+  (``base.claim`` is the rule: a new AgentRun claims a thread that outlived
+  the previous one, a superseded run cannot take it back). Every write that
+  carries another run's uid or an older attempt is refused with
+  ``FencedError``. Writes and registration serialize on the thread row
+  lock, so no fenced write commits after the registration that fenced it.
 - The schema migrates itself (``pg_schema``), under an advisory lock.
-- Redis (``redis_cache``), when configured, caches the latest checkpoint and
-  publishes progress and stop requests (``events()``); it is never the
-  source of truth and its failure never fails a run. With
-  ``durable_checkpoint_every_step: false`` the steps between durable writes
-  go to Redis only, as progress (``durable=False`` in ``aget_progress``).
+- The Redis hot cache is a wrapper (``cached.CachedStore``), built by
+  ``agentrun.checkpoint.open_store(dsn, redis_url=...)``; ``ahead`` and the
+  ``Commit`` of ``acommit`` give it the incarnation and version it checks.
 - ``aget_progress`` gives the operator version, node, step, status, error,
-  tool call counts and the registered attempt from one indexed query.
+  tool call counts and the owner (run uid, attempt) from one indexed query.
 
 HAZARDS (what this store cannot promise, and what to do):
 - Fencing refuses *writes*; it cannot recall a tool call that an old
@@ -50,18 +52,29 @@ HAZARDS (what this store cannot promise, and what to do):
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import asyncpg
 
-from ..errors import FencedError, StaleStateError, StorageError
+from ..errors import StaleStateError, StorageError
 from ..faults import fault_point
 from ..messages import Message
-from .base import Checkpoint, Checkpointer, CheckpointWrite, Intent, LedgerEntry, Progress
+from .base import (
+    Checkpoint,
+    Checkpointer,
+    CheckpointWrite,
+    Commit,
+    Head,
+    Intent,
+    LedgerEntry,
+    Owner,
+    Progress,
+    check_fence,
+    claim,
+)
 from .pg_schema import (
     MAX_THREAD_ID_LENGTH,
     MIGRATIONS,
@@ -69,7 +82,6 @@ from .pg_schema import (
     normalize_thread_id_type,
     validate_schema_name,
 )
-from .redis_cache import RedisHotCache
 
 if TYPE_CHECKING:
     from .pg_schema import Connection
@@ -89,24 +101,30 @@ _LOCK_THREAD = "SELECT incarnation::text FROM threads WHERE thread_id = $1 FOR U
 _SHARE_THREAD = "SELECT incarnation::text FROM threads WHERE thread_id = $1 FOR SHARE"
 # Read in a statement after the lock is granted: in READ COMMITTED each statement takes a new
 # snapshot, so this sees whatever the transaction we waited for committed.
-_REGISTERED_ATTEMPT = "SELECT attempt FROM attempts WHERE thread_id = $1"
-_HEAD = """
-    SELECT (SELECT attempt FROM attempts WHERE thread_id = $1) AS attempt,
-           (SELECT COALESCE(MAX(version), 0) FROM states WHERE thread_id = $1) AS version
+_OWNER = "SELECT run_uid, attempt FROM attempts WHERE thread_id = $1"
+_WRITE_HEAD = """
+    SELECT a.run_uid, a.attempt, (SELECT COALESCE(MAX(version), 0) FROM states WHERE thread_id = $1) AS version
+    FROM (SELECT 1) one LEFT JOIN attempts a ON a.thread_id = $1
 """
-# The lock on the thread row is held, so no other registration can interleave; GREATEST keeps
-# the newest attempt even if a caller skipped the fence check.
-_REGISTER_ATTEMPT = """
-    INSERT INTO attempts (thread_id, attempt) VALUES ($1, $2)
-    ON CONFLICT (thread_id) DO UPDATE SET attempt = GREATEST(attempts.attempt, EXCLUDED.attempt),
+_SEEN_RUN = "SELECT EXISTS (SELECT 1 FROM thread_runs WHERE thread_id = $1 AND run_uid = $2)"
+# The thread row is locked FOR UPDATE and base.claim() decided under it, so the row simply takes
+# the new owner (a new AgentRun's attempt may be lower than the previous run's).
+_PUT_OWNER = """
+    INSERT INTO attempts (thread_id, attempt, run_uid) VALUES ($1, $2, $3)
+    ON CONFLICT (thread_id) DO UPDATE SET attempt = EXCLUDED.attempt, run_uid = EXCLUDED.run_uid,
         registered_at = now()
+"""
+# DO NOTHING: a run's first registration on the thread is what marks it as seen.
+_RECORD_RUN = """
+    INSERT INTO thread_runs (thread_id, run_uid) VALUES ($1, $2) ON CONFLICT (thread_id, run_uid) DO NOTHING
 """
 
 # -- SQL: state and messages ------------------------------------------------------------------
 
 _INSERT_STATE = """
-    INSERT INTO states (thread_id, version, current_node, step, status, state_values, meta, message_count, attempt)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+    INSERT INTO states (thread_id, version, current_node, step, status, state_values, meta, message_count, attempt,
+                        run_uid)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
     RETURNING extract(epoch FROM created_at)::float8
 """
 # Upsert by index: an index below the stored count replaces a message (add_messages with a known id).
@@ -122,10 +140,9 @@ _HEAD_VERSION = """
     FROM threads t WHERE t.thread_id = $1
 """
 _LATEST = """
-    SELECT t.incarnation::text AS incarnation, s.version, s.current_node, s.step, s.status,
-           s.state_values, s.meta, s.message_count, extract(epoch FROM s.created_at)::float8 AS created_at
-    FROM threads t JOIN states s ON s.thread_id = t.thread_id
-    WHERE t.thread_id = $1 ORDER BY s.version DESC LIMIT 1
+    SELECT s.version, s.current_node, s.step, s.status, s.state_values, s.meta, s.message_count,
+           extract(epoch FROM s.created_at)::float8 AS created_at
+    FROM states s WHERE s.thread_id = $1 ORDER BY s.version DESC LIMIT 1
 """
 _MESSAGES = "SELECT body FROM messages WHERE thread_id = $1 AND idx < $2 ORDER BY idx"
 _PROGRESS = """
@@ -133,8 +150,8 @@ _PROGRESS = """
            extract(epoch FROM s.created_at)::float8 AS updated_at,
            s.meta -> 'error' AS error, s.meta ->> 'stop_reason' AS stop_reason,
            s.meta -> 'tool_calls' AS tool_calls, s.meta -> 'interrupts' AS interrupts,
-           (SELECT attempt FROM attempts a WHERE a.thread_id = t.thread_id) AS attempt
-    FROM threads t JOIN states s ON s.thread_id = t.thread_id
+           a.attempt, a.run_uid
+    FROM threads t LEFT JOIN attempts a ON a.thread_id = t.thread_id JOIN states s ON s.thread_id = t.thread_id
     WHERE t.thread_id = $1 ORDER BY s.version DESC LIMIT 1
 """
 
@@ -142,9 +159,17 @@ _PROGRESS = """
 
 # DO NOTHING: the first recorded result stays authoritative; a replayed record is a no-op.
 _PUT_LEDGER = """
-    INSERT INTO tool_executions (thread_id, tool_call_id, tool_name, result, result_text, attempt)
-    VALUES ($1, $2, $3, $4::text::jsonb, $5, $6)
+    INSERT INTO tool_executions (thread_id, tool_call_id, tool_name, result, result_text, attempt, run_uid)
+    VALUES ($1, $2, $3, $4::text::jsonb, $5, $6, $7)
     ON CONFLICT (thread_id, tool_call_id) DO NOTHING
+"""
+# Compare-and-swap on the exact stored text (the repair of a malformed row). The UPDATE locks the
+# row; a second repairer waits, then re-checks the WHERE on the row the first one wrote (READ
+# COMMITTED re-evaluates it), finds other text and updates nothing: one repair wins.
+_REPLACE_LEDGER = """
+    UPDATE tool_executions SET result = $4::text::jsonb, result_text = $5, attempt = $6, run_uid = $7
+    WHERE thread_id = $1 AND tool_call_id = $2 AND tool_name = $3
+      AND COALESCE(result_text, result::text) = $8
 """
 # result_text is the exact recorded text; result::text only for rows written by other tools.
 _GET_LEDGER = """
@@ -159,8 +184,8 @@ _LIST_LEDGER = """
 """
 # DO NOTHING: the first intent (its start time and idempotency key) is what a replay must see.
 _PUT_INTENT = """
-    INSERT INTO tool_intents (thread_id, tool_call_id, tool_name, idempotency_key, attempt)
-    VALUES ($1, $2, $3, $4, $5) ON CONFLICT (thread_id, tool_call_id) DO NOTHING
+    INSERT INTO tool_intents (thread_id, tool_call_id, tool_name, idempotency_key, attempt, run_uid)
+    VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (thread_id, tool_call_id) DO NOTHING
 """
 _GET_INTENT = """
     SELECT tool_name, idempotency_key, extract(epoch FROM started_at)::float8 AS started_at
@@ -215,12 +240,16 @@ def check_thread_id(thread_id: str) -> None:
         )
 
 
-def _check_fence(thread_id: str, attempt: int | None, registered: int | None) -> None:
-    if attempt is not None and registered is not None and attempt < registered:
-        raise FencedError(
-            f"thread {thread_id!r}: attempt {attempt} is fenced off by newer attempt {registered}; "
-            "this attempt must stop without further side effects"
-        )
+def _owner(row: asyncpg.Record | None) -> Owner | None:
+    if row is None or row["attempt"] is None:
+        return None
+    return Owner(row["run_uid"], int(row["attempt"]))
+
+
+async def _fence_txn(conn: Connection, thread_id: str, attempt: int | None, run_uid: str | None) -> None:
+    """Lock the thread row FOR SHARE and raise ``FencedError`` if the writer no longer owns the thread."""
+    await _lock_thread(conn, thread_id, _SHARE_THREAD)
+    check_fence(thread_id, _owner(await conn.fetchrow(_OWNER, thread_id)), attempt=attempt, run_uid=run_uid)
 
 
 async def _lock_thread(conn: Connection, thread_id: str, lock_sql: str) -> str:
@@ -235,12 +264,11 @@ async def _lock_thread(conn: Connection, thread_id: str, lock_sql: str) -> str:
 
 
 class PgCheckpointer(Checkpointer):
-    """``PgCheckpointer("postgresql://user@host/db", redis_url="redis://host:6379/0")``.
+    """``PgCheckpointer("postgresql://user@host/db")``; with Redis: ``open_store(dsn, redis_url=...)``.
 
     ``schema``: the PostgreSQL schema of the tables (created if missing).
     ``thread_id_type``: ``"text"`` (default) or ``"varchar(N)"``, N <= 253;
-    chosen when the schema is first created. ``redis_prefix`` namespaces the
-    Redis keys and channels (use one per environment sharing a Redis).
+    chosen when the schema is first created.
     """
 
     backend = "postgres"
@@ -249,9 +277,6 @@ class PgCheckpointer(Checkpointer):
         self,
         dsn: str,
         *,
-        redis_url: str | None = None,
-        redis_prefix: str = "agentrun",
-        cache_ttl: float = 3600.0,
         schema: str = "agentrun",
         thread_id_type: str = "text",
         min_pool_size: int = 1,
@@ -276,14 +301,9 @@ class PgCheckpointer(Checkpointer):
             },
             **(pool_options or {}),
         }
-        self.cache: RedisHotCache | None = (
-            RedisHotCache(redis_url, prefix=redis_prefix, ttl=cache_ttl) if redis_url else None
-        )
         self._pool: asyncpg.Pool[asyncpg.Record] | None = None
         self._pool_lock = asyncio.Lock()
         self._setup_done = False
-        # Incarnation of each thread this process touched, so non-durable progress can carry it.
-        self._incarnations: dict[str, str] = {}
 
     # -- plumbing ------------------------------------------------------------------------
 
@@ -330,11 +350,6 @@ class PgCheckpointer(Checkpointer):
                 raise StorageError(f"postgres {op} failed: {type(e).__name__}: {e}") from e
         raise AssertionError("unreachable")
 
-    def _remember(self, thread_id: str, incarnation: str) -> None:
-        if len(self._incarnations) > 10_000:
-            self._incarnations.clear()
-        self._incarnations[thread_id] = incarnation
-
     # -- life cycle ------------------------------------------------------------------------
 
     async def setup(self) -> None:
@@ -342,8 +357,6 @@ class PgCheckpointer(Checkpointer):
         await self._get_pool()
 
     async def aclose(self) -> None:
-        if self.cache is not None:
-            await self.cache.aclose()
         if self._pool is not None:
             pool, self._pool = self._pool, None
             try:
@@ -355,31 +368,16 @@ class PgCheckpointer(Checkpointer):
     # -- state -----------------------------------------------------------------------------
 
     async def aget(self, thread_id: str) -> Checkpoint | None:
-        """The latest checkpoint; from the hot cache only if it holds exactly PostgreSQL's latest version."""
-        if self.cache is not None and self.cache.usable:
-            head = await self._read("aget", lambda conn: conn.fetchrow(_HEAD_VERSION, thread_id))
-            if head is None or head["version"] is None:
-                return None
-            cached = await self.cache.get(thread_id, head["incarnation"], int(head["version"]))
-            if cached is not None:
-                self._remember(thread_id, head["incarnation"])
-                return cached
-        loaded = await self._read("aget", lambda conn: self._load_txn(conn, thread_id), snapshot=True)
-        if loaded is None:
-            return None
-        checkpoint, incarnation, bodies = loaded
-        self._remember(thread_id, incarnation)
-        if self.cache is not None:
-            await self.cache.fill(thread_id, incarnation, checkpoint, bodies)
-        return checkpoint
+        """The latest checkpoint, its state row and messages read in one snapshot."""
+        return await self._read("aget", lambda conn: self._load_txn(conn, thread_id), snapshot=True)
 
     @staticmethod
-    async def _load_txn(conn: Connection, thread_id: str) -> tuple[Checkpoint, str, list[str]] | None:
+    async def _load_txn(conn: Connection, thread_id: str) -> Checkpoint | None:
         row = await conn.fetchrow(_LATEST, thread_id)
         if row is None:
             return None
         bodies = [r["body"] for r in await conn.fetch(_MESSAGES, thread_id, row["message_count"])]
-        checkpoint = Checkpoint(
+        return Checkpoint(
             thread_id=thread_id,
             version=int(row["version"]),
             values=json.loads(row["state_values"]),
@@ -390,53 +388,59 @@ class PgCheckpointer(Checkpointer):
             meta=json.loads(row["meta"]),
             created_at=row["created_at"],
         )
-        return checkpoint, row["incarnation"], bodies
 
-    async def aput(
-        self, thread_id: str, write: CheckpointWrite, *, expected_version: int, attempt: int | None = None
-    ) -> int:
+    async def ahead(self, thread_id: str) -> Head | None:
+        """Latest version and incarnation from one index lookup (what a cache entry must match)."""
+        row = await self._read("head", lambda conn: conn.fetchrow(_HEAD_VERSION, thread_id))
+        if row is None or row["version"] is None:
+            return None
+        return Head(int(row["version"]), row["incarnation"])
+
+    async def acommit(
+        self,
+        thread_id: str,
+        write: CheckpointWrite,
+        *,
+        expected_version: int,
+        attempt: int | None = None,
+        run_uid: str | None = None,
+    ) -> Commit:
         check_thread_id(thread_id)
         values = _dumps(write.values, what="state")
         meta = _dumps(write.meta, what="run metadata")
         bodies = [(index, message.id, _dumps(message.to_json(), what="a message")) for index, message in write.messages]
-        try:
-            version, incarnation, created_at = await self._write(
-                "checkpoint",
-                lambda conn: self._put_txn(conn, thread_id, write, values, meta, bodies, expected_version, attempt),
-            )
-        except StaleStateError:
-            if self.cache is not None:
-                await self.cache.invalidate(thread_id)
-            raise
-        self._remember(thread_id, incarnation)
-        if self.cache is not None:
-            await self.cache.apply_write(
+        return await self._write(
+            "checkpoint",
+            lambda conn: self._put_txn(
+                conn,
                 thread_id,
-                incarnation,
-                base_version=expected_version,
-                version=version,
-                write=write,
-                created_at=created_at,
-                bodies=[(index, body) for index, _, body in bodies],
-                event=self._progress_event(thread_id, incarnation, version, write, durable=True, attempt=attempt),
-            )
-        return version
+                write,
+                values=values,
+                meta=meta,
+                bodies=bodies,
+                expected_version=expected_version,
+                attempt=attempt,
+                run_uid=run_uid,
+            ),
+        )
 
     @staticmethod
     async def _put_txn(
         conn: Connection,
         thread_id: str,
         write: CheckpointWrite,
+        *,
         values: str,
         meta: str,
         bodies: list[tuple[int, str | None, str]],
         expected_version: int,
         attempt: int | None,
-    ) -> tuple[int, str, float]:
+        run_uid: str | None,
+    ) -> Commit:
         incarnation = await _lock_thread(conn, thread_id, _LOCK_THREAD)
-        head = await conn.fetchrow(_HEAD, thread_id)
-        assert head is not None  # an aggregate query always returns one row
-        _check_fence(thread_id, attempt, head["attempt"])
+        head = await conn.fetchrow(_WRITE_HEAD, thread_id)
+        assert head is not None  # a join onto one constant row always returns one row
+        check_fence(thread_id, _owner(head), attempt=attempt, run_uid=run_uid)
         current = int(head["version"])
         if current != expected_version:
             raise StaleStateError(thread_id, expected_version, current)
@@ -453,6 +457,7 @@ class PgCheckpointer(Checkpointer):
                 meta,
                 write.message_count,
                 attempt,
+                run_uid,
             )
         except asyncpg.UniqueViolationError as e:
             # Unreachable while every writer takes the row lock; kept as the documented backstop.
@@ -460,42 +465,14 @@ class PgCheckpointer(Checkpointer):
         if bodies:
             await conn.executemany(_PUT_MESSAGE, [(thread_id, i, mid, body, version) for i, mid, body in bodies])
         fault_point("in_checkpoint_txn", str(version))
-        return version, incarnation, float(created_at)
-
-    async def cache_put(self, thread_id: str, write: CheckpointWrite, *, version: int) -> None:
-        """Publish a non-durable step's progress on Redis; PostgreSQL is not touched (nothing without Redis)."""
-        if self.cache is None:
-            return
-        incarnation = self._incarnations.get(thread_id, "")
-        event = self._progress_event(thread_id, incarnation, version, write, durable=False, attempt=None)
-        await self.cache.put_progress(thread_id, event)
-
-    @staticmethod
-    def _progress_event(
-        thread_id: str, incarnation: str, version: int, write: CheckpointWrite, *, durable: bool, attempt: int | None
-    ) -> dict[str, Any]:
-        return {
-            "type": "progress",
-            "thread_id": thread_id,
-            "incarnation": incarnation,
-            "version": version,
-            "current_node": write.current_node,
-            "step": write.step,
-            "status": write.status,
-            "durable": durable,
-            "attempt": attempt,
-        }
+        return Commit(version, incarnation, float(created_at))
 
     async def aget_progress(self, thread_id: str) -> Progress | None:
-        """Latest version, node, step and outcome from one indexed query (no messages read).
-
-        With Redis, a newer non-durable step of the same version is reported
-        with ``durable=False``; PostgreSQL's version is never understated.
-        """
+        """Latest version, node, step, owner and outcome from one indexed query (no messages read)."""
         row = await self._read("progress", lambda conn: conn.fetchrow(_PROGRESS, thread_id))
         if row is None:
             return None
-        progress = Progress(
+        return Progress(
             thread_id=thread_id,
             version=int(row["version"]),
             current_node=row["current_node"],
@@ -503,37 +480,13 @@ class PgCheckpointer(Checkpointer):
             status=row["status"],
             updated_at=row["updated_at"],
             attempt=row["attempt"],
+            run_uid=row["run_uid"],
+            incarnation=row["incarnation"],
             error=_loads(row["error"]),
             stop_reason=row["stop_reason"],
             tool_calls=_loads(row["tool_calls"]) or {},
             interrupts=_loads(row["interrupts"]) or [],
         )
-        if self.cache is None:
-            return progress
-        live = await self.cache.get_progress(thread_id)
-        if (
-            live is not None
-            and not live.get("durable", True)
-            and live.get("incarnation") in ("", row["incarnation"])
-            and live.get("version") == progress.version
-            and isinstance(live.get("step"), int)
-            and live["step"] > progress.step
-        ):
-            return dataclasses.replace(
-                progress,
-                current_node=live.get("current_node"),
-                step=live["step"],
-                status=live.get("status", progress.status),
-                durable=False,
-            )
-        return progress
-
-    async def events(self, thread_id: str | None = None) -> AsyncIterator[dict[str, Any]]:
-        """Progress and stop events from Redis as they happen (``StorageError`` without Redis)."""
-        if self.cache is None:
-            raise StorageError("events need the Redis hot cache (redis_url); poll aget_progress instead")
-        async for event in self.cache.events(thread_id):
-            yield event
 
     # -- ledger and intents ------------------------------------------------------------------
 
@@ -541,30 +494,78 @@ class PgCheckpointer(Checkpointer):
         row = await self._read("ledger read", lambda conn: conn.fetchrow(_GET_LEDGER, thread_id, key))
         if row is None:
             return None
-        return LedgerEntry(key, row["tool_name"], _loads(row["result"]), row["created_at"])
+        return LedgerEntry(key, row["tool_name"], _loads(row["result"]), row["created_at"], text=row["result"])
 
     async def ledger_put(
-        self, thread_id: str, key: str, tool_name: str, result: Any, *, attempt: int | None = None
+        self,
+        thread_id: str,
+        key: str,
+        tool_name: str,
+        result: Any,
+        *,
+        attempt: int | None = None,
+        run_uid: str | None = None,
     ) -> bool:
         check_thread_id(thread_id)
         body = _dumps(result, what=f"the result of {tool_name}")
-        return await self._write(
-            "ledger record", lambda conn: self._ledger_put_txn(conn, thread_id, key, tool_name, body, attempt)
+        status = await self._write(
+            "ledger record",
+            lambda conn: self._ledger_write_txn(
+                conn, thread_id, _PUT_LEDGER, (key, tool_name, body), attempt=attempt, run_uid=run_uid
+            ),
         )
+        return status == "INSERT 0 1"
+
+    async def ledger_replace(
+        self,
+        thread_id: str,
+        key: str,
+        tool_name: str,
+        result: Any,
+        *,
+        expected_text: str,
+        attempt: int | None = None,
+        run_uid: str | None = None,
+    ) -> bool:
+        check_thread_id(thread_id)
+        body = _dumps(result, what=f"the result of {tool_name}")
+        status = await self._write(
+            "ledger repair",
+            lambda conn: self._ledger_write_txn(
+                conn,
+                thread_id,
+                _REPLACE_LEDGER,
+                (key, tool_name, body),
+                attempt=attempt,
+                run_uid=run_uid,
+                extra=(expected_text,),
+            ),
+        )
+        return status == "UPDATE 1"
 
     @staticmethod
-    async def _ledger_put_txn(
-        conn: Connection, thread_id: str, key: str, tool_name: str, body: str, attempt: int | None
-    ) -> bool:
-        await _lock_thread(conn, thread_id, _SHARE_THREAD)
-        _check_fence(thread_id, attempt, await conn.fetchval(_REGISTERED_ATTEMPT, thread_id))
+    async def _ledger_write_txn(
+        conn: Connection,
+        thread_id: str,
+        sql: str,
+        row: tuple[str, str, str],
+        *,
+        attempt: int | None,
+        run_uid: str | None,
+        extra: tuple[str, ...] = (),
+    ) -> str:
+        """``_PUT_LEDGER`` or ``_REPLACE_LEDGER`` of ``(key, tool name, body)``, fenced; returns the status tag."""
+        await _fence_txn(conn, thread_id, attempt, run_uid)
+        key, tool_name, body = row
         queryable = None if "\\u0000" in body else body  # JSONB cannot hold U+0000; result_text can
-        status = await conn.execute(_PUT_LEDGER, thread_id, key, tool_name, queryable, body, attempt)
-        return bool(status == "INSERT 0 1")
+        return str(await conn.execute(sql, thread_id, key, tool_name, queryable, body, attempt, run_uid, *extra))
 
     async def ledger_list(self, thread_id: str) -> list[LedgerEntry]:
         rows = await self._read("ledger list", lambda conn: conn.fetch(_LIST_LEDGER, thread_id))
-        return [LedgerEntry(r["tool_call_id"], r["tool_name"], _loads(r["result"]), r["created_at"]) for r in rows]
+        return [
+            LedgerEntry(r["tool_call_id"], r["tool_name"], _loads(r["result"]), r["created_at"], text=r["result"])
+            for r in rows
+        ]
 
     async def intent_get(self, thread_id: str, key: str) -> Intent | None:
         row = await self._read("intent read", lambda conn: conn.fetchrow(_GET_INTENT, thread_id, key))
@@ -578,44 +579,37 @@ class PgCheckpointer(Checkpointer):
         idempotency_key: str | None,
         *,
         attempt: int | None = None,
+        run_uid: str | None = None,
     ) -> None:
         check_thread_id(thread_id)
-        await self._write(
-            "intent record",
-            lambda conn: self._intent_put_txn(conn, thread_id, key, tool_name, idempotency_key, attempt),
-        )
 
-    @staticmethod
-    async def _intent_put_txn(
-        conn: Connection,
-        thread_id: str,
-        key: str,
-        tool_name: str,
-        idempotency_key: str | None,
-        attempt: int | None,
-    ) -> None:
-        await _lock_thread(conn, thread_id, _SHARE_THREAD)
-        _check_fence(thread_id, attempt, await conn.fetchval(_REGISTERED_ATTEMPT, thread_id))
-        await conn.execute(_PUT_INTENT, thread_id, key, tool_name, idempotency_key, attempt)
+        async def txn(conn: Connection) -> None:
+            await _fence_txn(conn, thread_id, attempt, run_uid)
+            await conn.execute(_PUT_INTENT, thread_id, key, tool_name, idempotency_key, attempt, run_uid)
+
+        await self._write("intent record", txn)
 
     # -- fencing, stop, threads ---------------------------------------------------------------
 
-    async def register_attempt(self, thread_id: str, attempt: int) -> None:
+    async def register_attempt(self, thread_id: str, attempt: int, *, run_uid: str | None = None) -> None:
         check_thread_id(thread_id)
-        await self._write("attempt registration", lambda conn: self._register_attempt_txn(conn, thread_id, attempt))
+        await self._write(
+            "attempt registration", lambda conn: self._register_attempt_txn(conn, thread_id, attempt, run_uid)
+        )
 
     @staticmethod
-    async def _register_attempt_txn(conn: Connection, thread_id: str, attempt: int) -> None:
+    async def _register_attempt_txn(conn: Connection, thread_id: str, attempt: int, run_uid: str | None) -> None:
         await _lock_thread(conn, thread_id, _LOCK_THREAD)
-        _check_fence(thread_id, attempt, await conn.fetchval(_REGISTERED_ATTEMPT, thread_id))
-        await conn.execute(_REGISTER_ATTEMPT, thread_id, attempt)
+        owner = _owner(await conn.fetchrow(_OWNER, thread_id))
+        seen = run_uid is not None and bool(await conn.fetchval(_SEEN_RUN, thread_id, run_uid))
+        owner = claim(thread_id, owner, attempt=attempt, run_uid=run_uid, seen=seen)
+        await conn.execute(_PUT_OWNER, thread_id, owner.attempt, owner.run_uid)
+        if run_uid is not None:
+            await conn.execute(_RECORD_RUN, thread_id, run_uid)
 
     async def request_stop(self, thread_id: str, reason: str = "") -> None:
-        """Record the request in PostgreSQL (the truth the run polls), then announce it on Redis."""
         check_thread_id(thread_id)
         await self._write("stop request", lambda conn: self._request_stop_txn(conn, thread_id, reason))
-        if self.cache is not None:
-            await self.cache.publish(thread_id, {"type": "stop", "thread_id": thread_id, "reason": reason})
 
     @staticmethod
     async def _request_stop_txn(conn: Connection, thread_id: str, reason: str) -> None:
@@ -630,11 +624,8 @@ class PgCheckpointer(Checkpointer):
         await self._write("stop acknowledgement", lambda conn: conn.execute(_CLEAR_STOP, thread_id))
 
     async def delete_thread(self, thread_id: str) -> None:
-        """Delete the thread; states, messages, ledger, intents, stop request and attempt go by cascade."""
+        """Delete the thread; states, messages, ledger, intents, stop request and owner go by cascade."""
         await self._write("thread deletion", lambda conn: conn.execute(_DELETE_THREAD, thread_id))
-        self._incarnations.pop(thread_id, None)
-        if self.cache is not None:
-            await self.cache.forget(thread_id)
 
     async def list_threads(self) -> list[str]:
         rows = await self._read("thread list", lambda conn: conn.fetch(_LIST_THREADS))

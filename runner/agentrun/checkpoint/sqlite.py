@@ -18,14 +18,26 @@ import asyncio
 import json
 import sqlite3
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..errors import FencedError, StaleStateError, StorageError
+from ..errors import StaleStateError, StorageError
 from ..messages import Message
-from .base import Checkpoint, Checkpointer, CheckpointWrite, Intent, LedgerEntry
+from .base import (
+    Checkpoint,
+    Checkpointer,
+    CheckpointWrite,
+    Commit,
+    Head,
+    Intent,
+    LedgerEntry,
+    Owner,
+    check_fence,
+    claim,
+)
 
 T = TypeVar("T")
 
@@ -91,9 +103,39 @@ MIGRATIONS: list[str] = [
         registered_at REAL NOT NULL
     );
     """,
+    # 4: fencing across AgentRuns (the owner's run uid, every run that registered) and thread incarnations
+    """
+    ALTER TABLE attempts ADD COLUMN run_uid TEXT;
+    CREATE TABLE IF NOT EXISTS thread_runs (
+        thread_id TEXT NOT NULL REFERENCES threads(thread_id) ON DELETE CASCADE,
+        run_uid TEXT NOT NULL,
+        registered_at REAL NOT NULL,
+        PRIMARY KEY (thread_id, run_uid)
+    );
+    -- NULL on threads created before this migration: they read as incarnation 'legacy'.
+    ALTER TABLE threads ADD COLUMN incarnation TEXT;
+    """,
 ]
 
-_ENSURE_THREAD = "INSERT OR IGNORE INTO threads (thread_id, created_at) VALUES (?, ?)"
+# OR IGNORE: the thread row is created once; a new incarnation only after a deletion.
+_ENSURE_THREAD = "INSERT OR IGNORE INTO threads (thread_id, created_at, incarnation) VALUES (?, ?, ?)"
+_HEAD = """
+    SELECT COALESCE(t.incarnation, 'legacy'), (SELECT MAX(version) FROM states s WHERE s.thread_id = t.thread_id)
+    FROM threads t WHERE t.thread_id = ?
+"""
+_OWNER = "SELECT run_uid, attempt FROM attempts WHERE thread_id = ?"
+_SEEN_RUN = "SELECT 1 FROM thread_runs WHERE thread_id = ? AND run_uid = ?"
+# The write lock is held (BEGIN IMMEDIATE), and claim() decided: the row simply takes the new owner.
+_PUT_OWNER = """
+    INSERT INTO attempts (thread_id, attempt, run_uid, registered_at) VALUES (?, ?, ?, ?)
+    ON CONFLICT (thread_id) DO UPDATE SET attempt = excluded.attempt, run_uid = excluded.run_uid,
+        registered_at = excluded.registered_at
+"""
+# DO NOTHING: the first registration of a run on the thread is the one that matters.
+_RECORD_RUN = """
+    INSERT INTO thread_runs (thread_id, run_uid, registered_at) VALUES (?, ?, ?)
+    ON CONFLICT (thread_id, run_uid) DO NOTHING
+"""
 _MAX_VERSION = "SELECT COALESCE(MAX(version), 0) FROM states WHERE thread_id = ?"
 _LATEST = """
     SELECT version, current_node, step, status, state_values, meta, message_count, created_at
@@ -113,6 +155,11 @@ _PUT_MESSAGE = """
 _PUT_LEDGER = """
     INSERT INTO tool_executions (thread_id, tool_call_id, tool_name, result, created_at) VALUES (?, ?, ?, ?, ?)
     ON CONFLICT (thread_id, tool_call_id) DO NOTHING
+"""
+# Compare-and-swap on the exact stored text: of two repairers only the first matches.
+_REPLACE_LEDGER = """
+    UPDATE tool_executions SET result = ?
+    WHERE thread_id = ? AND tool_call_id = ? AND tool_name = ? AND result = ?
 """
 _PUT_INTENT = """
     INSERT INTO tool_intents (thread_id, tool_call_id, tool_name, idempotency_key, started_at)
@@ -170,12 +217,17 @@ class SqliteCheckpointer(Checkpointer):
         return result
 
     @staticmethod
-    def _check_fence(conn: sqlite3.Connection, thread_id: str, attempt: int | None) -> None:
-        if attempt is None:
-            return
-        row = conn.execute("SELECT attempt FROM attempts WHERE thread_id = ?", (thread_id,)).fetchone()
-        if row is not None and attempt < row[0]:
-            raise FencedError(f"thread {thread_id!r}: attempt {attempt} is fenced off by newer attempt {row[0]}")
+    def _ensure_thread(conn: sqlite3.Connection, thread_id: str, now: float) -> None:
+        conn.execute(_ENSURE_THREAD, (thread_id, now, uuid.uuid4().hex))
+
+    @staticmethod
+    def _owner(conn: sqlite3.Connection, thread_id: str) -> Owner | None:
+        row = conn.execute(_OWNER, (thread_id,)).fetchone()
+        return None if row is None else Owner(row[0], int(row[1]))
+
+    @classmethod
+    def _check_fence(cls, conn: sqlite3.Connection, thread_id: str, attempt: int | None, run_uid: str | None) -> None:
+        check_fence(thread_id, cls._owner(conn, thread_id), attempt=attempt, run_uid=run_uid)
 
     # -- schema ----------------------------------------------------------------
 
@@ -235,16 +287,29 @@ class SqliteCheckpointer(Checkpointer):
 
         return await self._run(load)
 
-    async def aput(
-        self, thread_id: str, write: CheckpointWrite, *, expected_version: int, attempt: int | None = None
-    ) -> int:
+    async def ahead(self, thread_id: str) -> Head | None:
+        def get(conn: sqlite3.Connection) -> Head | None:
+            row = conn.execute(_HEAD, (thread_id,)).fetchone()
+            return None if row is None or row[1] is None else Head(int(row[1]), str(row[0]))
+
+        return await self._run(get)
+
+    async def acommit(
+        self,
+        thread_id: str,
+        write: CheckpointWrite,
+        *,
+        expected_version: int,
+        attempt: int | None = None,
+        run_uid: str | None = None,
+    ) -> Commit:
         values, meta = _dumps(write.values), _dumps(write.meta)
         bodies = [(i, m.id, json.dumps(m.to_json(), separators=(",", ":"))) for i, m in write.messages]
         now = time.time()
 
-        def put(conn: sqlite3.Connection) -> int:
-            conn.execute(_ENSURE_THREAD, (thread_id, now))
-            self._check_fence(conn, thread_id, attempt)
+        def put(conn: sqlite3.Connection) -> Commit:
+            self._ensure_thread(conn, thread_id, now)
+            self._check_fence(conn, thread_id, attempt, run_uid)
             current = int(conn.execute(_MAX_VERSION, (thread_id,)).fetchone()[0])
             if current != expected_version:
                 raise StaleStateError(thread_id, expected_version, current)
@@ -264,7 +329,8 @@ class SqliteCheckpointer(Checkpointer):
                 ),
             )
             conn.executemany(_PUT_MESSAGE, [(thread_id, i, mid, body, version) for i, mid, body in bodies])
-            return version
+            incarnation = conn.execute(_HEAD, (thread_id,)).fetchone()[0]
+            return Commit(version, str(incarnation), now)
 
         return await self._run(lambda conn: self._write_txn(conn, put))
 
@@ -282,21 +348,47 @@ class SqliteCheckpointer(Checkpointer):
                 result = json.loads(row[1])
             except (TypeError, ValueError):
                 result = None  # unreadable: the engine treats it as a miss
-            return LedgerEntry(key, row[0], result, row[2])
+            return LedgerEntry(key, row[0], result, row[2], text=row[1])
 
         return await self._run(get)
 
     async def ledger_put(
-        self, thread_id: str, key: str, tool_name: str, result: Any, *, attempt: int | None = None
+        self,
+        thread_id: str,
+        key: str,
+        tool_name: str,
+        result: Any,
+        *,
+        attempt: int | None = None,
+        run_uid: str | None = None,
     ) -> bool:
         body, now = _dumps(result), time.time()
 
         def put(conn: sqlite3.Connection) -> bool:
-            conn.execute(_ENSURE_THREAD, (thread_id, now))
-            self._check_fence(conn, thread_id, attempt)
+            self._ensure_thread(conn, thread_id, now)
+            self._check_fence(conn, thread_id, attempt, run_uid)
             return conn.execute(_PUT_LEDGER, (thread_id, key, tool_name, body, now)).rowcount == 1
 
         return await self._run(lambda conn: self._write_txn(conn, put))
+
+    async def ledger_replace(
+        self,
+        thread_id: str,
+        key: str,
+        tool_name: str,
+        result: Any,
+        *,
+        expected_text: str,
+        attempt: int | None = None,
+        run_uid: str | None = None,
+    ) -> bool:
+        body = _dumps(result)
+
+        def replace(conn: sqlite3.Connection) -> bool:
+            self._check_fence(conn, thread_id, attempt, run_uid)
+            return conn.execute(_REPLACE_LEDGER, (body, thread_id, key, tool_name, expected_text)).rowcount == 1
+
+        return await self._run(lambda conn: self._write_txn(conn, replace))
 
     async def ledger_list(self, thread_id: str) -> list[LedgerEntry]:
         def get(conn: sqlite3.Connection) -> list[LedgerEntry]:
@@ -311,7 +403,7 @@ class SqliteCheckpointer(Checkpointer):
                     result = json.loads(body)
                 except (TypeError, ValueError):
                     result = None
-                entries.append(LedgerEntry(key, name, result, created))
+                entries.append(LedgerEntry(key, name, result, created, text=body))
             return entries
 
         return await self._run(get)
@@ -335,30 +427,29 @@ class SqliteCheckpointer(Checkpointer):
         idempotency_key: str | None,
         *,
         attempt: int | None = None,
+        run_uid: str | None = None,
     ) -> None:
         now = time.time()
 
         def put(conn: sqlite3.Connection) -> None:
-            conn.execute(_ENSURE_THREAD, (thread_id, now))
-            self._check_fence(conn, thread_id, attempt)
+            self._ensure_thread(conn, thread_id, now)
+            self._check_fence(conn, thread_id, attempt, run_uid)
             conn.execute(_PUT_INTENT, (thread_id, key, tool_name, idempotency_key, now))
 
         await self._run(lambda conn: self._write_txn(conn, put))
 
     # -- fencing, stop, threads ----------------------------------------------------
 
-    async def register_attempt(self, thread_id: str, attempt: int) -> None:
+    async def register_attempt(self, thread_id: str, attempt: int, *, run_uid: str | None = None) -> None:
         now = time.time()
 
         def put(conn: sqlite3.Connection) -> None:
-            conn.execute(_ENSURE_THREAD, (thread_id, now))
-            self._check_fence(conn, thread_id, attempt)
-            conn.execute(
-                "INSERT INTO attempts (thread_id, attempt, registered_at) VALUES (?, ?, ?) "
-                "ON CONFLICT (thread_id) DO UPDATE SET attempt = excluded.attempt, "
-                "registered_at = excluded.registered_at",
-                (thread_id, attempt, now),
-            )
+            self._ensure_thread(conn, thread_id, now)
+            seen = run_uid is not None and conn.execute(_SEEN_RUN, (thread_id, run_uid)).fetchone() is not None
+            owner = claim(thread_id, self._owner(conn, thread_id), attempt=attempt, run_uid=run_uid, seen=seen)
+            conn.execute(_PUT_OWNER, (thread_id, owner.attempt, owner.run_uid, now))
+            if run_uid is not None:
+                conn.execute(_RECORD_RUN, (thread_id, run_uid, now))
 
         await self._run(lambda conn: self._write_txn(conn, put))
 
@@ -366,7 +457,7 @@ class SqliteCheckpointer(Checkpointer):
         now = time.time()
 
         def put(conn: sqlite3.Connection) -> None:
-            conn.execute(_ENSURE_THREAD, (thread_id, now))
+            self._ensure_thread(conn, thread_id, now)
             conn.execute(
                 "INSERT INTO stop_requests (thread_id, reason, requested_at) VALUES (?, ?, ?) "
                 "ON CONFLICT (thread_id) DO NOTHING",
