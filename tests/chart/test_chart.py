@@ -295,6 +295,29 @@ def test_every_pod_meets_the_restricted_pod_security_profile(each: Rendering) ->
             assert container.get("resources", {}).get("requests"), f"{where}: requests (not BestEffort)"
 
 
+@pytest.mark.parametrize(
+    ("breach", "problem"),
+    [
+        ({"hostNetwork": True}, "hostNetwork is set"),
+        ({"volumes": [{"name": "h", "hostPath": {"path": "/"}}]}, "volume h has type ['hostPath']"),
+        ({"securityContext": {"runAsNonRoot": True}}, "c: seccompProfile is unset"),
+        ({"securityContext": {"seccompProfile": {"type": "RuntimeDefault"}}}, "c: runAsNonRoot is not true"),
+    ],
+    ids=["host-network", "host-path", "no-seccomp", "root"],
+)
+def test_the_restricted_profile_check_catches_what_it_must(breach: dict[str, Any], problem: str) -> None:
+    """The checker above is only as good as what it rejects."""
+    sc = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    good = {
+        "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [{"name": "c", "securityContext": sc}],
+    }
+    assert restricted_violations(good) == []
+    assert any(v.startswith(problem) for v in restricted_violations({**good, **breach})), restricted_violations(
+        {**good, **breach}
+    )
+
+
 def test_the_operator_container_is_hardened_beyond_the_profile() -> None:
     r = rendering("default")
     pod = r.find("Deployment", OPERATOR)["spec"]["template"]["spec"]
@@ -387,7 +410,8 @@ def test_notes_tell_the_next_three_commands(name: str) -> None:
     assert "kubectl apply -f examples/agentrun.yaml && kubectl get agentruns -w" in notes
     steps = [line for line in notes.splitlines() if line[:3] in {"1. ", "2. ", "3. "}]
     assert [s[:2] for s in steps] == ["1.", "2.", "3."], notes
-    assert ("create secret generic agentrun-store" in notes) == (name == "default")
+    assert "kubectl -n NAMESPACE create secret generic agentrun-store" in notes
+    assert ("svc.cluster.local" in notes) == (name == "dev-store"), "the dev store's DSN only when it exists"
 
 
 # -- values.schema.json ----------------------------------------------------------------------------------

@@ -121,3 +121,12 @@ purpose.
   resources: [events]
   verbs: [create]
 {{- end -}}
+
+{{/* The dev store's URLs, as runner pods in any namespace reach them. */}}
+{{- define "agentrun.devStorePostgresDsn" -}}
+{{- printf "postgresql://postgres@%s-postgres.%s.svc.cluster.local:5432/agentrun" (include "agentrun.fullname" .) .Release.Namespace -}}
+{{- end -}}
+
+{{- define "agentrun.devStoreRedisUrl" -}}
+{{- printf "redis://%s-redis.%s.svc.cluster.local:6379/0" (include "agentrun.fullname" .) .Release.Namespace -}}
+{{- end -}}
