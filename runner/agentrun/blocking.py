@@ -22,7 +22,7 @@ import asyncio
 import atexit
 import contextlib
 import threading
-from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator
+from collections.abc import AsyncGenerator, Callable, Coroutine, Generator
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -46,7 +46,7 @@ def run(call: Callable[[], Coroutine[Any, Any, T]], *, caller: str) -> T:
     return _wait(call())
 
 
-def iterate(open_stream: Callable[[], AsyncGenerator[T, None]], *, caller: str) -> Iterator[T]:
+def iterate(open_stream: Callable[[], AsyncGenerator[T, None]], *, caller: str) -> Generator[T, None, None]:
     """Iterate the async generator ``open_stream()`` on the blocking API's loop.
 
     Nothing happens until the first ``next()``; closing the iterator closes

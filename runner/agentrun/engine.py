@@ -22,7 +22,7 @@ from __future__ import annotations
 import inspect
 import time
 import uuid
-from collections.abc import AsyncGenerator, Coroutine, Iterator
+from collections.abc import AsyncGenerator, Coroutine, Generator
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
@@ -127,8 +127,14 @@ class CompiledGraph:
         """Blocking ``ainvoke``; raises ``RuntimeError`` inside a running event loop."""
         return blocking.run(lambda: self._blocking(self.ainvoke(input, config)), caller="invoke")
 
-    def stream(self, input: Any, config: RunConfig | dict[str, Any] | None = None) -> Iterator[StreamEvent]:
-        """Blocking ``astream``; raises ``RuntimeError`` inside a running event loop."""
+    def stream(
+        self, input: Any, config: RunConfig | dict[str, Any] | None = None
+    ) -> Generator[StreamEvent, None, None]:
+        """Blocking ``astream``; raises ``RuntimeError`` inside a running event loop.
+
+        Closing the generator early (``close()``, leaving a ``for`` loop and
+        dropping it) ends the run where it is, resumable with input ``None``.
+        """
         return blocking.iterate(lambda: self._blocking_stream(self.astream(input, config)), caller="stream")
 
     async def aget_state(self, config: RunConfig | dict[str, Any] | str) -> StateSnapshot | None:

@@ -30,10 +30,16 @@ class RecordingSqlite(SqliteCheckpointer):
         self.cached: list[CheckpointWrite] = []
 
     async def aput(
-        self, thread_id: str, write: CheckpointWrite, *, expected_version: int, attempt: int | None = None
+        self,
+        thread_id: str,
+        write: CheckpointWrite,
+        *,
+        expected_version: int,
+        attempt: int | None = None,
+        run_uid: str | None = None,
     ) -> int:
         self.writes.append(write)
-        return await super().aput(thread_id, write, expected_version=expected_version, attempt=attempt)
+        return await super().aput(thread_id, write, expected_version=expected_version, attempt=attempt, run_uid=run_uid)
 
     async def cache_put(self, thread_id: str, write: CheckpointWrite, *, version: int) -> None:
         self.cached.append(write)
