@@ -31,7 +31,7 @@ from .checkpoint.base import Checkpoint, Checkpointer, RunStatus
 from .checkpoint.memory import InMemoryCheckpointer
 from .config import RunConfig
 from .constants import END, START
-from .context import RunContext, RunLogger, ToolCounts, run_logger
+from .context import RunContext, ToolCounts, run_logger
 from .errors import (
     AgentRunError,
     FencedError,
@@ -169,23 +169,24 @@ class CompiledGraph:
         log = run_logger("agentrun.engine", cfg.thread_id, cfg.attempt)
         await self._setup()
         writer = RunWriter(self.checkpointer, cfg, log)
-        run = await self._open(input, cfg, writer, log)
+        run = await self._open(input, writer)
         while run.current_node not in (None, END):
-            node = await self._node_to_run(run, cfg, writer, preemption)
-            outcome = await self._execute(node, run, cfg, writer, preemption)
+            node = await self._node_to_run(run, writer, preemption)
+            outcome = await self._execute(node, run, writer, preemption=preemption)
             if isinstance(outcome, _Paused):
                 await writer.pause(run, outcome.interrupts)
                 yield self._event("interrupt", run, cfg, node.name, values=True, interrupts=outcome.interrupts)
                 return
-            yield await self._advance(node, run, outcome, cfg, writer)
+            yield await self._advance(node, run, outcome, writer=writer)
         if run.status != "completed":  # the turn reached END without a step (a graph from START to END)
             await writer.finish(run, "completed")
         yield self._event("end", run, cfg, None, values=True)
 
     # -- the loop's steps ----------------------------------------------------
 
-    async def _open(self, input: Any, cfg: RunConfig, writer: RunWriter, log: RunLogger) -> Run:
+    async def _open(self, input: Any, writer: RunWriter) -> Run:
         """Apply the life-cycle decision for ``input`` to the thread; returns the run to continue."""
+        cfg, log = writer.cfg, writer.log
         checkpoint = await self.checkpointer.aget(cfg.thread_id)
         action = lifecycle.decide(checkpoint, input, thread_id=cfg.thread_id)
         schema = self.graph.schema
@@ -218,8 +219,9 @@ class CompiledGraph:
         await writer.persist(run, durable=True)
         return run
 
-    async def _node_to_run(self, run: Run, cfg: RunConfig, writer: RunWriter, preemption: Preemption | None) -> Node:
+    async def _node_to_run(self, run: Run, writer: RunWriter, preemption: Preemption | None) -> Node:
         """The node to run next, unless the recursion limit, a preemption or a stop ends the run here."""
+        cfg = writer.cfg
         name = run.current_node
         assert name is not None
         if run.step >= cfg.recursion_limit:
@@ -237,12 +239,10 @@ class CompiledGraph:
             await writer.stop(run, reason)
         return node
 
-    async def _execute(
-        self, node: Node, run: Run, cfg: RunConfig, writer: RunWriter, preemption: Preemption | None
-    ) -> Any:
+    async def _execute(self, node: Node, run: Run, writer: RunWriter, *, preemption: Preemption | None) -> Any:
         """Run ``node`` under supervision; returns its update or ``_Paused``, and ends the run on anything else."""
         ctx = RunContext(
-            config=cfg,
+            config=writer.cfg,
             checkpointer=self.checkpointer,
             run_id=str(run.meta.get("run_id", "")),
             node=node.name,
@@ -272,8 +272,9 @@ class CompiledGraph:
         STEP_SECONDS.labels(node.name).observe(time.perf_counter() - started)
         return update
 
-    async def _advance(self, node: Node, run: Run, update: Any, cfg: RunConfig, writer: RunWriter) -> StreamEvent:
+    async def _advance(self, node: Node, run: Run, update: Any, *, writer: RunWriter) -> StreamEvent:
         """Merge the node's update, route to the next node and checkpoint the step; returns its event."""
+        cfg = writer.cfg
         before = len(run.messages)
         try:
             run.apply(self.graph.schema, update)

@@ -199,12 +199,12 @@ class ToolNode:
             return _error_message(call, f"{call.name}: {e}", "invalid_arguments")
         idem = ledger.idempotency_key(ctx.thread_id, key)
         if t.side_effects and key is not None:
-            decided = await self._check_intent(ctx, scope, t, key, idem, call, arguments)
+            decided = await self._check_intent(ctx, scope, t, key=key, idem=idem, call=call, arguments=arguments)
             if decided is not None:
                 return decided
         fault_point("before_tool", t.name)
         try:
-            result = await self._invoke(ctx, scope, t, call, arguments, state, idem)
+            result = await self._invoke(ctx, scope, t, call=call, arguments=arguments, state=state, idem=idem)
         except _ToolFailed as failed:
             return failed.message
         ctx.counts.executed += 1
@@ -220,6 +220,7 @@ class ToolNode:
         ctx: RunContext,
         scope: CallScope,
         t: Tool,
+        *,
         key: str,
         idem: str | None,
         call: ToolCall,
@@ -288,6 +289,7 @@ class ToolNode:
         ctx: RunContext,
         scope: CallScope,
         t: Tool,
+        *,
         call: ToolCall,
         arguments: dict[str, Any],
         state: dict[str, Any],
