@@ -34,7 +34,7 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from agentrun.checkpoint.base import Checkpointer, Progress
+from agentrun.checkpoint.base import ControlStore, Progress
 
 from ..decide.classify import PodView
 from ..decide.conditions import status_patch
@@ -150,7 +150,7 @@ class Reconciler:
         except InvalidSpec as e:
             await self._write(run, status, rejected(e), now)
             return
-        store: Checkpointer | None = None
+        store: ControlStore | None = None
         problem: StoreProblem | None = None
         progress: Progress | None = None
         thread = thread_key(ref.namespace, spec.threadId)
@@ -186,7 +186,7 @@ class Reconciler:
         await self._write(run, status, decision, now)
 
     async def _apply(
-        self, ref: RunRef, spec: AgentRunSpec, decision: Decision, store: Checkpointer | None, thread: str
+        self, ref: RunRef, spec: AgentRunSpec, decision: Decision, store: ControlStore | None, thread: str
     ) -> None:
         namespace, name = ref.namespace, ref.name
         if decision.request_stop and store is not None:

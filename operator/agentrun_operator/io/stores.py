@@ -1,4 +1,4 @@
-"""The operator's view of run stores: one checkpointer per store Secret, read for progress, written for stops.
+"""The operator's view of run stores: one ControlStore per store Secret, read for progress, written for stops.
 
 An AgentRun names its store by Secret (``spec.store.secretRef``, keys
 ``postgresDsn`` and optional ``redisUrl``). The operator reads that Secret
@@ -13,8 +13,8 @@ import base64
 import logging
 from dataclasses import dataclass
 
-from agentrun.checkpoint.base import Checkpointer
-from agentrun.checkpoint.postgres import PgCheckpointer
+from agentrun import checkpoint
+from agentrun.checkpoint.base import ControlStore
 
 from ..decide.decision import StoreProblem
 from ..decide.reasons import Reason
@@ -23,11 +23,9 @@ from .kube import KubeClient, NotFound, secret_path
 log = logging.getLogger("agentrun_operator.store")
 
 
-def open_store(dsn: str, redis_url: str | None) -> Checkpointer:
-    """The one place the operator constructs a store (from a store Secret's keys)."""
-    if redis_url is None:
-        return PgCheckpointer(dsn)
-    return PgCheckpointer(dsn, redis_url=redis_url)
+def open_store(dsn: str, redis_url: str | None) -> ControlStore:
+    """The one place the operator constructs a store (from a store Secret's keys): the runner's factory."""
+    return checkpoint.open_store(dsn, redis_url=redis_url)
 
 
 class StoreUnavailable(Exception):
@@ -41,7 +39,7 @@ class StoreUnavailable(Exception):
 @dataclass
 class _Entry:
     version: str
-    checkpointer: Checkpointer
+    checkpointer: ControlStore
 
 
 class StoreRegistry:
@@ -49,7 +47,7 @@ class StoreRegistry:
         self.kube = kube
         self._stores: dict[tuple[str, str], _Entry] = {}
 
-    async def get(self, namespace: str, secret: str) -> Checkpointer:
+    async def get(self, namespace: str, secret: str) -> ControlStore:
         try:
             body = await self.kube.get(secret_path(namespace, secret))
         except NotFound:
