@@ -66,6 +66,8 @@ class Env(enum.StrEnum):
     CONFIG = "AGENTRUN_CONFIG"
     INPUT = "AGENTRUN_INPUT"
     RESUME = "AGENTRUN_RESUME"
+    REQUEST_KEY = "AGENTRUN_REQUEST_KEY"
+    INPUTS_IN_STORE = "AGENTRUN_INPUTS_IN_STORE"
     METRICS_PORT = "AGENTRUN_METRICS_PORT"
     # From the store Secret by secretKeyRef, never inline (keys in STORE_SECRET_KEYS).
     POSTGRES_DSN = "AGENTRUN_POSTGRES_DSN"
@@ -99,6 +101,12 @@ class RunnerInputs(BaseModel):
     config: dict[str, Any] = {}  # the run config: CRD camelCase keys or snake_case
     input: dict[str, Any] | None = None  # starts a new turn
     resume: dict[str, Any] | None = None  # {"value": v} or {"values": {interrupt_id: v}}
+    # The turn's identity on the thread (spec.requestId, or derived from the run and its input):
+    # a request that already completed is not run again, one in progress is resumed.
+    request_key: str = ""
+    # True: input and resume are not in the environment (Linux caps one variable at 128 KiB) but in
+    # the store, written by the operator before it created the pod, keyed by (thread, run uid, attempt).
+    inputs_in_store: bool = False
     postgres_dsn: str | None = None
     redis_url: str | None = None
     store: str | None = None
@@ -114,7 +122,12 @@ class RunnerInputs(BaseModel):
             value = getattr(self, field)
             if field in _NOT_RENDERED or (value is None and field in ("user_id", "resume")):
                 continue
-            text = json.dumps(value) if isinstance(value, dict) or value is None else str(value)
+            if isinstance(value, bool):
+                text = "true" if value else "false"
+            elif isinstance(value, dict) or value is None:
+                text = json.dumps(value)
+            else:
+                text = str(value)
             env.append({"name": env_name(field).value, "value": text})
         return env
 

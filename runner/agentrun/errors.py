@@ -98,6 +98,31 @@ class StorageError(AgentRunError):
     code = "STORAGE_IO_001"
 
 
+class StoreUnavailableError(StorageError):
+    """The store stayed unreachable past the bounded retries; a later attempt may well succeed.
+
+    The runner exits ``ExitCode.STORE_UNAVAILABLE``; the operator reschedules it as a disruption.
+    """
+
+    code = "STORAGE_UNAVAILABLE_001"
+
+
+class StoreConfigError(StorageError):
+    """The store is misconfigured (malformed DSN, authentication failed, database missing).
+
+    Retrying cannot help: the runner exits ``ExitCode.FAILED`` and the operator reports
+    ``InvalidStore``. The message names the problem, never the credentials.
+    """
+
+    code = "STORAGE_CONFIG_001"
+
+
+class ToolError(AgentRunError):
+    """A tool call failed and the run config says tool errors fail the run (``fail_on_tool_error``)."""
+
+    code = "TOOL_ERROR_001"
+
+
 class ThreadStateError(AgentRunError):
     """The thread is not in a state that allows the requested call (e.g. resume a finished run)."""
 
