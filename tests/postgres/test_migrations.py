@@ -28,6 +28,7 @@ TABLES = {
     "stop_requests",
     "attempts",
     "thread_runs",
+    "run_inputs",
 }
 
 

@@ -238,6 +238,36 @@ async def test_stop_request_is_seen_by_another_connection(backend: Backend, chec
     assert await other.stop_requested(t) is None
 
 
+# -- run inputs -----------------------------------------------------------------------------------
+
+
+async def test_run_inputs_round_trip_per_run_and_attempt_and_go_with_their_thread(
+    backend: Backend, checkpointer: Checkpointer
+) -> None:
+    t = backend.thread()
+    assert await checkpointer.aget_run_inputs(t, run_uid="u1", attempt=1) is None
+    text = {"messages": [{"role": "user", "content": 'caf\u00e9 \U0001f600 \\ "q"'}], "n": 1.5, "z": None}
+    await checkpointer.put_run_inputs(t, run_uid="u1", attempt=1, input=text, resume=None)
+    record = await checkpointer.aget_run_inputs(t, run_uid="u1", attempt=1)
+    assert record is not None and (record.input, record.resume) == (text, None), "the input must read back exactly"
+    await checkpointer.put_run_inputs(t, run_uid="u1", attempt=1, input=text, resume={"value": {"ok": True}})
+    record = await checkpointer.aget_run_inputs(t, run_uid="u1", attempt=1)
+    assert record is not None and record.resume == {"value": {"ok": True}}, "writing an attempt again is an upsert"
+    assert await checkpointer.aget_run_inputs(t, run_uid="u1", attempt=2) is None, "inputs are per attempt"
+    assert await checkpointer.aget_run_inputs(t, run_uid="u2", attempt=1) is None, "inputs are per run uid"
+    await checkpointer.put_run_inputs(t, run_uid="u1", attempt=2, input=None, resume={"values": {"i": 1}})
+    record = await checkpointer.aget_run_inputs(t, run_uid="u1", attempt=2)
+    assert record is not None and (record.input, record.resume) == (None, {"values": {"i": 1}})
+    assert await checkpointer.aget_run_inputs(t, run_uid="u1", attempt=1) is None, "older attempts are dropped"
+    other = await backend.open()
+    assert await other.aget_run_inputs(t, run_uid="u1", attempt=2) == record, "another process reads the record"
+    assert t not in await checkpointer.list_threads(), "a thread with inputs but no state is not listed"
+    await checkpointer.delete_thread(t)
+    assert await checkpointer.aget_run_inputs(t, run_uid="u1", attempt=2) is None, "inputs go with their thread"
+    with pytest.raises(StorageError):
+        await checkpointer.put_run_inputs(t, run_uid="u1", attempt=3, input={"x": float("nan")}, resume=None)
+
+
 # -- fencing ------------------------------------------------------------------------------------
 
 

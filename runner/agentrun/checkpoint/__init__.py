@@ -17,6 +17,7 @@ from .base import (
     LedgerEntry,
     LedgerStore,
     Progress,
+    RunInputsRecord,
     StateStore,
 )
 from .memory import InMemoryCheckpointer
@@ -84,6 +85,7 @@ __all__ = [
     "LedgerStore",
     "PgCheckpointer",
     "Progress",
+    "RunInputsRecord",
     "SqliteCheckpointer",
     "StateStore",
     "from_url",

@@ -165,6 +165,18 @@ class Intent:
     started_at: float
 
 
+@dataclass(frozen=True)
+class RunInputsRecord:
+    """The input and resume value of one attempt, written by the operator before it creates the pod.
+
+    They travel through the store, not the environment: Linux caps one
+    environment string at 128 KiB, and an AgentRun's input may be larger.
+    """
+
+    input: dict[str, Any] | None
+    resume: dict[str, Any] | None
+
+
 # -- fencing: one rule, every backend ----------------------------------------------------------
 
 
@@ -413,6 +425,28 @@ class ControlStore(Protocol):
     @abc.abstractmethod
     async def aget_progress(self, thread_id: str) -> Progress | None:
         """Version, node, step, owner and outcome of the thread's latest state, or ``None`` for an unknown thread."""
+
+    @abc.abstractmethod
+    async def put_run_inputs(
+        self,
+        thread_id: str,
+        *,
+        run_uid: str,
+        attempt: int,
+        input: dict[str, Any] | None,
+        resume: dict[str, Any] | None,
+    ) -> None:
+        """Record the input and resume value of ``run_uid``'s ``attempt`` (an upsert: writing it again is fine).
+
+        Creates the thread row if missing; the record goes with the thread.
+        Older attempts' records of the same run are dropped (the runner reads
+        its own once, at start). Raises ``StorageError`` if the values are
+        not JSON or the store cannot be written.
+        """
+
+    @abc.abstractmethod
+    async def aget_run_inputs(self, thread_id: str, *, run_uid: str, attempt: int) -> RunInputsRecord | None:
+        """What ``put_run_inputs`` recorded for exactly this run uid and attempt, or ``None``."""
 
 
 class Checkpointer(StateStore, LedgerStore, ControlStore, abc.ABC):

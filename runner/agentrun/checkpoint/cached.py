@@ -38,7 +38,17 @@ from redis.exceptions import RedisError
 
 from ..errors import StaleStateError, StorageError
 from ..messages import Message
-from .base import Checkpoint, Checkpointer, CheckpointWrite, Commit, Head, Intent, LedgerEntry, Progress
+from .base import (
+    Checkpoint,
+    Checkpointer,
+    CheckpointWrite,
+    Commit,
+    Head,
+    Intent,
+    LedgerEntry,
+    Progress,
+    RunInputsRecord,
+)
 from .redis_cache import RedisHotCache
 
 
@@ -268,6 +278,20 @@ class CachedStore(Checkpointer):
 
     async def stop_requested(self, thread_id: str) -> str | None:
         return await self.inner.stop_requested(thread_id)
+
+    async def put_run_inputs(
+        self,
+        thread_id: str,
+        *,
+        run_uid: str,
+        attempt: int,
+        input: dict[str, Any] | None,
+        resume: dict[str, Any] | None,
+    ) -> None:
+        await self.inner.put_run_inputs(thread_id, run_uid=run_uid, attempt=attempt, input=input, resume=resume)
+
+    async def aget_run_inputs(self, thread_id: str, *, run_uid: str, attempt: int) -> RunInputsRecord | None:
+        return await self.inner.aget_run_inputs(thread_id, run_uid=run_uid, attempt=attempt)
 
     async def clear_stop(self, thread_id: str) -> None:
         await self.inner.clear_stop(thread_id)

@@ -26,6 +26,7 @@ from .base import (
     LedgerEntry,
     Owner,
     Progress,
+    RunInputsRecord,
     check_fence,
     claim,
 )
@@ -42,6 +43,8 @@ class _Thread:
     owner: Owner | None = None
     # Every run uid that ever registered on the thread: a superseded run cannot take it back.
     runs: set[str] = field(default_factory=set)
+    # (run uid, attempt) -> the JSON text of (input, resume), as the durable stores keep it.
+    run_inputs: dict[tuple[str, int], str] = field(default_factory=dict)
     incarnation: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
@@ -211,6 +214,33 @@ class InMemoryCheckpointer(Checkpointer):
             thread.owner = claim(thread_id, thread.owner, attempt=attempt, run_uid=run_uid, seen=seen)
             if run_uid is not None:
                 thread.runs.add(run_uid)
+
+    async def put_run_inputs(
+        self,
+        thread_id: str,
+        *,
+        run_uid: str,
+        attempt: int,
+        input: dict[str, Any] | None,
+        resume: dict[str, Any] | None,
+    ) -> None:
+        try:
+            text = json.dumps([input, resume], allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise StorageError(f"run inputs are not JSON-serializable: {e}") from e
+        async with self._lock:
+            thread = self._threads.setdefault(thread_id, _Thread())
+            for key in [k for k in thread.run_inputs if k[0] == run_uid and k[1] < attempt]:
+                del thread.run_inputs[key]
+            thread.run_inputs[(run_uid, attempt)] = text
+
+    async def aget_run_inputs(self, thread_id: str, *, run_uid: str, attempt: int) -> RunInputsRecord | None:
+        thread = self._threads.get(thread_id)
+        text = thread.run_inputs.get((run_uid, attempt)) if thread else None
+        if text is None:
+            return None
+        input, resume = json.loads(text)
+        return RunInputsRecord(input, resume)
 
     async def request_stop(self, thread_id: str, reason: str = "") -> None:
         thread = self._threads.setdefault(thread_id, _Thread())

@@ -181,6 +181,21 @@ MIGRATIONS: list[Migration] = [
         ALTER TABLE tool_intents ADD COLUMN run_uid TEXT;
         """,
     ),
+    Migration(
+        "run inputs: an attempt's input and resume value, written by the operator (too large for env vars)",
+        """
+        CREATE TABLE run_inputs (
+            thread_id {thread_id_type} NOT NULL REFERENCES threads (thread_id) ON DELETE CASCADE,
+            run_uid TEXT NOT NULL,
+            attempt INTEGER NOT NULL,
+            -- JSON (verbatim text) as in states; SQL NULL when the run has no input or resume value.
+            input JSON,
+            resume JSON,
+            created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+            PRIMARY KEY (thread_id, run_uid, attempt)
+        );
+        """,
+    ),
 ]
 
 _CREATE_VERSION_TABLE = """

@@ -72,6 +72,7 @@ from .base import (
     LedgerEntry,
     Owner,
     Progress,
+    RunInputsRecord,
     check_fence,
     claim,
 )
@@ -197,6 +198,15 @@ _REQUEST_STOP = """
 """
 _STOP_REQUESTED = "SELECT reason FROM stop_requests WHERE thread_id = $1"
 _CLEAR_STOP = "DELETE FROM stop_requests WHERE thread_id = $1"
+# Upsert: the operator may write an attempt's inputs again (a retried reconcile); the last write wins.
+_PUT_RUN_INPUTS = """
+    INSERT INTO run_inputs (thread_id, run_uid, attempt, input, resume) VALUES ($1, $2, $3, $4, $5)
+    ON CONFLICT (thread_id, run_uid, attempt) DO UPDATE SET input = EXCLUDED.input, resume = EXCLUDED.resume,
+        created_at = now()
+"""
+# A run's runner reads its inputs once, at start: older attempts' rows are dead weight.
+_PRUNE_RUN_INPUTS = "DELETE FROM run_inputs WHERE thread_id = $1 AND run_uid = $2 AND attempt < $3"
+_GET_RUN_INPUTS = "SELECT input, resume FROM run_inputs WHERE thread_id = $1 AND run_uid = $2 AND attempt = $3"
 # Every other table references threads with ON DELETE CASCADE: one statement removes it all.
 _DELETE_THREAD = "DELETE FROM threads WHERE thread_id = $1"
 _LIST_THREADS = """
@@ -615,6 +625,39 @@ class PgCheckpointer(Checkpointer):
     async def _request_stop_txn(conn: Connection, thread_id: str, reason: str) -> None:
         await conn.execute(_ENSURE_THREAD, thread_id)
         await conn.execute(_REQUEST_STOP, thread_id, reason)
+
+    async def put_run_inputs(
+        self,
+        thread_id: str,
+        *,
+        run_uid: str,
+        attempt: int,
+        input: dict[str, Any] | None,
+        resume: dict[str, Any] | None,
+    ) -> None:
+        check_thread_id(thread_id)
+        texts = [
+            None if value is None else _dumps(value, what=what)
+            for value, what in ((input, "input"), (resume, "resume"))
+        ]
+
+        async def txn(conn: Connection) -> None:
+            await conn.execute(_ENSURE_THREAD, thread_id)
+            await conn.execute(_PRUNE_RUN_INPUTS, thread_id, run_uid, attempt)
+            await conn.execute(_PUT_RUN_INPUTS, thread_id, run_uid, attempt, *texts)
+
+        await self._write("run inputs record", txn)
+
+    async def aget_run_inputs(self, thread_id: str, *, run_uid: str, attempt: int) -> RunInputsRecord | None:
+        row = await self._read(
+            "run inputs read", lambda conn: conn.fetchrow(_GET_RUN_INPUTS, thread_id, run_uid, attempt)
+        )
+        if row is None:
+            return None
+        return RunInputsRecord(
+            None if row["input"] is None else json.loads(row["input"]),
+            None if row["resume"] is None else json.loads(row["resume"]),
+        )
 
     async def stop_requested(self, thread_id: str) -> str | None:
         reason = await self._read("stop poll", lambda conn: conn.fetchval(_STOP_REQUESTED, thread_id))

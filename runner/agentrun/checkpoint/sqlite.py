@@ -35,6 +35,7 @@ from .base import (
     Intent,
     LedgerEntry,
     Owner,
+    RunInputsRecord,
     check_fence,
     claim,
 )
@@ -115,6 +116,18 @@ MIGRATIONS: list[str] = [
     -- NULL on threads created before this migration: they read as incarnation 'legacy'.
     ALTER TABLE threads ADD COLUMN incarnation TEXT;
     """,
+    # 5: run inputs (input and resume of an attempt, too large for the environment)
+    """
+    CREATE TABLE IF NOT EXISTS run_inputs (
+        thread_id TEXT NOT NULL REFERENCES threads(thread_id) ON DELETE CASCADE,
+        run_uid TEXT NOT NULL,
+        attempt INTEGER NOT NULL,
+        input TEXT,
+        resume TEXT,
+        created_at REAL NOT NULL,
+        PRIMARY KEY (thread_id, run_uid, attempt)
+    );
+    """,
 ]
 
 # OR IGNORE: the thread row is created once; a new incarnation only after a deletion.
@@ -136,6 +149,15 @@ _RECORD_RUN = """
     INSERT INTO thread_runs (thread_id, run_uid, registered_at) VALUES (?, ?, ?)
     ON CONFLICT (thread_id, run_uid) DO NOTHING
 """
+# Upsert: the operator may write an attempt's inputs again (a retried reconcile); the last write wins.
+_PUT_RUN_INPUTS = """
+    INSERT INTO run_inputs (thread_id, run_uid, attempt, input, resume, created_at) VALUES (?, ?, ?, ?, ?, ?)
+    ON CONFLICT (thread_id, run_uid, attempt) DO UPDATE SET input = excluded.input, resume = excluded.resume,
+        created_at = excluded.created_at
+"""
+# A run's runner reads its inputs once, at start: older attempts' rows are dead weight.
+_PRUNE_RUN_INPUTS = "DELETE FROM run_inputs WHERE thread_id = ? AND run_uid = ? AND attempt < ?"
+_GET_RUN_INPUTS = "SELECT input, resume FROM run_inputs WHERE thread_id = ? AND run_uid = ? AND attempt = ?"
 _MAX_VERSION = "SELECT COALESCE(MAX(version), 0) FROM states WHERE thread_id = ?"
 _LATEST = """
     SELECT version, current_node, step, status, state_values, meta, message_count, created_at
@@ -452,6 +474,35 @@ class SqliteCheckpointer(Checkpointer):
                 conn.execute(_RECORD_RUN, (thread_id, run_uid, now))
 
         await self._run(lambda conn: self._write_txn(conn, put))
+
+    async def put_run_inputs(
+        self,
+        thread_id: str,
+        *,
+        run_uid: str,
+        attempt: int,
+        input: dict[str, Any] | None,
+        resume: dict[str, Any] | None,
+    ) -> None:
+        texts = [None if value is None else _dumps(value) for value in (input, resume)]
+        now = time.time()
+
+        def put(conn: sqlite3.Connection) -> None:
+            self._ensure_thread(conn, thread_id, now)
+            conn.execute(_PRUNE_RUN_INPUTS, (thread_id, run_uid, attempt))
+            conn.execute(_PUT_RUN_INPUTS, (thread_id, run_uid, attempt, *texts, now))
+
+        await self._run(lambda conn: self._write_txn(conn, put))
+
+    async def aget_run_inputs(self, thread_id: str, *, run_uid: str, attempt: int) -> RunInputsRecord | None:
+        def get(conn: sqlite3.Connection) -> tuple[str | None, str | None] | None:
+            row = conn.execute(_GET_RUN_INPUTS, (thread_id, run_uid, attempt)).fetchone()
+            return None if row is None else (row[0], row[1])
+
+        row = await self._run(get)
+        if row is None:
+            return None
+        return RunInputsRecord(*(None if text is None else json.loads(text) for text in row))
 
     async def request_stop(self, thread_id: str, reason: str = "") -> None:
         now = time.time()
