@@ -29,6 +29,7 @@ TABLES = {
     "attempts",
     "thread_runs",
     "run_inputs",
+    "turns",
 }
 
 

@@ -11,6 +11,7 @@ a crash). Each test names the guarantee it protects.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import subprocess
 import sys
 from collections import Counter
@@ -266,6 +267,85 @@ async def test_run_inputs_round_trip_per_run_and_attempt_and_go_with_their_threa
     assert await checkpointer.aget_run_inputs(t, run_uid="u1", attempt=2) is None, "inputs go with their thread"
     with pytest.raises(StorageError):
         await checkpointer.put_run_inputs(t, run_uid="u1", attempt=3, input={"x": float("nan")}, resume=None)
+
+
+# -- turns --------------------------------------------------------------------------------------
+
+
+def turn_write(status: Any, *, step: int = 0, record: bool = True, **meta: Any) -> Any:
+    return dataclasses.replace(write(count=0, step=step, status=status, meta=meta), record_turn=record)
+
+
+async def test_a_turn_is_recorded_with_its_first_and_final_checkpoints_only(
+    backend: Backend, checkpointer: Checkpointer
+) -> None:
+    t = backend.thread()
+    assert await checkpointer.aget_turn(t, "req-1") is None, "an unknown thread has no turns"
+    calls = {"executed": 1, "replayed": 0, "failed": 1, "in_doubt": 0}
+    await checkpointer.aput(t, turn_write("running", request_key="req-1", run_uid="u1"), expected_version=0)
+    first = await checkpointer.aget_turn(t, "req-1")
+    assert first is not None, "a turn's first checkpoint must record the turn"
+    assert (first.thread_id, first.request_key, first.run_uid, first.status, first.version) == (
+        t,
+        "req-1",
+        "u1",
+        "running",
+        1,
+    )
+    # A plain step does not touch the record (it says running, at the version the turn started).
+    await checkpointer.aput(
+        t, turn_write("running", step=1, record=False, request_key="req-1", tool_calls=calls), expected_version=1
+    )
+    assert await checkpointer.aget_turn(t, "req-1") == first, "a plain step must not write the turn record"
+    result = {"message": "Done.", "digest": "sha256:" + "0" * 64, "truncated": False}
+    await checkpointer.aput(
+        t,
+        turn_write("completed", step=2, request_key="req-1", run_uid="u1", tool_calls=calls, result=result),
+        expected_version=2,
+    )
+    done = await checkpointer.aget_turn(t, "req-1")
+    assert done is not None and (done.status, done.version, done.result, done.tool_calls) == (
+        "completed",
+        3,
+        result,
+        calls,
+    ), "the final checkpoint must record the outcome, the result and the tool counts"
+    assert done.error is None and done.started_at == first.started_at and done.updated_at >= first.updated_at
+    assert await checkpointer.aget_turn(t, "req-2") is None, "turns are per request key"
+    progress = await checkpointer.aget_progress(t)
+    assert progress is not None and (progress.request_key, progress.result, progress.tool_calls) == (
+        "req-1",
+        result,
+        calls,
+    ), "progress must carry the latest turn's key, result and tool counts"
+    other = await backend.open()
+    assert await other.aget_turn(t, "req-1") == done, "another process reads the same record"
+
+
+async def test_a_failed_turn_records_its_error_and_a_rejected_write_records_nothing(
+    backend: Backend, checkpointer: Checkpointer
+) -> None:
+    t = backend.thread()
+    error = {"code": "TOOL_ERROR_001", "message": "charge_card failed", "node": "tools"}
+    last = {"tool": "charge_card", "code": "TOOL_ERROR_001", "message": "ValueError: declined"}
+    await checkpointer.aput(t, turn_write("running", request_key="k"), expected_version=0)
+    with pytest.raises(StaleStateError):
+        await checkpointer.aput(t, turn_write("completed", request_key="k"), expected_version=0)
+    with pytest.raises(StaleStateError):
+        await checkpointer.aput(t, turn_write("running", request_key="other"), expected_version=0)
+    assert await checkpointer.aget_turn(t, "other") is None, "a rejected write must not record its turn"
+    stale = await checkpointer.aget_turn(t, "k")
+    assert stale is not None and stale.status == "running", "a rejected write must not change the turn"
+    await checkpointer.aput(
+        t, turn_write("failed", request_key="k", error=error, last_tool_error=last), expected_version=1
+    )
+    failed = await checkpointer.aget_turn(t, "k")
+    assert failed is not None and (failed.status, failed.error, failed.result) == ("failed", error, None)
+    progress = await checkpointer.aget_progress(t)
+    assert progress is not None and progress.last_tool_error == last and progress.result is None
+    await checkpointer.aput(t, turn_write("running", request_key=""), expected_version=2)
+    await checkpointer.delete_thread(t)
+    assert await checkpointer.aget_turn(t, "k") is None, "turns go with their thread"
 
 
 # -- fencing ------------------------------------------------------------------------------------

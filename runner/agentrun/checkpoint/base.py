@@ -8,8 +8,9 @@ thread (fencing) and stop requests. Backends hold no graph logic.
 - ``StateStore``: versioned reads and writes of thread state. What the Redis
   hot cache (``cached.CachedStore``) wraps.
 - ``LedgerStore``: the tool ledger and intents (what replay-safety rests on).
-- ``ControlStore``: fencing registration, stop requests and progress: all
-  the operator needs, and all it should depend on.
+- ``ControlStore``: fencing registration, stop requests, progress and the
+  turn records of request keys: all the operator needs, and all it should
+  depend on.
 - ``Checkpointer``: all three; what the engine takes, and the base class of
   every backend (memory, SQLite, PostgreSQL) and of ``CachedStore``.
 
@@ -30,8 +31,11 @@ Contract shared by all backends (the conformance suite in
   rule): a thread outlives its AgentRuns, so ownership is a run uid plus its
   attempt; every write that carries an older attempt of the owner, or
   another run's uid, raises ``FencedError`` and nothing of it lands.
-- Ledger rows, intents, ownership and stop requests belong to a thread, and
-  deleting the thread deletes them.
+- A write with ``record_turn`` and a ``request_key`` in its meta upserts the
+  turn record (``turn_fields``) in its own transaction: the record lands
+  exactly when the checkpoint does.
+- Ledger rows, intents, ownership, stop requests and turn records belong to
+  a thread, and deleting the thread deletes them.
 """
 
 from __future__ import annotations
@@ -83,6 +87,10 @@ class CheckpointWrite:
     meta: dict[str, Any]
     message_count: int
     messages: list[tuple[int, Message]] = field(default_factory=list)
+    # Also upsert the turn record of ``meta["request_key"]`` in the same transaction (see ``Turn``).
+    # The engine sets it on a turn's first checkpoint and on interrupted and terminal ones only,
+    # so plain steps do not pay for it.
+    record_turn: bool = False
 
 
 @dataclass(frozen=True)
@@ -106,6 +114,53 @@ class Commit:
     created_at: float
 
 
+# The size bounds of what a turn and progress carry (status fields, not transcripts).
+RESULT_MESSAGE_LIMIT = 1024
+TOOL_ERROR_MESSAGE_LIMIT = 512
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One request on a thread: the turn started with ``request_key``, and how it stands.
+
+    Written in the same transaction as the turn's first checkpoint and as its
+    interrupted and terminal checkpoints (``CheckpointWrite.record_turn``), so
+    it never contradicts the state rows; between those points ``status`` may
+    lag behind the thread (``running`` while it runs). ``version`` is the
+    state version of the last write that recorded it. ``result`` (completed
+    turns): ``{"message": <final assistant message, at most 1024 chars>,
+    "digest": "sha256:<hex of the full content>", "truncated": bool}``;
+    ``error``: ``{"code", "message", ...}``; ``tool_calls``: executed,
+    replayed, failed, in_doubt. Goes with its thread.
+    """
+
+    thread_id: str
+    request_key: str
+    run_uid: str | None
+    status: RunStatus
+    version: int
+    started_at: float
+    updated_at: float
+    error: dict[str, Any] | None = None
+    result: dict[str, Any] | None = None
+    tool_calls: dict[str, int] = field(default_factory=dict)
+
+
+def turn_fields(write: CheckpointWrite) -> dict[str, Any] | None:
+    """What a write records in its turn record (``None``: no turn record to write); one rule for every backend."""
+    key = write.meta.get("request_key")
+    if not write.record_turn or not isinstance(key, str) or not key:
+        return None
+    return {
+        "request_key": key,
+        "run_uid": write.meta.get("run_uid"),
+        "status": write.status,
+        "error": write.meta.get("error") if write.status == "failed" else None,
+        "result": write.meta.get("result") if write.status == "completed" else None,
+        "tool_calls": dict(write.meta.get("tool_calls") or {}),
+    }
+
+
 @dataclass(frozen=True)
 class Progress:
     """Where a thread is, read cheaply: what the operator mirrors into the AgentRun status."""
@@ -126,8 +181,15 @@ class Progress:
     incarnation: str | None = None
     error: dict[str, Any] | None = None
     stop_reason: str | None = None
+    # Keys executed, replayed, failed, in_doubt (older checkpoints: the first two only).
     tool_calls: dict[str, int] = field(default_factory=dict)
     interrupts: list[dict[str, Any]] = field(default_factory=list)
+    # The identity of the thread's latest turn (``Turn.request_key``), if it was started with one.
+    request_key: str | None = None
+    # ``Turn.result``, set when ``status`` is completed.
+    result: dict[str, Any] | None = None
+    # The turn's last failed tool call: {"tool", "code", "message" (at most 512 chars)}; never its arguments.
+    last_tool_error: dict[str, Any] | None = None
 
     @classmethod
     def from_checkpoint(cls, checkpoint: Checkpoint) -> Progress:
@@ -143,6 +205,9 @@ class Progress:
             stop_reason=meta.get("stop_reason"),
             tool_calls=dict(meta.get("tool_calls") or {}),
             interrupts=list(meta.get("interrupts") or []),
+            request_key=meta.get("request_key"),
+            result=meta.get("result") if checkpoint.status == "completed" else None,
+            last_tool_error=meta.get("last_tool_error"),
         )
 
 
@@ -425,6 +490,10 @@ class ControlStore(Protocol):
     @abc.abstractmethod
     async def aget_progress(self, thread_id: str) -> Progress | None:
         """Version, node, step, owner and outcome of the thread's latest state, or ``None`` for an unknown thread."""
+
+    @abc.abstractmethod
+    async def aget_turn(self, thread_id: str, request_key: str) -> Turn | None:
+        """The turn of ``thread_id`` started with ``request_key``, or ``None`` if there is none."""
 
     @abc.abstractmethod
     async def put_run_inputs(

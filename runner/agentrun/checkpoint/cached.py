@@ -48,6 +48,7 @@ from .base import (
     LedgerEntry,
     Progress,
     RunInputsRecord,
+    Turn,
 )
 from .redis_cache import RedisHotCache
 
@@ -295,3 +296,7 @@ class CachedStore(Checkpointer):
 
     async def clear_stop(self, thread_id: str) -> None:
         await self.inner.clear_stop(thread_id)
+
+    async def aget_turn(self, thread_id: str, request_key: str) -> Turn | None:
+        """``inner``'s turn record: the truth an operator decides "already completed" on, never cached."""
+        return await self.inner.aget_turn(thread_id, request_key)

@@ -27,8 +27,10 @@ from .base import (
     Owner,
     Progress,
     RunInputsRecord,
+    Turn,
     check_fence,
     claim,
+    turn_fields,
 )
 
 
@@ -45,6 +47,8 @@ class _Thread:
     runs: set[str] = field(default_factory=set)
     # (run uid, attempt) -> the JSON text of (input, resume), as the durable stores keep it.
     run_inputs: dict[tuple[str, int], str] = field(default_factory=dict)
+    # request key -> its turn record.
+    turns: dict[str, Turn] = field(default_factory=dict)
     incarnation: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
@@ -54,6 +58,16 @@ def _roundtrip(value: Any) -> Any:
         return json.loads(json.dumps(value, allow_nan=False))
     except (TypeError, ValueError) as e:
         raise StorageError(f"state is not JSON-serializable: {e}") from e
+
+
+def _roundtrip_turn(turn: Turn) -> Turn:
+    # The JSON parts as the durable stores return them: copies, never the caller's objects.
+    return dataclasses.replace(
+        turn,
+        error=_roundtrip(turn.error),
+        result=_roundtrip(turn.result),
+        tool_calls=_roundtrip(turn.tool_calls),
+    )
 
 
 def _entry(key: str, tool_name: str, result: Any, created_at: float) -> LedgerEntry:
@@ -140,7 +154,24 @@ class InMemoryCheckpointer(Checkpointer):
                     raise ValueError(f"message index {index} leaves a gap after {len(messages)}")
             thread.state, thread.messages = state, messages
             thread.version += 1
+            turn = turn_fields(write)
+            if turn is not None:
+                key = turn["request_key"]
+                started = thread.turns[key].started_at if key in thread.turns else state["created_at"]
+                thread.turns[key] = _roundtrip_turn(
+                    Turn(
+                        thread_id=thread_id,
+                        version=thread.version,
+                        started_at=started,
+                        updated_at=state["created_at"],
+                        **turn,
+                    )
+                )
             return Commit(thread.version, thread.incarnation, state["created_at"])
+
+    async def aget_turn(self, thread_id: str, request_key: str) -> Turn | None:
+        thread = self._threads.get(thread_id)
+        return thread.turns.get(request_key) if thread else None
 
     async def ledger_get(self, thread_id: str, key: str) -> LedgerEntry | None:
         thread = self._threads.get(thread_id)

@@ -196,6 +196,27 @@ MIGRATIONS: list[Migration] = [
         );
         """,
     ),
+    Migration(
+        "turns: one per request key on a thread, written with the turn's first, interrupted and final checkpoints",
+        """
+        CREATE TABLE turns (
+            thread_id {thread_id_type} NOT NULL REFERENCES threads (thread_id) ON DELETE CASCADE,
+            -- spec.requestId, or derived from the AgentRun and its input: the identity of a request.
+            request_key TEXT NOT NULL,
+            run_uid TEXT,
+            status TEXT NOT NULL,
+            -- The state version of the last checkpoint that recorded the turn.
+            version BIGINT NOT NULL,
+            -- JSON (verbatim text) as in states.
+            error JSON,
+            result JSON,
+            tool_calls JSON NOT NULL,
+            started_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+            updated_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+            PRIMARY KEY (thread_id, request_key)
+        );
+        """,
+    ),
 ]
 
 _CREATE_VERSION_TABLE = """

@@ -36,8 +36,10 @@ from .base import (
     LedgerEntry,
     Owner,
     RunInputsRecord,
+    Turn,
     check_fence,
     claim,
+    turn_fields,
 )
 
 T = TypeVar("T")
@@ -128,6 +130,22 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (thread_id, run_uid, attempt)
     );
     """,
+    # 6: turns (one per request key on a thread: its status, result and error)
+    """
+    CREATE TABLE IF NOT EXISTS turns (
+        thread_id TEXT NOT NULL REFERENCES threads(thread_id) ON DELETE CASCADE,
+        request_key TEXT NOT NULL,
+        run_uid TEXT,
+        status TEXT NOT NULL,
+        version INTEGER NOT NULL,
+        error TEXT,
+        result TEXT,
+        tool_calls TEXT NOT NULL,
+        started_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        PRIMARY KEY (thread_id, request_key)
+    );
+    """,
 ]
 
 # OR IGNORE: the thread row is created once; a new incarnation only after a deletion.
@@ -158,6 +176,20 @@ _PUT_RUN_INPUTS = """
 # A run's runner reads its inputs once, at start: older attempts' rows are dead weight.
 _PRUNE_RUN_INPUTS = "DELETE FROM run_inputs WHERE thread_id = ? AND run_uid = ? AND attempt < ?"
 _GET_RUN_INPUTS = "SELECT input, resume FROM run_inputs WHERE thread_id = ? AND run_uid = ? AND attempt = ?"
+# Upsert: a turn is recorded at its first checkpoint and again at each interrupted or terminal one;
+# started_at stays the first write's.
+_PUT_TURN = """
+    INSERT INTO turns (thread_id, request_key, run_uid, status, version, error, result, tool_calls, started_at,
+                       updated_at)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+    ON CONFLICT (thread_id, request_key) DO UPDATE SET run_uid = excluded.run_uid, status = excluded.status,
+        version = excluded.version, error = excluded.error, result = excluded.result,
+        tool_calls = excluded.tool_calls, updated_at = excluded.updated_at
+"""
+_GET_TURN = """
+    SELECT run_uid, status, version, error, result, tool_calls, started_at, updated_at
+    FROM turns WHERE thread_id = ? AND request_key = ?
+"""
 _MAX_VERSION = "SELECT COALESCE(MAX(version), 0) FROM states WHERE thread_id = ?"
 _LATEST = """
     SELECT version, current_node, step, status, state_values, meta, message_count, created_at
@@ -328,6 +360,7 @@ class SqliteCheckpointer(Checkpointer):
         values, meta = _dumps(write.values), _dumps(write.meta)
         bodies = [(i, m.id, json.dumps(m.to_json(), separators=(",", ":"))) for i, m in write.messages]
         now = time.time()
+        turn = turn_fields(write)
 
         def put(conn: sqlite3.Connection) -> Commit:
             self._ensure_thread(conn, thread_id, now)
@@ -351,10 +384,47 @@ class SqliteCheckpointer(Checkpointer):
                 ),
             )
             conn.executemany(_PUT_MESSAGE, [(thread_id, i, mid, body, version) for i, mid, body in bodies])
+            if turn is not None:
+                conn.execute(
+                    _PUT_TURN,
+                    (
+                        thread_id,
+                        turn["request_key"],
+                        turn["run_uid"],
+                        turn["status"],
+                        version,
+                        None if turn["error"] is None else _dumps(turn["error"]),
+                        None if turn["result"] is None else _dumps(turn["result"]),
+                        _dumps(turn["tool_calls"]),
+                        now,
+                        now,
+                    ),
+                )
             incarnation = conn.execute(_HEAD, (thread_id,)).fetchone()[0]
             return Commit(version, str(incarnation), now)
 
         return await self._run(lambda conn: self._write_txn(conn, put))
+
+    async def aget_turn(self, thread_id: str, request_key: str) -> Turn | None:
+        def get(conn: sqlite3.Connection) -> Turn | None:
+            row = conn.execute(_GET_TURN, (thread_id, request_key)).fetchone()
+            if row is None:
+                return None
+            run_uid, status, version, error, result, tool_calls, started, updated = row
+            return Turn(
+                thread_id=thread_id,
+                request_key=request_key,
+                run_uid=run_uid,
+                status=status,
+                version=int(version),
+                started_at=started,
+                updated_at=updated,
+                error=None if error is None else json.loads(error),
+                result=None if result is None else json.loads(result),
+                tool_calls=json.loads(tool_calls),
+            )
+
+        return await self._run(get)
 
     # -- ledger and intents ------------------------------------------------------
 
