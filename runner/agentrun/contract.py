@@ -75,6 +75,7 @@ class Env(enum.StrEnum):
     # Local use only (the CLI, demos): a store URL such as sqlite:///agentrun.db.
     STORE = "AGENTRUN_STORE"
     PREEMPT_FINISH_SECONDS = "AGENTRUN_PREEMPT_FINISH_SECONDS"
+    STORE_RETRY_SECONDS = "AGENTRUN_STORE_RETRY_SECONDS"
     LOG_FORMAT = "AGENTRUN_LOG_FORMAT"
     TERMINATION_LOG = "AGENTRUN_TERMINATION_LOG"
     # Crash tests only (agentrun.faults); the one AGENTRUN_ variable a user may set in podTemplate.
@@ -84,7 +85,15 @@ class Env(enum.StrEnum):
 # Store Secret key -> the variable it fills in the runner pod.
 STORE_SECRET_KEYS: dict[Env, str] = {Env.POSTGRES_DSN: "postgresDsn", Env.REDIS_URL: "redisUrl"}
 # The variables the operator never sets inline (they come from the Secret) or never sets at all.
-_NOT_RENDERED = {"postgres_dsn", "redis_url", "store", "termination_log", "log_format", "preempt_finish_seconds"}
+_NOT_RENDERED = {
+    "postgres_dsn",
+    "redis_url",
+    "store",
+    "termination_log",
+    "log_format",
+    "preempt_finish_seconds",
+    "store_retry_seconds",
+}
 
 
 class RunnerInputs(BaseModel):
@@ -112,6 +121,8 @@ class RunnerInputs(BaseModel):
     store: str | None = None
     metrics_port: int = 9090  # 0 = off
     preempt_finish_seconds: float = 5.0  # after SIGTERM, how long the current node may finish
+    # How long the store may be unreachable before the runner exits STORE_UNAVAILABLE (a disruption).
+    store_retry_seconds: float = 60.0
     log_format: str = "text"
     termination_log: str = "/dev/termination-log"
 

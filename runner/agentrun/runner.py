@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 from dataclasses import dataclass
@@ -35,6 +36,8 @@ from .errors import (
     NodeError,
     RunPreempted,
     RunStopped,
+    StoreConfigError,
+    StoreUnavailableError,
     ThreadStateError,
 )
 from .interrupts import Command
@@ -130,6 +133,10 @@ def exit_code_for(error: BaseException) -> ExitCode:
         return ExitCode.PREEMPTED
     if isinstance(error, FencedError):
         return ExitCode.FENCED
+    if isinstance(error, StoreUnavailableError):
+        return ExitCode.STORE_UNAVAILABLE  # the store stayed down past the retries: a disruption
+    if isinstance(error, StoreConfigError):
+        return ExitCode.FAILED  # a wrong DSN, password or database: no retry can fix it
     if isinstance(error, NodeError) and isinstance(error.__cause__, OSError | TimeoutError):
         return ExitCode.CRASH  # a node hit the network or disk: worth a retry with backoff
     if isinstance(error, (*PERMANENT, BadInput)):
@@ -140,7 +147,10 @@ def exit_code_for(error: BaseException) -> ExitCode:
 def _checkpointer(settings: RunnerSettings) -> Checkpointer:
     url = settings.postgres_dsn or settings.store
     if url:
-        return open_store(url, redis_url=settings.redis_url)
+        try:
+            return open_store(url, redis_url=settings.redis_url, retry_timeout=settings.store_retry_seconds)
+        except ValueError as e:  # an unknown scheme; the message names the scheme only, never the URL
+            raise StoreConfigError(str(e)) from None
     raise BadInput("no store configured: set AGENTRUN_POSTGRES_DSN (from the store Secret) or AGENTRUN_STORE")
 
 
@@ -156,7 +166,27 @@ def _start_metrics(port: int) -> None:
 
 
 async def run(settings: RunnerSettings) -> int:
-    """One attempt, start to exit code. Never raises."""
+    """One attempt, start to exit code, with the termination message written. Never raises."""
+    code, line = await attempt(settings)
+    if line:
+        _termination(settings, line)
+    return code
+
+
+async def _inputs_from_store(checkpointer: Checkpointer, settings: RunnerSettings) -> RunnerSettings:
+    """``settings`` with the input and resume value the operator recorded for this attempt."""
+    record = await checkpointer.aget_run_inputs(settings.thread_id, run_uid=settings.run_uid, attempt=settings.attempt)
+    if record is None:
+        raise BadInput(
+            f"{Env.INPUTS_IN_STORE} is set but the store holds no inputs for run uid {settings.run_uid or '-'} "
+            f"attempt {settings.attempt} of thread {settings.thread_id} (the operator writes them before it "
+            "creates the pod): the thread was deleted meanwhile, or this is a bug"
+        )
+    return settings.model_copy(update={"input": record.input, "resume": record.resume})
+
+
+async def attempt(settings: RunnerSettings) -> tuple[int, str]:
+    """One attempt: the exit code and the one-line termination message ("CODE: message", or "")."""
     preemption = Preemption()
     loop = asyncio.get_running_loop()
 
@@ -177,6 +207,8 @@ async def run(settings: RunnerSettings) -> int:
         checkpointer = _checkpointer(settings)
         app = compile_reference(settings.graph, checkpointer)
         await checkpointer.setup()
+        if settings.inputs_in_store:
+            settings = await _inputs_from_store(checkpointer, settings)
         # Registering claims the thread for this run (fencing every other run off), so a run that will
         # refuse the thread (ThreadBusy: another AgentRun's turn is unfinished) must not register.
         existing = await checkpointer.aget(settings.thread_id)
@@ -187,8 +219,7 @@ async def run(settings: RunnerSettings) -> int:
         decided = plan(existing, settings)
         if decided.action == "exit":
             log.info("nothing to run: %s", decided.reason)
-            _termination(settings, decided.reason)
-            return decided.exit_code
+            return decided.exit_code, _one_line(decided.reason)
         log.info(
             "attempt %d of run %s: %s thread %s",
             settings.attempt,
@@ -200,9 +231,8 @@ async def run(settings: RunnerSettings) -> int:
         async for event in app.astream(decided.payload, settings.run_config(), preemption=preemption):
             last = event
         if last is not None and last.kind == "interrupt":
-            _termination(settings, "Interrupted: " + ", ".join(i.id for i in last.interrupts))
-            return ExitCode.INTERRUPTED
-        return ExitCode.COMPLETED
+            return ExitCode.INTERRUPTED, _one_line("Interrupted: " + ", ".join(i.id for i in last.interrupts))
+        return ExitCode.COMPLETED, ""
     except BaseException as e:
         if isinstance(e, KeyboardInterrupt | SystemExit | asyncio.CancelledError):
             raise
@@ -210,8 +240,8 @@ async def run(settings: RunnerSettings) -> int:
         name = getattr(e, "code", type(e).__name__)
         level = logging.INFO if code in (ExitCode.STOPPED, ExitCode.PREEMPTED) else logging.ERROR
         log.log(level, "exit %d: %s", code, e, exc_info=code == ExitCode.CRASH)
-        _termination(settings, f"{name}: {e}")
-        return code
+        message = e.args[0] if isinstance(e, AgentRunError) and e.args and isinstance(e.args[0], str) else str(e)
+        return code, _one_line(f"{name}: {message}")
     finally:
         if checkpointer is not None:
             try:
@@ -220,12 +250,29 @@ async def run(settings: RunnerSettings) -> int:
                 log.warning("closing the store failed: %s", e)
 
 
-def _termination(settings: RunnerSettings, message: str) -> None:
+def _one_line(message: str, limit: int = 4000) -> str:
+    """``message`` as one line of at most ``limit`` UTF-8 bytes (Kubernetes keeps 4096 of the termination log)."""
+    line = " ".join(message.split())
+    encoded = line.encode()
+    return line if len(encoded) <= limit else encoded[:limit].decode(errors="ignore")
+
+
+def _termination(settings: RunnerSettings | None, line: str) -> None:
+    """Write the termination message; on a non-zero exit ``main`` also prints it as the last stderr line,
+    which is what a kubelet shows (``FallbackToLogsOnError``) when this file is empty or unwritable."""
+    path = settings.termination_log if settings is not None else os.environ.get(Env.TERMINATION_LOG, "")
     try:
-        with open(settings.termination_log, "w") as f:
-            f.write(message[:4000])  # Kubernetes keeps at most 4096 bytes
+        with open(path or "/dev/termination-log", "w") as f:
+            f.write(line)
     except OSError:
-        pass  # not in a pod, or a read-only path: the store and exit code still tell
+        pass  # not in a pod, or a read-only path: the store, the exit code and the last log line still tell
+
+
+def _last_words(code: int, line: str) -> None:
+    """The termination message as the process's last stderr line: no timestamp, no logger prefix."""
+    if code != ExitCode.COMPLETED and line:
+        logging.shutdown()  # flush the handlers first, so nothing of theirs comes after this line
+        print(line, file=sys.stderr, flush=True)
 
 
 def main() -> int:
@@ -235,10 +282,17 @@ def main() -> int:
         configure_logging("text")
         problems = "; ".join(f"AGENTRUN_{'_'.join(map(str, err['loc'])).upper()}: {err['msg']}" for err in e.errors())
         log.error("invalid runner environment: %s", problems)
+        line = _one_line(f"{BadInput.code}: invalid runner environment: {problems}")
+        _termination(None, line)
+        _last_words(ExitCode.FAILED, line)
         return ExitCode.FAILED
     configure_logging(settings.log_format)
     _start_metrics(settings.metrics_port)
-    return asyncio.run(run(settings))
+    code, line = asyncio.run(attempt(settings))
+    if line:
+        _termination(settings, line)
+    _last_words(code, line)
+    return code
 
 
 if __name__ == "__main__":

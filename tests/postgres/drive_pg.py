@@ -36,6 +36,7 @@ from agentrun.checkpoint import Checkpointer
 from agentrun.checkpoint.base import CheckpointWrite, Commit
 from agentrun.checkpoint.cached import CachedStore
 from agentrun.checkpoint.postgres import PgCheckpointer
+from agentrun.contract import Env
 from agentrun.engine import CompiledGraph
 from agentrun.errors import AgentRunError, FencedError, StaleStateError, StorageError
 from tests.support.drive_support import summary
@@ -70,7 +71,11 @@ class FreezingCheckpointer(PgCheckpointer):
 async def drive(args: argparse.Namespace) -> int:
     from examples.support_agent import graph
 
-    checkpointer: Checkpointer = FreezingCheckpointer(args.dsn, freeze_before=args.stop_self_before_version)
+    # The runner's setting: how long an outage may last before calls raise StoreUnavailableError.
+    retry_timeout = float(os.environ.get(Env.STORE_RETRY_SECONDS, "60"))
+    checkpointer: Checkpointer = FreezingCheckpointer(
+        args.dsn, freeze_before=args.stop_self_before_version, retry_timeout=retry_timeout
+    )
     if args.redis:
         checkpointer = CachedStore(checkpointer, redis_url=args.redis, redis_prefix=args.redis_prefix)
     app = CompiledGraph(graph, checkpointer=checkpointer, name="support")

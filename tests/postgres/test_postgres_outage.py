@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
+from agentrun.contract import Env
 from examples.support_agent import count_effects
 
 from .conftest import PrivatePostgres
@@ -37,7 +38,9 @@ async def test_postgres_down_during_a_step_fails_it_cleanly_and_the_resumed_run_
     )
     assert reference.returncode == 0, str(reference)
 
-    run = await spawn(dict(subprocess_env, SUPPORT_TOOL_DELAY="1.5"), driver_args(dsn, "t", text=REQUEST, attempt=1))
+    # A short retry bound: the outage outlasts it, so the step fails (StoreUnavailableError is a StorageError).
+    env = dict(subprocess_env, SUPPORT_TOOL_DELAY="1.5", **{Env.STORE_RETRY_SECONDS: "2"})
+    run = await spawn(env, driver_args(dsn, "t", text=REQUEST, attempt=1))
     try:
         await wait_for_line(run, "STEP model")
 

@@ -38,10 +38,12 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def from_url(url: str) -> Checkpointer:
+def from_url(url: str, *, retry_timeout: float | None = None) -> Checkpointer:
     """A checkpointer for a store URL: ``sqlite:///path/file.db``, ``memory://``, ``postgresql://...``.
 
-    A bare path is a SQLite file. Raises ``ValueError`` for an unknown scheme.
+    A bare path is a SQLite file. ``retry_timeout``: how long PostgreSQL may be
+    unreachable before calls give up (``PgCheckpointer``'s default if ``None``).
+    Raises ``ValueError`` for an unknown scheme.
     """
     if url.startswith("memory:"):
         return InMemoryCheckpointer()
@@ -50,14 +52,19 @@ def from_url(url: str) -> Checkpointer:
     if url.startswith(("postgres://", "postgresql://")):
         from .postgres import PgCheckpointer
 
-        return PgCheckpointer(url)
+        return PgCheckpointer(url) if retry_timeout is None else PgCheckpointer(url, retry_timeout=retry_timeout)
     if "://" not in url:
         return SqliteCheckpointer(url)
     raise ValueError(f"unknown store URL scheme in {url.split('://')[0]!r}:// (use sqlite:///, postgresql://)")
 
 
 def open_store(
-    url: str, *, redis_url: str | None = None, redis_prefix: str = "agentrun", cache_ttl: float = 3600.0
+    url: str,
+    *,
+    redis_url: str | None = None,
+    redis_prefix: str = "agentrun",
+    cache_ttl: float = 3600.0,
+    retry_timeout: float | None = None,
 ) -> Checkpointer:
     """The store for ``url`` (see ``from_url``), behind the Redis hot cache when ``redis_url`` is set.
 
@@ -65,7 +72,7 @@ def open_store(
     ``setup()`` or the first call; a Redis that is down costs a warning, the
     store works without it. Raises ``ValueError`` for an unknown scheme.
     """
-    store = from_url(url)
+    store = from_url(url, retry_timeout=retry_timeout)
     if not redis_url:
         return store
     from .cached import CachedStore

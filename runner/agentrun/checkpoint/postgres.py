@@ -32,12 +32,31 @@ HAZARDS (what this store cannot promise, and what to do):
 - Fencing refuses *writes*; it cannot recall a tool call that an old
   attempt already started (a pod frozen mid-call resumes the call when it
   thaws). Side effects must carry the idempotency key agentrun passes.
-- A connection lost during COMMIT leaves the outcome unknown to this
-  process. The call raises ``StorageError`` and the run should end (the
-  runner exits, the operator restarts it); the next attempt reads what
-  actually committed. Nothing here retries a write for that reason. Reads
-  retry once on a dropped connection (a pool's idle connections all die
-  when the server restarts).
+- Outages are ridden out, for a bounded time. Every call retries transient
+  failures (connection refused or reset, the server starting up or shutting
+  down, too many connections, a serialization failure or deadlock that
+  rolled the transaction back) with jittered exponential backoff, until the
+  store has been unreachable for ``retry_timeout`` seconds (default 60; one
+  clock per outage, shared by all calls, so a long outage fails every call
+  fast instead of each waiting its own bound). Then ``StoreUnavailableError``
+  (the runner exits 8, a disruption). Configuration errors (malformed DSN,
+  authentication failed, database missing, permission denied) are not
+  retried: ``StoreConfigError`` at once, naming the problem, never the DSN
+  or the password. ``stop_requested`` is polled every second, so it does not
+  wait: the next poll is its retry.
+- Retries keep every guarantee. A retried checkpoint write is a new
+  transaction, locked, fenced and version-checked like the first. A write
+  whose COMMIT was acknowledged to nobody (the connection died during it)
+  must not turn into a false ``StaleStateError`` on retry: each write
+  carries an id in its meta (``write_id``, hidden from readers), and a retry
+  that finds the next version already written with its own id returns that
+  commit. Ledger records stay ``ON CONFLICT DO NOTHING``; a retried record
+  that finds exactly its own row (same text, attempt and run) reports
+  success. Intents, registrations, stop requests and run inputs are
+  idempotent. While a call retries it holds no lock and no connection.
+- A SIGTERM during an outage: a checkpoint write in its retries keeps
+  retrying, so a pod's grace period shorter than ``retry_timeout`` ends in
+  SIGKILL, which is a crash like any other (nothing partial lands).
 - A frozen process (SIGSTOP, a stalled VM) that holds a write transaction
   holds the thread's row lock. ``idle_in_transaction_timeout`` makes the
   server end such a session and release the lock; ``lock_timeout`` bounds
@@ -54,12 +73,17 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
+import re
+import time
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlsplit
 
 import asyncpg
 
-from ..errors import StaleStateError, StorageError
+from ..errors import StaleStateError, StorageError, StoreConfigError, StoreUnavailableError
 from ..faults import fault_point
 from ..messages import Message
 from .base import (
@@ -73,10 +97,8 @@ from .base import (
     Owner,
     Progress,
     RunInputsRecord,
-    Turn,
     check_fence,
     claim,
-    turn_fields,
 )
 from .pg_schema import (
     MAX_THREAD_ID_LENGTH,
@@ -136,6 +158,11 @@ _PUT_MESSAGE = """
     ON CONFLICT (thread_id, idx) DO UPDATE SET message_id = EXCLUDED.message_id, body = EXCLUDED.body,
         version = EXCLUDED.version
 """
+# A retried write's own row, found by the id its meta carries (the first try committed unacknowledged).
+_OWN_STATE = """
+    SELECT extract(epoch FROM created_at)::float8 FROM states
+    WHERE thread_id = $1 AND version = $2 AND meta ->> 'write_id' = $3
+"""
 # The cheap head of a thread: what a cache entry must match exactly to be served.
 _HEAD_VERSION = """
     SELECT t.incarnation::text AS incarnation,
@@ -153,26 +180,9 @@ _PROGRESS = """
            extract(epoch FROM s.created_at)::float8 AS updated_at,
            s.meta -> 'error' AS error, s.meta ->> 'stop_reason' AS stop_reason,
            s.meta -> 'tool_calls' AS tool_calls, s.meta -> 'interrupts' AS interrupts,
-           s.meta ->> 'request_key' AS request_key, s.meta -> 'result' AS result,
-           s.meta -> 'last_tool_error' AS last_tool_error,
            a.attempt, a.run_uid
     FROM threads t LEFT JOIN attempts a ON a.thread_id = t.thread_id JOIN states s ON s.thread_id = t.thread_id
     WHERE t.thread_id = $1 ORDER BY s.version DESC LIMIT 1
-"""
-
-# Upsert in the checkpoint's transaction (the thread row is locked FOR UPDATE): a turn is recorded at
-# its first checkpoint and again at each interrupted or terminal one; started_at stays the first write's.
-_PUT_TURN = """
-    INSERT INTO turns (thread_id, request_key, run_uid, status, version, error, result, tool_calls)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-    ON CONFLICT (thread_id, request_key) DO UPDATE SET run_uid = EXCLUDED.run_uid, status = EXCLUDED.status,
-        version = EXCLUDED.version, error = EXCLUDED.error, result = EXCLUDED.result,
-        tool_calls = EXCLUDED.tool_calls, updated_at = now()
-"""
-_GET_TURN = """
-    SELECT run_uid, status, version, error, result, tool_calls,
-           extract(epoch FROM started_at)::float8 AS started_at, extract(epoch FROM updated_at)::float8 AS updated_at
-    FROM turns WHERE thread_id = $1 AND request_key = $2
 """
 
 # -- SQL: ledger, intents, stop, threads --------------------------------------------------------
@@ -190,6 +200,11 @@ _REPLACE_LEDGER = """
     UPDATE tool_executions SET result = $4::text::jsonb, result_text = $5, attempt = $6, run_uid = $7
     WHERE thread_id = $1 AND tool_call_id = $2 AND tool_name = $3
       AND COALESCE(result_text, result::text) = $8
+"""
+# A retried record's own row: the first try committed and its acknowledgement was lost.
+_OWN_LEDGER = """
+    SELECT EXISTS (SELECT 1 FROM tool_executions WHERE thread_id = $1 AND tool_call_id = $2 AND tool_name = $3
+        AND result_text = $4 AND attempt IS NOT DISTINCT FROM $5 AND run_uid IS NOT DISTINCT FROM $6)
 """
 # result_text is the exact recorded text; result::text only for rows written by other tools.
 _GET_LEDGER = """
@@ -235,13 +250,42 @@ _LIST_THREADS = """
 
 # Errors that mean "the database did not answer", as opposed to a conflict or a bug.
 _DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
-# Of those, the ones after which the same read on a fresh connection may well succeed.
-_CONNECTION_LOST = (
-    asyncpg.PostgresConnectionError,
-    asyncpg.exceptions.OperatorInterventionError,
-    asyncpg.InterfaceError,
-    ConnectionError,
+# Of those, the ones after which the same call on a fresh connection moments later may well succeed.
+# A transaction that failed with one of them was rolled back, or its COMMIT outcome is unknown (the
+# retry of a write checks for its own row). Not QueryCanceledError: a statement timeout is no outage.
+_TRANSIENT = (
+    asyncpg.PostgresConnectionError,  # connection failure, lost connection, CannotConnectNow's siblings
+    asyncpg.exceptions.CannotConnectNowError,  # starting up, shutting down, in recovery
+    asyncpg.exceptions.AdminShutdownError,  # the server terminated the session (restart, pg_terminate_backend)
+    asyncpg.exceptions.CrashShutdownError,
+    asyncpg.exceptions.TooManyConnectionsError,
+    asyncpg.exceptions.SerializationError,
+    asyncpg.exceptions.DeadlockDetectedError,
+    asyncpg.InterfaceError,  # "connection is closed" and the like; ClientConfigurationError is caught first
+    OSError,  # refused, reset, unreachable, DNS not answering (a Service not ready yet)
+    TimeoutError,  # connect timeout
 )
+# Of those, the ones where the server is likely up and only this connection died: retried at once.
+_CONNECTION_LOST = (
+    asyncpg.exceptions.ConnectionDoesNotExistError,
+    asyncpg.exceptions.AdminShutdownError,
+    asyncpg.InterfaceError,
+    ConnectionResetError,
+)
+# Configuration errors: retrying cannot help; the message names the problem, never the secret.
+_CONFIG = (
+    asyncpg.exceptions.InvalidAuthorizationSpecificationError,  # wrong password, unknown role, pg_hba refusal
+    asyncpg.exceptions.InvalidCatalogNameError,  # the database does not exist
+    asyncpg.exceptions.InsufficientPrivilegeError,  # the role may not create the schema or use the tables
+    asyncpg.exceptions.ClientConfigurationError,  # a DSN parameter asyncpg rejects
+)
+# While an outage lasts, calls are at most this far apart (the longest backoff, and the stop poll):
+# a failure after a longer quiet spell starts a new outage with a fresh bound.
+_OUTAGE_GAP = 10.0
+# The meta key of a checkpoint's write id (stripped when a checkpoint is read).
+_WRITE_ID = "write_id"
+_PASSWORD_IN_URL = re.compile(r"(://[^:/@\s]*:)([^@\s]*)(@)")
+_PASSWORD_PARAM = re.compile(r"(password=)([^&\s]*)", re.IGNORECASE)
 
 
 def _dumps(value: Any, *, what: str) -> str:
@@ -267,6 +311,23 @@ def check_thread_id(thread_id: str) -> None:
             f"thread id must be 1 to {MAX_THREAD_ID_LENGTH} characters, got {len(str(thread_id))}: "
             f"{str(thread_id)[:40]!r}..."
         )
+
+
+def _without_write_id(meta: dict[str, Any]) -> dict[str, Any]:
+    meta.pop(_WRITE_ID, None)
+    return meta
+
+
+def _where(dsn: str) -> str:
+    """``user@host:port/database`` of a DSN, for messages (no password); ``"the configured DSN"`` if unparsable."""
+    try:
+        parts = urlsplit(dsn)
+        host = parts.hostname or "localhost"
+        port = parts.port or 5432
+        user = f"{parts.username}@" if parts.username else ""
+        return f"{user}{host}:{port}{parts.path or '/'}"
+    except ValueError:
+        return "the configured DSN"
 
 
 def _owner(row: asyncpg.Record | None) -> Owner | None:
@@ -298,6 +359,8 @@ class PgCheckpointer(Checkpointer):
     ``schema``: the PostgreSQL schema of the tables (created if missing).
     ``thread_id_type``: ``"text"`` (default) or ``"varchar(N)"``, N <= 253;
     chosen when the schema is first created.
+    ``retry_timeout``: how long an outage may last before calls raise
+    ``StoreUnavailableError`` (seconds; 0: one try, no backoff).
     """
 
     backend = "postgres"
@@ -313,9 +376,15 @@ class PgCheckpointer(Checkpointer):
         connect_timeout: float = 10.0,
         lock_timeout: float = 30.0,
         idle_in_transaction_timeout: float = 60.0,
+        retry_timeout: float = 60.0,
         pool_options: dict[str, Any] | None = None,
     ) -> None:
         self.dsn = dsn
+        self.retry_timeout = max(0.0, retry_timeout)
+        self.retry_base_delay = 0.05
+        self.retry_max_delay = 2.0
+        self._outage_since: float | None = None
+        self._last_failure = 0.0
         self.schema = validate_schema_name(schema)
         self.thread_id_type = normalize_thread_id_type(thread_id_type)
         self._pool_kwargs: dict[str, Any] = {
@@ -337,47 +406,138 @@ class PgCheckpointer(Checkpointer):
     # -- plumbing ------------------------------------------------------------------------
 
     async def _get_pool(self) -> asyncpg.Pool[asyncpg.Record]:
+        """The pool, created and migrated on first use; raises what asyncpg raised (``_call`` classifies it)."""
         if self._pool is not None and self._setup_done:
             return self._pool
         async with self._pool_lock:
             if self._pool is None:
                 try:
                     self._pool = await asyncpg.create_pool(self.dsn, **self._pool_kwargs)
-                except _DB_ERRORS as e:
-                    raise StorageError(f"cannot connect to PostgreSQL: {e}") from e
+                except (ValueError, OverflowError) as e:  # asyncpg's DSN parser; ClientConfigurationError too
+                    raise StoreConfigError(f"malformed PostgreSQL DSN: {self._scrub(str(e))}") from None
             if not self._setup_done:
                 async with self._pool.acquire() as conn:
                     await apply_migrations(conn, MIGRATIONS, schema=self.schema, thread_id_type=self.thread_id_type)
                 self._setup_done = True
         return self._pool
 
+    async def _call(self, op: str, call: Callable[[], Awaitable[T]], *, patient: bool = True) -> T:
+        """Run ``call``, retrying transient failures with backoff while the outage is shorter than ``retry_timeout``.
+
+        Raises ``StoreConfigError`` (not retried), ``StoreUnavailableError``
+        (the outage outlasted the bound, or ``patient=False`` and one quick
+        retry on a fresh connection failed too) and ``StorageError`` (any other
+        database failure). Conflicts and fencing pass through unchanged.
+        """
+        retries = 0
+        while True:
+            try:
+                result = await call()
+            except StoreConfigError:
+                raise
+            except _CONFIG as e:
+                raise StoreConfigError(self._config_problem(e)) from None  # the cause may quote the DSN
+            except (StaleStateError, StoreUnavailableError):
+                raise
+            except StorageError as e:  # pg_schema wraps what the migration met; retry it if that was an outage
+                if not isinstance(e.__cause__, _TRANSIENT):
+                    if isinstance(e.__cause__, _CONFIG):
+                        raise StoreConfigError(self._config_problem(e.__cause__)) from None
+                    raise
+                error: BaseException = e.__cause__
+            except _TRANSIENT as e:
+                error = e
+            except _DB_ERRORS as e:
+                raise StorageError(f"postgres {op} failed: {type(e).__name__}: {self._scrub(str(e))}") from e
+            else:
+                if self._outage_since is not None:
+                    log.warning(
+                        "PostgreSQL reachable again after %.1fs (%s succeeded); carrying on",
+                        time.monotonic() - self._outage_since,
+                        op,
+                    )
+                    self._outage_since = None
+                return result
+            delay = self._next_delay(op, error, retries, patient=patient)
+            retries += 1
+            await asyncio.sleep(delay)
+
+    def _next_delay(self, op: str, error: BaseException, retries: int, *, patient: bool) -> float:
+        """The wait before the next try after ``error``; raises ``StoreUnavailableError`` when it is time to stop."""
+        now = time.monotonic()
+        if self._outage_since is None or now - self._last_failure > _OUTAGE_GAP:
+            self._outage_since = now
+            if patient:
+                log.warning(
+                    "PostgreSQL unavailable during %s (%s); retrying with backoff for up to %.0fs",
+                    op,
+                    self._describe(error),
+                    self.retry_timeout,
+                )
+        self._last_failure = now
+        down = now - self._outage_since
+        if retries == 0 and isinstance(error, _CONNECTION_LOST):
+            return 0.0  # a pool's idle connections all die with a restart: one quick try on a new one
+        if not patient or down >= self.retry_timeout:
+            raise StoreUnavailableError(
+                f"PostgreSQL unavailable for {down:.0f}s (retry bound {self.retry_timeout:.0f}s); "
+                f"{op} failed: {self._describe(error)}"
+            ) from error
+        ceiling = min(self.retry_max_delay, self.retry_base_delay * 2.0**retries)
+        return min(ceiling * random.uniform(0.5, 1.0), self.retry_timeout - down)
+
+    def _describe(self, error: BaseException) -> str:
+        return f"{type(error).__name__}: {self._scrub(str(error))}"
+
+    def _scrub(self, text: str) -> str:
+        """``text`` without the DSN or its password, whatever quoted them."""
+        text = text.replace(self.dsn, "<dsn>")
+        for pattern in (_PASSWORD_IN_URL, _PASSWORD_PARAM):
+            for match in pattern.finditer(self.dsn):
+                if match.group(2):
+                    text = text.replace(match.group(2), "***")
+        return _PASSWORD_PARAM.sub(r"\1***", _PASSWORD_IN_URL.sub(r"\1***\3", text))
+
+    def _config_problem(self, error: BaseException) -> str:
+        """What is wrong with the store's configuration, for people: the server's words and where, no secret."""
+        where = _where(self.dsn)
+        if isinstance(error, asyncpg.exceptions.InvalidPasswordError):
+            problem = "authentication failed (wrong password)"
+        elif isinstance(error, asyncpg.exceptions.InvalidAuthorizationSpecificationError):
+            problem = f"authentication failed: {self._scrub(str(error))}"
+        elif isinstance(error, asyncpg.exceptions.InvalidCatalogNameError):
+            problem = self._scrub(str(error))
+        elif isinstance(error, asyncpg.exceptions.InsufficientPrivilegeError):
+            problem = f"permission denied: {self._scrub(str(error))}"
+        else:
+            problem = f"malformed PostgreSQL DSN: {self._scrub(str(error))}"
+        return f"PostgreSQL store at {where}: {problem}; check the store Secret's postgresDsn"
+
     async def _write(self, op: str, txn: Callable[[Connection], Awaitable[T]]) -> T:
-        """Run ``txn`` in one transaction; database failures become ``StorageError``, nothing is retried."""
-        pool = await self._get_pool()
-        try:
+        """Run ``txn`` in one transaction, retried as ``_call`` says (``txn`` must be safe to run again)."""
+
+        async def once() -> T:
+            pool = await self._get_pool()
             async with pool.acquire() as conn, conn.transaction():
                 return await txn(conn)
-        except _DB_ERRORS as e:
-            raise StorageError(f"postgres {op} failed: {type(e).__name__}: {e}") from e
 
-    async def _read(self, op: str, query: Callable[[Connection], Awaitable[T]], *, snapshot: bool = False) -> T:
-        """Run a read, once more on a fresh connection if the first one was dropped."""
-        pool = await self._get_pool()
-        for retry in (False, True):
-            try:
-                async with pool.acquire() as conn:
-                    if not snapshot:
-                        return await query(conn)
-                    # One snapshot for the state row and its messages (messages are updated in place).
-                    async with conn.transaction(isolation="repeatable_read", readonly=True):
-                        return await query(conn)
-            except _CONNECTION_LOST as e:
-                if retry:
-                    raise StorageError(f"postgres {op} failed: {type(e).__name__}: {e}") from e
-                log.info("postgres connection lost during %s (%s); retrying once on a new connection", op, e)
-            except _DB_ERRORS as e:
-                raise StorageError(f"postgres {op} failed: {type(e).__name__}: {e}") from e
-        raise AssertionError("unreachable")
+        return await self._call(op, once)
+
+    async def _read(
+        self, op: str, query: Callable[[Connection], Awaitable[T]], *, snapshot: bool = False, patient: bool = True
+    ) -> T:
+        """Run a read, retried as ``_call`` says."""
+
+        async def once() -> T:
+            pool = await self._get_pool()
+            async with pool.acquire() as conn:
+                if not snapshot:
+                    return await query(conn)
+                # One snapshot for the state row and its messages (messages are updated in place).
+                async with conn.transaction(isolation="repeatable_read", readonly=True):
+                    return await query(conn)
+
+        return await self._call(op, once, patient=patient)
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -414,7 +574,7 @@ class PgCheckpointer(Checkpointer):
             current_node=row["current_node"],
             step=row["step"],
             status=row["status"],
-            meta=json.loads(row["meta"]),
+            meta=_without_write_id(json.loads(row["meta"])),
             created_at=row["created_at"],
         )
 
@@ -436,21 +596,10 @@ class PgCheckpointer(Checkpointer):
     ) -> Commit:
         check_thread_id(thread_id)
         values = _dumps(write.values, what="state")
-        meta = _dumps(write.meta, what="run metadata")
+        # The id lets a retry recognize its own row when the first try's COMMIT went unacknowledged.
+        write_id = uuid.uuid4().hex
+        meta = _dumps({**write.meta, _WRITE_ID: write_id}, what="run metadata")
         bodies = [(index, message.id, _dumps(message.to_json(), what="a message")) for index, message in write.messages]
-        fields = turn_fields(write)
-        turn = (
-            None
-            if fields is None
-            else (
-                fields["request_key"],
-                fields["run_uid"],
-                fields["status"],
-                None if fields["error"] is None else _dumps(fields["error"], what="the turn's error"),
-                None if fields["result"] is None else _dumps(fields["result"], what="the turn's result"),
-                _dumps(fields["tool_calls"], what="the turn's tool calls"),
-            )
-        )
         return await self._write(
             "checkpoint",
             lambda conn: self._put_txn(
@@ -463,7 +612,7 @@ class PgCheckpointer(Checkpointer):
                 expected_version=expected_version,
                 attempt=attempt,
                 run_uid=run_uid,
-                turn=turn,
+                write_id=write_id,
             ),
         )
 
@@ -479,7 +628,7 @@ class PgCheckpointer(Checkpointer):
         expected_version: int,
         attempt: int | None,
         run_uid: str | None,
-        turn: tuple[str, str | None, str, str | None, str | None, str] | None = None,
+        write_id: str,
     ) -> Commit:
         incarnation = await _lock_thread(conn, thread_id, _LOCK_THREAD)
         head = await conn.fetchrow(_WRITE_HEAD, thread_id)
@@ -487,6 +636,11 @@ class PgCheckpointer(Checkpointer):
         check_fence(thread_id, _owner(head), attempt=attempt, run_uid=run_uid)
         current = int(head["version"])
         if current != expected_version:
+            # A retry whose first try committed (the acknowledgement was lost): that commit is the answer.
+            committed_at = await conn.fetchval(_OWN_STATE, thread_id, expected_version + 1, write_id)
+            if committed_at is not None:
+                log.info("checkpoint version %d of %s had committed before the retry", expected_version + 1, thread_id)
+                return Commit(expected_version + 1, incarnation, float(committed_at))
             raise StaleStateError(thread_id, expected_version, current)
         version = current + 1
         try:
@@ -508,9 +662,6 @@ class PgCheckpointer(Checkpointer):
             raise StaleStateError(thread_id, expected_version, version) from e
         if bodies:
             await conn.executemany(_PUT_MESSAGE, [(thread_id, i, mid, body, version) for i, mid, body in bodies])
-        if turn is not None:
-            key, turn_run_uid, status, error, result, tool_calls = turn
-            await conn.execute(_PUT_TURN, thread_id, key, turn_run_uid, status, version, error, result, tool_calls)
         fault_point("in_checkpoint_txn", str(version))
         return Commit(version, incarnation, float(created_at))
 
@@ -533,26 +684,6 @@ class PgCheckpointer(Checkpointer):
             stop_reason=row["stop_reason"],
             tool_calls=_loads(row["tool_calls"]) or {},
             interrupts=_loads(row["interrupts"]) or [],
-            request_key=row["request_key"],
-            result=_loads(row["result"]) if row["status"] == "completed" else None,
-            last_tool_error=_loads(row["last_tool_error"]),
-        )
-
-    async def aget_turn(self, thread_id: str, request_key: str) -> Turn | None:
-        row = await self._read("turn read", lambda conn: conn.fetchrow(_GET_TURN, thread_id, request_key))
-        if row is None:
-            return None
-        return Turn(
-            thread_id=thread_id,
-            request_key=request_key,
-            run_uid=row["run_uid"],
-            status=row["status"],
-            version=int(row["version"]),
-            started_at=row["started_at"],
-            updated_at=row["updated_at"],
-            error=_loads(row["error"]),
-            result=_loads(row["result"]),
-            tool_calls=_loads(row["tool_calls"]) or {},
         )
 
     # -- ledger and intents ------------------------------------------------------------------
@@ -575,13 +706,23 @@ class PgCheckpointer(Checkpointer):
     ) -> bool:
         check_thread_id(thread_id)
         body = _dumps(result, what=f"the result of {tool_name}")
-        status = await self._write(
-            "ledger record",
-            lambda conn: self._ledger_write_txn(
-                conn, thread_id, _PUT_LEDGER, (key, tool_name, body), attempt=attempt, run_uid=run_uid
-            ),
-        )
-        return status == "INSERT 0 1"
+        tries = 0
+
+        async def txn(conn: Connection) -> str:
+            nonlocal tries
+            tries += 1
+            return await self._ledger_write_txn(
+                conn,
+                thread_id,
+                _PUT_LEDGER,
+                (key, tool_name, body),
+                attempt=attempt,
+                run_uid=run_uid,
+                success="INSERT 0 1",
+                retried=tries > 1,
+            )
+
+        return await self._write("ledger record", txn) == "INSERT 0 1"
 
     async def ledger_replace(
         self,
@@ -596,19 +737,24 @@ class PgCheckpointer(Checkpointer):
     ) -> bool:
         check_thread_id(thread_id)
         body = _dumps(result, what=f"the result of {tool_name}")
-        status = await self._write(
-            "ledger repair",
-            lambda conn: self._ledger_write_txn(
+        tries = 0
+
+        async def txn(conn: Connection) -> str:
+            nonlocal tries
+            tries += 1
+            return await self._ledger_write_txn(
                 conn,
                 thread_id,
                 _REPLACE_LEDGER,
                 (key, tool_name, body),
                 attempt=attempt,
                 run_uid=run_uid,
+                success="UPDATE 1",
+                retried=tries > 1,
                 extra=(expected_text,),
-            ),
-        )
-        return status == "UPDATE 1"
+            )
+
+        return await self._write("ledger repair", txn) == "UPDATE 1"
 
     @staticmethod
     async def _ledger_write_txn(
@@ -619,13 +765,26 @@ class PgCheckpointer(Checkpointer):
         *,
         attempt: int | None,
         run_uid: str | None,
+        success: str,
+        retried: bool,
         extra: tuple[str, ...] = (),
     ) -> str:
-        """``_PUT_LEDGER`` or ``_REPLACE_LEDGER`` of ``(key, tool name, body)``, fenced; returns the status tag."""
+        """``_PUT_LEDGER`` or ``_REPLACE_LEDGER`` of ``(key, tool name, body)``, fenced; returns the status tag.
+
+        ``retried``: an earlier try may have committed unacknowledged; if the
+        row is exactly this writer's, the tag is ``success`` (it did land).
+        """
         await _fence_txn(conn, thread_id, attempt, run_uid)
         key, tool_name, body = row
         queryable = None if "\\u0000" in body else body  # JSONB cannot hold U+0000; result_text can
-        return str(await conn.execute(sql, thread_id, key, tool_name, queryable, body, attempt, run_uid, *extra))
+        status = str(await conn.execute(sql, thread_id, key, tool_name, queryable, body, attempt, run_uid, *extra))
+        if (
+            status != success
+            and retried
+            and await conn.fetchval(_OWN_LEDGER, thread_id, key, tool_name, body, attempt, run_uid)
+        ):
+            return success
+        return status
 
     async def ledger_list(self, thread_id: str) -> list[LedgerEntry]:
         rows = await self._read("ledger list", lambda conn: conn.fetch(_LIST_LEDGER, thread_id))
@@ -717,7 +876,8 @@ class PgCheckpointer(Checkpointer):
         )
 
     async def stop_requested(self, thread_id: str) -> str | None:
-        reason = await self._read("stop poll", lambda conn: conn.fetchval(_STOP_REQUESTED, thread_id))
+        # Polled every second while a node runs: the next poll is the retry, so do not wait here.
+        reason = await self._read("stop poll", lambda conn: conn.fetchval(_STOP_REQUESTED, thread_id), patient=False)
         return None if reason is None else str(reason)
 
     async def clear_stop(self, thread_id: str) -> None:
