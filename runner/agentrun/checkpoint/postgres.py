@@ -414,7 +414,9 @@ class PgCheckpointer(Checkpointer):
                 try:
                     self._pool = await asyncpg.create_pool(self.dsn, **self._pool_kwargs)
                 except (ValueError, OverflowError) as e:  # asyncpg's DSN parser; ClientConfigurationError too
-                    raise StoreConfigError(f"malformed PostgreSQL DSN: {self._scrub(str(e))}") from None
+                    raise StoreConfigError(
+                        f"malformed PostgreSQL DSN ({self._scrub(str(e))}); check the store Secret's postgresDsn"
+                    ) from None
             if not self._setup_done:
                 async with self._pool.acquire() as conn:
                     await apply_migrations(conn, MIGRATIONS, schema=self.schema, thread_id_type=self.thread_id_type)
@@ -467,13 +469,13 @@ class PgCheckpointer(Checkpointer):
         now = time.monotonic()
         if self._outage_since is None or now - self._last_failure > _OUTAGE_GAP:
             self._outage_since = now
-            if patient:
-                log.warning(
-                    "PostgreSQL unavailable during %s (%s); retrying with backoff for up to %.0fs",
-                    op,
-                    self._describe(error),
-                    self.retry_timeout,
-                )
+            log.warning(
+                "PostgreSQL unavailable during %s (%s); every call retries with backoff for up to %.0fs, "
+                "then fails with STORAGE_UNAVAILABLE_001",
+                op,
+                self._describe(error),
+                self.retry_timeout,
+            )
         self._last_failure = now
         down = now - self._outage_since
         if retries == 0 and isinstance(error, _CONNECTION_LOST):
@@ -542,8 +544,12 @@ class PgCheckpointer(Checkpointer):
     # -- life cycle ------------------------------------------------------------------------
 
     async def setup(self) -> None:
-        """Connect and create or migrate the schema (fast when current); raises ``StorageError``."""
-        await self._get_pool()
+        """Connect and create or migrate the schema (fast when current), riding out an outage like any call.
+
+        Raises ``StoreConfigError`` (bad DSN, credentials, database),
+        ``StoreUnavailableError`` (unreachable past ``retry_timeout``) or ``StorageError``.
+        """
+        await self._call("setup", self._get_pool)
 
     async def aclose(self) -> None:
         if self._pool is not None:
