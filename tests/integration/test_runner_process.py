@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import sqlite3
@@ -9,9 +10,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from agentrun.checkpoint import SqliteCheckpointer
 from examples.support_agent import count_effects
 from tests.conftest import ROOT
 
@@ -168,3 +171,74 @@ def test_interrupt_exits_3_and_resume_value_completes(pod_env: dict[str, str], t
     code, err = run(env, AGENTRUN_ATTEMPT="3", AGENTRUN_RESUME=json.dumps(answer))
     assert code == 0, err
     assert count_effects(env["SUPPORT_EFFECTS_DB"])["refunds"] == 1, "the human's answer must not refund again"
+
+
+# -- inputs from the store (AGENTRUN_INPUTS_IN_STORE): too large for the environment -----------------
+
+MIB = 1024 * 1024
+
+
+def put_inputs(
+    env: dict[str, str], attempt: int, *, input: dict[str, Any] | None, resume: dict[str, Any] | None
+) -> None:
+    """What the operator does before it creates the pod of ``attempt``."""
+
+    async def put() -> None:
+        store = SqliteCheckpointer(env["AGENTRUN_STORE"].removeprefix("sqlite:///"))
+        try:
+            await store.setup()
+            await store.put_run_inputs(
+                env["AGENTRUN_THREAD_ID"], run_uid=env["AGENTRUN_RUN_UID"], attempt=attempt, input=input, resume=resume
+            )
+        finally:
+            await store.aclose()
+
+    asyncio.run(put())
+
+
+def final_reply(env: dict[str, str]) -> str:
+    async def get() -> str:
+        store = SqliteCheckpointer(env["AGENTRUN_STORE"].removeprefix("sqlite:///"))
+        try:
+            checkpoint = await store.aget(env["AGENTRUN_THREAD_ID"])
+        finally:
+            await store.aclose()
+        assert checkpoint is not None and checkpoint.status == "completed"
+        return checkpoint.messages[-1].content
+
+    return asyncio.run(get())
+
+
+def test_a_1_mib_input_and_a_1_mib_resume_value_reach_the_run_through_the_store(pod_env: dict[str, str]) -> None:
+    from tests.integration.large_inputs_graph import digest
+
+    env = {k: v for k, v in pod_env.items() if k != "AGENTRUN_INPUT"}
+    env.update(AGENTRUN_GRAPH="tests.integration.large_inputs_graph:app", AGENTRUN_INPUTS_IN_STORE="true")
+    text = ("caf\u00e9 \U0001f600 " * (MIB // 10))[: MIB // 2] + "x" * (MIB // 2)
+    answer = {"approved": True, "note": "y" * MIB}
+    assert len(text.encode()) > MIB and len(json.dumps(answer)) > MIB, "each value must exceed 1 MiB"
+    put_inputs(env, 1, input={"messages": [{"role": "user", "content": text}]}, resume=None)
+    code, err = run(env)
+    assert code == 3, f"the run should pause for the resume value\n{err[-2000:]}"
+
+    put_inputs(env, 2, input={"messages": [{"role": "user", "content": text}]}, resume={"value": answer})
+    code, err = run(env, AGENTRUN_ATTEMPT="2")
+    assert code == 0, err[-2000:]
+    assert final_reply(env) == f"input {digest(text)} resume {digest(answer)}", "a large value did not arrive whole"
+
+
+def test_inputs_in_store_without_a_record_fail_with_one_clear_line(pod_env: dict[str, str]) -> None:
+    env = {k: v for k, v in pod_env.items() if k != "AGENTRUN_INPUT"}
+    code, err = run(env, AGENTRUN_INPUTS_IN_STORE="true", AGENTRUN_ATTEMPT="3")
+    assert code == 5, err
+    message = Path(env["AGENTRUN_TERMINATION_LOG"]).read_text()
+    assert message.startswith("RUNNER_INPUT_001: ") and "attempt 3" in message and "\n" not in message, message
+    assert err.strip().splitlines()[-1] == message, "the last stderr line must be the termination message, unprefixed"
+
+
+def test_a_failing_exit_ends_stderr_with_the_plain_termination_line(pod_env: dict[str, str]) -> None:
+    """Kubelets fall back to the log tail when the termination file is empty: it must read like the file."""
+    code, err = run(pod_env, AGENTRUN_GRAPH="examples.nope:app", AGENTRUN_TERMINATION_LOG="/nonexistent/dir/log")
+    assert code == 5, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("GRAPH_REFERENCE_001: ") and "[GRAPH_REFERENCE_001]" not in last, last
