@@ -66,6 +66,13 @@ class RunConfig:
     run_uid: str | None = None
     # How often a running node checks for a stop request; the contract is "at least once per second".
     stop_poll_interval: float = 0.5
+    # The identity of the request this call serves (an AgentRun's spec.requestId or derived key, the
+    # CLI's --request-id): a request that already completed on the thread is not run again, one
+    # that is unfinished is resumed (``lifecycle``). ``None``: every new input starts a new turn.
+    request_key: str | None = None
+    # True: a failed tool call (raised, timed out, bad arguments) fails the run with ``ToolError``
+    # instead of only telling the model (LangGraph's ToolNode behaviour, the default).
+    fail_on_tool_error: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -88,6 +95,13 @@ class RunConfig:
         attempt = raw.pop("attempt", 1)
         run_uid = raw.pop("run_uid", None)
         poll = raw.pop("stop_poll_interval", 0.5)
+        request_key = raw.pop("request_key", None)
+        if request_key is not None and (not isinstance(request_key, str) or not request_key.strip()):
+            raise ConfigError(f"request_key must be a non-empty string, not {request_key!r}")
+        fail_on_tool_error = raw.pop("fail_on_tool_error", False)
+        if not isinstance(fail_on_tool_error, bool):
+            log.warning("fail_on_tool_error=%r is not a boolean; using false", fail_on_tool_error)
+            fail_on_tool_error = False
         if not isinstance(poll, int | float) or not 0 < poll <= 1:
             log.warning("stop_poll_interval=%r must be in (0, 1]; using 0.5", poll)
             poll = 0.5
@@ -100,5 +114,7 @@ class RunConfig:
             attempt=int(attempt),
             run_uid=str(run_uid) if run_uid is not None else None,
             stop_poll_interval=float(poll),
+            request_key=request_key,
+            fail_on_tool_error=fail_on_tool_error,
             extra=raw,
         )

@@ -17,7 +17,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from .checkpoint.base import Checkpointer
+from .checkpoint.base import TOOL_ERROR_MESSAGE_LIMIT, Checkpointer
 from .config import RunConfig
 
 
@@ -35,11 +35,34 @@ def run_logger(name: str, thread_id: str, attempt: int) -> RunLogger:
 
 @dataclass
 class ToolCounts:
+    """A turn's tool calls: executed, replayed from the ledger, failed, found in doubt; and the last failure.
+
+    Checkpointed in meta ``tool_calls`` (the counts) and ``last_tool_error``
+    (``{"tool", "code", "message"}``, the message cut to 512 characters; never
+    the call's arguments, which may hold secrets).
+    """
+
     executed: int = 0
     replayed: int = 0
+    failed: int = 0
+    in_doubt: int = 0
+    last_error: dict[str, str] | None = None
+
+    @classmethod
+    def from_meta(cls, meta: dict[str, Any]) -> ToolCounts:
+        counts = meta.get("tool_calls") or {}
+        return cls(
+            **{k: int(counts.get(k, 0)) for k in ("executed", "replayed", "failed", "in_doubt")},
+            last_error=meta.get("last_tool_error"),
+        )
 
     def as_dict(self) -> dict[str, int]:
-        return {"executed": self.executed, "replayed": self.replayed}
+        return {"executed": self.executed, "replayed": self.replayed, "failed": self.failed, "in_doubt": self.in_doubt}
+
+    def fail(self, tool: str, code: str, message: str) -> None:
+        """Count a failed call and remember it as the last tool error."""
+        self.failed += 1
+        self.last_error = {"tool": tool[:253], "code": code, "message": message[:TOOL_ERROR_MESSAGE_LIMIT]}
 
 
 @dataclass

@@ -24,7 +24,7 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, Coroutine, Generator
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NoReturn, TypeVar
 
 from . import blocking, lifecycle
 from .checkpoint.base import Checkpoint, Checkpointer, RunStatus
@@ -41,9 +41,10 @@ from .errors import (
     Preempted,
     StaleStateError,
     StopRequested,
+    ToolError,
 )
 from .faults import fault_point
-from .interrupts import Interrupt
+from .interrupts import Command, Interrupt
 from .messages import Message
 from .metrics import STEP_SECONDS
 from .nodes import Node, Topology
@@ -169,7 +170,11 @@ class CompiledGraph:
         log = run_logger("agentrun.engine", cfg.thread_id, cfg.attempt)
         await self._setup()
         writer = RunWriter(self.checkpointer, cfg, log)
-        run = await self._open(input, writer)
+        opened = await self._open(input, writer)
+        if isinstance(opened, StreamEvent):  # the request already completed: its answer, not a new run
+            yield opened
+            return
+        run = opened
         while run.current_node not in (None, END):
             node = await self._node_to_run(run, writer, preemption)
             outcome = await self._execute(node, run, writer, preemption=preemption)
@@ -184,12 +189,32 @@ class CompiledGraph:
 
     # -- the loop's steps ----------------------------------------------------
 
-    async def _open(self, input: Any, writer: RunWriter) -> Run:
-        """Apply the life-cycle decision for ``input`` to the thread; returns the run to continue."""
+    async def _open(self, input: Any, writer: RunWriter) -> Run | StreamEvent:
+        """Apply the life-cycle decision for ``input`` to the thread; returns the run to continue.
+
+        A request (``cfg.request_key``) that already completed or stopped returns
+        the ``end`` event to yield instead: the thread's current values, the
+        turn's status and the version it ended at.
+        """
         cfg, log = writer.cfg, writer.log
         checkpoint = await self.checkpointer.aget(cfg.thread_id)
-        action = lifecycle.decide(checkpoint, input, thread_id=cfg.thread_id)
+        turn = None
+        key = cfg.request_key
+        new_input = input is not None and not isinstance(input, Command)
+        # Not the latest turn's key: it may be an earlier turn's (one read, only for keyed new input).
+        if key and new_input and checkpoint is not None and checkpoint.meta.get("request_key") != key:
+            turn = await self.checkpointer.aget_turn(cfg.thread_id, key)
+        action = lifecycle.decide(checkpoint, input, thread_id=cfg.thread_id, request_key=key, turn=turn)
         schema = self.graph.schema
+        if isinstance(action, lifecycle.AlreadyDone):
+            assert checkpoint is not None  # a request with a turn has a thread
+            log.info(
+                "request %s already %s at version %d; not run again", action.request_key, action.status, action.version
+            )
+            done = Run.from_checkpoint(checkpoint, schema)
+            event = self._event("end", done, cfg, None, values=True)
+            event.status, event.version = action.status, action.version
+            return event
         if isinstance(action, lifecycle.StartTurn):
             run = Run.new(schema) if checkpoint is None else Run.from_checkpoint(checkpoint, schema)
             run.apply(schema, lifecycle.opening_update(run.state, action.update))
@@ -197,12 +222,15 @@ class CompiledGraph:
             run.step = 0
             run.counts = ToolCounts()
             run.meta = {"run_id": uuid.uuid4().hex}
-            if cfg.run_uid is not None:
-                run.meta["run_uid"] = cfg.run_uid
+            if key:
+                run.meta["request_key"] = key
         else:
             assert checkpoint is not None  # decide() resumes only a thread that exists
             run = Run.from_checkpoint(checkpoint, schema)
+        if cfg.run_uid is not None:  # the run that carries the turn on (a re-applied request resumes it)
+            run.meta["run_uid"] = cfg.run_uid
         run.status = "running"
+        run.record_turn = True
         if isinstance(action, lifecycle.Resume):
             log.info(
                 "resuming at node %s, step %d, from version %d (last status: %s)",
@@ -252,6 +280,7 @@ class CompiledGraph:
             counts=run.counts,
         )
         started = time.perf_counter()
+        failed_before = run.counts.failed
         try:
             update = await run_node(node, run.state, ctx, preemption=preemption)
         except Preempted:
@@ -270,7 +299,27 @@ class CompiledGraph:
                 raise
             raise error from e
         STEP_SECONDS.labels(node.name).observe(time.perf_counter() - started)
+        if writer.cfg.fail_on_tool_error and run.counts.failed > failed_before:
+            await self._fail_on_tool_error(node, run, writer)
         return update
+
+    @staticmethod
+    async def _fail_on_tool_error(node: Node, run: Run, writer: RunWriter) -> NoReturn:
+        """End the run failed at ``node``, its update dropped: a resume runs the node again.
+
+        What the node's calls recorded stays: completed calls replay from the
+        ledger, the failed ones run again (a retry of the turn retries them).
+        """
+        last = run.counts.last_error or {}
+        failures = run.counts.failed
+        error = ToolError(
+            f"tool {last.get('tool')!r} failed ({last.get('code')}: {last.get('message')}); fail_on_tool_error is "
+            f"set, so the run fails at node {node.name!r} ({failures} failed call(s) in this turn). Resuming runs "
+            "the node again: completed calls replay from the ledger, failed ones run again",
+            tool=str(last.get("tool")),
+        )
+        await writer.fail(run, error)
+        raise error
 
     async def _advance(self, node: Node, run: Run, update: Any, *, writer: RunWriter) -> StreamEvent:
         """Merge the node's update, route to the next node and checkpoint the step; returns its event."""

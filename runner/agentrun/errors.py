@@ -118,9 +118,20 @@ class StoreConfigError(StorageError):
 
 
 class ToolError(AgentRunError):
-    """A tool call failed and the run config says tool errors fail the run (``fail_on_tool_error``)."""
+    """A tool call failed and the run config says tool errors fail the run (``fail_on_tool_error``).
+
+    The class constants are also the codes of a failed call in ``last_tool_error``
+    (a timed-out call has ``NodeTimeoutError.TOOL``).
+    """
 
     code = "TOOL_ERROR_001"
+    RAISED = "TOOL_ERROR_001"  # the tool raised
+    ARGUMENTS = "TOOL_ERROR_002"  # the model's arguments do not fit the tool
+    UNKNOWN = "TOOL_ERROR_003"  # the model called a tool the node does not have
+
+    def __init__(self, message: str, *, tool: str) -> None:
+        super().__init__(message)
+        self.tool = tool
 
 
 class ThreadStateError(AgentRunError):

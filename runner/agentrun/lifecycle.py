@@ -14,6 +14,23 @@ A pure decision (no I/O), the table that ``tests/unit/test_lifecycle.py`` checks
 ``running`` means a process died mid-run; ``failed`` is resumable. Anything
 outside the table raises instead of guessing, so input is never silently
 dropped and a paused run is never silently restarted.
+
+With a request key (``RunConfig.request_key``) new input is a *request*, and
+repeating a request repeats its answer, not its side effects. The key's turn
+is either the thread's latest (its checkpoint's meta ``request_key``) or an
+earlier one (``Turn``, from the store)::
+
+    the key's turn     latest turn                 an earlier turn
+    none               (the table above)           (the table above)
+    running            Resume                      StateError
+    interrupted        StateError (as above)       StateError
+    completed          AlreadyDone                 AlreadyDone
+    stopped            AlreadyDone                 AlreadyDone
+    failed             Resume                      StateError
+
+Input ``None`` and ``Command(resume=...)`` ignore the key (they name no new
+request). Limit: the key is the identity, not the input: the same key with
+different input is the same request, answered as recorded.
 """
 
 from __future__ import annotations
@@ -21,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .checkpoint.base import Checkpoint
+from .checkpoint.base import Checkpoint, RunStatus, Turn
 from .errors import ThreadNotFoundError, ThreadStateError
 from .interrupts import Command
 from .messages import Message, tool_message, user
@@ -47,17 +64,40 @@ class AnswerInterrupts:
     values: dict[str, Any]
 
 
-Action = StartTurn | Resume | AnswerInterrupts
+@dataclass(frozen=True)
+class AlreadyDone:
+    """New input with a request key whose turn already ended (completed or stopped): run nothing."""
+
+    request_key: str
+    status: RunStatus
+    # The state version at which that turn ended.
+    version: int
 
 
-def decide(thread: Checkpoint | None, input: Any, *, thread_id: str) -> Action:
+Action = StartTurn | Resume | AnswerInterrupts | AlreadyDone
+
+
+def decide(
+    thread: Checkpoint | None,
+    input: Any,
+    *,
+    thread_id: str,
+    request_key: str | None = None,
+    turn: Turn | None = None,
+) -> Action:
     """What a call with ``input`` does to ``thread`` (its latest checkpoint, ``None`` if it has none).
 
-    Raises ``ThreadNotFoundError`` (resuming a thread that does not exist) or
-    ``ThreadStateError`` (the input does not fit the status, or is not a
-    dict, a message or a string).
+    ``request_key``: the request this call serves; ``turn``: the store's
+    record of that key when it is not the thread's latest turn (the caller
+    reads it only then). Raises ``ThreadNotFoundError`` (resuming a thread
+    that does not exist) or ``ThreadStateError`` (the input does not fit the
+    status, or is not a dict, a message or a string).
     """
     status = thread.status if thread is not None else None
+    if request_key and input is not None and not isinstance(input, Command):
+        keyed = _decide_request(thread, request_key, turn, thread_id=thread_id)
+        if keyed is not None:
+            return keyed
     if isinstance(input, Command):
         if thread is None or status != "interrupted":
             raise ThreadStateError(
@@ -85,6 +125,26 @@ def decide(thread: Checkpoint | None, input: Any, *, thread_id: str) -> Action:
             "before sending new input"
         )
     return StartTurn(_input_update(input))
+
+
+def _decide_request(
+    thread: Checkpoint | None, key: str, turn: Turn | None, *, thread_id: str
+) -> Resume | AlreadyDone | None:
+    """The request-key rows of the table; ``None`` where the plain table decides."""
+    if thread is not None and thread.meta.get("request_key") == key:
+        if thread.status in ("completed", "stopped"):
+            return AlreadyDone(key, thread.status, thread.version)
+        if thread.status in ("running", "failed"):
+            return Resume()
+        return None  # interrupted: new input is refused, as for any paused run
+    if turn is None:
+        return None
+    if turn.status in ("completed", "stopped"):
+        return AlreadyDone(key, turn.status, turn.version)
+    raise ThreadStateError(
+        f"request {key!r} on thread {thread_id!r} is an earlier turn ({turn.status} at version {turn.version}) "
+        "and the thread has moved on since, so it cannot be resumed; send it again with a new request id"
+    )
 
 
 def opening_update(state: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:

@@ -13,11 +13,12 @@ is logged and the original error is the one reported.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from .checkpoint.base import Checkpoint, Checkpointer, CheckpointWrite, RunStatus
+from .checkpoint.base import RESULT_MESSAGE_LIMIT, Checkpoint, Checkpointer, CheckpointWrite, RunStatus
 from .config import RunConfig
 from .context import RunLogger, ToolCounts
 from .errors import FencedError, RunPreempted, RunStopped, StaleStateError
@@ -40,6 +41,9 @@ class Run:
     persisted_messages: int
     counts: ToolCounts
     replaced: set[int] = field(default_factory=set)
+    # The next durable write also records the turn (``CheckpointWrite.record_turn``): set when a call
+    # opens the run, so the turn record says "running" again once a resumed turn writes.
+    record_turn: bool = False
 
     @classmethod
     def new(cls, schema: StateSchema) -> Run:
@@ -53,7 +57,7 @@ class Run:
         if MESSAGES in schema.reducers:
             state[MESSAGES] = list(checkpoint.messages)
         meta = dict(checkpoint.meta)
-        counts = ToolCounts(**(meta.get("tool_calls") or {}))
+        counts = ToolCounts.from_meta(meta)
         return cls(
             state,
             checkpoint.version,
@@ -108,6 +112,8 @@ class RunWriter:
         pending = [(i, messages[i]) for i in changed]
         pending += [(i, messages[i]) for i in range(run.persisted_messages, len(messages))]
         run.meta["tool_calls"] = run.counts.as_dict()
+        if run.counts.last_error is not None:
+            run.meta["last_tool_error"] = run.counts.last_error
         write = CheckpointWrite(
             values={k: v for k, v in run.state.items() if k != MESSAGES},
             current_node=run.current_node,
@@ -116,6 +122,8 @@ class RunWriter:
             meta=run.meta,
             message_count=len(messages),
             messages=pending,
+            # A turn's first write, and its interrupted and terminal ones: not plain steps.
+            record_turn=run.record_turn or run.status != "running",
         )
         thread_id = self.cfg.thread_id
         if not durable:
@@ -137,10 +145,15 @@ class RunWriter:
         CHECKPOINT_SECONDS.labels(self.checkpointer.backend).observe(time.perf_counter() - started)
         run.persisted_messages = len(messages)
         run.replaced.clear()
+        run.record_turn = False
 
     async def finish(self, run: Run, status: RunStatus) -> None:
-        """Persist the run durably with its new ``status``."""
+        """Persist the run durably with its new ``status``; a completed turn records its result."""
         run.status = status
+        if status == "completed":
+            result = turn_result(run.messages)
+            if result is not None:
+                run.meta["result"] = result
         await self.persist(run, durable=True)
 
     async def pause(self, run: Run, interrupts: list[Interrupt]) -> None:
@@ -186,3 +199,20 @@ class RunWriter:
         raise RunPreempted(
             f"thread {self.cfg.thread_id!r} preempted at node {run.current_node!r} (version {run.version}); resumable"
         )
+
+
+def turn_result(messages: list[Message]) -> dict[str, Any] | None:
+    """``Turn.result`` of a completed turn: its final assistant message, cut to 1024 characters, and a digest.
+
+    The digest (sha256 of the full content) lets a reader check a copy of the
+    answer without the database; ``None`` when the turn has no assistant message.
+    """
+    for message in reversed(messages):
+        if message.role == "assistant":
+            content = message.content
+            return {
+                "message": content[:RESULT_MESSAGE_LIMIT],
+                "digest": "sha256:" + hashlib.sha256(content.encode()).hexdigest(),
+                "truncated": len(content) > RESULT_MESSAGE_LIMIT,
+            }
+    return None

@@ -39,6 +39,7 @@ from .errors import (
     StoreConfigError,
     StoreUnavailableError,
     ThreadStateError,
+    ToolError,
 )
 from .interrupts import Command
 from .loader import compile_reference
@@ -53,6 +54,7 @@ PERMANENT = (
     DeterminismError,
     NodeError,
     ThreadStateError,
+    ToolError,  # fail_on_tool_error: a retry of the same turn (spec.retry) runs the failed call again
 )
 
 CONFIG_KEYS = {
@@ -60,6 +62,7 @@ CONFIG_KEYS = {
     "nodeTimeoutSeconds": "node_timeout",
     "durableCheckpointEveryStep": "durable_checkpoint_every_step",
     "recursionLimit": "recursion_limit",
+    "failOnToolError": "fail_on_tool_error",
 }
 
 log = logging.getLogger("agentrun.runner")
@@ -73,6 +76,8 @@ class RunnerSettings(BaseSettings, RunnerInputs):
     def run_config(self) -> dict[str, Any]:
         config = {CONFIG_KEYS.get(k, k): v for k, v in self.config.items()}
         config.update(thread_id=self.thread_id, attempt=self.attempt, run_uid=self.run_uid or None)
+        if self.request_key:
+            config["request_key"] = self.request_key
         return config
 
 
@@ -90,17 +95,30 @@ class Plan:
     reason: str = ""
 
 
+def _ours(checkpoint: Checkpoint, settings: RunnerSettings) -> bool:
+    """Whether the thread's latest turn is this run's: the same request key when one is set, else the same run uid.
+
+    With a request key, a re-applied AgentRun (a new uid, the same request) owns the turn its
+    predecessor started, and resumes it.
+    """
+    if settings.request_key:
+        return bool(checkpoint.meta.get("request_key") == settings.request_key)
+    return bool(checkpoint.meta.get("run_uid") == (settings.run_uid or None))
+
+
 def _another_runs_unfinished_turn(checkpoint: Checkpoint | None, settings: RunnerSettings) -> bool:
     """The thread's latest turn belongs to another AgentRun and has not ended: ``plan`` answers ThreadBusy."""
     return (
         checkpoint is not None
-        and checkpoint.meta.get("run_uid") != (settings.run_uid or None)
+        and not _ours(checkpoint, settings)
         and checkpoint.status not in ("completed", "stopped", "failed")
     )
 
 
 def plan(checkpoint: Checkpoint | None, settings: RunnerSettings) -> Plan:
-    ours = checkpoint is not None and checkpoint.meta.get("run_uid") == (settings.run_uid or None)
+    """What this attempt does. Not ours and ended: start (the engine answers a request key it has
+    already completed without running anything); not ours and unfinished: ThreadBusy; ours: carry on."""
+    ours = checkpoint is not None and _ours(checkpoint, settings)
     if checkpoint is None or (not ours and checkpoint.status in ("completed", "stopped", "failed")):
         if settings.input is None:
             return Plan(
@@ -230,6 +248,8 @@ async def attempt(settings: RunnerSettings) -> tuple[int, str]:
         last = None
         async for event in app.astream(decided.payload, settings.run_config(), preemption=preemption):
             last = event
+        if last is not None and last.kind == "end" and last.status == "stopped":  # a request that was stopped
+            return ExitCode.STOPPED, "Stopped"
         if last is not None and last.kind == "interrupt":
             return ExitCode.INTERRUPTED, _one_line("Interrupted: " + ", ".join(i.id for i in last.interrupts))
         return ExitCode.COMPLETED, ""

@@ -7,7 +7,11 @@ result the moment it returns, before any sibling or the rest of the node
 continues. Several calls run concurrently; each gets a deep copy of the
 state and only the fields it changed are merged back (a single call uses the
 shared state). Every sibling is awaited; a failure becomes a tool error
-message for the model, never a node failure.
+message for the model, never a node failure. Failures (the tool raised or
+timed out, bad arguments, an unknown tool) and calls found in doubt are
+counted in the run's ``ToolCounts``, with the last failure's tool, code and
+message (never the arguments); with ``fail_on_tool_error`` the engine then
+fails the run (see ``engine``).
 
 The node gets the run context (store, config, logger, resume values) as a
 parameter from the engine (it is a ``nodes.ContextNode``) and hands each
@@ -32,7 +36,7 @@ from typing import Any
 from . import ledger
 from .constants import END
 from .context import CallScope, RunContext, current_scope
-from .errors import DeterminismError, FencedError, GraphInterrupt, NodeTimeoutError
+from .errors import DeterminismError, FencedError, GraphInterrupt, NodeTimeoutError, ToolError
 from .faults import fault_point
 from .interrupts import interrupt_in
 from .messages import Message, ToolCall, tool_message
@@ -61,11 +65,13 @@ def _result_message(result: Any, call: ToolCall, tool_name: str, key: str | None
 
 
 class _ToolFailed(Exception):
-    """The tool raised or timed out; carries the error message for the model (never recorded)."""
+    """The tool raised or timed out; carries the error text and its code (never recorded in the ledger)."""
 
-    def __init__(self, message: Message) -> None:
-        super().__init__(message.content)
-        self.message = message
+    def __init__(self, text: str, *, code: str, reason: str) -> None:
+        super().__init__(text)
+        self.text = text
+        self.code = code
+        self.reason = reason
 
 
 # The metric label for a tool name the model made up: labels must stay a bounded set.
@@ -75,6 +81,12 @@ UNKNOWN_TOOL_LABEL = "<unknown>"
 def _error_message(call: ToolCall, text: str, reason: str, *, known: bool = True) -> Message:
     TOOL_ERRORS.labels(call.name if known else UNKNOWN_TOOL_LABEL, reason).inc()
     return tool_message(f"Error: {text}", tool_call_id=call.id, name=call.name, is_error=True)
+
+
+def _failed(ctx: RunContext, call: ToolCall, text: str, *, code: str, reason: str, known: bool = True) -> Message:
+    """A failed call: counted (``ToolCounts.fail``, the last tool error) and told to the model as an error."""
+    ctx.counts.fail(call.name, code, text)
+    return _error_message(call, text, reason, known=known)
 
 
 def _answered_interrupts(ctx: RunContext, scope_name: str) -> int:
@@ -135,7 +147,8 @@ class ToolNode:
                 # _run_call turns every tool failure into a message; this is a bug in the tool node itself.
                 ctx.log.exception("tool node failed on call %s", call.id, exc_info=outcome)
                 text = f"{type(outcome).__name__}: {outcome}"
-                messages.append(_error_message(call, text, "internal", known=call.name in self.tools))
+                known = call.name in self.tools
+                messages.append(_failed(ctx, call, text, code=ToolError.RAISED, reason="internal", known=known))
             else:
                 messages.append(outcome)
         if interrupts:
@@ -171,7 +184,8 @@ class ToolNode:
         t = self.tools.get(call.name)
         if t is None:
             known = ", ".join(sorted(self.tools)) or "none"
-            return _error_message(call, f"unknown tool {call.name!r} (available: {known})", "unknown_tool", known=False)
+            text = f"unknown tool {call.name!r} (available: {known})"
+            return _failed(ctx, call, text, code=ToolError.UNKNOWN, reason="unknown_tool", known=False)
         if key is None and ambiguous:
             ctx.log.warning(
                 "tool call %s: its call id %r appears more than once in the message; the ledger cannot tell "
@@ -196,7 +210,7 @@ class ToolNode:
         try:
             arguments = t.validate_arguments(call.parsed_arguments())
         except (ValueError, ToolArgumentError) as e:
-            return _error_message(call, f"{call.name}: {e}", "invalid_arguments")
+            return _failed(ctx, call, f"{call.name}: {e}", code=ToolError.ARGUMENTS, reason="invalid_arguments")
         idem = ledger.idempotency_key(ctx.thread_id, key)
         if t.side_effects and key is not None:
             decided = await self._check_intent(ctx, scope, t, key=key, idem=idem, call=call, arguments=arguments)
@@ -206,7 +220,7 @@ class ToolNode:
         try:
             result = await self._invoke(ctx, scope, t, call=call, arguments=arguments, state=state, idem=idem)
         except _ToolFailed as failed:
-            return failed.message
+            return _failed(ctx, call, failed.text, code=failed.code, reason=failed.reason)
         ctx.counts.executed += 1
         TOOL_CALLS.labels(t.name, "executed").inc()
         fault_point("after_tool", t.name)
@@ -252,6 +266,7 @@ class ToolNode:
                 ctx.log.error("could not record the intent of %s (%s): %s; running it anyway", intent_key, t.name, e)
             return None
         IN_DOUBT.labels(t.name, t.in_doubt).inc()
+        ctx.counts.in_doubt += 1
         if t.in_doubt == "retry":
             ctx.log.warning(
                 "%s (%s) started before but its outcome was not recorded; retrying with the same idempotency key",
@@ -305,17 +320,17 @@ class ToolNode:
         except TimeoutError as e:
             if not deadline.expired():  # the tool's own TimeoutError (e.g. an HTTP client's): a tool error
                 ctx.log.warning("tool %s (call %s) raised %s: %s", t.name, call.id, type(e).__name__, e)
-                raise _ToolFailed(_error_message(call, f"{type(e).__name__}: {e}", "exception")) from e
+                raise _ToolFailed(f"{type(e).__name__}: {e}", code=ToolError.RAISED, reason="exception") from e
             TOOL_TIMEOUTS.labels(t.name).inc()
             err = NodeTimeoutError(
                 f"tool {t.name} did not finish within {timeout:g}s", code=NodeTimeoutError.TOOL, timeout=timeout or 0
             )
             ctx.log.warning("%s", err)
-            raise _ToolFailed(_error_message(call, str(err), "timeout")) from None
+            raise _ToolFailed(str(err), code=NodeTimeoutError.TOOL, reason="timeout") from None
         except GraphInterrupt:
             raise
         except Exception as e:
             ctx.log.warning("tool %s (call %s) raised %s: %s", t.name, call.id, type(e).__name__, e)
-            raise _ToolFailed(_error_message(call, f"{type(e).__name__}: {e}", "exception")) from e
+            raise _ToolFailed(f"{type(e).__name__}: {e}", code=ToolError.RAISED, reason="exception") from e
         finally:
             current_scope.reset(token)

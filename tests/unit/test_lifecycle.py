@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from agentrun import Command, ThreadNotFoundError, ThreadStateError, assistant, tool_message, user
-from agentrun.checkpoint.base import Checkpoint, RunStatus
-from agentrun.lifecycle import AnswerInterrupts, Resume, StartTurn, decide, opening_update
+from agentrun.checkpoint.base import Checkpoint, RunStatus, Turn
+from agentrun.lifecycle import AlreadyDone, AnswerInterrupts, Resume, StartTurn, decide, opening_update
 from agentrun.messages import ToolCall
 
 ONE = [{"id": "i1", "payload": None, "message": "", "node": "tools", "tool_call_id": None}]
@@ -129,3 +129,72 @@ def test_a_new_turn_answers_tool_calls_left_without_a_result() -> None:
     next_turn = {"messages": [user("next")]}
     assert opening_update({"messages": answered}, next_turn) is next_turn, "answered calls need no answer"
     assert opening_update({"messages": [user("go"), request]}, {"count": 1}) == {"count": 1}
+
+
+# -- requests: new input with a request key ---------------------------------------------------------
+
+KEY = "ns/run/abc"
+
+
+def latest(status: RunStatus, key: str = KEY) -> Checkpoint:
+    pending = ONE if status == "interrupted" else []
+    return Checkpoint("t", 7, {}, [], "tools", 2, status, {"interrupts": pending, "request_key": key})
+
+
+def earlier(status: RunStatus) -> Turn:
+    return Turn("t", KEY, "uid-1", status, 4, 1.0, 2.0)
+
+
+ALREADY = "already done"
+
+# where the key's turn is (latest / an earlier one / none), its status, expected action or error
+KEYED: list[tuple[str, RunStatus | None, Any]] = [
+    ("latest", "running", Resume()),
+    ("latest", "failed", Resume()),
+    ("latest", "interrupted", (ThreadStateError, "has an unfinished run (interrupted at node 'tools'")),
+    ("latest", "completed", AlreadyDone(KEY, "completed", 7)),
+    ("latest", "stopped", AlreadyDone(KEY, "stopped", 7)),
+    ("earlier", "completed", AlreadyDone(KEY, "completed", 4)),
+    ("earlier", "stopped", AlreadyDone(KEY, "stopped", 4)),
+    (
+        "earlier",
+        "failed",
+        (ThreadStateError, f"request {KEY!r} on thread 't' is an earlier turn (failed at version 4)"),
+    ),
+    ("earlier", "running", (ThreadStateError, "is an earlier turn (running at version 4)")),
+    ("earlier", "interrupted", (ThreadStateError, "is an earlier turn (interrupted at version 4)")),
+    ("none", None, NEW_TURN),
+]
+
+
+@pytest.mark.parametrize(("where", "status", "expected"), KEYED, ids=[f"{w}-{s}" for w, s, _ in KEYED])
+def test_request_key_table(where: str, status: RunStatus | None, expected: Any) -> None:
+    """Repeating a request repeats its answer: a completed request never runs again, an unfinished one resumes."""
+    if where == "latest":
+        assert status is not None
+        thread_, turn = latest(status), None
+    elif where == "earlier":
+        assert status is not None
+        thread_, turn = latest("completed", key="another"), earlier(status)
+    else:
+        thread_, turn = latest("completed", key="another"), None
+    if isinstance(expected, tuple):
+        with pytest.raises(expected[0], match=re.escape(expected[1])):
+            decide(thread_, NEW, thread_id="t", request_key=KEY, turn=turn)
+        return
+    action = decide(thread_, NEW, thread_id="t", request_key=KEY, turn=turn)
+    if expected == NEW_TURN:
+        assert isinstance(action, StartTurn), f"a request never seen on the thread must start a turn, got {action}"
+    else:
+        assert action == expected
+
+
+def test_input_none_and_resume_commands_ignore_the_request_key() -> None:
+    with pytest.raises(ThreadStateError, match="is not waiting on an interrupt"):
+        decide(latest("completed"), Command("yes"), thread_id="t", request_key=KEY)
+    with pytest.raises(ThreadStateError, match="has no unfinished run to resume"):
+        decide(latest("completed"), None, thread_id="t", request_key=KEY)
+    assert decide(latest("interrupted"), Command("yes"), thread_id="t", request_key=KEY) == AnswerInterrupts(
+        {"i1": "yes"}
+    )
+    assert decide(latest("failed"), None, thread_id="t", request_key=KEY) == Resume()

@@ -18,6 +18,7 @@ from agentrun.errors import (
     RunStopped,
     StaleStateError,
     StorageError,
+    ToolError,
 )
 from agentrun.interrupts import Command
 from agentrun.runner import (
@@ -110,3 +111,37 @@ def test_errors_map_to_the_pod_exit_code_table(error: BaseException, code: int) 
 def test_crd_config_keys_become_run_config_keys() -> None:
     config = settings(config={"toolTimeoutSeconds": 60, "recursionLimit": 9}, attempt=4).run_config()
     assert config == {"tool_timeout": 60, "recursion_limit": 9, "thread_id": "ns/t", "attempt": 4, "run_uid": "uid-1"}
+
+
+def keyed(status: str, key: str, run_uid: str = "uid-old") -> Checkpoint:
+    meta = {"run_uid": run_uid, "request_key": key}
+    return Checkpoint("ns/t", 3, {}, [], "tools", 1, status, meta)  # type: ignore[arg-type]
+
+
+def test_with_a_request_key_a_re_applied_agentrun_owns_the_turn_of_its_request() -> None:
+    """A new uid with the same request key (kubectl delete + apply) resumes or answers that turn, never re-runs it."""
+    again = settings(input=INPUT, run_uid="uid-new", request_key="ns/run/abc")
+    for status in ("running", "failed"):
+        decided = plan(keyed(status, "ns/run/abc"), again)
+        assert (decided.action, decided.payload) == ("resume", None), f"{status}: the request's turn must resume"
+    done = plan(keyed("completed", "ns/run/abc"), again)
+    assert (done.action, done.exit_code) == ("exit", ExitCode.COMPLETED), "a completed request is not run again"
+    assert plan(keyed("stopped", "ns/run/abc"), again).exit_code == ExitCode.STOPPED
+    assert plan(keyed("interrupted", "ns/run/abc"), again).exit_code == ExitCode.INTERRUPTED
+
+
+def test_with_a_request_key_another_requests_turn_is_not_ours_even_from_the_same_run() -> None:
+    other = settings(input=INPUT, run_uid="uid-old", request_key="ns/run/new")
+    assert "ThreadBusy" in plan(keyed("running", "ns/run/abc"), other).reason
+    # Ended: start, and the engine answers from the turn record if this key completed earlier.
+    assert plan(keyed("completed", "ns/run/abc"), other).action == "start"
+
+
+def test_the_request_key_and_fail_on_tool_error_reach_the_run_config() -> None:
+    config = settings(config={"failOnToolError": True}, request_key="ns/run/abc").run_config()
+    assert (config["fail_on_tool_error"], config["request_key"]) == (True, "ns/run/abc")
+    assert "request_key" not in settings().run_config(), "no request key: every input starts a new turn"
+
+
+def test_a_tool_error_that_fails_the_run_is_permanent() -> None:
+    assert exit_code_for(ToolError("charge_card failed", tool="charge_card")) == ExitCode.FAILED

@@ -97,8 +97,10 @@ from .base import (
     Owner,
     Progress,
     RunInputsRecord,
+    Turn,
     check_fence,
     claim,
+    turn_fields,
 )
 from .pg_schema import (
     MAX_THREAD_ID_LENGTH,
@@ -180,9 +182,26 @@ _PROGRESS = """
            extract(epoch FROM s.created_at)::float8 AS updated_at,
            s.meta -> 'error' AS error, s.meta ->> 'stop_reason' AS stop_reason,
            s.meta -> 'tool_calls' AS tool_calls, s.meta -> 'interrupts' AS interrupts,
+           s.meta ->> 'request_key' AS request_key, s.meta -> 'result' AS result,
+           s.meta -> 'last_tool_error' AS last_tool_error,
            a.attempt, a.run_uid
     FROM threads t LEFT JOIN attempts a ON a.thread_id = t.thread_id JOIN states s ON s.thread_id = t.thread_id
     WHERE t.thread_id = $1 ORDER BY s.version DESC LIMIT 1
+"""
+
+# Upsert in the checkpoint's transaction (the thread row is locked FOR UPDATE): a turn is recorded at
+# its first checkpoint and again at each interrupted or terminal one; started_at stays the first write's.
+_PUT_TURN = """
+    INSERT INTO turns (thread_id, request_key, run_uid, status, version, error, result, tool_calls)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+    ON CONFLICT (thread_id, request_key) DO UPDATE SET run_uid = EXCLUDED.run_uid, status = EXCLUDED.status,
+        version = EXCLUDED.version, error = EXCLUDED.error, result = EXCLUDED.result,
+        tool_calls = EXCLUDED.tool_calls, updated_at = now()
+"""
+_GET_TURN = """
+    SELECT run_uid, status, version, error, result, tool_calls,
+           extract(epoch FROM started_at)::float8 AS started_at, extract(epoch FROM updated_at)::float8 AS updated_at
+    FROM turns WHERE thread_id = $1 AND request_key = $2
 """
 
 # -- SQL: ledger, intents, stop, threads --------------------------------------------------------
@@ -606,6 +625,19 @@ class PgCheckpointer(Checkpointer):
         write_id = uuid.uuid4().hex
         meta = _dumps({**write.meta, _WRITE_ID: write_id}, what="run metadata")
         bodies = [(index, message.id, _dumps(message.to_json(), what="a message")) for index, message in write.messages]
+        fields = turn_fields(write)
+        turn = (
+            None
+            if fields is None
+            else (
+                fields["request_key"],
+                fields["run_uid"],
+                fields["status"],
+                None if fields["error"] is None else _dumps(fields["error"], what="the turn's error"),
+                None if fields["result"] is None else _dumps(fields["result"], what="the turn's result"),
+                _dumps(fields["tool_calls"], what="the turn's tool calls"),
+            )
+        )
         return await self._write(
             "checkpoint",
             lambda conn: self._put_txn(
@@ -619,6 +651,7 @@ class PgCheckpointer(Checkpointer):
                 attempt=attempt,
                 run_uid=run_uid,
                 write_id=write_id,
+                turn=turn,
             ),
         )
 
@@ -635,6 +668,7 @@ class PgCheckpointer(Checkpointer):
         attempt: int | None,
         run_uid: str | None,
         write_id: str,
+        turn: tuple[str, str | None, str, str | None, str | None, str] | None = None,
     ) -> Commit:
         incarnation = await _lock_thread(conn, thread_id, _LOCK_THREAD)
         head = await conn.fetchrow(_WRITE_HEAD, thread_id)
@@ -668,6 +702,9 @@ class PgCheckpointer(Checkpointer):
             raise StaleStateError(thread_id, expected_version, version) from e
         if bodies:
             await conn.executemany(_PUT_MESSAGE, [(thread_id, i, mid, body, version) for i, mid, body in bodies])
+        if turn is not None:
+            key, turn_run_uid, status, error, result, tool_calls = turn
+            await conn.execute(_PUT_TURN, thread_id, key, turn_run_uid, status, version, error, result, tool_calls)
         fault_point("in_checkpoint_txn", str(version))
         return Commit(version, incarnation, float(created_at))
 
@@ -690,6 +727,26 @@ class PgCheckpointer(Checkpointer):
             stop_reason=row["stop_reason"],
             tool_calls=_loads(row["tool_calls"]) or {},
             interrupts=_loads(row["interrupts"]) or [],
+            request_key=row["request_key"],
+            result=_loads(row["result"]) if row["status"] == "completed" else None,
+            last_tool_error=_loads(row["last_tool_error"]),
+        )
+
+    async def aget_turn(self, thread_id: str, request_key: str) -> Turn | None:
+        row = await self._read("turn read", lambda conn: conn.fetchrow(_GET_TURN, thread_id, request_key))
+        if row is None:
+            return None
+        return Turn(
+            thread_id=thread_id,
+            request_key=request_key,
+            run_uid=row["run_uid"],
+            status=row["status"],
+            version=int(row["version"]),
+            started_at=row["started_at"],
+            updated_at=row["updated_at"],
+            error=_loads(row["error"]),
+            result=_loads(row["result"]),
+            tool_calls=_loads(row["tool_calls"]) or {},
         )
 
     # -- ledger and intents ------------------------------------------------------------------
