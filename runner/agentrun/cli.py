@@ -1,6 +1,7 @@
 """The ``agentrun`` command: run a graph on a thread, inspect it, stop it.
 
     agentrun run GRAPH_REF --thread-id ID --input TEXT   start a turn, streaming each step
+    agentrun run GRAPH_REF --thread-id ID --input TEXT --request-id R   the same, once per request R
     agentrun run GRAPH_REF --thread-id ID --input-json OBJ   the same with spec.input-shaped JSON
     agentrun run GRAPH_REF --thread-id ID                resume the thread's unfinished run
     agentrun run GRAPH_REF --thread-id ID --resume JSON  answer a pending interrupt
@@ -65,6 +66,10 @@ async def _run(args: argparse.Namespace, checkpointer: Checkpointer) -> int:
     if not isinstance(config, dict):
         raise UsageError("--config must be a JSON object")
     config["thread_id"] = args.thread_id
+    if args.request_id is not None:
+        if not args.request_id.strip():
+            raise UsageError("--request-id must not be empty")
+        config["request_key"] = args.request_id
     payload: Any
     if args.resume is not None:
         payload = Command(resume=_json_arg("--resume", args.resume))
@@ -92,11 +97,17 @@ async def _run(args: argparse.Namespace, checkpointer: Checkpointer) -> int:
         else:
             snapshot = await app.aget_state(args.thread_id)
             counts = (snapshot.meta.get("tool_calls") if snapshot else None) or {}
+            failed = f", {counts['failed']} failed" if counts.get("failed") else ""
             print(
-                f"completed: thread {args.thread_id} at version {event.version}, step {event.step} "
-                f"({counts.get('executed', 0)} tool calls executed, {counts.get('replayed', 0)} replayed)",
+                f"{event.status}: thread {args.thread_id} at version {event.version}, step {event.step} "
+                f"({counts.get('executed', 0)} tool calls executed, {counts.get('replayed', 0)} replayed{failed})",
                 flush=True,
             )
+            last_error = snapshot.meta.get("last_tool_error") if snapshot else None
+            if failed and last_error:
+                print(f"last tool error: {last_error['tool']}: {last_error['code']}: {last_error['message']}")
+            if event.status == "stopped":
+                return ExitCode.STOPPED
     return ExitCode.COMPLETED
 
 
@@ -207,6 +218,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     what.add_argument("--resume", help="JSON resume value for a pending interrupt, or {interrupt_id: value}")
     run.add_argument("--config", help="run config JSON, e.g. '{\"tool_timeout\": 60}'")
+    run.add_argument(
+        "--request-id",
+        help="the identity of this request: sent again, a completed request is not run again (its tools do not "
+        "run twice) and an unfinished one resumes; use a new id for a new turn",
+    )
 
     state = commands.add_parser("state", parents=[common], help="show a thread's state, messages and ledger")
     state.add_argument("--thread-id", required=True)

@@ -177,3 +177,39 @@ def test_cli_refuses_to_arm_a_stop_on_a_thread_with_nothing_running(env: dict[st
     assert stop.returncode == 2 and "nothing to stop" in stop.stderr, stop
     state = json.loads(cli(env, "state", "--thread-id", "t-done", "--json").stdout)
     assert state["stop_requested"] is None, "a refused stop left a request behind"
+
+
+def invocations(effects_db: str) -> dict[str, int]:
+    """Every invocation of each side-effect tool body, as the example logs it (not provider rows)."""
+    import sqlite3
+
+    conn = sqlite3.connect(effects_db)
+    try:
+        return dict(conn.execute("SELECT tool, COUNT(*) FROM tool_invocations GROUP BY tool").fetchall())
+    finally:
+        conn.close()
+
+
+def test_cli_the_same_request_run_twice_executes_the_tools_once(env: dict[str, str]) -> None:
+    """`--request-id`: repeating a request repeats its answer, not its side effects."""
+    effects = env["SUPPORT_EFFECTS_DB"]
+    args = ("run", GRAPH, "--thread-id", "t-req", "--input", REQUEST, "--request-id", "order-4821-charge")
+    first = cli(env, *args)
+    assert first.returncode == 0, first.stderr
+    assert invocations(effects) == {"charge_card": 1, "send_receipt": 1}
+    again = cli(env, *args)
+    assert again.returncode == 0, again.stderr
+    assert invocations(effects) == {"charge_card": 1, "send_receipt": 1}, (
+        "GUARANTEE BROKEN: the same request charged the card again"
+    )
+    assert "already completed at version 4; not run again" in again.stderr, again.stderr
+    assert "completed: thread t-req at version 4" in again.stdout, "the answer is the recorded turn's"
+    assert "[step" not in again.stdout, "a completed request ran steps again"
+    state = json.loads(cli(env, "state", "--thread-id", "t-req", "--json").stdout)
+    assert state["version"] == 4 and state["meta"]["request_key"] == "order-4821-charge"
+    assert state["meta"]["result"]["digest"].startswith("sha256:")
+    other = cli(env, "run", GRAPH, "--thread-id", "t-req", "--input", REQUEST, "--request-id", "order-4821-again")
+    assert other.returncode == 0, other.stderr
+    assert invocations(effects) == {"charge_card": 2, "send_receipt": 2}, "a new request id must start a new turn"
+    empty = cli(env, "run", GRAPH, "--thread-id", "t-req", "--input", REQUEST, "--request-id", " ")
+    assert empty.returncode == 2 and "--request-id must not be empty" in empty.stderr

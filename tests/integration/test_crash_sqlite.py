@@ -23,7 +23,14 @@ REQUEST = "charge my saved card for order 4821 and email me the receipt"
 
 
 def drive(
-    env: dict[str, str], store: str, *, text: str | None, mode: str, fault: str | None = None, timeout: float = 60
+    env: dict[str, str],
+    store: str,
+    *,
+    text: str | None,
+    mode: str,
+    fault: str | None = None,
+    timeout: float = 60,
+    request_key: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
     child_env = dict(env)
     if fault:
@@ -31,6 +38,8 @@ def drive(
     cmd = [sys.executable, "-m", "tests.support.drive_support", store, "order-4821", "--mode", mode]
     if text is not None:
         cmd += ["--input", text]
+    if request_key is not None:
+        cmd += ["--request-key", request_key]
     return subprocess.run(cmd, env=child_env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -137,3 +146,29 @@ def test_crash_before_record_of_every_tool_replays_the_recorded_ones(
     counts = count_effects(effects)
     assert counts["receipts"] == 1 and counts["charges"] == 1
     assert "retrying with the same idempotency key" in resumed.stderr
+
+
+@pytest.mark.parametrize("fault", ["after_ledger_record:charge_card", "after_checkpoint:tools"])
+def test_sigkill_mid_turn_then_the_same_request_again_resumes_and_charges_once(
+    tmp_path: Path, subprocess_env: dict[str, str], reference: list[dict[str, Any]], fault: str
+) -> None:
+    """Like an AgentRun deleted and applied again after its pod died: the same request key and the same input.
+
+    The second process resumes the request's turn instead of starting a new one, so
+    the charge recorded before the kill replays and every tool body ran once in total.
+    """
+    store = f"sqlite:///{tmp_path / 'agentrun.db'}"
+    effects = subprocess_env["SUPPORT_EFFECTS_DB"]
+    key = "default/support-4821/0123456789abcdef"
+    crashed = drive(subprocess_env, store, text=REQUEST, mode="astream", fault=fault, request_key=key)
+    assert crashed.returncode == -signal.SIGKILL, f"the run was supposed to die at {fault}\n{crashed.stderr}"
+    again = drive(subprocess_env, store, text=REQUEST, mode="astream", request_key=key)
+    assert again.returncode == 0, f"the same request sent again failed:\n{again.stderr}"
+    for tool_name in ("charge_card", "send_receipt"):
+        assert invocations(effects, tool_name) == 1, f"GUARANTEE BROKEN: {tool_name} ran again for the same request"
+    if fault.startswith("after_ledger_record"):
+        assert "(charge_card) from the ledger; not executed again" in again.stderr, again.stderr
+    assert final_state(again) == reference, "the request sent again did not reach the state of one uninterrupted run"
+    answered = drive(subprocess_env, store, text=REQUEST, mode="astream", request_key=key)
+    assert answered.returncode == 0 and "already completed" in answered.stderr, answered.stderr
+    assert invocations(effects, "charge_card") == 1, "a third send of a completed request charged again"

@@ -1,7 +1,7 @@
 """Run the support example on PostgreSQL in this process, as a runner pod would; used by this tier's tests.
 
     python -m tests.postgres.drive_pg DSN THREAD_ID [--input TEXT | --auto TEXT] [--attempt N [--run-uid UID]]
-        [--redis URL --redis-prefix P] [--stop-self-before-version V]
+        [--redis URL --redis-prefix P] [--stop-self-before-version V] [--request-key K]
 
 Modes: ``--input`` starts a turn; neither flag resumes the thread's
 unfinished run; ``--auto TEXT`` does what a restarted pod does: start with
@@ -12,7 +12,8 @@ makes it an attempt of that AgentRun (fencing across the runs of a thread).
 
 ``--stop-self-before-version V`` makes the process SIGSTOP itself just
 before it writes state version V, so a test can freeze it at a precise
-point, let another attempt run, and SIGCONT it.
+point, let another attempt run, and SIGCONT it. ``--request-key K`` runs the
+input as request K (sent again, it resumes or answers instead of starting a turn).
 
 Prints ``READY`` when the run starts, ``STEP <node> <version>`` per step and
 the final state as ``FINAL <json>`` (the shared summary: roles, contents,
@@ -80,6 +81,8 @@ async def drive(args: argparse.Namespace) -> int:
         checkpointer = CachedStore(checkpointer, redis_url=args.redis, redis_prefix=args.redis_prefix)
     app = CompiledGraph(graph, checkpointer=checkpointer, name="support")
     config: dict[str, Any] = {"thread_id": args.thread_id}
+    if args.request_key:
+        config["request_key"] = args.request_key
     try:
         await checkpointer.setup()
         if args.attempt is not None:
@@ -122,6 +125,7 @@ def main() -> int:
     parser.add_argument("--redis")
     parser.add_argument("--redis-prefix", default="agentrun")
     parser.add_argument("--stop-self-before-version", type=int)
+    parser.add_argument("--request-key")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     try:

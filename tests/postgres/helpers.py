@@ -72,6 +72,7 @@ def driver_args(
     redis: str | None = None,
     redis_prefix: str | None = None,
     freeze_before: int | None = None,
+    request_key: str | None = None,
 ) -> list[str]:
     cmd = [sys.executable, "-m", "tests.postgres.drive_pg", dsn, thread_id]
     if text is not None:
@@ -88,6 +89,8 @@ def driver_args(
         cmd += ["--redis-prefix", redis_prefix]
     if freeze_before is not None:
         cmd += ["--stop-self-before-version", str(freeze_before)]
+    if request_key is not None:
+        cmd += ["--request-key", request_key]
     return cmd
 
 

@@ -234,3 +234,53 @@ async def test_sigkill_at_a_seeded_random_time_then_resume_reaches_the_same_stat
     assert crashed.returncode in (0, -signal.SIGKILL), f"the run failed on its own\n{crashed}"
     runs = await resume_and_check(module_pg_dsn, thread_id, effects, reference, crashed, cache)
     print(f"killed after {fraction * reference.run_seconds * 1.1:.3f}s: tool runs {runs}", file=sys.stderr)
+
+
+async def test_sigkill_mid_turn_then_the_same_request_with_the_same_input_charges_once(
+    module_pg_dsn: str, module_redis_prefix: str, reference: Reference, tmp_path: Path
+) -> None:
+    """A re-applied AgentRun after its pod died: a new run uid, the same request key and input, the same thread.
+
+    It must resume the request's turn (not start a second one): the charge recorded
+    before the kill replays, every side-effect tool body ran once in total, and the
+    final state is that of one uninterrupted run.
+    """
+    thread_id = "same-request-again"
+    effects = tmp_path / "effects.db"
+    cache = Cache(redis_url(), module_redis_prefix)
+    key = "default/support-4821/0123456789abcdef"
+    first = driver_args(
+        module_pg_dsn,
+        thread_id,
+        text=REQUEST,
+        attempt=1,
+        run_uid="uid-first",
+        redis=cache.url,
+        redis_prefix=cache.prefix,
+        request_key=key,
+    )
+    crashed = await finish(await spawn(child_env(effects), first, fault="after_ledger_record:charge_card"))
+    assert crashed.returncode == -signal.SIGKILL, f"the run was supposed to die by SIGKILL\n{crashed}"
+    at_kill = await recorded(module_pg_dsn, thread_id)
+    receipts_before = invocations(str(effects), "send_receipt")
+    second = driver_args(
+        module_pg_dsn,
+        thread_id,
+        text=REQUEST,
+        attempt=1,
+        run_uid="uid-second",
+        redis=cache.url,
+        redis_prefix=cache.prefix,
+        request_key=key,
+    )
+    again = await finish(await spawn(child_env(effects), second))
+    assert again.returncode == 0, f"the same request sent again failed\n{again}"
+    assert "(charge_card) from the ledger; not executed again" in again.stderr, str(again)
+    assert again.final() == reference.final, "the request sent again did not reach the state of one uninterrupted run"
+    assert invocations(str(effects), "charge_card") == 1, "GUARANTEE BROKEN: the same request charged again"
+    # The sibling runs in parallel: once in total, or once more (same idempotency key) if it was in doubt.
+    in_doubt = "send_receipt" in at_kill.intents and "send_receipt" not in at_kill.ledger
+    assert invocations(str(effects), "send_receipt") == receipts_before + (1 if in_doubt or not receipts_before else 0)
+    assert (count_effects(str(effects))["charges"], count_effects(str(effects))["receipts"]) == (1, 1)
+    turns = await fetch(module_pg_dsn, "SELECT status, run_uid FROM turns WHERE thread_id = $1", thread_id)
+    assert [(r["status"], r["run_uid"]) for r in turns] == [("completed", "uid-second")]

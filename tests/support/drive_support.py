@@ -1,8 +1,10 @@
 """Run the support example once, in this process, through a chosen entry point; used by crash tests.
 
     python -m tests.support.drive_support STORE_URL THREAD_ID [--input TEXT] [--mode invoke|ainvoke|stream|astream]
+        [--request-key K]
 
-Without --input it resumes the thread's unfinished run. Exit codes follow the
+Without --input it resumes the thread's unfinished run; with --request-key the
+input is that request (sent again, it resumes or answers). Exit codes follow the
 pod contract: 0 completed, 3 interrupted, 4 stopped, 5 failed. The final
 state is printed as one JSON line prefixed ``FINAL `` (roles, contents and
 tool names, without random ids) so tests can compare runs.
@@ -36,12 +38,12 @@ def summary(values: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-async def drive(store: str, thread_id: str, text: str | None, mode: str) -> int:
+async def drive(store: str, thread_id: str, text: str | None, mode: str, request_key: str | None = None) -> int:
     from examples.support_agent import graph
 
     checkpointer = from_url(store)
     app = CompiledGraph(graph, checkpointer=checkpointer, name="support")
-    config = {"thread_id": thread_id}
+    config = {"thread_id": thread_id, **({"request_key": request_key} if request_key else {})}
     try:
         if mode == "ainvoke":
             values = await app.ainvoke(text, config)
@@ -58,13 +60,13 @@ async def drive(store: str, thread_id: str, text: str | None, mode: str) -> int:
     return 3 if "__interrupt__" in values else 0
 
 
-def drive_sync(store: str, thread_id: str, text: str | None, mode: str) -> int:
+def drive_sync(store: str, thread_id: str, text: str | None, mode: str, request_key: str | None = None) -> int:
     """The blocking wrappers, which must share the async engine."""
     from examples.support_agent import graph
 
     checkpointer = from_url(store)
     app = CompiledGraph(graph, checkpointer=checkpointer, name="support")
-    config = {"thread_id": thread_id}
+    config = {"thread_id": thread_id, **({"request_key": request_key} if request_key else {})}
     if mode == "invoke":
         values = app.invoke(text, config)
     else:
@@ -82,12 +84,13 @@ def main() -> int:
     parser.add_argument("thread_id")
     parser.add_argument("--input")
     parser.add_argument("--mode", default="astream", choices=["invoke", "ainvoke", "stream", "astream"])
+    parser.add_argument("--request-key")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     try:
         if args.mode in ("invoke", "stream"):
-            return drive_sync(args.store, args.thread_id, args.input, args.mode)
-        return asyncio.run(drive(args.store, args.thread_id, args.input, args.mode))
+            return drive_sync(args.store, args.thread_id, args.input, args.mode, args.request_key)
+        return asyncio.run(drive(args.store, args.thread_id, args.input, args.mode, args.request_key))
     except RunStopped:
         return 4
     except AgentRunError as e:
