@@ -242,3 +242,36 @@ def test_a_failing_exit_ends_stderr_with_the_plain_termination_line(pod_env: dic
     assert code == 5, err
     last = err.strip().splitlines()[-1]
     assert last.startswith("GRAPH_REFERENCE_001: ") and "[GRAPH_REFERENCE_001]" not in last, last
+
+
+def test_a_re_applied_agentrun_with_the_same_request_key_never_runs_the_tools_again(pod_env: dict[str, str]) -> None:
+    """kubectl delete + apply: a new run uid, the same request key; finished or not, the tools run once."""
+    keyed = dict(pod_env, AGENTRUN_REQUEST_KEY="default/order-4821/0123456789abcdef")
+    proc = start(keyed, SUPPORT_TOOL_DELAY="1.5", AGENTRUN_PREEMPT_FINISH_SECONDS="20")
+    wait_for_node(keyed, "tools")
+    proc.send_signal(signal.SIGTERM)  # the pod goes away mid-turn
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 6, err
+    code, err = run(keyed, AGENTRUN_RUN_UID="uid-2")  # the same request, applied again
+    assert code == 0, err
+    assert status(keyed) == ("completed", "__end__")
+    code, err = run(keyed, AGENTRUN_RUN_UID="uid-3")  # and once more, after it completed
+    assert code == 0, err
+    effects = count_effects(keyed["SUPPORT_EFFECTS_DB"])
+    assert effects["charges"] == 1 and effects["tool_invocations"] == 2, f"GUARANTEE BROKEN: {effects}"
+    code, err = run(keyed, AGENTRUN_RUN_UID="uid-4", AGENTRUN_REQUEST_KEY="default/order-4821/another")
+    assert code == 0, err
+    assert count_effects(keyed["SUPPORT_EFFECTS_DB"])["tool_invocations"] == 4, "a new request key is a new turn"
+
+
+def test_fail_on_tool_error_exits_5_with_the_tool_error_code(pod_env: dict[str, str], tmp_path: Path) -> None:
+    failing = dict(
+        pod_env,
+        AGENTRUN_CONFIG=json.dumps({"failOnToolError": True}),
+        AGENTRUN_INPUT=json.dumps({"messages": [{"role": "user", "content": "charge my card for order 9999"}]}),
+    )
+    code, err = run(failing)
+    assert code == 5, err
+    line = (tmp_path / "termination-log").read_text()
+    assert line.startswith("TOOL_ERROR_001: "), line
+    assert status(failing) == ("failed", "tools")
