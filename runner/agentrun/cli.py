@@ -35,6 +35,8 @@ from .loader import compile_reference
 from .messages import Message
 
 DEFAULT_STORE = "sqlite:///agentrun.db"
+# Someone is waiting at a terminal: say "store unavailable" sooner than a runner pod would give up.
+CLI_STORE_RETRY_SECONDS = 10.0
 
 
 class UsageError(Exception):
@@ -191,6 +193,13 @@ def _common_options(*, top: bool) -> argparse.ArgumentParser:
         help=f"store URL: sqlite:///path.db (default {DEFAULT_STORE}, or ${Env.STORE}) or postgresql://...",
     )
     common.add_argument(
+        "--store-retry-seconds",
+        type=float,
+        default=float(os.environ.get(Env.STORE_RETRY_SECONDS, CLI_STORE_RETRY_SECONDS)) if top else argparse.SUPPRESS,
+        help=f"how long an unreachable PostgreSQL is retried before exit 8 (default {CLI_STORE_RETRY_SECONDS:g}s, "
+        f"or ${Env.STORE_RETRY_SECONDS}; a pod waits 60s)",
+    )
+    common.add_argument(
         "-q",
         "--quiet",
         action="store_true",
@@ -236,7 +245,7 @@ def _parser() -> argparse.ArgumentParser:
 
 async def _main(args: argparse.Namespace) -> int:
     try:
-        checkpointer = from_url(args.store)
+        checkpointer = from_url(args.store, retry_timeout=args.store_retry_seconds)
     except ValueError as e:
         raise UsageError(str(e)) from None
     try:

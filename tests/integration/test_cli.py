@@ -165,7 +165,7 @@ def test_cli_input_json_is_spec_input_shaped(env: dict[str, str]) -> None:
 
 def test_cli_unreachable_postgres_is_a_transient_exit_not_a_permanent_failure(env: dict[str, str]) -> None:
     closed = "postgresql://nobody@127.0.0.1:1/none?connect_timeout=2"
-    result = cli(env, "state", "--thread-id", "t", "--store", closed)
+    result = cli(env, "state", "--thread-id", "t", "--store", closed, "--store-retry-seconds", "1")
     assert result.returncode == 8, f"store unavailable must exit 8 (try again), not 5 (failed for good)\n{result}"
     assert "store unavailable" in result.stderr
 
