@@ -16,7 +16,11 @@ never a lost or wrong result:
   one), it replaces the malformed entry by compare-and-swap on the entry's
   exact text, so later replays hit; the first WELL-FORMED result stays
   authoritative and of two repairers exactly one wins;
-- a read failure is logged and is a miss;
+- a read failure is logged and is a miss, except ``StoreUnavailableError``:
+  the store already stayed down past the runner's retry bound, so the result
+  could not be recorded either, and running the tool now would leave a side
+  effect that the next attempt repeats. The attempt ends instead (exit 8)
+  and a later one does the lookup again;
 - a write failure is logged at ERROR saying the call COMPLETED but was not
   recorded (a human may need to reconcile it), the result still goes to the
   model and the run continues.
@@ -31,7 +35,7 @@ from typing import Any
 
 from .checkpoint.base import LedgerEntry
 from .context import RunContext
-from .errors import DeterminismError, FencedError
+from .errors import DeterminismError, FencedError, StoreUnavailableError
 from .messages import Message
 from .metrics import LEDGER_HITS, LEDGER_READ_FAILURES, LEDGER_RECORD_FAILURES
 from .tools import Tool
@@ -128,7 +132,9 @@ async def lookup(ctx: RunContext, key: str, tool: Tool) -> Recorded | object:
     tool_name = tool.name
     try:
         entry = await ctx.checkpointer.ledger_get(ctx.thread_id, key)
-    except Exception as e:  # any store failure is a miss: better a duplicate call than a stuck run
+    except StoreUnavailableError:
+        raise
+    except Exception as e:  # any other store failure is a miss: better a duplicate call than a stuck run
         LEDGER_READ_FAILURES.labels("read_error").inc()
         ctx.log.warning("ledger read failed for %s (%s); treating it as not recorded: %s", key, e, _after_a_miss(tool))
         return _MISS

@@ -36,7 +36,7 @@ from typing import Any
 from . import ledger
 from .constants import END
 from .context import CallScope, RunContext, current_scope
-from .errors import DeterminismError, FencedError, GraphInterrupt, NodeTimeoutError, ToolError
+from .errors import DeterminismError, FencedError, GraphInterrupt, NodeTimeoutError, StoreUnavailableError, ToolError
 from .faults import fault_point
 from .interrupts import interrupt_in
 from .messages import Message, ToolCall, tool_message
@@ -44,8 +44,9 @@ from .metrics import IN_DOUBT, TOOL_CALLS, TOOL_ERRORS, TOOL_TIMEOUTS
 from .state import MESSAGES, Replace, changed_fields, last_tool_request, snapshot_fields
 from .tools import Tool, ToolArgumentError, tool
 
-# Errors that must end the node rather than become a message for the model.
-_FATAL = (DeterminismError, FencedError)
+# Errors that must end the node rather than become a message for the model. A store that stayed
+# unavailable past the retry bound ends the attempt before a tool starts (see ledger.py).
+_FATAL = (DeterminismError, FencedError, StoreUnavailableError)
 
 
 def tools_condition(state: dict[str, Any]) -> str:
@@ -252,6 +253,8 @@ class ToolNode:
         intent_key = key if resumes == 0 else f"{key}#resume{resumes}"
         try:
             intent = await ctx.checkpointer.intent_get(ctx.thread_id, intent_key)
+        except StoreUnavailableError:
+            raise
         except Exception as e:
             ctx.log.warning("intent lookup failed for %s (%s); assuming the call never started", intent_key, e)
             intent = None
@@ -260,7 +263,7 @@ class ToolNode:
                 await ctx.checkpointer.intent_put(
                     ctx.thread_id, intent_key, t.name, idem, attempt=ctx.config.attempt, run_uid=ctx.config.run_uid
                 )
-            except FencedError:
+            except (FencedError, StoreUnavailableError):
                 raise
             except Exception as e:
                 ctx.log.error("could not record the intent of %s (%s): %s; running it anyway", intent_key, t.name, e)

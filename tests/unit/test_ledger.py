@@ -17,6 +17,7 @@ import pytest
 
 from agentrun import Command, DeterminismError, InMemoryCheckpointer, SqliteCheckpointer, StorageError, tool
 from agentrun.checkpoint import Checkpointer, LedgerEntry
+from agentrun.errors import StoreUnavailableError
 from agentrun.ledger import decode, idempotency_key, ledger_key
 from tests.support.checkpointers import Backend
 
@@ -225,6 +226,28 @@ async def test_ledger_read_failure_is_logged_and_the_tool_runs(caplog: pytest.Lo
     assert state is not None and state.status == "completed", "a ledger read failure must not fail the run"
     warnings = log_lines(caplog, logging.WARNING)
     assert any("ledger read failed" in line and "disk on fire" in line for line in warnings), warnings
+
+
+class UnavailableStore(InMemoryCheckpointer):
+    """The store stayed down past the runner's retry bound (what PgCheckpointer raises then)."""
+
+    async def ledger_get(self, thread_id: str, key: str) -> LedgerEntry | None:
+        raise StoreUnavailableError("postgres stayed unreachable for 60s")
+
+
+async def test_a_store_down_past_the_retry_bound_ends_the_attempt_before_the_tool_runs() -> None:
+    """Running the tool now would leave a side effect nobody can record; the next attempt would repeat it."""
+    ran: Counter[str] = Counter()
+
+    @tool(side_effects=True)
+    async def charge() -> str:
+        ran["charge"] += 1
+        return "ch_1"
+
+    app = app_for([charge], [call("call_1", "charge")], UnavailableStore())
+    with pytest.raises(StoreUnavailableError):
+        await app.ainvoke("go", {"thread_id": "t"})
+    assert ran["charge"] == 0, "a tool ran although its result could not have been recorded"
 
 
 async def test_ledger_write_failure_logs_completed_but_not_recorded_and_the_run_continues(
