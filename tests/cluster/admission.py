@@ -13,6 +13,7 @@ admission plugins an operator's pods meet on every cluster:
   period.
 - Secrets: ``stringData`` is merged into base64 ``data``.
 - Namespaces: ``status.phase: Active`` and the ``kubernetes`` finalizer.
+- Every object: its annotations together at most 256 KiB (ObjectMeta validation).
 """
 
 from __future__ import annotations
@@ -49,6 +50,28 @@ def name_errors(kind: str, name: str | None, *, label: bool = False) -> list[Fie
                 "FieldValueInvalid",
                 f'Invalid value: "{name}": a lowercase {what} must consist of lower case alphanumeric '
                 f"characters, '-' or '.', and must start and end with an alphanumeric character",
+            )
+        ]
+    return []
+
+
+TOTAL_ANNOTATION_SIZE_LIMIT = 256 * 1024  # apimachinery's TotalAnnotationSizeLimitB
+
+
+def annotation_errors(obj: dict[str, Any]) -> list[FieldError]:
+    """ObjectMeta validation: all annotations together (keys and values) at most 256 KiB.
+
+    Client-side ``kubectl apply`` copies the whole object into an annotation, so it cannot apply an
+    object over 256 KiB (``kubectl create`` and ``apply --server-side`` can).
+    """
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    total = sum(len(str(k).encode()) + len(str(v).encode()) for k, v in annotations.items())
+    if total > TOTAL_ANNOTATION_SIZE_LIMIT:
+        return [
+            FieldError(
+                "metadata.annotations",
+                "FieldValueTooLong",
+                f"Too long: may not be more than {TOTAL_ANNOTATION_SIZE_LIMIT} bytes",
             )
         ]
     return []

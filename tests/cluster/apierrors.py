@@ -37,6 +37,8 @@ class ApiError(kmock.KubernetesError):
             "reason": self.reason or "",
             "code": self.status,
         }
+        if not self.reason:  # StatusReasonUnknown: the real server leaves the field out
+            del body["reason"]
         if self.details:
             body["details"] = self.details
         return body

@@ -24,9 +24,13 @@ precedence — and replaces the request semantics with the real server's:
   leaving the selection is a DELETED event) and ``timeoutSeconds``.
 - CustomResourceDefinitions are objects too (``kubectl get crd``; applying or
   deleting one starts or stops serving its resources).
+- CEL validation rules of CRDs (``celrules``), with a real CEL engine.
+- The real server's limits (``limits``): request bodies up to 3 MiB (413
+  beyond), stored objects up to etcd's 1.5 MiB, JSON nested up to 10,000
+  levels (400 beyond), with the real messages.
 
 Not emulated (hazards for tests): authentication and RBAC (every request is
-allowed), admission webhooks, CEL validation rules, server-side apply field
+allowed), admission webhooks, server-side apply field
 ownership (an apply is a merge), ``/openapi/v2`` (protobuf only: kubectl gets
 a 404 and copes, as with old servers), protobuf request bodies other than
 Namespace/Secret/ConfigMap/ServiceAccount (415), periodic watch bookmarks,
@@ -59,7 +63,7 @@ import kmock
 import yaml
 from kmock._internal import parsing as kmock_parsing
 
-from tests.cluster import apierrors, openapi, patching, protobuf, selectors, tables
+from tests.cluster import apierrors, limits, openapi, patching, protobuf, selectors, tables
 from tests.cluster.apierrors import ApiError
 from tests.cluster.registry import Change, Registry, decode_continue, encode_continue
 from tests.cluster.resources import (
@@ -105,6 +109,9 @@ def _parse_path_safely(path: str) -> kmock_parsing.ParsedPath:
 
 _kmock_parse_path = kmock_parsing.parse_path
 kmock_parsing.parse_path = _parse_path_safely  # used by kmock's request parsing, module-wide
+
+
+limits.raise_recursion_limit()  # a real server stores objects nested 10,000 levels deep (see limits)
 
 
 def _default_crd_files() -> tuple[Path, ...]:
@@ -229,6 +236,24 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         return None
 
     # --- request routing -------------------------------------------------------------------------
+
+    async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        """Refuse what kube-apiserver refuses before it decodes a body: over 3 MiB, or deeper than 10,000 levels.
+
+        aiohttp's own limit (1 MiB, answered with a bare 413) would refuse less than a real server.
+        """
+        raw_request = raw_request.clone(client_max_size=limits.MAX_REQUEST_BODY_BYTES)
+        try:
+            body = await raw_request.read()
+        except aiohttp.web.HTTPRequestEntityTooLarge:
+            return _json(limits.request_too_large().as_status(), status=413)
+        if body and limits.too_deep(body):
+            parsed = self._parse(raw_request.path.rstrip("/"))
+            rdef = self._find(parsed.group, parsed.version, parsed.plural) if parsed else None
+            error = limits.too_deep_error(rdef.kind if rdef else None, body)
+            return _json(error.as_status(), status=error.status)
+        response: aiohttp.web.StreamResponse = await super().__call__(raw_request)
+        return response
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         # kmock's own handler would first apply its plain-dict state tracking; the registry replaces it.

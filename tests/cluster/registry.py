@@ -16,7 +16,9 @@ on (kept in kmock's ``objects`` store, one history entry per write):
 - Status subresource: writes to the main resource ignore ``status``, writes to
   ``/status`` ignore everything else.
 - Custom resources: defaulting, pruning, ``fieldValidation`` (Strict -> 400,
-  Warn -> ``Warning`` header, Ignore) and schema validation (422) from the CRD.
+  Warn -> ``Warning`` header, Ignore), schema validation (422) and the CRD's
+  CEL rules (``x-kubernetes-validations``, transition rules on updates; see
+  ``celrules``).
   Built-ins: the upstream schemas plus the admission rules in ``admission``.
 - Deletion: finalizers hold an object with ``deletionTimestamp`` set (and its
   generation bumped) until they are removed; new finalizers cannot be added
@@ -29,6 +31,9 @@ on (kept in kmock's ``objects`` store, one history entry per write):
   (background propagation); ``Foreground`` holds the owner with the
   ``foregroundDeletion`` finalizer until its dependents are gone; ``Orphan``
   strips the owner references. Terminating namespaces are emptied.
+- Size: an object whose stored form exceeds etcd's request limit (1.5 MiB) is
+  refused as a real server refuses it (500 "etcdserver: request is too large";
+  see ``limits``).
 - Every change is logged with its resourceVersion so watches can resume from
   a resourceVersion (410 Gone when it fell out of the window).
 """
@@ -48,7 +53,7 @@ from typing import Any
 
 import kmock
 
-from tests.cluster import admission, apierrors, patching
+from tests.cluster import admission, apierrors, limits, patching
 from tests.cluster import schema as crd_schema
 from tests.cluster.apierrors import ApiError, FieldError
 from tests.cluster.resources import BuiltinSchemas, ResourceDef
@@ -209,7 +214,9 @@ class Registry:
         if not rdef.custom:
             admission.prepare_create(rdef.kind, obj)
         errors = admission.name_errors(rdef.kind, name, label=rdef.kind == "Namespace")
+        errors += admission.annotation_errors(obj)
         errors += self._validate(rdef, obj)
+        errors += self._validate_rules(rdef, obj, None, warnings, errors)
         if rdef.kind == "Pod":
             errors += admission.pod_errors(obj)
         errors = list(dict.fromkeys(errors))  # upstream schema and admission may report the same field
@@ -239,6 +246,7 @@ class Registry:
             meta["generation"] = 1
         if dry_run:
             return WriteResult(obj, warnings, created=True)
+        self._check_stored_size(rdef, obj)
         meta["resourceVersion"] = self._next_rv()
         self.objects[rdef.key, namespace if rdef.namespaced else None, name] = obj
         self._record(rdef, "ADDED", obj, None)
@@ -354,7 +362,8 @@ class Registry:
         meta["resourceVersion"] = current["metadata"]["resourceVersion"]
 
         warnings = self._admit_schema(rdef, new, field_validation, name)
-        errors = self._validate(rdef, new)
+        errors = admission.annotation_errors(new) + self._validate(rdef, new)
+        errors += self._validate_rules(rdef, new, current, warnings, errors)
         if not rdef.custom:
             admission.prepare_update(rdef.kind, current, new)
             if rdef.kind == "Pod" and subresource != "status":
@@ -377,6 +386,7 @@ class Registry:
             meta["generation"] = current["metadata"].get("generation", 0) + 1
         if dry_run:
             return WriteResult(new, warnings)
+        self._check_stored_size(rdef, new)
         meta["resourceVersion"] = self._next_rv()
         key = (rdef.key, meta.get("namespace") if rdef.namespaced else None, name)
         if meta.get("deletionTimestamp") and not _finalizers(rdef, new) and not self._graceful_pending(rdef, new):
@@ -646,6 +656,29 @@ class Registry:
                 holder = holder[part]
             holder.pop(key, None)
         return [_dotted([*parent, key]) for parent, key in unknown]
+
+    def _check_stored_size(self, rdef: ResourceDef, obj: dict[str, Any]) -> None:
+        """etcd's request limit, on the object as stored (see ``limits``)."""
+        meta = obj["metadata"]
+        parts = ["registry", rdef.group, rdef.plural, meta.get("namespace") if rdef.namespaced else None, meta["name"]]
+        if limits.stored_size(obj, "/" + "/".join(p for p in parts if p)) > limits.MAX_STORED_BYTES:
+            raise limits.too_large_for_etcd()
+
+    def _validate_rules(
+        self,
+        rdef: ResourceDef,
+        obj: dict[str, Any],
+        old: dict[str, Any] | None,
+        warnings: list[str],
+        prior: list[FieldError],
+    ) -> list[FieldError]:
+        """The CRD's CEL rules (after the schema, as the real server runs them); ratcheted ones warn."""
+        validator = rdef.cel_validator if rdef.custom else None
+        if validator is None:
+            return []
+        errors, ratcheted = validator.validate(obj, old, prior)
+        warnings += ratcheted
+        return errors
 
     def _validate(self, rdef: ResourceDef, obj: dict[str, Any]) -> list[FieldError]:
         if rdef.validator is not None:

@@ -24,6 +24,7 @@ import referencing
 import yaml
 from kubernetes_validate import utils as kv_utils
 
+from tests.cluster.celrules import Validator as CelValidator
 from tests.cluster.schema import SchemaValidator
 
 KUBERNETES_VERSION = "1.32"
@@ -80,6 +81,11 @@ class ResourceDef:
     @functools.cached_property
     def validator(self) -> SchemaValidator | None:
         return SchemaValidator(self.schema) if self.schema is not None else None
+
+    @functools.cached_property
+    def cel_validator(self) -> CelValidator | None:
+        """The schema's ``x-kubernetes-validations`` (None when it has none)."""
+        return CelValidator.for_schema(self.schema) if self.schema is not None else None
 
     def path(self, namespace: str | None = None, name: str | None = None) -> str:
         prefix = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"

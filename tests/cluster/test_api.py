@@ -91,11 +91,11 @@ def test_label_and_field_selectors_and_pagination(cluster: EmulatedCluster) -> N
 def test_watch_resumes_from_a_resource_version(cluster: EmulatedCluster) -> None:
     first = create(cluster, "w1")
     since = first["metadata"]["resourceVersion"]
-    assert cluster.api("PATCH", f"{AGENTRUNS}/w1", {"spec": {"userId": "u1"}}, content_type=MERGE).status == 200
+    assert cluster.api("PATCH", f"{AGENTRUNS}/w1", {"spec": {"stop": True}}, content_type=MERGE).status == 200
     create(cluster, "w2")
     resumed = watch(cluster, AGENTRUNS, {"resourceVersion": since}, count=2)
     assert summary(resumed) == [("MODIFIED", "w1"), ("ADDED", "w2")]
-    assert resumed[0]["object"]["spec"]["userId"] == "u1"
+    assert resumed[0]["object"]["spec"]["stop"] is True
     fresh = watch(cluster, AGENTRUNS, {}, count=2)
     assert summary(fresh) == [("ADDED", "w1"), ("ADDED", "w2")], "a watch without resourceVersion starts with ADDED"
 
@@ -161,11 +161,12 @@ def test_json_patch_test_on_resource_version_is_kopfs_optimistic_lock(cluster: E
 def test_merge_patch_with_a_stale_resource_version_conflicts(cluster: EmulatedCluster) -> None:
     obj = create(cluster, "mp")
     stale = obj["metadata"]["resourceVersion"]
-    assert cluster.api("PATCH", f"{AGENTRUNS}/mp", {"spec": {"userId": "a"}}, content_type=MERGE).status == 200
+    newer = {"spec": {"config": {"recursionLimit": 60}}}
+    assert cluster.api("PATCH", f"{AGENTRUNS}/mp", newer, content_type=MERGE).status == 200
     conflict = cluster.api(
         "PATCH",
         f"{AGENTRUNS}/mp",
-        {"metadata": {"resourceVersion": stale}, "spec": {"userId": "b"}},
+        {"metadata": {"resourceVersion": stale}, "spec": {"config": {"recursionLimit": 70}}},
         content_type=MERGE,
     )
     assert (conflict.status, conflict.body["reason"]) == (409, "Conflict")

@@ -216,24 +216,26 @@ def test_stale_resource_version_is_a_conflict(cluster: EmulatedCluster, tmp_path
     stale = tmp_path / "stale.json"
     stale.write_text(cluster.kubectl("get", "ar", NAME, "-o", "json").stdout)
     assert (
-        cluster.kubectl("patch", "ar", NAME, "--type", "merge", "-p", '{"spec":{"userId":"customer-119"}}').returncode
+        cluster.kubectl(
+            "patch", "ar", NAME, "--type", "merge", "-p", '{"spec":{"config":{"recursionLimit":60}}}'
+        ).returncode
         == 0
     )
     edited = json.loads(stale.read_text())
-    edited["spec"]["userId"] = "someone-else"
+    edited["spec"]["config"]["recursionLimit"] = 70
     stale.write_text(json.dumps(edited))
     result = cluster.kubectl("replace", "-f", str(stale))
     assert result.returncode != 0
     assert "the object has been modified; please apply your changes to the latest version" in result.stderr
     current = cluster.get("agentruns", NAME)
     assert current is not None
-    assert current["spec"]["userId"] == "customer-119", "a stale update overwrote a newer one"
+    assert current["spec"]["config"]["recursionLimit"] == 60, "a stale update overwrote a newer one"
 
     put = cluster.api("PUT", f"{AGENTRUNS}/{NAME}", edited)
     assert (put.status, put.body["reason"]) == (409, "Conflict")
     edited["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
     fresh = cluster.api("PUT", f"{AGENTRUNS}/{NAME}", edited)
-    assert fresh.status == 200 and fresh.body["spec"]["userId"] == "someone-else"
+    assert fresh.status == 200 and fresh.body["spec"]["config"]["recursionLimit"] == 70
     assert fresh.body["metadata"]["generation"] == 3
 
 

@@ -1,0 +1,220 @@
+"""The AgentRun CRD's CEL rules, enforced by the emulated API server as a real one does.
+
+Each rule is tried with the real ``kubectl`` (``apply`` of an edited manifest and
+``patch``), and the refusal must read as a real API server's:
+``The AgentRun "x" is invalid: <field>: Invalid value: "<type>": <message>``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.cluster import celrules
+from tests.cluster.conftest import AGENTRUNS
+from tests.cluster.harness import EmulatedCluster
+from tests.cluster.resources import crd_resources, load_crd_documents
+
+ROOT = Path(__file__).resolve().parents[2]
+NAME = "cel-run"
+MERGE = "application/merge-patch+json"
+
+
+def manifest(**spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "AgentRun",
+        "metadata": {"name": NAME, "namespace": "default"},
+        "spec": {"graph": "examples.support_agent:app", "threadId": "thread-a", **spec},
+    }
+
+
+def apply(cluster: EmulatedCluster, obj: dict[str, Any], tmp_path: Path) -> Any:
+    path = tmp_path / f"{obj['metadata']['name']}.yaml"
+    path.write_text(yaml.safe_dump(obj))
+    return cluster.kubectl("apply", "-f", str(path))
+
+
+def patch(cluster: EmulatedCluster, spec: dict[str, Any]) -> Any:
+    return cluster.kubectl("patch", "agentrun", NAME, "--type", "merge", "-p", json.dumps({"spec": spec}))
+
+
+def refused(result: Any, field: str, type_: str, message: str) -> None:
+    expected = f'The AgentRun "{NAME}" is invalid: {field}: Invalid value: "{type_}": {message}'
+    assert result.returncode != 0, f"the API server accepted what a CEL rule forbids: {result.stdout}"
+    assert expected in result.stderr, f"not the real API server's message:\n{result.stderr}"
+
+
+def created(cluster: EmulatedCluster, tmp_path: Path, **spec: Any) -> dict[str, Any]:
+    obj = manifest(**spec)
+    result = apply(cluster, obj, tmp_path)
+    assert result.returncode == 0, result.stderr
+    return obj
+
+
+IMMUTABLE = [
+    ("threadId", "thread-b", "threadId is immutable; create a new AgentRun for another thread"),
+    ("graph", "examples.other:app", "graph is immutable; create a new AgentRun to run another graph"),
+    ("userId", "user-2", "userId is immutable; create a new AgentRun for another user"),
+]
+
+
+@pytest.mark.parametrize(("field", "value", "message"), IMMUTABLE)
+def test_identity_fields_are_immutable_through_apply(
+    cluster: EmulatedCluster, tmp_path: Path, field: str, value: str, message: str
+) -> None:
+    obj = created(cluster, tmp_path, userId="user-1")
+    changed = copy.deepcopy(obj)
+    changed["spec"][field] = value
+    refused(apply(cluster, changed, tmp_path), f"spec.{field}", "string", message)
+    stored = cluster.get("agentruns", NAME)
+    assert stored is not None and stored["spec"][field] == obj["spec"][field], "the refused change was stored"
+
+
+@pytest.mark.parametrize(("field", "value", "message"), IMMUTABLE)
+def test_identity_fields_are_immutable_through_patch(
+    cluster: EmulatedCluster, tmp_path: Path, field: str, value: str, message: str
+) -> None:
+    created(cluster, tmp_path, userId="user-1")
+    refused(patch(cluster, {field: value}), f"spec.{field}", "string", message)
+
+
+def test_user_id_cannot_be_added_or_removed_after_create(cluster: EmulatedCluster, tmp_path: Path) -> None:
+    message = "userId is immutable; create a new AgentRun for another user"
+    created(cluster, tmp_path)
+    refused(patch(cluster, {"userId": "late"}), "spec.userId", "object", message)
+    cluster.kubectl("delete", "agentrun", NAME, check=True)
+    created(cluster, tmp_path, userId="user-1")
+    refused(patch(cluster, {"userId": None}), "spec.userId", "object", message)
+
+
+def test_unchanged_identity_and_other_fields_may_be_written(cluster: EmulatedCluster, tmp_path: Path) -> None:
+    obj = created(cluster, tmp_path, userId="user-1")
+    again = apply(cluster, obj, tmp_path)
+    assert again.returncode == 0 and "unchanged" in again.stdout, again.stderr
+    assert patch(cluster, {"config": {"recursionLimit": 80}, "threadId": "thread-a"}).returncode == 0
+    status = cluster.api("PATCH", f"{AGENTRUNS}/{NAME}/status", {"status": {"phase": "Running"}}, content_type=MERGE)
+    assert status.status == 200, status.body
+
+
+def test_stop_is_one_way(cluster: EmulatedCluster, tmp_path: Path) -> None:
+    message = "stop cannot be undone; create a new AgentRun to run the thread again"
+    obj = created(cluster, tmp_path)
+    assert patch(cluster, {"stop": True}).returncode == 0, "stopping a run must be allowed"
+    refused(patch(cluster, {"stop": False}), "spec.stop", "boolean", message)
+    unchanged = apply(cluster, obj, tmp_path)  # the manifest does not mention stop: kubectl sends no change
+    assert unchanged.returncode == 0 and "unchanged" in unchanged.stdout, unchanged.stderr
+    obj["spec"]["stop"] = False
+    refused(apply(cluster, obj, tmp_path), "spec.stop", "boolean", message)
+    stored = cluster.get("agentruns", NAME)
+    assert stored is not None and stored["spec"]["stop"] is True
+
+
+def test_a_run_may_be_created_stopped(cluster: EmulatedCluster, tmp_path: Path) -> None:
+    created(cluster, tmp_path, stop=True)  # transition rules never run on create
+
+
+def test_resume_takes_value_xor_values(cluster: EmulatedCluster, tmp_path: Path) -> None:
+    message = (
+        "set exactly one of resume.value (the answer to one interrupt) or resume.values (answers keyed by interrupt id)"
+    )
+    both = manifest(resume={"value": "yes", "values": {"i-1": "yes"}})
+    refused(apply(cluster, both, tmp_path), "spec.resume", "object", message)
+    refused(apply(cluster, manifest(resume={}), tmp_path), "spec.resume", "object", message)
+    created(cluster, tmp_path, resume={"value": {"approved": True}})
+    refused(patch(cluster, {"resume": {"values": {"i-1": "no"}}}), "spec.resume", "object", message)
+    assert patch(cluster, {"resume": {"value": None, "values": {"i-1": "no"}}}).returncode == 0, "switching is allowed"
+
+
+def test_env_takes_value_xor_value_from(cluster: EmulatedCluster, tmp_path: Path) -> None:
+    message = "set exactly one of value or valueFrom"
+    ref = {"secretKeyRef": {"name": "creds", "key": "token"}}
+    both = manifest(
+        podTemplate={"env": [{"name": "OK", "value": "1"}, {"name": "TOKEN", "value": "x", "valueFrom": ref}]}
+    )
+    refused(apply(cluster, both, tmp_path), "spec.podTemplate.env[1]", "object", message)
+    created(cluster, tmp_path, podTemplate={"env": [{"name": "TOKEN", "valueFrom": ref}]})
+    result = patch(cluster, {"podTemplate": {"env": [{"name": "EMPTY"}]}})
+    refused(result, "spec.podTemplate.env[0]", "object", message)
+
+
+def test_rule_errors_list_every_failing_rule(cluster: EmulatedCluster, tmp_path: Path) -> None:
+    created(cluster, tmp_path, userId="user-1")
+    result = patch(cluster, {"threadId": "thread-b", "graph": "examples.other:app"})
+    assert result.returncode != 0
+    assert 'spec.graph: Invalid value: "string": graph is immutable' in result.stderr
+    assert 'spec.threadId: Invalid value: "string": threadId is immutable' in result.stderr
+    body = cluster.api("PATCH", f"{AGENTRUNS}/{NAME}", {"spec": {"threadId": "thread-b"}}, content_type=MERGE).body
+    assert body["code"] == 422 and body["reason"] == "Invalid"
+    assert body["details"]["causes"] == [
+        {
+            "reason": "FieldValueInvalid",
+            "message": 'Invalid value: "string": threadId is immutable; create a new AgentRun for another thread',
+            "field": "spec.threadId",
+        }
+    ]
+
+
+def test_every_rule_of_the_crd_compiles() -> None:
+    for document in load_crd_documents(sorted((ROOT / "crds").glob("*.yaml"))):
+        for rdef in crd_resources(document):
+            assert rdef.schema is not None
+            node = celrules.Node.build(rdef.schema)
+            stack = [node] if node else []
+            while stack:
+                current = stack.pop()
+                for rule in current.rules:
+                    assert rule.compile_error is None, (rule.source, rule.compile_error)
+                stack += [*current.properties.values(), *(n for n in (current.items, current.additional) if n)]
+
+
+def schema_validator(**extra: Any) -> celrules.Validator:
+    schema = {
+        "type": "object",
+        "properties": {
+            "spec": {
+                "type": "object",
+                "properties": {
+                    "n": {"type": "integer", "x-kubernetes-validations": [{"rule": "self < 10", **extra}]},
+                    "deep": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+                },
+                "x-kubernetes-validations": [{"rule": "self.deep == oldSelf.deep", "message": "deep is immutable"}],
+            }
+        },
+    }
+    validator = celrules.Validator.for_schema(schema)
+    assert validator is not None
+    return validator
+
+
+def test_rule_defaults_reasons_and_ratcheting() -> None:
+    errors, _ = schema_validator().validate({"spec": {"n": 12}}, None, [])
+    assert [str(e) for e in errors] == ['spec.n: Invalid value: "integer": failed rule: self < 10']
+    errors, _ = schema_validator(reason="FieldValueForbidden", message="too big").validate(
+        {"spec": {"n": 12}}, None, []
+    )
+    assert [str(e) for e in errors] == ["spec.n: Forbidden: too big"]
+    errors, warnings = schema_validator().validate({"spec": {"n": 12, "deep": {}}}, {"spec": {"n": 12, "deep": {}}}, [])
+    assert errors == [] and warnings == ['spec.n: Invalid value: "integer": failed rule: self < 10'], "not ratcheted"
+    errors, _ = schema_validator().validate({"spec": {"n": 1}}, {"spec": {"n": 1}}, [])
+    assert [str(e) for e in errors] == [
+        'spec: Invalid value: "object": no such key: deep evaluating rule: deep is immutable'
+    ]
+
+
+def test_rules_see_values_nested_far_deeper_than_the_engine_can_take() -> None:
+    deep: Any = "leaf"
+    for _ in range(9_990):
+        deep = {"a": deep}
+    validator = schema_validator()
+    assert validator.validate({"spec": {"deep": deep}}, {"spec": {"deep": copy.deepcopy(deep)}}, []) == ([], [])
+    changed: Any = "other"
+    for _ in range(9_990):
+        changed = {"a": changed}
+    errors, _ = validator.validate({"spec": {"deep": changed}}, {"spec": {"deep": deep}}, [])
+    assert [str(e) for e in errors] == ['spec: Invalid value: "object": deep is immutable']
