@@ -9,14 +9,25 @@ pod bound to its node:
   and ``$(VAR)`` expansion; a missing Secret, ConfigMap or key keeps the pod
   Pending with the container Waiting, reason ``CreateContainerConfigError``
   (retried every second, as the real kubelet retries);
-- runs ``command`` + ``args`` (no images: the local Python environment is the
-  "image"; ``image`` is ignored) in a new session, with the pod's environment
+- "pulls" the image first, as a kubelet does: an image name that is not a valid
+  reference waits with ``InvalidImageName``; an image outside ``known_images``
+  (by default what the tests and the demo use: ``KNOWN_IMAGES``, ``*`` allowed)
+  waits with ``ErrImagePull``, then ``ImagePullBackOff`` ("Back-off pulling
+  image ...") and is pulled again after a back-off that doubles (1 s to 10 s
+  here, 10 s to 300 s on a real node); adding the image to ``known_images``
+  lets the next pull succeed; ``imagePullPolicy: Never`` waits with
+  ``ErrImageNeverPull``;
+- runs ``command`` + ``args`` (the local Python environment is the image's
+  filesystem) in a new session, with the pod's environment
   on top of ``base_env``; stdout and stderr go to one log file per pod;
 - reports status the way a kubelet does: phase Pending -> Running ->
   Succeeded/Failed, ``containerStatuses`` with ``waiting`` / ``running`` /
   ``terminated`` (``exitCode``, reason ``Completed``, ``Error`` or
   ``OOMKilled``, ``startedAt``, ``finishedAt``); a process killed by signal N
-  exits with 128+N (137 for SIGKILL);
+  exits with 128+N (137 for SIGKILL); a process that cannot be started (no
+  such executable, or exec's E2BIG: one environment string over Linux's
+  128 KiB) is ``terminated`` with reason ``StartError``, exit code 128 and
+  runc's message, as containerd reports it;
 - honours deletion with the grace period: SIGTERM, SIGKILL after
   ``deletionGracePeriodSeconds``, the final status, then the zero-grace delete
   that removes the pod from the API.
@@ -28,7 +39,7 @@ proxies ``pods/NAME/log`` there, as in a real cluster.
 Limits (hazards for tests): only ``restartPolicy: Never`` semantics (containers
 are never restarted; the operator creates a new pod per attempt); init
 containers and containers after the first are not run (a Warning event says
-so); there are no images, volumes or probes; ``securityContext`` is not
+so); images are names only (nothing is unpacked); there are no volumes or probes; ``securityContext`` is not
 applied (processes run as the test's user); ``activeDeadlineSeconds`` is not
 enforced; the pod IP is 127.0.0.1 (host network).
 
@@ -48,15 +59,17 @@ import asyncio
 import base64
 import contextlib
 import datetime
+import fnmatch
 import json
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -70,6 +83,22 @@ T = TypeVar("T")
 NODE_NAME = "emulated-node"
 ROOT = Path(__file__).resolve().parents[2]
 STRATEGIC = "application/strategic-merge-patch+json"
+# The images a pod may use here: the operator harness's runner image, the test pods' image and the
+# image the operator defaults to (the demo); a test can pass its own set to Kubelet/KubeletThread.
+KNOWN_IMAGES = ("agentrun:test", "python:3.11", "ghcr.io/agentrun/agentrun:*")
+PULL_BACKOFF = (1.0, 10.0)  # seconds: first back-off and cap (the kubelet's are 10 s and 300 s)
+RUNC_START_ERROR = (
+    "failed to create containerd task: failed to create shim task: OCI runtime create failed: "
+    "runc create failed: unable to start container process: {detail}: unknown"
+)
+# distribution/reference: [domain[:port]/]path-component(/path-component)*[:tag][@digest]
+_LABEL = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_DOMAIN = rf"{_LABEL}(?:\.{_LABEL})*(?::[0-9]+)?"
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|[-]+)[a-z0-9]+)*"
+_REFERENCE = re.compile(
+    rf"^(?:(?P<domain>{_DOMAIN})/)?(?P<path>{_COMPONENT}(?:/{_COMPONENT})*)"
+    r"(?::(?P<tag>[\w][\w.-]{0,127}))?(?:@(?P<digest>[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9A-Fa-f]{32,}))?$"
+)
 
 
 def now() -> str:
@@ -85,6 +114,37 @@ def default_base_env() -> dict[str, str]:
         "HOME": os.environ.get("HOME", "/tmp"),
         "LANG": "C.UTF-8",
     }
+
+
+def image_name_error(image: str) -> str | None:
+    """The kubelet's InvalidImageName message for a name that is not a valid reference, else None."""
+    match = _REFERENCE.match(image)
+    if match is not None and len(image.split("@")[0].rsplit(":", 1)[0]) <= 255:
+        domain = match.group("domain")
+        # a first component without "." or ":" (and not localhost) is a path component: lowercase only
+        if (
+            domain is None
+            or "." in domain
+            or ":" in domain
+            or domain == "localhost"
+            or re.fullmatch(_COMPONENT, domain)
+        ):
+            return None
+    why = "invalid reference format"
+    if image.lower() != image and _REFERENCE.match(image.lower()):
+        why += ": repository name must be lowercase"
+    return f'Failed to apply default image tag "{image}": couldn\'t parse image name "{image}": {why}'
+
+
+def normalized_image(image: str, *, default_tag: bool = True) -> str:
+    """``python:3.11`` -> ``docker.io/library/python:3.11``; no tag means ``latest``."""
+    name, digest = [*image.split("@", 1), ""][:2]
+    first, _, rest = name.partition("/")
+    if not rest or not ("." in first or ":" in first or first == "localhost"):
+        name = f"docker.io/{name}" if rest else f"docker.io/library/{name}"
+    if default_tag and ":" not in name.rsplit("/", 1)[-1] and not digest:
+        name += ":latest"
+    return name + (f"@{digest}" if digest else "")
 
 
 class ConfigError(Exception):
@@ -125,8 +185,12 @@ class Kubelet:
         node_name: str = NODE_NAME,
         base_env: dict[str, str] | None = None,
         node_labels: dict[str, str] | None = None,
+        known_images: Iterable[str] = KNOWN_IMAGES,
+        pull_backoff: tuple[float, float] = PULL_BACKOFF,
     ) -> None:
         self.api_url = api_url.rstrip("/")
+        self.known_images = set(known_images)  # patterns (fnmatch); a test may add to it while pods wait
+        self.pull_backoff = pull_backoff
         self.workdir = workdir
         self.node_name = node_name
         self.base_env = default_base_env() if base_env is None else base_env
@@ -441,6 +505,11 @@ class Kubelet:
             )
         await self._patch_status(runtime, self._status(runtime, waiting=("ContainerCreating", None)))
         env: dict[str, str] | None = None
+        if not await self._pull_image(runtime, container):
+            if runtime.terminating and not runtime.lost:  # deleted while waiting for its image
+                await self._patch_status(runtime, self._status(runtime))
+                await self._confirm_deletion(runtime)
+            return  # else it waits with InvalidImageName until deleted, as on a real node
         while env is None:
             if runtime.terminating or runtime.lost:
                 break
@@ -463,6 +532,48 @@ class Kubelet:
         await self._patch_status(runtime, self._status(runtime))
         if runtime.terminating:
             await self._confirm_deletion(runtime)
+
+    def _known(self, image: str) -> bool:
+        name = normalized_image(image)
+        return any(
+            fnmatch.fnmatchcase(name, normalized_image(pattern, default_tag="*" not in pattern))
+            for pattern in self.known_images
+        )
+
+    async def _pull_image(self, runtime: PodRuntime, container: dict[str, Any]) -> bool:
+        """The kubelet's image step; False while the pod can never start or was deleted before."""
+        image = str(container.get("image") or "")
+        if (problem := image_name_error(image)) is not None:
+            await self._event(runtime.pod, "Warning", "InspectFailed", problem)
+            await self._patch_status(runtime, self._status(runtime, waiting=("InvalidImageName", problem)))
+            return False
+        policy = container.get("imagePullPolicy", "IfNotPresent")
+        backoff, cap = self.pull_backoff
+        while not self._known(image):
+            if runtime.terminating or runtime.lost:
+                return False
+            if policy == "Never":
+                message = f'Container image "{image}" is not present with pull policy of Never'
+                await self._event(runtime.pod, "Warning", "ErrImageNeverPull", message)
+                await self._patch_status(runtime, self._status(runtime, waiting=("ErrImageNeverPull", message)))
+                await asyncio.sleep(backoff)
+                continue
+            reference = normalized_image(image)
+            message = (
+                f'rpc error: code = NotFound desc = failed to pull and unpack image "{reference}": failed to '
+                f'resolve reference "{reference}": {reference}: not found'
+            )
+            await self._event(runtime.pod, "Warning", "Failed", f'Failed to pull image "{image}": {message}')
+            await self._patch_status(runtime, self._status(runtime, waiting=("ErrImagePull", message)))
+            await asyncio.sleep(min(backoff, 0.5))  # the next pod sync shows the back-off
+            if runtime.terminating or runtime.lost:
+                return False
+            backing_off = f'Back-off pulling image "{image}"'
+            await self._event(runtime.pod, "Normal", "BackOff", backing_off)
+            await self._patch_status(runtime, self._status(runtime, waiting=("ImagePullBackOff", backing_off)))
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, cap)
+        return not (runtime.terminating or runtime.lost)
 
     async def _confirm_deletion(self, runtime: PodRuntime) -> None:
         """The kubelet's last word on a terminated pod: the zero-grace delete that removes it."""
@@ -502,8 +613,14 @@ class Kubelet:
                     start_new_session=True,
                 )
         except OSError as e:
+            # runc's words: a name not found on PATH, or exec's own error (E2BIG, EACCES) on the resolved path.
+            if isinstance(e, FileNotFoundError):
+                detail = f'exec: "{argv[0]}": executable file not found in $PATH'
+            else:
+                detail = f"exec {shutil.which(argv[0], path=env.get('PATH', self.base_env.get('PATH'))) or argv[0]}: "
+                detail += (e.strerror or str(e)).lower()
             runtime.reason = "StartError"
-            runtime.message = f"failed to create containerd task: exec: {argv[0]!r}: {e.strerror}"
+            runtime.message = RUNC_START_ERROR.format(detail=detail)
             runtime.exit_code, runtime.finished_at = 128, now()
             return
         logger.info("kubelet: started %s/%s (pid %s): %s", runtime.namespace, runtime.name, runtime.process.pid, argv)
@@ -797,8 +914,8 @@ def _field_ref(pod: dict[str, Any], path: str) -> str:
 class KubeletThread:
     """The kubelet on its own thread and event loop, with synchronous fault injection for tests."""
 
-    def __init__(self, api_url: str, workdir: Path) -> None:
-        self.kubelet = Kubelet(api_url, workdir=workdir)
+    def __init__(self, api_url: str, workdir: Path, *, known_images: Iterable[str] = KNOWN_IMAGES) -> None:
+        self.kubelet = Kubelet(api_url, workdir=workdir, known_images=known_images)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="kubelet", daemon=True)
 

@@ -334,3 +334,90 @@ def test_kubectl_logs_follow_streams_until_the_process_ends(cluster: EmulatedClu
     wait_pod(cluster, "ticker-1", "Running")
     result = cluster.kubectl("logs", "-f", "ticker-1", timeout=20)
     assert result.stdout == "tick 0\ntick 1\ntick 2\n", result.stderr
+
+
+def waiting_state(cluster: EmulatedCluster, name: str) -> dict[str, Any]:
+    pod = cluster.get("pods", name)
+    statuses = ((pod or {}).get("status") or {}).get("containerStatuses") or [{}]
+    found: dict[str, Any] = statuses[0].get("state", {}).get("waiting") or {}
+    return found
+
+
+def test_a_missing_command_is_a_start_error_with_runcs_message(
+    cluster: EmulatedCluster, kubelet: KubeletThread
+) -> None:
+    pod = python_pod("nocmd-1", "pass")
+    pod["spec"]["containers"][0]["command"] = ["no-such-binary-agentrun"]
+    create_pod(cluster, pod)
+    state = terminated(wait_pod(cluster, "nocmd-1", "Failed"))
+    assert state is not None and (state["exitCode"], state["reason"]) == (128, "StartError")
+    assert state["message"] == (
+        "failed to create containerd task: failed to create shim task: OCI runtime create failed: runc create "
+        'failed: unable to start container process: exec: "no-such-binary-agentrun": executable file not found '
+        "in $PATH: unknown"
+    )
+
+
+def test_an_environment_string_over_128_kib_is_a_start_error(cluster: EmulatedCluster, kubelet: KubeletThread) -> None:
+    """Linux caps one environment string at 128 KiB (MAX_ARG_STRLEN): exec fails with E2BIG."""
+    create_pod(cluster, python_pod("e2big-1", "pass", env=[{"name": "AGENTRUN_INPUT", "value": "x" * 140_000}]))
+    state = terminated(wait_pod(cluster, "e2big-1", "Failed"))
+    assert state is not None and (state["exitCode"], state["reason"]) == (128, "StartError")
+    assert state["message"].startswith("failed to create containerd task: failed to create shim task: ")
+    assert state["message"].endswith("python: argument list too long: unknown"), state["message"]
+    assert kubelet.pid("e2big-1") is None, "no process may exist for a container that could not start"
+
+
+def test_an_invalid_image_name_waits_with_invalid_image_name(cluster: EmulatedCluster, kubelet: KubeletThread) -> None:
+    pod = python_pod("badname-1", "pass")
+    pod["spec"]["containers"][0]["image"] = "Agentrun:Test"
+    create_pod(cluster, pod)
+    state = cluster.wait_for(
+        lambda: (w := waiting_state(cluster, "badname-1")).get("reason") == "InvalidImageName" and w,
+        message="InvalidImageName",
+    )
+    assert state["message"] == (
+        'Failed to apply default image tag "Agentrun:Test": couldn\'t parse image name "Agentrun:Test": '
+        "invalid reference format: repository name must be lowercase"
+    )
+    current = cluster.get("pods", "badname-1")
+    assert current is not None and current["status"]["phase"] == "Pending"
+    assert kubelet.pid("badname-1") is None
+    assert "InvalidImageName" in cluster.kubectl("get", "pod", "badname-1").stdout
+    assert cluster.kubectl("delete", "pod", "badname-1", "--wait=true", timeout=30).returncode == 0
+
+
+def test_an_image_that_cannot_be_pulled_backs_off_until_it_exists(
+    cluster: EmulatedCluster, kubelet: KubeletThread
+) -> None:
+    pod = python_pod("nopull-1", "print('pulled at last')")
+    pod["spec"]["containers"][0]["image"] = "registry.invalid/agents/nosuch:1"
+    create_pod(cluster, pod)
+    pulled = cluster.wait_for(
+        lambda: (w := waiting_state(cluster, "nopull-1")).get("reason") == "ErrImagePull" and w,
+        message="ErrImagePull",
+    )
+    assert pulled["message"] == (
+        'rpc error: code = NotFound desc = failed to pull and unpack image "registry.invalid/agents/nosuch:1": '
+        'failed to resolve reference "registry.invalid/agents/nosuch:1": registry.invalid/agents/nosuch:1: not found'
+    )
+    backoff = cluster.wait_for(
+        lambda: (w := waiting_state(cluster, "nopull-1")).get("reason") == "ImagePullBackOff" and w,
+        message="ImagePullBackOff",
+    )
+    assert backoff["message"] == 'Back-off pulling image "registry.invalid/agents/nosuch:1"'
+    assert kubelet.pid("nopull-1") is None
+    events = cluster.api("GET", "/api/v1/namespaces/default/events").body["items"]
+    assert any(e["reason"] == "Failed" and "Failed to pull image" in e["message"] for e in events)
+
+    kubelet.kubelet.known_images.add("registry.invalid/agents/*")  # "pushed": the next pull succeeds
+    wait_pod(cluster, "nopull-1", "Succeeded", timeout=20)
+    assert "pulled at last" in kubelet.logs("nopull-1")
+
+
+def test_known_images_match_by_normalized_reference() -> None:
+    from tests.cluster.kubelet import Kubelet
+
+    node = Kubelet("http://127.0.0.1:1", workdir=Path("/nonexistent"), known_images=["python:3.11", "ghcr.io/x/*"])
+    assert node._known("docker.io/library/python:3.11") and node._known("python:3.11")
+    assert node._known("ghcr.io/x/runner:2") and not node._known("python:3.12") and not node._known("x:1")
