@@ -31,6 +31,15 @@ from .settings import OperatorSettings
 
 log = logging.getLogger("agentrun_operator")
 
+# An API server accepts JSON nested up to 10,000 levels (Go's encoding/json limit). kopf decodes every watch
+# event with json.loads and copies bodies with copy.deepcopy, both recursive: at Python's default limit
+# (1,000) one such AgentRun raises RecursionError inside kopf's watch, and the re-listed object breaks it
+# again, for every run. Decoding needs one frame per level, deepcopy two (dict -> deepcopy -> dict), plus
+# kopf's own stack: 10,000 levels fit in 25,000 frames, well within the 8 MiB main-thread C stack (json's
+# C decoder is the only C-recursive step and was measured at 20,000 levels). The spec itself is then refused
+# before anything else walks it (decide/hostile.py).
+RECURSION_LIMIT = 25_000
+
 
 def _logging(fmt: str) -> None:
     configure_logging(fmt)
@@ -151,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_leader_election:
         overrides["leader_election"] = False
     settings = OperatorSettings(**overrides)  # type: ignore[arg-type]
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), RECURSION_LIMIT))
     _logging(settings.log_format)
     return asyncio.run(run(settings))
 

@@ -37,8 +37,13 @@ class OperatorSettings(BaseSettings):
     max_disruptions: int = 50
     max_backoff_seconds: float = 300.0
     runner_metrics_port: int = 9090
+    # Image prefixes spec.image must start with (comma-separated or JSON list), e.g.
+    # "ghcr.io/acme/,registry.internal/agents/"; empty: any image (the default image is always allowed).
+    allowed_image_prefixes: Annotated[list[str], NoDecode] = []
+    # How long a Secret's runner-access label is trusted before it is read again.
+    secret_cache_seconds: float = 10.0
 
-    @field_validator("namespaces", "runner_command", mode="before")
+    @field_validator("namespaces", "runner_command", "allowed_image_prefixes", mode="before")
     @classmethod
     def _split(cls, value: Any) -> Any:
         if isinstance(value, str):

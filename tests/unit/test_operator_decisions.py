@@ -413,9 +413,8 @@ def test_running_pod_makes_the_phase_running_once() -> None:
 
 
 def test_pending_pod_waiting_reason_is_shown_without_a_phase_change() -> None:
-    d = decide(
-        make_spec(), run_status(PENDING), view(waiting("ImagePullBackOff", "Back-off pulling image")), None, NOW, LIMITS
-    )
+    patient = make_spec(restartPolicy={"imagePullTimeoutSeconds": 7200})  # the pod was created an hour ago
+    d = decide(patient, run_status(PENDING), view(waiting("ImagePullBackOff", "Back-off pulling image")), None, NOW, LIMITS)
     assert no_action(d)
     assert d.status["message"] == "ImagePullBackOff: Back-off pulling image"
 

@@ -2,6 +2,7 @@
 
 - exit 0/3/4/5 -> completed / interrupted / stopped / failed; exit 7 of the current pod -> superseded;
 - a disruption (eviction or the ``DisruptionTarget`` condition, exit 6) -> disrupted, once the pod ended;
+- exit 8 -> store unavailable (a disruption with backoff); StartError (exit 128) -> start error;
 - a pod on a lost node (phase Unknown) -> lost; a pod being deleted -> terminating;
 - any other ending (exit 1, 137, OOMKilled, an unknown code) -> crashed.
 """
@@ -31,9 +32,14 @@ class Outcome(enum.Enum):
     LOST = "lost"
     SUPERSEDED = "superseded"  # exit 7: another AgentRun claimed the thread
     CONFIG_ERROR = "config-error"
+    START_ERROR = "start-error"  # the kubelet could not start the process (StartError, exit 128)
+    STORE_UNAVAILABLE = "store-unavailable"  # exit 8: the store stayed down past the runner's retries
     TERMINATING = "terminating"
     GONE = "gone"
 
+
+# Terminated reasons of a container whose process could not be started (the runtime's exec failed).
+START_ERRORS = frozenset({"StartError", "ContainerCannotRun"})
 
 # Outcomes of a pod that may still run (or whose end the kubelet has not confirmed).
 LIVE = frozenset({Outcome.PENDING, Outcome.RUNNING, Outcome.TERMINATING, Outcome.LOST, Outcome.CONFIG_ERROR})
@@ -54,6 +60,7 @@ class PodView:
     deleting: bool = False
     # When the pod's graceful deletion ends at the latest (deletionTimestamp is set to now + grace).
     deletion_deadline: datetime | None = None
+    created: datetime | None = None  # metadata.creationTimestamp (the image pull timeout counts from it)
 
     @classmethod
     def from_manifest(cls, pod: dict[str, Any]) -> PodView:
@@ -82,6 +89,7 @@ class PodView:
             disruption=disruption,
             deleting=bool(pod["metadata"].get("deletionTimestamp")),
             deletion_deadline=parse_time(pod["metadata"].get("deletionTimestamp")),
+            created=parse_time(pod["metadata"].get("creationTimestamp")),
         )
 
     def last_line(self) -> str:
@@ -126,6 +134,10 @@ def classify(pod: PodView | None) -> Outcome:
             return Outcome.CRASHED  # Failed without a container state (e.g. the node rejected it)
         if pod.exit_code == ExitCode.PREEMPTED:
             return Outcome.DISRUPTED
+        if pod.exit_code == ExitCode.STORE_UNAVAILABLE:
+            return Outcome.STORE_UNAVAILABLE
+        if pod.terminated_reason in START_ERRORS:
+            return Outcome.START_ERROR  # exit 128: the process never ran, so it is no crash of the runner
         return _FINAL.get(pod.exit_code, Outcome.CRASHED)
     if pod.deleting:
         return Outcome.TERMINATING

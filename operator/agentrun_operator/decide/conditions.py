@@ -51,7 +51,54 @@ def with_conditions(current: AgentRunStatus, patch: StatusPatch, *, now: datetim
                 else existing.get("lastTransitionTime", iso(now)),
                 "observedGeneration": generation,
             }
-    patch["conditions"] = [conditions[k] for k in PHASE_CONDITIONS if k in conditions]
+    patch["conditions"] = _ordered(conditions)
+
+
+def _ordered(conditions: Mapping[str, Condition]) -> list[Condition]:
+    """Phase conditions first (in lifecycle order), then the others (StoreAvailable, ...) as they came."""
+    return [conditions[k] for k in PHASE_CONDITIONS if k in conditions] + [
+        c for k, c in conditions.items() if k not in PHASE_CONDITIONS
+    ]
+
+
+def with_extra_conditions(
+    current: AgentRunStatus,
+    patch: StatusPatch,
+    updates: Mapping[str, tuple[bool, str, str]],
+    *,
+    now: datetime,
+    generation: int,
+) -> None:
+    """Set the conditions a decision names besides the phase's (``lastTransitionTime`` moves only on a flip)."""
+    if not updates:
+        return
+    base = patch["conditions"] if "conditions" in patch else copy.deepcopy(current.conditions)
+    conditions: dict[str, Condition] = {c["type"]: c for c in base if "type" in c}
+    touched = False
+    for kind, (active, reason, message) in updates.items():
+        status = "True" if active else "False"
+        message = " ".join(message.split())[:MESSAGE_LIMIT]
+        existing = conditions.get(kind)
+        if existing and (existing.get("status"), existing.get("reason"), existing.get("message")) == (
+            status,
+            reason,
+            message,
+        ):
+            continue
+        flipped = existing is None or existing.get("status") != status
+        conditions[kind] = {
+            "type": kind,
+            "status": status,
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": iso(now)
+            if flipped or existing is None
+            else existing.get("lastTransitionTime", iso(now)),
+            "observedGeneration": generation,
+        }
+        touched = True
+    if touched:
+        patch["conditions"] = _ordered(conditions)
 
 
 def changed(current: Mapping[str, Any], desired: StatusPatch) -> StatusPatch:
@@ -59,9 +106,18 @@ def changed(current: Mapping[str, Any], desired: StatusPatch) -> StatusPatch:
     return cast(StatusPatch, {k: v for k, v in desired.items() if current.get(k) != v})
 
 
-def status_patch(current: AgentRunStatus, desired: StatusPatch, *, now: datetime, generation: int) -> StatusPatch:
-    """What to write for a decision's ``desired`` status: the changes, ``observedGeneration``, and conditions."""
+def status_patch(
+    current: AgentRunStatus,
+    desired: StatusPatch,
+    *,
+    now: datetime,
+    generation: int,
+    conditions: Mapping[str, tuple[bool, str, str]] | None = None,
+) -> StatusPatch:
+    """What to write for a decision's ``desired`` status: the changes, ``observedGeneration``, and conditions
+    (the phase's on a phase change, plus ``conditions``: type -> (status, reason, message))."""
     patch = changed(current.wire(), {**desired, "observedGeneration": generation})
     if "phase" in patch:
         with_conditions(current, patch, now=now, generation=generation)
+    with_extra_conditions(current, patch, conditions or {}, now=now, generation=generation)
     return patch

@@ -46,6 +46,8 @@ class Decision:
     events: list[Event] = field(default_factory=list)
     # Why ``create_attempt`` follows an earlier attempt (a metric label): a Reason or a disruption's reason.
     reschedule_reason: str | None = None
+    # Conditions besides the phase's own (``StoreAvailable``, ...): type -> (status, reason, message).
+    conditions: dict[str, tuple[bool, str, str]] = field(default_factory=dict)
 
     def phase(self, phase: Phase, reason: Reason, message: str, *, warning: bool = False) -> Decision:
         self.status["phase"] = phase
@@ -53,6 +55,10 @@ class Decision:
         self.status["message"] = message
         self.events.append(Event("Warning" if warning else "Normal", reason, message))
         return self
+
+    def condition(self, kind: str, status: bool, reason: str, message: str) -> None:
+        """Set condition ``kind`` (not a phase condition); ``lastTransitionTime`` moves only when it flips."""
+        self.conditions[kind] = (status, reason, message)
 
     def event(self, reason: Reason | DisruptionReason | str, message: str, *, warning: bool = True) -> None:
         self.events.append(Event("Warning" if warning else "Normal", reason, message))

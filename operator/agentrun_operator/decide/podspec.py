@@ -61,8 +61,14 @@ def build_pod(
     attempt: int,
     settings: OperatorSettings,
     resume: dict[str, Any] | None = None,
+    inputs_in_store: bool = False,
 ) -> dict[str, Any]:
-    """The pod manifest of ``run``'s attempt ``attempt``; ``resume`` answers its interrupt(s)."""
+    """The pod manifest of ``run``'s attempt ``attempt``; ``resume`` answers its interrupt(s).
+
+    ``inputs_in_store``: the input and resume value are not rendered into the environment (Linux caps one
+    variable at 128 KiB); the caller has written them to the store (``ControlStore.put_run_inputs``, keyed
+    by thread, run uid and attempt) before it creates the pod, and the runner reads them from there.
+    """
     name, namespace = run.name, run.namespace
     template = spec.podTemplate
     secret = store_secret(spec, settings)
@@ -74,8 +80,9 @@ def build_pod(
         user_id=spec.userId or None,
         attempt=attempt,
         config=spec.run_config(),
-        input=spec.input,
-        resume=resume,
+        input=None if inputs_in_store else spec.input,
+        resume=None if inputs_in_store else resume,
+        inputs_in_store=inputs_in_store,
         metrics_port=settings.runner_metrics_port,
     )
     env: list[dict[str, Any]] = [*inputs.to_env()]

@@ -33,6 +33,9 @@ class Reason(enum.StrEnum):
     POD_CREATED = "PodCreated"  # an attempt's pod was created
     BACK_OFF = "BackOff"  # a crash; the next attempt waits for its backoff
     THREAD_BUSY = "ThreadBusy"  # another live AgentRun holds the thread: this one waits
+    # Pending: the store did not answer (runner exit 8 or the operator's own read); Failed: past
+    # spec.restartPolicy.storeUnavailableTimeoutSeconds counted from the first unavailability.
+    STORE_UNAVAILABLE = "StoreUnavailable"
     # Running, Interrupted, Stopping
     RUNNING = "Running"
     INTERRUPTED = "Interrupted"
@@ -51,10 +54,14 @@ class Reason(enum.StrEnum):
     INVALID_SPEC = "InvalidSpec"
     STORE_SECRET_NOT_FOUND = "StoreSecretNotFound"
     STORE_SECRET_INVALID = "StoreSecretInvalid"
+    INVALID_STORE = "InvalidStore"  # malformed DSN, authentication failed, database missing (STORAGE_CONFIG_001)
     # Failed: the kubelet could not create the runner container (its own words, passed through).
     CREATE_CONTAINER_CONFIG_ERROR = "CreateContainerConfigError"
     CREATE_CONTAINER_ERROR = "CreateContainerError"
     INVALID_IMAGE_NAME = "InvalidImageName"
+    START_ERROR = "StartError"  # the container process could not be started (exit 128)
+    ERR_IMAGE_PULL = "ErrImagePull"  # still pulling past spec.restartPolicy.imagePullTimeoutSeconds
+    IMAGE_PULL_BACK_OFF = "ImagePullBackOff"
 
 
 # A kubelet reports these when the container cannot even be created: retrying will not help.

@@ -35,8 +35,11 @@ from typing import Any
 
 from agentrun.checkpoint.base import Progress
 
+from . import outage
 from .classify import LIVE, Outcome, PodView, classify
 from .decision import Decision, Limits, StoreProblem
+from .messages import human, reason_for
+from .podstart import image_pull_timed_out, start_error
 from .reasons import CONFIG_ERRORS, TERMINAL, DisruptionReason, Phase, Reason
 from .spec import AgentRunSpec, InvalidSpec
 from .status import AgentRunStatus, InterruptInfo, StatusPatch, iso
@@ -145,7 +148,11 @@ def decide(
     if status.phase == Phase.INTERRUPTED:
         return ctx.resume(d)
 
-    if status.next_attempt_time is not None and ctx.outcome in (Outcome.GONE, Outcome.CRASHED):
+    if status.next_attempt_time is not None and ctx.outcome in (
+        Outcome.GONE,
+        Outcome.CRASHED,
+        Outcome.STORE_UNAVAILABLE,
+    ):
         if now >= status.next_attempt_time:
             d.status["nextAttemptTime"] = None
             d.reschedule_reason = Reason.BACK_OFF
@@ -251,7 +258,12 @@ class _Run:
     def pod_outcome(self, d: Decision) -> Decision:
         pod, outcome, attempt, limits = self.pod, self.outcome, self.attempt, self.limits
         if outcome is Outcome.PENDING:
-            if pod is not None and pod.waiting_reason and self.status.message != pod.waiting_message:
+            assert pod is not None
+            timeout = self.spec.restartPolicy.imagePullTimeoutSeconds
+            if pulled := image_pull_timed_out(pod, now=self.now, timeout=timeout):
+                d.delete_pod = pod.name
+                return self.finish(d, Phase.FAILED, *pulled, warning=True)
+            if pod.waiting_reason and self.status.message != pod.waiting_message:
                 d.status["message"] = f"{pod.waiting_reason}: {pod.waiting_message or ''}".strip()
             return d
         if outcome is Outcome.RUNNING:
@@ -290,13 +302,15 @@ class _Run:
             assert pod is not None
             d.delete_pod = pod.name
             reason = Reason(pod.waiting_reason) if pod.waiting_reason in CONFIG_ERRORS else None
-            return self.finish(
-                d,
-                Phase.FAILED,
-                reason or Reason.CREATE_CONTAINER_CONFIG_ERROR,
-                pod.waiting_message or "the runner container could not be created",
-                warning=True,
-            )
+            reason = reason or Reason.CREATE_CONTAINER_CONFIG_ERROR
+            message = f"{reason}: {pod.waiting_message or 'the runner container could not be created'}"
+            return self.finish(d, Phase.FAILED, reason, " ".join(message.split()), warning=True)
+        if outcome is Outcome.START_ERROR:
+            assert pod is not None
+            reason, message = start_error(pod) or (Reason.START_ERROR, "StartError")
+            return self.finish(d, Phase.FAILED, reason, message, warning=True)
+        if outcome is Outcome.STORE_UNAVAILABLE:
+            return self.store_unavailable(d)
         if outcome is Outcome.LOST:
             lost = self.status.lost_since
             if lost is None:
@@ -359,17 +373,53 @@ class _Run:
         d.reschedule_reason = why
         return self.start(d, self.attempt + 1)
 
+    def store_unavailable(self, d: Decision) -> Decision:
+        """Exit 8: rescheduled with backoff as a disruption; Failed only past the outage timeout."""
+        policy = self.spec.restartPolicy
+        cause = (human(self.pod.termination_message) if self.pod is not None else "") or (
+            "STORAGE_UNAVAILABLE_001: the runner could not reach the store"
+        )
+        down = outage.Outage.of(self.status, now=self.now, timeout=policy.storeUnavailableTimeoutSeconds)
+        outage.mark_down(d, down, cause)
+        if down.expired:
+            return self.finish(d, Phase.FAILED, Reason.STORE_UNAVAILABLE, down.gave_up(cause), warning=True)
+        disruptions = self.status.disruptions + 1
+        d.status["disruptions"] = disruptions
+        if disruptions > self.limits.max_disruptions:
+            return self.finish(
+                d,
+                Phase.FAILED,
+                Reason.DISRUPTION_LIMIT_EXCEEDED,
+                f"attempt {self.attempt}: {cause}; {self.limits.max_disruptions} disruptions allowed",
+                warning=True,
+            )
+        delay = down.retry_delay(base=policy.backoffSeconds, cap=self.limits.max_backoff)
+        d.status["nextAttemptTime"] = iso(self.now + timedelta(seconds=delay))
+        return d.phase(
+            Phase.PENDING,
+            Reason.STORE_UNAVAILABLE,
+            f"attempt {self.attempt}: {cause}; retrying in {delay:g}s "
+            f"(unavailable for {down.elapsed:.0f}s of {policy.storeUnavailableTimeoutSeconds:g}s allowed)",
+            warning=True,
+        )
+
     def failed(self, d: Decision) -> Decision:
-        message = self.pod.last_line() if self.pod is not None else ""
+        message = human(self.pod.termination_message) if self.pod is not None else ""
         error = self.progress.error if self.progress is not None else None
         if not message and error:
-            message = f"{error.get('code')}: {error.get('message')}"
+            message = human(f"{error.get('code')}: {error.get('message')}")
         return self.finish(
-            d, Phase.FAILED, Reason.RUN_FAILED, message or "the runner failed permanently (exit 5)", warning=True
+            d,
+            Phase.FAILED,
+            reason_for(message),
+            message or "the runner failed permanently (exit 5)",
+            warning=True,
         )
 
     def superseded(self, d: Decision) -> Decision:
         # The current attempt is this run's newest, so a fence means another AgentRun registered on the
         # thread after this one: retrying would be fenced again. The runner's line names the other run.
-        message = (self.pod.last_line() if self.pod is not None else "") or "another AgentRun owns this run's thread"
+        message = (human(self.pod.termination_message) if self.pod is not None else "") or (
+            "another AgentRun owns this run's thread"
+        )
         return self.finish(d, Phase.FAILED, Reason.SUPERSEDED, message, warning=True)

@@ -14,6 +14,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from . import hostile
+
 GRAPH_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
 # 189 = 253 (the store's thread id limit) - 63 (namespace) - 1 ("/"): the store key always fits.
 THREAD_ID_MAX = 189
@@ -44,6 +46,11 @@ class ResumeSpec(_Model):
 class RestartPolicySpec(_Model):
     maxRestarts: int = Field(default=3, ge=0, le=100)
     backoffSeconds: float = Field(default=5, ge=0, le=3600)
+    # A store outage (runner exit 8) is rescheduled with backoff, never counted as a restart; the run fails
+    # StoreUnavailable only once the store has been unavailable this long (from the first unavailability).
+    storeUnavailableTimeoutSeconds: float = Field(default=900, ge=0, le=86400)
+    # ErrImagePull / ImagePullBackOff fail the run once the pod waited this long for its image.
+    imagePullTimeoutSeconds: float = Field(default=300, ge=0, le=86400)
 
 
 class SecretRef(_Model):
@@ -94,6 +101,9 @@ class InvalidSpec(ValueError):
 
 
 def parse_spec(raw: dict[str, Any]) -> AgentRunSpec:
+    # First, iteratively: a spec nested thousands of levels deep must not reach pydantic or json.dumps.
+    if (bad := hostile.problem(raw)) is not None:
+        raise InvalidSpec(bad)
     try:
         return AgentRunSpec.model_validate(raw)
     except ValidationError as e:

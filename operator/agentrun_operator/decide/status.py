@@ -92,6 +92,7 @@ class AgentRunStatus(BaseModel):
     stop_requested_time: Time = Field(default=None, alias="stopRequestedTime")
     resume_digest: str | None = Field(default=None, alias="resumeDigest")
     lost_since: Time = Field(default=None, alias="lostSince")
+    store_unavailable_since: Time = Field(default=None, alias="storeUnavailableSince")
 
     @classmethod
     def parse(cls, raw: Any) -> AgentRunStatus:
@@ -147,3 +148,4 @@ class StatusPatch(TypedDict, total=False):
     stopRequestedTime: str
     resumeDigest: str
     lostSince: str | None
+    storeUnavailableSince: str | None

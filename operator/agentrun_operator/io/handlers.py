@@ -25,6 +25,7 @@ from ..decide.reasons import TERMINAL
 from ..decide.run import at_rest
 from ..decide.thread import ThreadPeer
 from ..settings import OperatorSettings
+from .diffbase import DigestedDiffBaseStorage
 from .reconcile import Reconciler, thread_peer
 
 log = logging.getLogger("agentrun_operator.handlers")
@@ -46,7 +47,8 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: 
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.persistence.finalizer = "agentrun.dev/finalizer"
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="agentrun.dev")
-        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        # Digests of spec.input/spec.resume, not the values: the annotation stays small (io/diffbase.py).
+        settings.persistence.diffbase_storage = DigestedDiffBaseStorage(
             prefix="agentrun.dev", key="last-handled-configuration"
         )
         settings.posting.enabled = False  # we post our own Events, one per transition

@@ -36,7 +36,8 @@ from typing import Any
 
 from agentrun.checkpoint.base import ControlStore, Progress
 
-from ..decide.classify import PodView
+from ..decide import outage
+from ..decide.classify import Outcome, PodView, classify
 from ..decide.conditions import status_patch
 from ..decide.decision import Decision, Limits, StoreProblem
 from ..decide.podspec import RUN_LABEL, RunRef, build_pod, label_value, pod_name, store_secret
@@ -47,6 +48,7 @@ from ..decide.status import AgentRunStatus, StatusPatch, iso, parse_time
 from ..decide.thread import ThreadPeer
 from ..settings import OperatorSettings
 from . import metrics
+from .access import AccessChecker
 from .kube import Conflict, KubeClient, NotFound, events_path, pod_path, run_path
 from .stores import StoreRegistry, StoreUnavailable
 
@@ -72,6 +74,7 @@ class Reconciler:
         self.kube = kube
         self.settings = settings
         self.stores = stores
+        self.access = AccessChecker(kube, settings)
         self.limits = Limits(
             stop_grace=settings.stop_grace_seconds,
             lost_node_timeout=settings.lost_node_timeout_seconds,
@@ -154,8 +157,9 @@ class Reconciler:
         problem: StoreProblem | None = None
         progress: Progress | None = None
         thread = thread_key(ref.namespace, spec.threadId)
+        secret = store_secret(spec, self.settings)
         try:
-            store = await self.stores.get(ref.namespace, store_secret(spec, self.settings))
+            store = await self.stores.get(ref.namespace, secret)
         except StoreUnavailable as e:
             problem = e.problem
         pod: PodView | None = None
@@ -166,11 +170,20 @@ class Reconciler:
                 )
             except NotFound:
                 pod = None
-            if store is not None:
-                try:
-                    progress = await store.aget_progress(thread)
-                except Exception as e:  # the mirror can wait; decisions on pods must not
-                    log.warning("[%s/%s] cannot read progress of %s: %s", ref.namespace, ref.name, thread, e)
+        store_down: str | None = None  # why the store did not answer the operator (outage.guard)
+        if store is not None:
+            # Read on every reconcile, also before the first pod: it is the operator's view of the store.
+            try:
+                seen = await store.aget_progress(thread)
+                progress = seen if status.attempt else None  # before its first pod, not this run's progress
+            except Exception as e:  # the mirror can wait; decisions on pods must not
+                explained = self.stores.explain(ref.namespace, secret, e)
+                if isinstance(explained, StoreProblem):
+                    problem = explained
+                else:
+                    store_down = explained
+                why = explained.message if isinstance(explained, StoreProblem) else explained
+                log.warning("[%s/%s] cannot read progress of %s: %s", ref.namespace, ref.name, thread, why)
         decision = decide(
             spec=spec,
             status=status,
@@ -182,6 +195,16 @@ class Reconciler:
             run=thread_peer(run, status.wire()),
             peers=peers,
         )
+        decision = outage.guard(
+            decision,
+            status=status,
+            timeout=spec.restartPolicy.storeUnavailableTimeoutSeconds,
+            store_down=store_down,
+            pod_running=pod is not None and classify(pod) is Outcome.RUNNING,
+            now=now,
+        )
+        if decision.create_attempt is not None and (refused := await self.access.problem(ref, spec)):
+            decision = rejected(InvalidSpec(refused))  # before any pod of this attempt exists
         await self._apply(ref, spec, decision, store, thread)
         await self._write(run, status, decision, now)
 
@@ -196,8 +219,19 @@ class Reconciler:
             await self.kube.delete(pod_path(namespace, decision.delete_pod), grace_seconds=decision.delete_grace)
             log.info("[%s/%s] deleted pod %s", namespace, name, decision.delete_pod)
         if decision.create_attempt:
+            if store is None:
+                raise RuntimeError(f"no store to write the inputs of attempt {decision.create_attempt} to")
+            # Before the pod exists, so the runner always finds them; an upsert, so a retried reconcile is fine.
+            await store.put_run_inputs(
+                thread, run_uid=ref.uid, attempt=decision.create_attempt, input=spec.input, resume=decision.resume
+            )
             manifest = build_pod(
-                ref, spec, attempt=decision.create_attempt, settings=self.settings, resume=decision.resume
+                ref,
+                spec,
+                attempt=decision.create_attempt,
+                settings=self.settings,
+                resume=decision.resume,
+                inputs_in_store=True,
             )
             pod = manifest["metadata"]["name"]
             try:
@@ -213,7 +247,13 @@ class Reconciler:
     async def _write(self, run: dict[str, Any], status: AgentRunStatus, decision: Decision, now: datetime) -> None:
         meta = run["metadata"]
         ref = RunRef.from_body(run)
-        patch = status_patch(status, decision.status, now=now, generation=int(meta.get("generation", 1)))
+        patch = status_patch(
+            status,
+            decision.status,
+            now=now,
+            generation=int(meta.get("generation", 1)),
+            conditions=decision.conditions,
+        )
         if "phase" in patch:
             self._observe_transition(ref.uid, status, patch, now)
         if not patch:
