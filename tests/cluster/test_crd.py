@@ -384,4 +384,7 @@ def test_a_full_status_validates_and_phase_is_an_enum() -> None:
         "status": {"phase": "Done", "conditions": [{"type": "Ready"}], "lastCheckpointTime": "yesterday"},
     }
     fields = _error_fields(strict_errors(bad))
-    assert fields == {"status.phase", "status.conditions.0.status", "status.lastCheckpointTime"}
+    # A condition is a metav1.Condition: every one of its six fields is required (issue 8, Job parity).
+    required = {f"status.conditions.0.{f}" for f in ("status", "reason", "message", "lastTransitionTime")}
+    required.add("status.conditions.0.observedGeneration")
+    assert fields == {"status.phase", "status.lastCheckpointTime"} | required

@@ -321,10 +321,19 @@ def test_without_template_nothing_optional_appears() -> None:
         "AGENTRUN_ATTEMPT",
         "AGENTRUN_CONFIG",
         "AGENTRUN_INPUT",
+        "AGENTRUN_REQUEST_KEY",
+        "AGENTRUN_INPUTS_IN_STORE",
         "AGENTRUN_METRICS_PORT",
         "AGENTRUN_POSTGRES_DSN",
         "AGENTRUN_REDIS_URL",
     }
+
+
+def test_the_runner_gets_the_request_key_of_the_run() -> None:
+    derived = env(pod_for(make_spec()))["AGENTRUN_REQUEST_KEY"]["value"]
+    assert derived.startswith(f"{NAMESPACE}/"), "the derived request key is scoped by namespace and run name"
+    explicit = env(pod_for(make_spec(requestId="order-4821-charge")))["AGENTRUN_REQUEST_KEY"]["value"]
+    assert explicit == "order-4821-charge", "spec.requestId is the request key as is"
 
 
 def test_pod_spec_has_only_operator_chosen_keys() -> None:

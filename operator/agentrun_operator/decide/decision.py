@@ -48,6 +48,8 @@ class Decision:
     reschedule_reason: str | None = None
     # Conditions besides the phase's own (``StoreAvailable``, ...): type -> (status, reason, message).
     conditions: dict[str, tuple[bool, str, str]] = field(default_factory=dict)
+    # Failed tool calls newly seen this reconcile, by tool (the metric's input; see ``toolerrors``).
+    tool_failures: dict[str, int] = field(default_factory=dict)
 
     def phase(self, phase: Phase, reason: Reason, message: str, *, warning: bool = False) -> Decision:
         self.status["phase"] = phase

@@ -16,6 +16,7 @@ from typing import Any
 from agentrun.contract import ENV_PREFIX, STORE_SECRET_KEYS, Env, RunnerInputs
 
 from ..settings import OperatorSettings
+from .identity import request_key
 from .spec import AgentRunSpec, thread_key
 
 GROUP, VERSION, PLURAL, KIND = "agentrun.dev", "v1alpha1", "agentruns", "AgentRun"
@@ -48,6 +49,11 @@ def label_value(value: str) -> str:
 
 def pod_name(run_name: str, attempt: int) -> str:
     return f"{run_name}-{attempt}"
+
+
+def run_request_key(run: RunRef, spec: AgentRunSpec) -> str:
+    """The request key of ``run`` (``identity.request_key``): the turn's identity on its thread."""
+    return request_key(namespace=run.namespace, name=run.name, request_id=spec.requestId, input=spec.input)
 
 
 def store_secret(spec: AgentRunSpec, settings: OperatorSettings) -> str:
@@ -83,6 +89,7 @@ def build_pod(
         input=None if inputs_in_store else spec.input,
         resume=None if inputs_in_store else resume,
         inputs_in_store=inputs_in_store,
+        request_key=run_request_key(run, spec),
         metrics_port=settings.runner_metrics_port,
     )
     env: list[dict[str, Any]] = [*inputs.to_env()]

@@ -42,6 +42,7 @@ class Reason(enum.StrEnum):
     STOP_REQUESTED = "StopRequested"
     # Succeeded
     COMPLETED = "Completed"
+    ALREADY_COMPLETED = "AlreadyCompleted"  # the request key's turn completed earlier: no pod, the recorded result
     # Stopped
     STOPPED = "Stopped"
     STOPPED_BEFORE_START = "StoppedBeforeStart"
@@ -52,6 +53,8 @@ class Reason(enum.StrEnum):
     BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
     DISRUPTION_LIMIT_EXCEEDED = "DisruptionLimitExceeded"
     INVALID_SPEC = "InvalidSpec"
+    TOOL_ERROR = "ToolError"  # a tool call failed and spec.config.failOnToolError is true (TOOL_ERROR_001)
+    DEADLINE_EXCEEDED = "DeadlineExceeded"  # the run outlived spec.activeDeadlineSeconds (from startTime)
     STORE_SECRET_NOT_FOUND = "StoreSecretNotFound"
     STORE_SECRET_INVALID = "StoreSecretInvalid"
     INVALID_STORE = "InvalidStore"  # malformed DSN, authentication failed, database missing (STORAGE_CONFIG_001)

@@ -19,6 +19,11 @@ and applies the ``Decision``. The rules (DESIGN.md sections 3 and 4):
   being stopped (a stop needs no store to end the run);
 - a run that has not started waits while another live AgentRun holds its
   thread (``thread.blocker``: the newer waits, reason ``ThreadBusy``).
+- before its first pod, a run whose request already has an outcome in the
+  store takes that outcome and gets no pod (``identity``: ``AlreadyCompleted``);
+- ``spec.retry`` re-opens a Failed run, ``spec.activeDeadlineSeconds`` ends
+  a run that outlived it (``jobparity``); tool failures become counters, a
+  condition and an Event (``toolerrors``).
 
 A rescheduled attempt never overlaps its predecessor by design (it starts
 only once the old pod ended or is gone), and the store fences off an older
@@ -31,13 +36,14 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from agentrun.checkpoint.base import Progress
 
-from . import outage
+from . import identity, jobparity, outage
 from .classify import LIVE, Outcome, PodView, classify
 from .decision import Decision, Limits, StoreProblem
+from .identity import RecordedTurn
 from .messages import human, reason_for
 from .podstart import image_pull_timed_out, start_error
 from .reasons import CONFIG_ERRORS, TERMINAL, DisruptionReason, Phase, Reason
@@ -88,9 +94,9 @@ def _interrupt_status(progress: Progress | None) -> InterruptInfo | None:
     }
 
 
-def at_rest(status: AgentRunStatus, *, deleting: bool) -> bool:
-    """Nothing left to decide: the run ended, or it is being deleted (its pods go with it)."""
-    return deleting or status.phase in TERMINAL
+def at_rest(status: AgentRunStatus, *, deleting: bool, retry: int = 0) -> bool:
+    """Nothing left to decide: the run ended (and ``spec.retry`` does not re-open it), or it is being deleted."""
+    return deleting or (status.phase in TERMINAL and not jobparity.retry_requested(retry, status))
 
 
 def rejected(error: InvalidSpec) -> Decision:
@@ -109,14 +115,19 @@ def decide(
     store_problem: StoreProblem | None = None,
     run: ThreadPeer | None = None,
     peers: Sequence[ThreadPeer] = (),
+    request_key: str = "",
+    turn: RecordedTurn | None = None,
 ) -> Decision:
     """The next step for one AgentRun.
 
     ``status`` is its current ``.status`` (possibly empty); ``pod`` the current attempt's pod (None when
     there is none); ``store_problem`` set when its store cannot be opened; ``run`` this run on its thread
-    and ``peers`` the other AgentRuns on the same thread (``run`` None: the thread rule is not applied).
+    and ``peers`` the other AgentRuns on the same thread (``run`` None: the thread rule is not applied);
+    ``request_key`` this run's request key and ``turn`` its turn in the store, read before the first pod
+    (``identity``: a request already answered is not run again).
     """
-    if status.phase in TERMINAL:
+    retrying = jobparity.retry_requested(spec.retry, status) and not spec.stop
+    if status.phase in TERMINAL and not retrying:
         return Decision()
     if store_problem is not None and not spec.stop:
         return Decision().phase(Phase.FAILED, store_problem.reason, store_problem.message, warning=True)
@@ -130,11 +141,27 @@ def decide(
         limits=limits,
     )
     d = Decision(status=mirror(progress))
+    identity.mirror_turn(d, status=status, progress=progress, request_key=request_key)
+
+    if retrying:
+        ctx.reopen(d)
+        if status.started:
+            return ctx.start(d, status.attempt + 1, retry=True)
 
     if spec.stop:
         return ctx.stop(d)
 
+    if late := jobparity.deadline_exceeded(spec, status, ctx.outcome, now=now):
+        return ctx.deadline_exceeded(d, late)
+
     if not status.phase or not status.started:
+        answered = identity.recorded_outcome(
+            turn, run_uid=run.uid if run is not None else "", retried=spec.retry > 0, now=now
+        )
+        if answered is not None:
+            answered.status = cast(StatusPatch, {**d.status, **answered.status})
+            answered.conditions = {**d.conditions, **answered.conditions}
+            return answered
         waits_for = blocker(run, peers) if run is not None else None
         if waits_for is not None:
             return d.phase(
@@ -179,7 +206,13 @@ class _Run:
         return self.status.attempt
 
     def start(
-        self, d: Decision, attempt: int, *, first: bool = False, resume: dict[str, Any] | None = None
+        self,
+        d: Decision,
+        attempt: int,
+        *,
+        first: bool = False,
+        resume: dict[str, Any] | None = None,
+        retry: bool = False,
     ) -> Decision:
         d.create_attempt = attempt
         d.resume = resume
@@ -189,7 +222,25 @@ class _Run:
             d.status["startTime"] = iso(self.now)
             d.status["restarts"] = 0
             d.status["disruptions"] = 0
+        if retry:
+            d.reschedule_reason = "Retry"
+            message = f"spec.retry {self.spec.retry}: attempt {attempt} resumes the failed turn; runner pod created"
+            return d.phase(Phase.PENDING, Reason.POD_CREATED, message)
         return d.phase(Phase.PENDING, Reason.POD_CREATED, f"attempt {attempt}: runner pod created")
+
+    def reopen(self, d: Decision) -> None:
+        """``spec.retry`` re-opens a Failed run (``jobparity``): restarts and the deadline's clock start over."""
+        d.status["observedRetry"] = self.spec.retry
+        d.status["restarts"] = 0
+        if self.status.started:
+            d.status["startTime"] = iso(self.now)
+        cleared = ("completionTime", "nextAttemptTime", "lostSince", "storeUnavailableSince", "result")
+        d.status.update(cast(StatusPatch, dict.fromkeys(cleared)))
+
+    def deadline_exceeded(self, d: Decision, message: str) -> Decision:
+        if self.pod is not None and self.outcome in LIVE:
+            d.delete_pod = self.pod.name  # gracefully: the runner checkpoints on SIGTERM
+        return self.finish(d, Phase.FAILED, Reason.DEADLINE_EXCEEDED, message, warning=True)
 
     def finish(self, d: Decision, phase: Phase, reason: Reason, message: str, *, warning: bool = False) -> Decision:
         d.status["completionTime"] = iso(self.now)

@@ -20,6 +20,7 @@ GRAPH_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A
 # 189 = 253 (the store's thread id limit) - 63 (namespace) - 1 ("/"): the store key always fits.
 THREAD_ID_MAX = 189
 THREAD_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9._:@-]*[A-Za-z0-9])?$"
+REQUEST_ID_MAX = 253
 
 
 class _Model(BaseModel):
@@ -31,6 +32,9 @@ class RunConfigSpec(_Model):
     nodeTimeoutSeconds: float | None = Field(default=None, ge=0)
     durableCheckpointEveryStep: bool = True
     recursionLimit: int = Field(default=50, ge=1, le=10000)
+    # A failed tool call fails the run (exit 5, TOOL_ERROR_001, reason ToolError) instead of becoming a
+    # tool error message for the model (LangGraph ToolNode's default, and ours).
+    failOnToolError: bool = False
 
 
 class ResumeSpec(_Model):
@@ -90,6 +94,13 @@ class AgentRunSpec(_Model):
     restartPolicy: RestartPolicySpec = RestartPolicySpec()
     store: StoreSpec | None = None
     podTemplate: PodTemplateSpec | None = None
+    # The turn's identity on the thread (see decide.identity): a request that already completed is not run again.
+    requestId: str | None = Field(default=None, min_length=1, max_length=REQUEST_ID_MAX)
+    # Bumped by the user (kubectl patch) to re-open a Failed run; the next attempt resumes the same turn.
+    retry: int = Field(default=0, ge=0, le=1000)
+    # Job parity: the whole run's time bound from status.startTime, and how long a finished run is kept.
+    activeDeadlineSeconds: int | None = Field(default=None, ge=1)
+    ttlSecondsAfterFinished: int | None = Field(default=None, ge=0)
 
     def run_config(self) -> dict[str, Any]:
         """The runner's AGENTRUN_CONFIG: only what the user set, so the runtime's defaults apply."""

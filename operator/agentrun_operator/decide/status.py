@@ -11,7 +11,7 @@ removes a field. Both list the same fields (a unit test keeps them equal).
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, NotRequired
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 from typing_extensions import TypedDict
@@ -48,6 +48,16 @@ Time = Annotated[datetime | None, BeforeValidator(parse_time)]
 class ToolCalls(TypedDict):
     executed: int
     replayed: int
+    failed: NotRequired[int]  # written only when non-zero, like a Job's counters
+    inDoubt: NotRequired[int]
+
+
+class ResultInfo(TypedDict, total=False):
+    """``status.result`` of a Succeeded run: the final assistant message (truncated) and a digest of all of it."""
+
+    message: str
+    digest: str
+    truncated: bool
 
 
 class InterruptInfo(TypedDict, total=False):
@@ -92,6 +102,8 @@ class AgentRunStatus(BaseModel):
     stop_requested_time: Time = Field(default=None, alias="stopRequestedTime")
     resume_digest: str | None = Field(default=None, alias="resumeDigest")
     lost_since: Time = Field(default=None, alias="lostSince")
+    result: ResultInfo | None = None
+    observed_retry: int = Field(default=0, alias="observedRetry")
     store_unavailable_since: Time = Field(default=None, alias="storeUnavailableSince")
 
     @classmethod
@@ -148,4 +160,6 @@ class StatusPatch(TypedDict, total=False):
     stopRequestedTime: str
     resumeDigest: str
     lostSince: str | None
+    result: ResultInfo | None
+    observedRetry: int
     storeUnavailableSince: str | None

@@ -26,6 +26,7 @@ from ..decide.run import at_rest
 from ..decide.thread import ThreadPeer
 from ..settings import OperatorSettings
 from .diffbase import DigestedDiffBaseStorage
+from .expiry import expire
 from .reconcile import Reconciler, thread_peer
 
 log = logging.getLogger("agentrun_operator.handlers")
@@ -97,7 +98,9 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: 
     @kopf.timer(**runs, interval=settings.reconcile_interval_seconds)
     async def on_timer(body: kopf.Body, **kwargs: Any) -> None:
         # kopf's status may predate our last patch: the reconciler's view of it is the newest.
-        if at_rest(reconciler.status_of(body), deleting=bool(body.metadata.get("deletionTimestamp"))):
+        status = reconciler.status_of(body)
+        if at_rest(status, deleting=bool(body.metadata.get("deletionTimestamp"))):
+            await expire(reconciler.kube, body, status)  # spec.ttlSecondsAfterFinished
             return
         await reconcile(body, kwargs["agentrun_threads"], kwargs["agentrun_bodies"])
 

@@ -26,3 +26,27 @@ POD_START_LATENCY = Histogram(
     buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300),
 )
 LEADER = Gauge("agentrun_operator_leader", "1 while this replica holds the leader Lease")
+
+# Failed tool calls by tool (issue 14). Tool names come from user graphs, so the label is bounded: the first
+# TOOL_LABELS_MAX distinct names get their own series, later ones count as "other" (see ``tool_failed``).
+TOOL_CALLS_FAILED = Counter(
+    "agentrun_operator_tool_calls_failed_total",
+    "Tool calls that failed (raised or timed out) in AgentRuns, by tool; at most 50 tool labels, then other",
+    ["tool"],
+)
+TOOL_LABELS_MAX = 50
+OTHER_TOOL, UNKNOWN_TOOL = "other", "unknown"
+_tool_labels: set[str] = {OTHER_TOOL, UNKNOWN_TOOL}
+for _label in _tool_labels:
+    TOOL_CALLS_FAILED.labels(_label)  # series exist from the start, so panels and rate() show 0, not "no data"
+
+
+def tool_failed(tool: str, count: int) -> None:
+    """Count ``count`` failed calls of ``tool`` under a bounded set of label values."""
+    tool = tool[:64] or UNKNOWN_TOOL
+    if tool not in _tool_labels:
+        if len(_tool_labels) >= TOOL_LABELS_MAX + 2:
+            tool = OTHER_TOOL
+        else:
+            _tool_labels.add(tool)
+    TOOL_CALLS_FAILED.labels(tool).inc(count)

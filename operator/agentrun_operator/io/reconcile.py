@@ -36,11 +36,12 @@ from typing import Any
 
 from agentrun.checkpoint.base import ControlStore, Progress
 
-from ..decide import outage
+from ..decide import jobparity, outage
 from ..decide.classify import Outcome, PodView, classify
 from ..decide.conditions import status_patch
 from ..decide.decision import Decision, Limits, StoreProblem
-from ..decide.podspec import RUN_LABEL, RunRef, build_pod, label_value, pod_name, store_secret
+from ..decide.identity import RecordedTurn
+from ..decide.podspec import RUN_LABEL, RunRef, build_pod, label_value, pod_name, run_request_key, store_secret
 from ..decide.reasons import Phase
 from ..decide.run import at_rest, decide, rejected
 from ..decide.spec import AgentRunSpec, InvalidSpec, parse_spec, thread_key
@@ -144,7 +145,7 @@ class Reconciler:
         ref = RunRef.from_body(run)
         status = self.status_of(run)
         self.phases[ref.uid] = status.phase or Phase.PENDING
-        if at_rest(status, deleting=bool(meta.get("deletionTimestamp"))):
+        if at_rest(status, deleting=bool(meta.get("deletionTimestamp")), retry=jobparity.retry_of(run.get("spec"))):
             self._publish_phases()
             return
         now = datetime.now(UTC)
@@ -184,6 +185,8 @@ class Reconciler:
                     store_down = explained
                 why = explained.message if isinstance(explained, StoreProblem) else explained
                 log.warning("[%s/%s] cannot read progress of %s: %s", ref.namespace, ref.name, thread, why)
+        key = run_request_key(ref, spec)
+        turn = await self._turn(ref, store, thread, key) if not status.started and not spec.stop else None
         decision = decide(
             spec=spec,
             status=status,
@@ -194,6 +197,8 @@ class Reconciler:
             store_problem=problem,
             run=thread_peer(run, status.wire()),
             peers=peers,
+            request_key=key,
+            turn=turn,
         )
         decision = outage.guard(
             decision,
@@ -207,6 +212,17 @@ class Reconciler:
             decision = rejected(InvalidSpec(refused))  # before any pod of this attempt exists
         await self._apply(ref, spec, decision, store, thread)
         await self._write(run, status, decision, now)
+
+    async def _turn(self, ref: RunRef, store: ControlStore | None, thread: str, key: str) -> RecordedTurn | None:
+        """The request key's turn, read before the first pod (``decide.identity``); None if unknown."""
+        if store is None:
+            return None
+        try:
+            found = await store.aget_turn(thread, key)
+        except Exception as e:  # the runner applies the same rule when it starts: go on without the answer
+            log.warning("[%s/%s] cannot read the turn of request %s: %s", ref.namespace, ref.name, key, e)
+            return None
+        return RecordedTurn.of(found) if found is not None else None
 
     async def _apply(
         self, ref: RunRef, spec: AgentRunSpec, decision: Decision, store: ControlStore | None, thread: str
@@ -260,6 +276,8 @@ class Reconciler:
             return
         written = await self.kube.merge_patch(run_path(ref.namespace, ref.name, status=True), {"status": patch})
         self._written[ref.uid] = dict(written.get("status") or {})
+        for tool, count in decision.tool_failures.items():  # once written, so a retried reconcile never recounts
+            metrics.tool_failed(tool, count)
         if "phase" in patch:
             log.info(
                 "[%s/%s] %s -> %s (%s): %s",
