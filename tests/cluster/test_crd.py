@@ -265,11 +265,21 @@ def test_restart_policy_bounds(policy: dict[str, Any], field: str | None) -> Non
 
 def test_defaults_fill_config_restart_policy_and_stop() -> None:
     manifest = apply_defaults(agentrun(), schema())
-    assert manifest["spec"]["restartPolicy"] == {"maxRestarts": 3, "backoffSeconds": 5}
+    assert manifest["spec"]["restartPolicy"] == {
+        "maxRestarts": 3,
+        "backoffSeconds": 5,
+        "imagePullTimeoutSeconds": 300,
+        "storeUnavailableTimeoutSeconds": 900,
+    }
     assert manifest["spec"]["config"] == {"durableCheckpointEveryStep": True, "recursionLimit": 50}
     assert manifest["spec"]["stop"] is False
     explicit = apply_defaults(agentrun(restartPolicy={"maxRestarts": 7}), schema())
-    assert explicit["spec"]["restartPolicy"] == {"maxRestarts": 7, "backoffSeconds": 5}
+    assert explicit["spec"]["restartPolicy"] == {
+        "maxRestarts": 7,
+        "backoffSeconds": 5,
+        "imagePullTimeoutSeconds": 300,
+        "storeUnavailableTimeoutSeconds": 900,
+    }
 
 
 def test_resume_takes_any_json_value_or_one_per_interrupt_id() -> None:

@@ -58,7 +58,12 @@ def test_kubectl_apply_creates_the_example_with_client_validation_on(cluster: Em
     assert obj is not None
     meta = obj["metadata"]
     assert meta["generation"] == 1 and meta["uid"] and meta["creationTimestamp"] and meta["resourceVersion"]
-    assert obj["spec"]["restartPolicy"] == {"maxRestarts": 3, "backoffSeconds": 5}, "CRD defaults not applied"
+    assert obj["spec"]["restartPolicy"] == {
+        "maxRestarts": 3,
+        "backoffSeconds": 5,
+        "imagePullTimeoutSeconds": 300,
+        "storeUnavailableTimeoutSeconds": 900,
+    }, "CRD defaults not applied"
     assert obj["spec"]["config"] == {
         "toolTimeoutSeconds": 60,
         "nodeTimeoutSeconds": 300,
@@ -356,7 +361,9 @@ def test_kubectl_wait_for_a_phase_a_condition_and_deletion(cluster: EmulatedClus
                         "type": "Ready",
                         "status": "True",
                         "reason": "Completed",
+                        "message": "the run completed",
                         "lastTransitionTime": "2025-01-01T00:00:00Z",
+                        "observedGeneration": 1,
                     }
                 ],
             },
