@@ -4,11 +4,23 @@ A message's ``id`` is assigned once, when it is created, and persisted with
 it. The tool ledger keys on ``<message id>:<tool call id>``, so the id of the
 assistant message that asked for a tool must never change between a crash
 and the replay; that is why it is generated here and never recomputed.
+
+``content`` is always the message's text. A message with structured content
+(images, files, provider blocks) keeps its parts, in the chat-completions /
+LangChain shape (``{"type": "text", "text": ...}``, ``{"type": "image_url",
+...}``), in ``parts``; ``content`` then holds the text parts joined.
+
+LangChain messages are accepted wherever a message is (``coerce_message``)
+without this module importing LangChain: a LangChain message is recognised
+only if ``langchain_core`` is already loaded, which it must be for such an
+object to exist. The other direction needs ``agentrun[langchain]``
+(``agentrun.integrations.langchain.to_langchain``).
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
@@ -60,9 +72,14 @@ class Message(BaseModel):
     tool_call_id: str | None = None
     # True on a tool message that reports a failure (bad arguments, timeout, exception).
     is_error: bool = False
+    # Structured content, when there is more than text; None for plain text (the usual case).
+    parts: list[dict[str, Any]] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return self.model_dump(mode="json", exclude_defaults=False)
+        data = self.model_dump(mode="json", exclude_defaults=False)
+        if data["parts"] is None:
+            del data["parts"]  # stored messages stay as they were before parts existed
+        return data
 
     @classmethod
     def from_json(cls, data: Any) -> Message:
@@ -85,10 +102,76 @@ def tool_message(content: str, *, tool_call_id: str | None, name: str, is_error:
     return Message(role="tool", content=content, tool_call_id=tool_call_id, name=name, is_error=is_error)
 
 
+_LANGCHAIN_ROLES: dict[str, Role] = {
+    "human": "user",
+    "ai": "assistant",
+    "system": "system",
+    "developer": "system",
+    "tool": "tool",
+    "chat": "user",
+}
+
+
+def is_langchain_message(value: Any) -> bool:
+    module = sys.modules.get("langchain_core.messages")
+    return module is not None and isinstance(value, module.BaseMessage)
+
+
+def text_of(parts: Sequence[Any]) -> str:
+    """The text of structured content: its text parts (and bare strings), joined."""
+    texts: list[str] = []
+    for part in parts:
+        if isinstance(part, str):
+            texts.append(part)
+        elif isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+    return "".join(texts)
+
+
+def from_langchain(value: Any) -> Message:
+    """An agentrun message from a LangChain message (``HumanMessage``, ``AIMessage``, ...).
+
+    Keeps the id (a new one if it has none), the content (list content in
+    ``parts``), the name, tool calls with their ids (valid ones and
+    ``invalid_tool_calls`` alike, arguments as JSON text), a tool message's
+    ``tool_call_id`` and its ``status == "error"`` as ``is_error``.
+    Raises ``ValueError`` for a message type agentrun has no role for.
+    """
+    kind = getattr(value, "type", None)
+    role = _LANGCHAIN_ROLES.get(kind) if isinstance(kind, str) else None
+    if role is None:
+        raise ValueError(f"cannot make an agentrun message from a LangChain message of type {kind!r}")
+    raw = value.content
+    if isinstance(raw, str):
+        content, parts = raw, None
+    else:
+        parts = [p if isinstance(p, dict) else {"type": "text", "text": str(p)} for p in raw]
+        content = text_of(parts)
+    calls: list[ToolCall] = []
+    for call in getattr(value, "tool_calls", None) or ():
+        arguments = json.dumps(call.get("args") or {}, ensure_ascii=False)
+        calls.append(ToolCall(id=call.get("id") or None, name=call["name"], arguments=arguments))
+    for call in getattr(value, "invalid_tool_calls", None) or ():
+        # Kept as the model wrote them, so the tool node answers with a tool error message.
+        calls.append(ToolCall(id=call.get("id") or None, name=call.get("name") or "", arguments=call.get("args") or ""))
+    return Message(
+        id=value.id or new_message_id(),
+        role=role,
+        content=content,
+        parts=parts,
+        name=value.name,
+        tool_calls=calls if role == "assistant" else [],
+        tool_call_id=getattr(value, "tool_call_id", None) if role == "tool" else None,
+        is_error=role == "tool" and getattr(value, "status", None) == "error",
+    )
+
+
 def coerce_message(value: Any) -> Message:
-    """Accept a Message, a ``{"role", "content", ...}`` dict, or a ``(role, content)`` pair."""
+    """Accept a Message, a ``{"role", "content", ...}`` dict, a ``(role, content)`` pair or a LangChain message."""
     if isinstance(value, Message):
         return value
+    if is_langchain_message(value):
+        return from_langchain(value)
     if isinstance(value, dict):
         return Message.model_validate(value)
     if isinstance(value, tuple) and len(value) == 2:

@@ -54,6 +54,11 @@ MODEL_REQUEST_SECONDS = Histogram(
 MODEL_ERRORS = Counter(
     "agentrun_model_errors_total", "Model calls that ended in a ModelError (after retries), by code", ["code"]
 )
+MODEL_TOKENS = Counter(
+    "agentrun_model_tokens_total",
+    "Tokens a model reported using, by model (as configured in the graph's code) and kind (prompt, completion)",
+    ["model", "kind"],
+)
 CACHE_ERRORS = Counter(
     "agentrun_cache_errors_total",
     "Redis hot cache operations that failed (Redis unreachable or erroring); the store continued on PostgreSQL",

@@ -17,6 +17,12 @@ applies ``in_doubt``:
 - ``"interrupt"`` (default): pause the run and let a human decide; resume with
   ``"retry"`` to run it again or ``{"result": ...}`` to record what happened.
 
+Tools described by a JSON schema rather than a Python signature (an MCP
+server's tools, LangChain tools: see ``agentrun.integrations``) are
+``SchemaTool``s; the tool node runs them exactly like the others (ledger,
+idempotency key, intents, deadline, stop). ``tool()`` and ``ToolNode`` accept
+a LangChain ``BaseTool`` directly (needs ``agentrun[langchain]``).
+
 A side-effect tool may itself call ``interrupt()`` (e.g. to ask for approval):
 a pause there is a known point, not an unknown outcome, so the resumed call
 runs on (code before ``interrupt()`` must have no side effects). A crash after
@@ -26,7 +32,8 @@ the resume, before the result is recorded, is in doubt again.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable
+import sys
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal, overload
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
@@ -52,15 +59,14 @@ class Tool:
         in_doubt: InDoubtPolicy = "interrupt",
         timeout: float | None = None,
     ) -> None:
-        if in_doubt not in ("retry", "report", "interrupt"):
-            raise ValueError(f"in_doubt must be 'retry', 'report' or 'interrupt', not {in_doubt!r}")
         self.fn = fn
-        self.name = name or fn.__name__
-        self.description = (description or inspect.getdoc(fn) or "").strip()
-        self.side_effects = side_effects
-        self.in_doubt: InDoubtPolicy = in_doubt
-        # Per-tool deadline; overrides the run's tool_timeout when set.
-        self.timeout = timeout
+        self._set_policy(
+            name=name or fn.__name__,
+            description=description or inspect.getdoc(fn) or "",
+            side_effects=side_effects,
+            in_doubt=in_doubt,
+            timeout=timeout,
+        )
         signature = inspect.signature(fn)
         self.injected = {p for p in signature.parameters if p in INJECTED}
         fields: dict[str, Any] = {}
@@ -73,6 +79,18 @@ class Tool:
         self.args_model: type[BaseModel] = create_model(
             f"{self.name}_args", __config__=ConfigDict(extra="forbid"), **fields
         )
+
+    def _set_policy(
+        self, *, name: str, description: str, side_effects: bool, in_doubt: InDoubtPolicy, timeout: float | None
+    ) -> None:
+        if in_doubt not in ("retry", "report", "interrupt"):
+            raise ValueError(f"in_doubt must be 'retry', 'report' or 'interrupt', not {in_doubt!r}")
+        self.name = name
+        self.description = description.strip()
+        self.side_effects = side_effects
+        self.in_doubt: InDoubtPolicy = in_doubt
+        # Per-tool deadline; overrides the run's tool_timeout when set.
+        self.timeout = timeout
 
     def validate_arguments(self, arguments: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -112,6 +130,71 @@ class Tool:
         return f"Tool({self.name!r}, side_effects={self.side_effects}, in_doubt={self.in_doubt!r})"
 
 
+SchemaCall = Callable[[dict[str, Any], str | None], Awaitable[Any]]
+
+
+class SchemaTool(Tool):
+    """A tool described by a JSON schema (``parameters``) and an async ``call(arguments, idempotency_key)``.
+
+    The base of the MCP and LangChain adapters. Arguments are checked
+    against the schema's shape only (an object, required properties present,
+    no unknown ones when ``additionalProperties`` is false); the tool itself
+    (the MCP server, the LangChain tool) validates the values and reports a
+    mismatch as an error, which becomes a tool error message. Tools of this
+    kind never receive ``state``.
+    """
+
+    def __init__(
+        self,
+        call: SchemaCall,
+        *,
+        name: str,
+        parameters: Mapping[str, Any],
+        description: str = "",
+        side_effects: bool = False,
+        in_doubt: InDoubtPolicy = "interrupt",
+        timeout: float | None = None,
+    ) -> None:
+        self.fn = call
+        self._set_policy(
+            name=name, description=description, side_effects=side_effects, in_doubt=in_doubt, timeout=timeout
+        )
+        self.parameters: dict[str, Any] = {"type": "object", "properties": {}, **dict(parameters)}
+        self.injected = set()
+
+    def validate_arguments(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        if not isinstance(arguments, dict):
+            raise ToolArgumentError(f"invalid arguments for {self.name}: arguments must be an object")
+        properties = self.parameters.get("properties") or {}
+        missing = [p for p in self.parameters.get("required") or () if p not in arguments]
+        problems = [f"{p}: Field required" for p in missing]
+        if self.parameters.get("additionalProperties") is False:
+            problems += [f"{p}: Extra inputs are not permitted" for p in arguments if p not in properties]
+        if problems:
+            raise ToolArgumentError(f"invalid arguments for {self.name}: {'; '.join(problems)}")
+        return dict(arguments)
+
+    async def ainvoke(
+        self, arguments: dict[str, Any], *, state: dict[str, Any] | None = None, idempotency_key: str | None = None
+    ) -> Any:
+        return await self.fn(self.validate_arguments(arguments), idempotency_key)
+
+    def spec(self) -> dict[str, Any]:
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
+
+    def __repr__(self) -> str:
+        return f"SchemaTool({self.name!r}, side_effects={self.side_effects}, in_doubt={self.in_doubt!r})"
+
+
+def _langchain_tool(value: Any) -> bool:
+    """Whether ``value`` is a LangChain ``BaseTool``; never imports LangChain (if it is not loaded, it is not)."""
+    module = sys.modules.get("langchain_core.tools")
+    return module is not None and isinstance(value, module.BaseTool)
+
+
 ToolFn = Callable[..., Awaitable[Any]] | Callable[..., Any]
 
 
@@ -140,9 +223,26 @@ def tool(
     in_doubt: InDoubtPolicy = "interrupt",
     timeout: float | None = None,
 ) -> Tool | Callable[[ToolFn], Tool]:
-    """Make a function a tool: ``@tool`` or ``@tool(side_effects=True, in_doubt="retry")``."""
+    """Make a function a tool: ``@tool`` or ``@tool(side_effects=True, in_doubt="retry")``.
+
+    A LangChain ``BaseTool`` is accepted too (``tool(lc_tool, ...)``, or
+    ``tool(side_effects=True)(lc_tool)``): it keeps its name, description
+    and argument schema unless given here; needs ``agentrun[langchain]``.
+    """
 
     def wrap(f: ToolFn) -> Tool:
+        if _langchain_tool(f):
+            from .integrations.langchain import from_langchain_tool
+
+            langchain_tool: Any = f  # a BaseTool, which this module does not import
+            return from_langchain_tool(
+                langchain_tool,
+                name=name,
+                description=description,
+                side_effects=side_effects,
+                in_doubt=in_doubt,
+                timeout=timeout,
+            )
         return Tool(
             f, name=name, description=description, side_effects=side_effects, in_doubt=in_doubt, timeout=timeout
         )

@@ -36,6 +36,11 @@ with the status and the provider's message), ``MODEL_TIMEOUT_001``,
 ``MODEL_CONNECTION_001`` (no HTTP response), ``MODEL_RESPONSE_001`` (a body
 that is not a chat completion), ``MODEL_CONFIG_001`` (the key file cannot be
 read).
+
+Token usage: the ``usage`` block of a completion (``prompt_tokens``,
+``completion_tokens``) is added to ``agentrun_model_tokens_total{model,kind}``;
+the ``model`` label is the configured model name (bounded: it comes from the
+graph's code). A body without ``usage`` (some local servers) counts nothing.
 """
 
 from __future__ import annotations
@@ -58,7 +63,7 @@ from ..config import parse_timeout
 from ..context import current_run
 from ..errors import ModelError
 from ..messages import Message, ToolCall, assistant, coerce_message
-from ..metrics import MODEL_ERRORS, MODEL_REQUEST_SECONDS
+from ..metrics import MODEL_ERRORS, MODEL_REQUEST_SECONDS, MODEL_TOKENS
 from ..state import MESSAGES
 from ..tools import Tool, tool
 
@@ -329,6 +334,7 @@ class OpenAIChatModel:
             raise bad("choices[0].message.tool_calls is not a list")
         calls = [_tool_call(raw, i, bad) for i, raw in enumerate(raw_calls)]
         reply = assistant(content, calls)
+        record_usage(self.model, body.get("usage"))
         finish = choice.get("finish_reason")
         if finish == "length":
             _log().warning(
@@ -342,6 +348,16 @@ class OpenAIChatModel:
             len(calls),
         )
         return reply
+
+
+def record_usage(model: str, usage: Any) -> None:
+    """Count a chat completion's ``usage`` (OpenAI names); anything malformed or negative is ignored."""
+    if not isinstance(usage, dict):
+        return
+    for kind, field in (("prompt", "prompt_tokens"), ("completion", "completion_tokens")):
+        value = usage.get(field)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            MODEL_TOKENS.labels(model, kind).inc(value)
 
 
 def _tool_call(raw: Any, index: int, bad: Callable[[str], ModelError]) -> ToolCall:
@@ -365,6 +381,8 @@ def to_wire(message: Message) -> dict[str, Any]:
     if message.role == "tool":
         return {"role": "tool", "tool_call_id": message.tool_call_id, "content": message.content}
     wire: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.parts is not None and message.role in ("user", "system"):
+        wire["content"] = message.parts  # images and other parts, in the chat-completions shape
     if message.name:
         wire["name"] = message.name
     if message.role == "assistant" and message.tool_calls:

@@ -1,0 +1,490 @@
+"""An MCP server's tools as agentrun tools (``pip install 'agentrun[mcp]'``, the official ``mcp`` SDK, 1.x).
+
+    server = MCPServer.stdio("python", "-m", "billing_mcp")      # or MCPServer.http("http://127.0.0.1:8000/mcp")
+    tools = mcp_tools(server, side_effects={"charge": "retry", "refund": "interrupt"})
+    graph.add_node("tools", ToolNode([*tools, lookup_order]))
+
+Each tool is a ``SchemaTool`` with the server's name, description and input
+schema; the tool node runs it like a native tool (ledger, intent, deadline,
+stop). What the adapter adds:
+
+- **Side effects are declared by you**, per tool, with the in-doubt policy
+  (``side_effects={"charge": "retry"}``): an MCP server cannot declare them
+  (its ``destructiveHint`` is a hint, not a contract). A name in
+  ``side_effects`` that the server does not have is an error, so a typo
+  cannot silently drop an intent.
+- **The idempotency key** reaches the server in two ways: always in the
+  request's ``_meta`` as ``"agentrun/idempotency-key"`` (a FastMCP tool reads
+  ``ctx.request_context.meta``), and as the argument ``idempotency_key`` when
+  the tool's input schema has that property. That property is filled by
+  agentrun and hidden from the model.
+- **One session per server and event loop**, opened on first use and reused
+  by every call (parallel calls share it). ``await server.aclose()`` (or
+  ``async with server:``) closes it; a stdio server is then stopped.
+
+Hazards and limits, where the guarantee ends:
+
+- A call that times out (``NODE_TIMEOUT_002``) or is stopped may still be
+  running on the server: the adapter cannot take it back. It discards the
+  session (a stdio server is stopped, an HTTP session is dropped) so the
+  hung request cannot hold up later calls; the next call opens a new one.
+  A side-effect tool cut off this way is in doubt on replay exactly like a
+  native one, and gets its in-doubt policy.
+- A server that dies mid-call gives that call a tool error saying the
+  outcome is unknown (``MCPConnectionError``); the next call restarts the
+  stdio server or reconnects to the HTTP one. The error is not retried here:
+  retrying a call whose outcome is unknown is the in-doubt policy's job.
+- The session is bound to the loop that opened it. The blocking API runs
+  every call on one loop, so ``invoke()`` reuses it too; ``mcp_tools()``
+  (blocking) lists the tools on a short-lived loop of its own and closes
+  that session before it returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import urllib.parse
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
+from typing import Any, TextIO, TypeVar
+
+from ..tools import InDoubtPolicy, SchemaTool, Tool
+from . import missing_extra
+
+try:
+    import httpx
+    from mcp import ClientSession, McpError, StdioServerParameters
+    from mcp import types as mcp_types
+    from mcp.client.stdio import stdio_client
+    from mcp.client.streamable_http import streamable_http_client
+except ImportError as e:  # pragma: no cover - exercised only without the extra
+    raise missing_extra("mcp", "mcp", e) from e
+
+T = TypeVar("T")
+
+log = logging.getLogger("agentrun.integrations.mcp")
+
+# The request-metadata key that carries agentrun's idempotency key to every MCP call.
+IDEMPOTENCY_META_KEY = "agentrun/idempotency-key"
+# The tool argument agentrun fills with the key when the tool's input schema declares it.
+IDEMPOTENCY_ARGUMENT = "idempotency_key"
+DEFAULT_CONNECT_TIMEOUT = 30.0
+# How long aclose() waits for a session (and a stdio server) to shut down.
+CLOSE_TIMEOUT = 10.0
+# While a call to an HTTP server is in flight, how often its port is probed (see _probe_until_refused).
+PROBE_INTERVAL = 1.0
+
+
+class MCPToolError(Exception):
+    """The MCP server answered the call with ``isError``; the text is what it said."""
+
+
+class MCPConnectionError(Exception):
+    """The session to the MCP server could not be opened or broke; a call in flight has an unknown outcome."""
+
+
+class MCPServer:
+    """Where an MCP server is: a command started over stdio, or a streamable-HTTP URL.
+
+    Holds the sessions (one per event loop); see the module docstring.
+    """
+
+    def __init__(
+        self,
+        *,
+        command: str | None = None,
+        args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+        url: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        name: str | None = None,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        errlog: TextIO | None = None,
+    ) -> None:
+        if (command is None) == (url is None):
+            raise ValueError("give an MCP server either a command (stdio) or a url (streamable HTTP)")
+        self.command = command
+        self.args = list(args)
+        self.env = dict(env) if env is not None else None
+        self.cwd = str(cwd) if cwd is not None else None
+        self.url = url
+        self.headers = dict(headers or {})
+        self.name = name or (url if url is not None else " ".join([command or "", *self.args]))
+        self.connect_timeout = connect_timeout
+        self.errlog = errlog
+        self._connections: dict[asyncio.AbstractEventLoop, _Connection] = {}
+        self._retired: set[asyncio.Task[None]] = set()
+
+    @classmethod
+    def stdio(
+        cls,
+        command: str,
+        *args: str,
+        env: Mapping[str, str] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+        name: str | None = None,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        errlog: TextIO | None = None,
+    ) -> MCPServer:
+        """A server started as ``command *args`` and spoken to over its stdin/stdout."""
+        return cls(
+            command=command, args=args, env=env, cwd=cwd, name=name, connect_timeout=connect_timeout, errlog=errlog
+        )
+
+    @classmethod
+    def http(
+        cls,
+        url: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        name: str | None = None,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    ) -> MCPServer:
+        """A server reached over streamable HTTP at ``url`` (e.g. ``http://127.0.0.1:8000/mcp``)."""
+        return cls(url=url, headers=headers, name=name, connect_timeout=connect_timeout)
+
+    def __repr__(self) -> str:
+        return f"MCPServer({self.name!r})"
+
+    async def __aenter__(self) -> MCPServer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- calls ----------------------------------------------------------------
+
+    async def list_tools(self) -> list[mcp_types.Tool]:
+        """Every tool the server offers (all pages)."""
+        connection = self._connection()
+        tools: list[mcp_types.Tool] = []
+        cursor: str | None = None
+        while True:
+            page = await connection.request(functools.partial(_list_page, cursor=cursor), what="list its tools")
+            tools.extend(page.tools)
+            cursor = page.nextCursor
+            if not cursor:
+                return tools
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], *, idempotency_key: str | None = None
+    ) -> mcp_types.CallToolResult:
+        """One ``tools/call``; raises ``MCPConnectionError`` if the session cannot be opened or breaks."""
+        meta = {IDEMPOTENCY_META_KEY: idempotency_key} if idempotency_key else None
+        connection = self._connection()
+        return await connection.request(lambda s: s.call_tool(name, arguments, meta=meta), what=f"call {name}")
+
+    async def aclose(self) -> None:
+        """Close every session of this server (stopping a stdio server); safe to call more than once."""
+        for connection in list(self._connections.values()):
+            self._retire(connection)
+        tasks = [t for t in self._retired if not t.done()]
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=CLOSE_TIMEOUT)
+            for task in pending:
+                log.warning(
+                    "MCP server %s did not shut down within %gs; abandoning its session", self.name, CLOSE_TIMEOUT
+                )
+                task.cancel()
+        self._retired = {t for t in self._retired if not t.done()}
+
+    # -- sessions -------------------------------------------------------------
+
+    def _transport(self) -> AbstractAsyncContextManager[Any]:
+        if self.command is not None:
+            params = StdioServerParameters(command=self.command, args=self.args, env=self.env, cwd=self.cwd)
+            if self.errlog is not None:
+                return stdio_client(params, errlog=self.errlog)
+            return stdio_client(params)
+        assert self.url is not None
+        return _http_transport(self.url, self.headers, self.connect_timeout)
+
+    def _connection(self) -> _Connection:
+        loop = asyncio.get_running_loop()
+        for dead in [lp for lp in self._connections if lp.is_closed()]:
+            self._connections.pop(dead, None)
+        connection = self._connections.get(loop)
+        if connection is None or connection.broken:
+            connection = _Connection(self)
+            self._connections[loop] = connection
+            self._retired.add(connection.task)
+        return connection
+
+    def _retire(self, connection: _Connection) -> None:
+        """Stop using a session: it closes in the background; the next call opens a new one."""
+        connection.broken = True
+        connection.closing.set()
+        for loop, current in list(self._connections.items()):
+            if current is connection:
+                del self._connections[loop]
+
+
+async def _probe_until_refused(url: str) -> None:
+    """Return once the HTTP server's port refuses connections: the server process is gone.
+
+    Why: when a streamable-HTTP server dies mid-call, the SDK (1.x) ends the
+    call's event stream without telling the waiting request, which would then
+    wait for the tool deadline. A refused TCP connection is unambiguous (a
+    busy server still accepts); a timeout proves nothing and is ignored.
+    Behind a proxy or load balancer the probe sees the proxy, and a dead
+    backend is only noticed by the deadline.
+    """
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or "127.0.0.1"
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    while True:
+        await asyncio.sleep(PROBE_INTERVAL)
+        try:
+            async with asyncio.timeout(PROBE_INTERVAL * 5):
+                _, writer = await asyncio.open_connection(host, port)
+        except TimeoutError:
+            continue
+        except OSError:
+            return
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+
+
+async def _list_page(session: ClientSession, *, cursor: str | None) -> mcp_types.ListToolsResult:
+    return await session.list_tools(params=mcp_types.PaginatedRequestParams(cursor=cursor) if cursor else None)
+
+
+@contextlib.asynccontextmanager
+async def _http_transport(url: str, headers: Mapping[str, str], connect_timeout: float) -> AsyncIterator[Any]:
+    # No read timeout on the HTTP client: a tool may legitimately run for long; the tool deadline bounds a call.
+    timeout = httpx.Timeout(None, connect=connect_timeout)
+    async with (
+        httpx.AsyncClient(headers=dict(headers), timeout=timeout, follow_redirects=True) as client,
+        streamable_http_client(url, http_client=client) as streams,
+    ):
+        yield streams
+
+
+class _Connection:
+    """One session, owned by one background task.
+
+    The SDK's transports and sessions are anyio task groups that must be
+    entered and left by the same task, while calls come from the tool node's
+    tasks (and are cancelled by deadlines and stops). So a task of our own
+    opens the session, keeps it open until told to close, and closes it.
+    """
+
+    def __init__(self, server: MCPServer) -> None:
+        self.server = server
+        self.broken = False
+        self.closing = asyncio.Event()
+        self.ready: asyncio.Future[ClientSession] = asyncio.get_running_loop().create_future()
+        self.task = asyncio.create_task(self._own(), name=f"agentrun-mcp-session:{server.name}")
+
+    async def _own(self) -> None:
+        try:
+            async with AsyncExitStack() as stack:
+                read, write, *_ = await stack.enter_async_context(self.server._transport())
+                session = await stack.enter_async_context(ClientSession(read, write))
+                await session.initialize()
+                self.ready.set_result(session)
+                await self.closing.wait()
+        except BaseException as e:
+            self.broken = True
+            if not self.ready.done():
+                self.ready.set_exception(e if isinstance(e, Exception) else MCPConnectionError(repr(e)))
+                self.ready.exception()  # retrieved here: a caller that gave up must not leave it unretrieved
+            if not isinstance(e, Exception):
+                raise
+            if not self.closing.is_set():
+                log.warning("the session to MCP server %s ended: %s: %s", self.server.name, type(e).__name__, e)
+        finally:
+            self.broken = True
+
+    async def session(self) -> ClientSession:
+        try:
+            async with asyncio.timeout(self.server.connect_timeout):
+                return await asyncio.shield(self.ready)
+        except TimeoutError:
+            self.server._retire(self)
+            raise MCPConnectionError(
+                f"MCP server {self.server.name} did not complete the MCP handshake within "
+                f"{self.server.connect_timeout:g}s"
+            ) from None
+        except asyncio.CancelledError:
+            self.server._retire(self)
+            raise
+        except Exception as e:
+            self.server._retire(self)
+            raise MCPConnectionError(
+                f"could not open a session to MCP server {self.server.name}: {type(e).__name__}: {e}"
+            ) from e
+
+    async def request(self, send: Callable[[ClientSession], Awaitable[T]], *, what: str) -> T:
+        """Run ``send(session)``; the session breaking (server gone) ends it with ``MCPConnectionError``."""
+        session = await self.session()
+        call = asyncio.ensure_future(send(session))
+        watch = {call, self.task}
+        probe = asyncio.ensure_future(_probe_until_refused(self.server.url)) if self.server.url else None
+        if probe is not None:
+            watch.add(probe)
+        try:
+            await asyncio.wait(watch, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            # A deadline or a stop: the server may still be working on it, and the request would hold up
+            # nothing but this session's slot. Drop the session; the next call opens a new one.
+            call.cancel()
+            self.server._retire(self)
+            raise
+        finally:
+            if probe is not None:
+                probe.cancel()
+        if not call.done():
+            call.cancel()
+            self.server._retire(self)
+            raise MCPConnectionError(
+                f"the session to MCP server {self.server.name} ended while trying to {what}; "
+                "the outcome is unknown (the next call reconnects)"
+            )
+        try:
+            return call.result()
+        except McpError as e:
+            if e.error.code == mcp_types.CONNECTION_CLOSED:
+                self.server._retire(self)
+                raise MCPConnectionError(
+                    f"MCP server {self.server.name} closed the connection while trying to {what}; "
+                    "the outcome is unknown (the next call restarts or reconnects it)"
+                ) from e
+            raise
+        except (OSError, httpx.TransportError) as e:
+            self.server._retire(self)
+            raise MCPConnectionError(
+                f"lost MCP server {self.server.name} while trying to {what}: {type(e).__name__}: {e}; "
+                "the outcome is unknown"
+            ) from e
+
+
+def result_value(result: mcp_types.CallToolResult, tool_name: str) -> Any:
+    """What the model sees of a call's result: its text, else its structured content, else its content blocks.
+
+    Raises ``MCPToolError`` when the server flagged the result as an error.
+    """
+    texts = [block.text for block in result.content if isinstance(block, mcp_types.TextContent)]
+    if result.isError:
+        raise MCPToolError("\n".join(texts) or f"{tool_name} failed (the MCP server gave no message)")
+    if texts and len(texts) == len(result.content):
+        return "\n".join(texts)
+    if result.structuredContent is not None:
+        return result.structuredContent
+    return [block.model_dump(mode="json", exclude_none=True) for block in result.content]
+
+
+def _as_tool(
+    server: MCPServer, spec: mcp_types.Tool, *, name: str, policy: InDoubtPolicy | None, timeout: float | None
+) -> Tool:
+    schema = dict(spec.inputSchema or {})
+    properties = dict(schema.get("properties") or {})
+    wants_key = IDEMPOTENCY_ARGUMENT in properties
+    if wants_key:
+        # agentrun fills it; the model must neither see nor invent it.
+        properties.pop(IDEMPOTENCY_ARGUMENT)
+        schema["properties"] = properties
+        if "required" in schema:
+            schema["required"] = [r for r in schema["required"] if r != IDEMPOTENCY_ARGUMENT]
+    remote = spec.name
+
+    async def call(arguments: dict[str, Any], idempotency_key: str | None) -> Any:
+        if wants_key and idempotency_key is not None:
+            arguments = {**arguments, IDEMPOTENCY_ARGUMENT: idempotency_key}
+        result = await server.call_tool(remote, arguments, idempotency_key=idempotency_key)
+        return result_value(result, remote)
+
+    return SchemaTool(
+        call,
+        name=name,
+        parameters=schema,
+        description=spec.description or (spec.annotations.title if spec.annotations else None) or "",
+        side_effects=policy is not None,
+        in_doubt=policy or "interrupt",
+        timeout=timeout,
+    )
+
+
+async def amcp_tools(
+    server: MCPServer,
+    *,
+    side_effects: Mapping[str, InDoubtPolicy] | Iterable[str] = (),
+    in_doubt: InDoubtPolicy = "interrupt",
+    include: Iterable[str] | None = None,
+    prefix: str = "",
+    tool_timeout: float | None = None,
+) -> list[Tool]:
+    """The server's tools as agentrun tools (opens the session on this loop and keeps it for the calls).
+
+    ``side_effects``: the tools with side effects, as ``{name: in_doubt policy}``
+    or as names (which then get ``in_doubt``). ``include``: only these tools.
+    ``prefix``: prepended to every name the model sees (to tell servers apart).
+    ``tool_timeout``: a deadline for these tools overriding the run's ``tool_timeout``.
+    Raises ``ValueError`` for a name in ``side_effects`` or ``include`` that the
+    server does not have, ``MCPConnectionError`` if it cannot be reached.
+    """
+    policies: dict[str, InDoubtPolicy] = (
+        dict(side_effects) if isinstance(side_effects, Mapping) else dict.fromkeys(side_effects, in_doubt)
+    )
+    listed = await server.list_tools()
+    names = {t.name for t in listed}
+    wanted = set(include) if include is not None else names
+    unknown = sorted((set(policies) | wanted) - names)
+    if unknown:
+        raise ValueError(f"MCP server {server.name} has no tool(s) {unknown} (it has {sorted(names)})")
+    tools = [
+        _as_tool(server, spec, name=prefix + spec.name, policy=policies.get(spec.name), timeout=tool_timeout)
+        for spec in listed
+        if spec.name in wanted
+    ]
+    for spec in listed:
+        hints = spec.annotations
+        if spec.name in wanted and spec.name not in policies and hints is not None and hints.destructiveHint:
+            log.warning(
+                "MCP tool %s says it is destructive but is not in side_effects: no intent is recorded, so a crash "
+                "mid-call cannot be told apart from a call that never started",
+                spec.name,
+            )
+    return tools
+
+
+def mcp_tools(
+    server: MCPServer,
+    *,
+    side_effects: Mapping[str, InDoubtPolicy] | Iterable[str] = (),
+    in_doubt: InDoubtPolicy = "interrupt",
+    include: Iterable[str] | None = None,
+    prefix: str = "",
+    tool_timeout: float | None = None,
+) -> list[Tool]:
+    """``amcp_tools`` for module level (building a graph): lists the tools on a short-lived session.
+
+    Raises ``RuntimeError`` inside a running event loop (use ``await amcp_tools(...)`` there).
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        raise RuntimeError("mcp_tools() blocks, so it cannot be called inside a running event loop; use amcp_tools()")
+
+    async def once() -> list[Tool]:
+        try:
+            return await amcp_tools(
+                server,
+                side_effects=side_effects,
+                in_doubt=in_doubt,
+                include=include,
+                prefix=prefix,
+                tool_timeout=tool_timeout,
+            )
+        finally:
+            await server.aclose()
+
+    return asyncio.run(once())

@@ -1,0 +1,254 @@
+"""MCP tools through the tool node (issue 12): a real FastMCP server over stdio and streamable HTTP (loopback).
+
+Guarantees protected: an MCP side-effect tool executes once across a SIGKILL
+and a resume in a new process; the idempotency key reaches the server (as an
+argument and in the request metadata); a server that never answers ends as
+NODE_TIMEOUT_002 within the deadline and the next call works; a stop ends a
+run hung in an MCP call within 2 s; a server killed mid-call gives a tool
+error, the run continues, and the next call restarts (stdio) or reconnects
+(HTTP).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentrun import InMemoryCheckpointer, RunStopped
+from agentrun.engine import CompiledGraph
+from agentrun.integrations.mcp import MCPServer, amcp_tools
+from agentrun.metrics import TOOL_TIMEOUTS
+from tests.unit.helpers import call, calling_model, tool_graph, tool_messages
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def charges(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture
+def server_env(tmp_path: Path, subprocess_env: dict[str, str]) -> dict[str, str]:
+    return dict(
+        subprocess_env,
+        MCP_CHARGES_FILE=str(tmp_path / "charges.jsonl"),
+        MCP_PID_FILE=str(tmp_path / "server.pid"),
+    )
+
+
+class HttpServer:
+    """The test MCP server as a streamable-HTTP process on 127.0.0.1; restartable on the same port."""
+
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self.env = env
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/mcp"
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.support.mcp_server", "http", str(self.port)],
+                env=self.env,
+                stdout=out,
+                stderr=out,
+            )
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                time.sleep(0.1)
+        raise AssertionError(f"the MCP HTTP server did not listen in 20 s:\n{self.log.read_text()}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+        if self.proc is not None:
+            self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def http_server(server_env: dict[str, str], tmp_path: Path) -> Iterator[HttpServer]:
+    server = HttpServer(server_env, tmp_path / "http-server.log")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(params=["stdio", "http"])
+async def transport(request: pytest.FixtureRequest, server_env: dict[str, str]) -> AsyncIterator[tuple[str, Any]]:
+    """(kind, MCPServer); for http also the HttpServer, to kill and restart it."""
+    if request.param == "stdio":
+        server = MCPServer.stdio(sys.executable, "-m", "tests.support.mcp_server", "stdio", env=server_env)
+        http = None
+    else:
+        http = request.getfixturevalue("http_server")
+        server = MCPServer.http(http.url)
+    try:
+        yield request.param, (server, http)
+    finally:
+        await server.aclose()
+
+
+async def app_calling(server: MCPServer, *calls: Any, side_effects: dict[str, Any] | None = None) -> CompiledGraph:
+    tools = await amcp_tools(server, side_effects=side_effects or {"charge": "retry"})
+    return tool_graph(tools, calling_model(list(calls))).compile(InMemoryCheckpointer())
+
+
+async def test_mcp_tool_runs_through_the_tool_node_with_the_idempotency_key(
+    transport: tuple[str, Any], server_env: dict[str, str]
+) -> None:
+    _, (server, _) = transport
+    app = await app_calling(
+        server, call("call_1", "charge", order_id="4821"), call("call_2", "lookup", order_id="4821")
+    )
+    values = await app.ainvoke("go", {"thread_id": "t1"})
+    results = tool_messages(values)
+    assert not results["call_1"].is_error and "succeeded" in results["call_1"].content
+    assert results["call_2"].content == "order 4821: 49.99 EUR"
+    executed = charges(Path(server_env["MCP_CHARGES_FILE"]))
+    assert len(executed) == 1, "charge did not execute exactly once"
+    key = executed[0]["argument"]
+    assert key and key.startswith("ar-"), "the idempotency key did not reach the MCP tool as its argument"
+    assert executed[0]["meta"] == key, "the idempotency key did not reach the MCP server in the request metadata"
+
+
+async def test_mcp_server_error_is_a_tool_error_and_the_run_continues(transport: tuple[str, Any]) -> None:
+    _, (server, _) = transport
+    app = await app_calling(server, call("call_1", "refuse", order_id="7"))
+    values = await app.ainvoke("go", {"thread_id": "t1"})
+    result = tool_messages(values)["call_1"]
+    assert result.is_error and "order 7 is locked" in result.content
+    assert values["messages"][-1].role == "assistant", "the run did not continue after the tool error"
+
+
+async def test_hung_mcp_tool_ends_as_node_timeout_002_and_the_next_call_works(
+    transport: tuple[str, Any], server_env: dict[str, str]
+) -> None:
+    _, (server, _) = transport
+    before = TOOL_TIMEOUTS.labels("hang")._value.get()
+    app = await app_calling(server, call("call_1", "hang"))
+    started = time.monotonic()
+    values = await app.ainvoke("go", {"thread_id": "t1", "tool_timeout": 1})
+    elapsed = time.monotonic() - started
+    result = tool_messages(values)["call_1"]
+    assert result.is_error and "did not finish within 1s" in result.content, result.content
+    assert TOOL_TIMEOUTS.labels("hang")._value.get() == before + 1, "the timeout was not a NODE_TIMEOUT_002"
+    assert elapsed < 4, f"a hung MCP call took {elapsed:.1f}s to time out with tool_timeout=1"
+    # The same server object: the hung session was dropped, a new one answers.
+    again = await app_calling(server, call("call_1", "charge", order_id="1"))
+    started = time.monotonic()
+    values = await again.ainvoke("go", {"thread_id": "t2", "tool_timeout": 10})
+    assert not tool_messages(values)["call_1"].is_error, "the call after a timeout did not work"
+    assert time.monotonic() - started < 10
+    assert len(charges(Path(server_env["MCP_CHARGES_FILE"]))) == 1
+
+
+async def test_stop_ends_a_run_hung_in_an_mcp_call_within_2_seconds(transport: tuple[str, Any]) -> None:
+    _, (server, _) = transport
+    app = await app_calling(server, call("call_1", "hang"))
+    checkpointer = app.checkpointer
+    run = asyncio.create_task(app.ainvoke("go", {"thread_id": "t1", "tool_timeout": 0}))
+    await asyncio.sleep(1.5)
+    assert not run.done(), "the run was supposed to hang in the MCP call"
+    requested = time.monotonic()
+    await checkpointer.request_stop("t1", "operator")
+    with pytest.raises(RunStopped):
+        await run
+    took = time.monotonic() - requested
+    assert took <= 2.0, f"the stop took {took:.2f}s to end a run hung in an MCP call"
+
+
+async def test_server_killed_mid_call_is_a_tool_error_and_the_next_call_reconnects(
+    transport: tuple[str, Any], server_env: dict[str, str]
+) -> None:
+    kind, (server, http) = transport
+    pid_file = Path(server_env["MCP_PID_FILE"])
+    app = await app_calling(server, call("call_1", "slow", seconds=60))
+
+    def kill_when_called() -> None:
+        deadline = time.monotonic() + 20
+        while (not pid_file.exists() or not pid_file.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+    killer = asyncio.create_task(asyncio.to_thread(kill_when_called))
+    started = time.monotonic()
+    values = await app.ainvoke("go", {"thread_id": "t1", "tool_timeout": 30})
+    await killer
+    result = tool_messages(values)["call_1"]
+    assert result.is_error and "outcome is unknown" in result.content, result.content
+    assert time.monotonic() - started < 15, "the dead server was only noticed by the tool deadline"
+    assert values["messages"][-1].role == "assistant", "the run did not continue after the server died"
+    if http is not None:
+        http.stop()
+        http.start()  # the same URL, a new process: the adapter reconnects
+    again = await app_calling(server, call("call_1", "charge", order_id="1"))
+    values = await again.ainvoke("go", {"thread_id": "t2", "tool_timeout": 20})
+    assert not tool_messages(values)["call_1"].is_error, f"the next call after the server died failed ({kind})"
+
+
+# -- the crash scenario, in real processes ---------------------------------------------------------
+
+
+def drive(env: dict[str, str], store: str, target: list[str], *, text: str | None, fault: str | None = None) -> Any:
+    child_env = dict(env)
+    if fault:
+        child_env["AGENTRUN_FAULT_POINT"] = fault
+    cmd = [sys.executable, "-m", "tests.support.drive_mcp", store, "order-4821", *target]
+    if text is not None:
+        cmd += ["--input", text]
+    return subprocess.run(cmd, env=child_env, capture_output=True, text=True, timeout=90, cwd=ROOT)
+
+
+@pytest.mark.parametrize("kind", ["stdio", "http"])
+@pytest.mark.parametrize(
+    ("fault", "executions"),
+    [
+        # charge returned and was recorded: the resume replays it from the ledger.
+        pytest.param("after_ledger_record:charge", 1, id="after-charge-recorded"),
+        # charge returned, not recorded: in doubt, policy retry, the SAME idempotency key reaches the server.
+        pytest.param("after_tool:charge", 2, id="charge-returned-not-recorded"),
+    ],
+)
+def test_sigkill_after_mcp_charge_then_resume_in_a_new_process_charges_once(
+    kind: str, fault: str, executions: int, tmp_path: Path, server_env: dict[str, str], request: pytest.FixtureRequest
+) -> None:
+    target = ["--stdio"] if kind == "stdio" else ["--url", request.getfixturevalue("http_server").url]
+    store = f"sqlite:///{tmp_path / 'agentrun.db'}"
+    crashed = drive(server_env, store, target, text="charge order 4821", fault=fault)
+    assert crashed.returncode == -signal.SIGKILL, f"the run was supposed to die at {fault}:\n{crashed.stderr}"
+    resumed = drive(server_env, store, target, text=None)
+    assert resumed.returncode == 0, f"the resume failed:\n{resumed.stderr}"
+    executed = charges(Path(server_env["MCP_CHARGES_FILE"]))
+    assert len(executed) == executions, f"charge executed {len(executed)} times; only the documented window re-runs"
+    keys = {c["argument"] for c in executed} | {c["meta"] for c in executed}
+    assert len(keys) == 1 and None not in keys, f"GUARANTEE BROKEN: the charges used different keys {keys}"
+    if executions == 1:
+        assert "(charge) from the ledger; not executed again" in resumed.stderr, resumed.stderr
+    final = json.loads(next(line for line in resumed.stdout.splitlines() if line.startswith("FINAL "))[6:])
+    assert final[-1]["role"] == "assistant" and "succeeded" in final[-1]["content"]
