@@ -414,7 +414,9 @@ def test_running_pod_makes_the_phase_running_once() -> None:
 
 def test_pending_pod_waiting_reason_is_shown_without_a_phase_change() -> None:
     patient = make_spec(restartPolicy={"imagePullTimeoutSeconds": 7200})  # the pod was created an hour ago
-    d = decide(patient, run_status(PENDING), view(waiting("ImagePullBackOff", "Back-off pulling image")), None, NOW, LIMITS)
+    d = decide(
+        patient, run_status(PENDING), view(waiting("ImagePullBackOff", "Back-off pulling image")), None, NOW, LIMITS
+    )
     assert no_action(d)
     assert d.status["message"] == "ImagePullBackOff: Back-off pulling image"
 
@@ -793,6 +795,21 @@ def test_stop_then_runner_exits_4_is_stopped() -> None:
     assert d.status["phase"] == STOPPED and d.status["reason"] == "Stopped"
     assert d.delete_pod is None and d.create_attempt is None
     assert d.status["completionTime"] == iso(later(1))
+
+
+@pytest.mark.parametrize(("code", "phase"), [(0, SUCCEEDED), (5, FAILED), (4, STOPPED)])
+def test_a_finished_run_withdraws_the_stop_it_asked_for(code: int, phase: str) -> None:
+    """A stop request left in the store would end the thread's next turn (the next AgentRun) at once."""
+    spec = make_spec(stop=True)
+    status = applied(run_status(), decide(spec, run_status(), view(running()), None, NOW, LIMITS))
+    d = decide(spec, status, view(terminated(code)), None, later(1), LIMITS)
+    assert d.status["phase"] == phase
+    assert d.clear_stop, "the run ended without withdrawing its stop request from the store"
+
+
+def test_a_run_that_never_asked_for_a_stop_leaves_the_store_alone() -> None:
+    d = decide(make_spec(), run_status(), view(terminated(0)), None, NOW, LIMITS)
+    assert d.status["phase"] == SUCCEEDED and not d.clear_stop
 
 
 def test_stop_not_obeyed_within_the_grace_deletes_the_pod() -> None:

@@ -43,6 +43,7 @@ class Decision:
     delete_pod: str | None = None
     delete_grace: int | None = None
     request_stop: bool = False
+    clear_stop: bool = False  # withdraw this run's unacknowledged stop request from the store
     events: list[Event] = field(default_factory=list)
     # Why ``create_attempt`` follows an earlier attempt (a metric label): a Reason or a disruption's reason.
     reschedule_reason: str | None = None

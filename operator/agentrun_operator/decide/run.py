@@ -246,6 +246,9 @@ class _Run:
         d.status["completionTime"] = iso(self.now)
         d.status["nextAttemptTime"] = None
         d.status["lostSince"] = None
+        # A stop this run asked for and its runner never acknowledged (it completed first, failed, or was
+        # force-stopped) would otherwise stay in the store and end the thread's NEXT turn at once.
+        d.clear_stop = self.status.stop_requested_time is not None
         return d.phase(phase, reason, message, warning=warning)
 
     def resume(self, d: Decision) -> Decision:

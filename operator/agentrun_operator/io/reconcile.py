@@ -231,6 +231,9 @@ class Reconciler:
         if decision.request_stop and store is not None:
             await store.request_stop(thread, "spec.stop")
             log.info("[%s/%s] stop requested in the store for thread %s", namespace, name, thread)
+        if decision.clear_stop and store is not None:
+            await store.clear_stop(thread)
+            log.info("[%s/%s] withdrew its unacknowledged stop request for thread %s", namespace, name, thread)
         if decision.delete_pod:
             await self.kube.delete(pod_path(namespace, decision.delete_pod), grace_seconds=decision.delete_grace)
             log.info("[%s/%s] deleted pod %s", namespace, name, decision.delete_pod)
