@@ -32,7 +32,10 @@ Hazards and limits, where the guarantee ends:
   native one, and gets its in-doubt policy.
 - A server that dies mid-call gives that call a tool error saying the
   outcome is unknown (``MCPConnectionError``); the next call restarts the
-  stdio server or reconnects to the HTTP one. The error is not retried here:
+  stdio server or reconnects to the HTTP one. A stdio server's death is
+  seen at once (its pipe closes); an HTTP server's is seen by probing its
+  port once a second while a call is in flight (the SDK does not report a
+  broken event stream), so behind a proxy it is seen only by the deadline. The error is not retried here:
   retrying a call whose outcome is unknown is the in-doubt policy's job.
 - The session is bound to the loop that opened it. The blocking API runs
   every call on one loop, so ``invoke()`` reuses it too; ``mcp_tools()``
