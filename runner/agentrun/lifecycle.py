@@ -41,7 +41,7 @@ from typing import Any
 from .checkpoint.base import Checkpoint, RunStatus, Turn
 from .errors import ThreadNotFoundError, ThreadStateError
 from .interrupts import Command
-from .messages import Message, tool_message, user
+from .messages import Message, coerce_message, is_langchain_message, tool_message, user
 from .state import MESSAGES, last_tool_request
 
 
@@ -189,6 +189,8 @@ def _input_update(value: Any) -> dict[str, Any]:
         return {MESSAGES: [value]}
     if isinstance(value, dict):
         return value
+    if is_langchain_message(value):  # a graph ported from LangGraph is often called with a HumanMessage
+        return {MESSAGES: [coerce_message(value)]}
     raise ThreadStateError(f"input must be a dict of channel values, a message or a string, not {type(value).__name__}")
 
 

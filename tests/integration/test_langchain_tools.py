@@ -175,3 +175,18 @@ async def test_a_failing_langchain_chat_model_raises_model_error_with_a_code() -
         await model({"messages": []})
     assert raised.value.code == "MODEL_CONNECTION_001"
     assert MODEL_ERRORS.labels("MODEL_CONNECTION_001")._value.get() == before + 1
+
+
+async def test_a_bare_langchain_message_is_accepted_as_input() -> None:
+    """Graphs ported from LangGraph are called with ``HumanMessage(...)``, not a dict."""
+
+    def echo(state: dict[str, Any]) -> dict[str, Any]:
+        return {"messages": [AIMessage(f"echo: {state['messages'][-1].content}")]}
+
+    graph = StateGraph()
+    graph.add_node("echo", echo)
+    graph.add_edge(START, "echo")
+    graph.add_edge("echo", END)
+    app = graph.compile(checkpointer=InMemoryCheckpointer())
+    values = await app.ainvoke(HumanMessage(content="hi"), {"thread_id": "lc-input"})
+    assert [(m.role, m.content) for m in values["messages"]] == [("user", "hi"), ("assistant", "echo: hi")]
