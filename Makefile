@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: dev test test-unit test-integration test-postgres test-cluster test-chart lint demo demo-local e2e-kind deploy-manifests lock clean
+.PHONY: bench dev test test-unit test-integration test-postgres test-cluster test-chart lint demo demo-local e2e-kind deploy-manifests lock clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,9 +32,14 @@ test-cluster: $(STAMP)
 test-chart: $(STAMP)  ## the Helm chart (real Helm), deploy/ and the Dockerfile, without a cluster
 	$(BIN)/pytest -q tests/chart tests/e2e/test_manifests.py
 
+bench: $(STAMP)  ## what durability costs: agentrun vs LangGraph vs the PostgreSQL commit floor (bench/REPORT.md; BENCH_ARGS=--baseline REV)
+	bash scripts/services.sh
+	$(BIN)/python -m bench.runtime $(BENCH_ARGS)
+	$(BIN)/python -m bench.runtime profile
+
 lint: $(STAMP)  ## ruff (lint and format), mypy --strict (product and test support code), import layers
-	$(BIN)/ruff check runner operator tests examples
-	$(BIN)/ruff format --check runner operator tests examples
+	$(BIN)/ruff check runner operator tests examples bench
+	$(BIN)/ruff format --check runner operator tests examples bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
