@@ -4,8 +4,9 @@
 ``application/vnd.kubernetes.protobuf`` (a ``k8s\\0`` magic, then a
 ``runtime.Unknown`` wrapping the object's generated protobuf), not JSON. The
 emulator decodes the kinds a user of AgentRun creates this way (Namespace,
-Secret, ConfigMap, ServiceAccount, with ObjectMeta and owner references) into
-their JSON form; any other kind over protobuf is answered 415 (send JSON).
+Secret, ConfigMap, ServiceAccount, with ObjectMeta and owner references) and
+the ``DeleteOptions`` client-go sends with a delete into their JSON form; any
+other kind over protobuf is answered 415 (send JSON).
 Field numbers are those of the upstream ``generated.proto`` files.
 """
 
@@ -66,8 +67,17 @@ _MESSAGES: dict[str, dict[int, tuple[str, str]]] = {
         4: ("immutable", "bool"),
     },
     "ServiceAccount": {1: ("metadata", "ObjectMeta"), 4: ("automountServiceAccountToken", "bool")},
+    # client-go sends these with a DELETE (Helm's uninstall deletes its release Secrets so)
+    "DeleteOptions": {
+        1: ("gracePeriodSeconds", "int"),
+        2: ("preconditions", "Preconditions"),
+        3: ("orphanDependents", "bool"),
+        4: ("propagationPolicy", "str"),
+        5: ("dryRun", "list:str"),
+    },
+    "Preconditions": {1: ("uid", "str"), 2: ("resourceVersion", "str")},
 }
-SUPPORTED_KINDS = ("Namespace", "Secret", "ConfigMap", "ServiceAccount")
+SUPPORTED_KINDS = ("Namespace", "Secret", "ConfigMap", "ServiceAccount", "DeleteOptions")
 
 
 class ProtobufError(ValueError):

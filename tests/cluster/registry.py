@@ -53,7 +53,7 @@ from typing import Any
 
 import kmock
 
-from tests.cluster import admission, apierrors, limits, patching
+from tests.cluster import admission, apierrors, fieldmanager, limits, patching
 from tests.cluster import schema as crd_schema
 from tests.cluster.apierrors import ApiError, FieldError
 from tests.cluster.resources import BuiltinSchemas, ResourceDef
@@ -185,6 +185,8 @@ class Registry:
         *,
         field_validation: str = "Warn",
         dry_run: bool = False,
+        manager: str | None = None,
+        operation: str = fieldmanager.UPDATE,
     ) -> WriteResult:
         if not isinstance(body, dict):
             raise apierrors.bad_request("the body of the request was in an unknown format")
@@ -206,7 +208,10 @@ class Registry:
         for field in _READONLY_META:
             if field not in ("name", "namespace"):
                 meta.pop(field, None)
+        meta.pop("managedFields", None)
         name = meta.get("name") or ""
+        # An applier owns what it sent; an Update owner all it created, defaults included (as upstream).
+        applied = fieldmanager.on_create(rdef, obj, manager, operation=operation) if manager else None
 
         warnings = self._admit_schema(rdef, obj, field_validation, name)
         if rdef.custom and "status" in rdef.subresources:
@@ -244,6 +249,10 @@ class Registry:
         meta["creationTimestamp"] = now()
         if rdef.has_generation:
             meta["generation"] = 1
+        if manager:
+            managed = applied if operation == fieldmanager.APPLY else fieldmanager.on_create(rdef, obj, manager)
+            if managed:
+                meta["managedFields"] = managed
         if dry_run:
             return WriteResult(obj, warnings, created=True)
         self._check_stored_size(rdef, obj)
@@ -262,6 +271,7 @@ class Registry:
         subresource: str | None = None,
         field_validation: str = "Warn",
         dry_run: bool = False,
+        manager: str | None = None,
     ) -> WriteResult:
         if not isinstance(body, dict):
             raise apierrors.bad_request("the body of the request was in an unknown format")
@@ -287,7 +297,7 @@ class Registry:
             )
         if sent_rv and sent_rv != current["metadata"]["resourceVersion"]:
             raise apierrors.conflict(rdef.group_resource, name)
-        return self._write(rdef, current, copy.deepcopy(body), subresource, field_validation, dry_run)
+        return self._write(rdef, current, copy.deepcopy(body), subresource, field_validation, dry_run, manager=manager)
 
     def patch(
         self,
@@ -300,6 +310,7 @@ class Registry:
         subresource: str | None = None,
         field_validation: str = "Warn",
         dry_run: bool = False,
+        manager: str | None = None,
     ) -> WriteResult:
         current = self.require(rdef, namespace, name)
         patched = patching.apply(current, content_type, patch, custom=rdef.custom)
@@ -308,7 +319,7 @@ class Registry:
         sent_rv = (patched.get("metadata") or {}).get("resourceVersion")
         if sent_rv and sent_rv != current["metadata"]["resourceVersion"]:
             raise apierrors.conflict(rdef.group_resource, name)
-        return self._write(rdef, current, patched, subresource, field_validation, dry_run)
+        return self._write(rdef, current, patched, subresource, field_validation, dry_run, manager=manager)
 
     def apply(
         self,
@@ -317,15 +328,39 @@ class Registry:
         name: str,
         body: Any,
         *,
+        manager: str,
+        force: bool = False,
         field_validation: str = "Strict",
         dry_run: bool = False,
     ) -> WriteResult:
-        """Server-side apply, simplified: create, or merge the applied configuration (no field ownership)."""
-        if self.get(rdef, namespace, name) is None:
-            return self.create(rdef, namespace, body, field_validation=field_validation, dry_run=dry_run)
-        return self.patch(
-            rdef, namespace, name, patching.MERGE, body, field_validation=field_validation, dry_run=dry_run
-        )
+        """Server-side apply: create, or merge with field ownership and conflicts (see ``fieldmanager``)."""
+        if not isinstance(body, dict):
+            raise apierrors.bad_request("the body of the request was in an unknown format")
+        body = copy.deepcopy(body)
+        body_meta = body.setdefault("metadata", {})
+        if body_meta.get("name") and body_meta["name"] != name:
+            raise apierrors.bad_request(
+                f"the name of the object ({body_meta['name']}) does not match the name on the URL ({name})"
+            )
+        body_meta["name"] = name
+        body_meta.pop("managedFields", None)
+        current = self.get(rdef, namespace, name)
+        if current is None:
+            return self.create(
+                rdef,
+                namespace,
+                body,
+                field_validation=field_validation,
+                dry_run=dry_run,
+                manager=manager,
+                operation=fieldmanager.APPLY,
+            )
+        self._check_type_meta(rdef, body)
+        sent_rv = body_meta.get("resourceVersion")
+        if sent_rv and sent_rv != current["metadata"]["resourceVersion"]:
+            raise apierrors.conflict(rdef.group_resource, name)
+        new, managed = fieldmanager.apply(rdef, current, body, manager=manager, force=force)
+        return self._write(rdef, current, new, None, field_validation, dry_run, managed=managed)
 
     def _write(
         self,
@@ -335,7 +370,11 @@ class Registry:
         subresource: str | None,
         field_validation: str,
         dry_run: bool,
+        *,
+        manager: str | None = None,
+        managed: list[dict[str, Any]] | bool | None = False,
     ) -> WriteResult:
+        """Store ``new`` over ``current``; ``managed`` is the apply's managedFields, else ``manager``'s Update is."""
         name = current["metadata"]["name"]
         if subresource == "status":
             status = new.get("status")
@@ -380,7 +419,15 @@ class Registry:
         if errors:
             raise apierrors.invalid(rdef.kind, rdef.group, name, errors)
 
-        if new == current:
+        if managed is not False:
+            meta["managedFields"] = managed
+        elif manager:
+            meta["managedFields"] = fieldmanager.on_update(rdef, current, new, manager, subresource)
+        else:
+            meta["managedFields"] = current["metadata"].get("managedFields")
+        if meta["managedFields"] is None:
+            del meta["managedFields"]
+        if _without_times(new) == _without_times(current):  # timestamps of ownership alone are no change
             return WriteResult(current, warnings)
         if rdef.has_generation and _spec_part(rdef, new) != _spec_part(rdef, current):
             meta["generation"] = current["metadata"].get("generation", 0) + 1
@@ -691,6 +738,13 @@ class Registry:
             if error.validator in ("required", "enum", "minimum", "maximum", "pattern"):
                 errors.extend(crd_schema.translate(error))
         return errors
+
+
+def _without_times(obj: dict[str, Any]) -> dict[str, Any]:
+    meta = obj.get("metadata") or {}
+    if "managedFields" not in meta:
+        return obj
+    return {**obj, "metadata": {**meta, "managedFields": fieldmanager.without_times(meta["managedFields"])}}
 
 
 def _finalizers(rdef: ResourceDef, obj: dict[str, Any]) -> list[str]:

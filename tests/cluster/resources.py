@@ -263,6 +263,7 @@ def builtin_resources() -> list[ResourceDef]:
             True,
             columns=[_name(), Column("Holder", "string", ".spec.holderIdentity"), _age()],
         ),
+        *_workload_resources(),
         ResourceDef(
             "apiextensions.k8s.io",
             "v1",
@@ -276,6 +277,112 @@ def builtin_resources() -> list[ResourceDef]:
             columns=[_name(), Column("Created At", "date", compute=lambda o: o["metadata"]["creationTimestamp"])],
         ),
     ]
+
+
+def _workload_resources() -> list[ResourceDef]:
+    """What a Helm chart of an operator installs: Deployments, Services, RBAC, PDBs, NetworkPolicies.
+
+    Served and stored with their upstream schemas; no controller acts on them (no ReplicaSets, no
+    endpoints, no cluster IP allocation): a Deployment is an object here, not pods.
+    """
+
+    def rbac(kind: str, plural: str, namespaced: bool, columns: list[Column]) -> ResourceDef:
+        return ResourceDef("rbac.authorization.k8s.io", "v1", plural, kind, kind.lower(), namespaced, columns=columns)
+
+    binding_columns = [
+        _name(),
+        Column("Role", "string", compute=lambda o: f"{o['roleRef']['kind']}/{o['roleRef']['name']}"),
+        _age(),
+    ]
+    return [
+        ResourceDef(
+            "apps",
+            "v1",
+            "deployments",
+            "Deployment",
+            "deployment",
+            True,
+            ("deploy",),
+            ("all",),
+            frozenset({"status"}),
+            columns=[
+                _name(),
+                Column(
+                    "Ready",
+                    "string",
+                    compute=lambda o: f"{o.get('status', {}).get('readyReplicas', 0)}/{o['spec'].get('replicas', 1)}",
+                ),
+                Column("Up-to-date", "integer", compute=lambda o: o.get("status", {}).get("updatedReplicas", 0)),
+                Column("Available", "integer", compute=lambda o: o.get("status", {}).get("availableReplicas", 0)),
+                _age(),
+            ],
+            has_generation=True,
+        ),
+        ResourceDef(
+            "",
+            "v1",
+            "services",
+            "Service",
+            "service",
+            True,
+            ("svc",),
+            ("all",),
+            frozenset({"status"}),
+            columns=[
+                _name(),
+                Column("Type", "string", ".spec.type"),
+                Column("Cluster-IP", "string", ".spec.clusterIP"),
+                Column(
+                    "Port(s)",
+                    "string",
+                    compute=lambda o: ",".join(
+                        f"{p.get('port')}/{p.get('protocol', 'TCP')}" for p in o["spec"].get("ports") or []
+                    ),
+                ),
+                _age(),
+            ],
+        ),
+        rbac(
+            "ClusterRole", "clusterroles", False, [_name(), Column("Created At", "date", ".metadata.creationTimestamp")]
+        ),
+        rbac("ClusterRoleBinding", "clusterrolebindings", False, binding_columns),
+        rbac("Role", "roles", True, [_name(), Column("Created At", "date", ".metadata.creationTimestamp")]),
+        rbac("RoleBinding", "rolebindings", True, binding_columns),
+        ResourceDef(
+            "policy",
+            "v1",
+            "poddisruptionbudgets",
+            "PodDisruptionBudget",
+            "poddisruptionbudget",
+            True,
+            ("pdb",),
+            subresources=frozenset({"status"}),
+            columns=[
+                _name(),
+                Column("Min Available", "string", ".spec.minAvailable"),
+                Column("Max Unavailable", "string", ".spec.maxUnavailable"),
+                Column("Allowed Disruptions", "integer", ".status.disruptionsAllowed"),
+                _age(),
+            ],
+            has_generation=True,
+        ),
+        ResourceDef(
+            "networking.k8s.io",
+            "v1",
+            "networkpolicies",
+            "NetworkPolicy",
+            "networkpolicy",
+            True,
+            ("netpol",),
+            columns=[_name(), Column("Pod-Selector", "string", compute=_pod_selector), _age()],
+            has_generation=True,
+        ),
+    ]
+
+
+def _pod_selector(obj: dict[str, Any]) -> str:
+    labels = (obj.get("spec", {}).get("podSelector") or {}).get("matchLabels") or {}
+    return ",".join(f"{k}={v}" for k, v in labels.items()) or "<none>"
 
 
 class BuiltinSchemas:

@@ -1,0 +1,532 @@
+"""Server-side apply and field ownership (``metadata.managedFields``), as kube-apiserver does them.
+
+Helm 4 installs and upgrades with server-side apply (``PATCH`` with
+``Content-Type: application/apply-patch+yaml``), and ``kubectl apply
+--server-side`` does the same. What the real server does, and this module
+with it (after the Kubernetes "Server-Side Apply" documentation and
+structured-merge-diff):
+
+- Every write by a named field manager is recorded in ``managedFields``: an
+  entry per (manager, operation, subresource) with ``apiVersion``, ``time``,
+  ``fieldsType: FieldsV1`` and the owned fields as a ``fieldsV1`` trie
+  (``f:<field>``, ``k:<json key>`` for items of associative lists, ``v:<json>``
+  for set items, ``.`` for a node owned as a whole that also has children).
+  The manager is ``?fieldManager=`` or, for non-apply writes without it, the
+  User-Agent up to the first ``/`` (the real server's default).
+- Non-apply writes (create, update, patch) are ``Update`` operations: the
+  writer takes the fields it changed (from every other manager), removed
+  fields leave every manager; no conflicts.
+- An ``Apply`` owns exactly the fields of the applied configuration. A field
+  another manager owns and the applied configuration sets to a different value
+  is a conflict: ``409 Conflict`` with the real message (``Apply failed with 1
+  conflict: conflict with "kubectl" using apps/v1: .spec.replicas``) and one
+  ``FieldManagerConflict`` cause per field, unless ``force=true``, which takes
+  the fields away from their managers. Setting the same value shares the field.
+- Fields the applier owned before and no longer applies are removed from the
+  object unless another manager still owns them.
+- Merging follows the schema: maps merge, associative lists (``listType:
+  map``, or a built-in's patch merge key) merge item by item, sets merge by
+  value, all other lists and scalars are replaced (atomic).
+- ``metadata`` identity fields (name, namespace, uid, resourceVersion, ...) and,
+  where a status subresource exists, ``status`` on the main resource are never
+  owned; status writes are owned with ``subresource: status``.
+- Applying requires ``fieldManager`` (422 otherwise); ``force`` on a non-apply
+  patch is a 422; a write that changes neither the object nor any ownership
+  (only timestamps) is a no-op.
+
+Left out (hazards for tests): apply to subresources (``kubectl apply
+--subresource``); ``managedFields`` sent by the client (the real server takes
+them as given, e.g. ``[{}]`` to reset tracking; here they are replaced);
+converting ownership between API versions (one version per resource here);
+the client-side-apply upgrade path (``kubectl-client-side-apply`` fields
+migrating to ``kubectl`` on the first server-side apply); ``null`` in an
+applied configuration (dropped, as if absent); granular struct/map element
+relationships (``x-kubernetes-map-type``: maps are always granular);
+multi-key associative lists of built-ins other than container and Service
+ports; fields nested deeper than ``MAX_TRACKED_DEPTH`` (100) are owned as one
+field at that depth (upstream tracks to the leaf, so an object nested 10,000
+levels would get managedFields deeper than kubectl decodes); writes by the
+emulated controllers (garbage collector, namespace controller, kubelet
+stand-in status) are not attributed to a manager.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from tests.cluster import apierrors
+from tests.cluster.apierrors import ApiError, FieldError
+from tests.cluster.resources import ResourceDef
+
+Path = tuple[str, ...]
+APPLY = "Apply"
+UPDATE = "Update"
+
+# Identity fields of metadata the field manager strips before computing ownership.
+_UNOWNED_META = frozenset(
+    {
+        "name",
+        "namespace",
+        "uid",
+        "resourceVersion",
+        "generation",
+        "creationTimestamp",
+        "selfLink",
+        "managedFields",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "generateName",
+    }
+)
+# Associative lists of built-in kinds (patchMergeKey / listMapKeys of the core types).
+_BUILTIN_MAP_KEYS: dict[str, tuple[str, ...]] = {
+    "containers": ("name",),
+    "initContainers": ("name",),
+    "ephemeralContainers": ("name",),
+    "env": ("name",),
+    "volumes": ("name",),
+    "volumeMounts": ("mountPath",),
+    "volumeDevices": ("devicePath",),
+    "conditions": ("type",),
+    "ownerReferences": ("uid",),
+    "imagePullSecrets": ("name",),
+    "hostAliases": ("ip",),
+    "topologySpreadConstraints": ("topologyKey", "whenUnsatisfiable"),
+    "readinessGates": ("conditionType",),
+    "resourceClaims": ("name",),
+    "tolerations": (),  # atomic upstream; listed to say so
+}
+_BUILTIN_SETS = frozenset({"finalizers"})
+_MISSING: Any = object()
+# Ownership deeper than this is of the whole subtree: managedFields must not nest past what clients
+# decode (kubectl refuses JSON deeper than 10,000 levels, and the object itself may be that deep).
+MAX_TRACKED_DEPTH = 100
+
+
+@dataclass(frozen=True)
+class ListType:
+    kind: str  # "map", "set" or "atomic"
+    keys: tuple[str, ...] = ()
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# --- who is writing ------------------------------------------------------------------------------
+
+
+def manager_from(params: dict[str, str], user_agent: str) -> str:
+    """``?fieldManager=`` or the User-Agent's first word, as the real server defaults it."""
+    return params.get("fieldManager") or user_agent.split("/", 1)[0][:128]
+
+
+def check_patch_options(*, apply: bool, manager: str | None, force: bool) -> None:
+    """The validation of ``PatchOptions`` for apply and non-apply patches (422 ``PatchOptions.meta.k8s.io``)."""
+    errors = []
+    if apply and not manager:
+        errors.append(FieldError("fieldManager", "FieldValueRequired", "Required value: is required for apply patch"))
+    if force and not apply:
+        errors.append(FieldError("force", "FieldValueForbidden", "Forbidden: may not be specified for non-apply patch"))
+    if errors:
+        raise apierrors.invalid("PatchOptions", "meta.k8s.io", "", errors)
+
+
+# --- schema: how lists merge ---------------------------------------------------------------------
+
+
+class _Schema:
+    """Walks a CRD's structural schema (custom resources) or the built-in list table along a path."""
+
+    def __init__(self, rdef: ResourceDef, node: dict[str, Any] | None = None) -> None:
+        self.rdef = rdef
+        self.node = node if node is not None else (rdef.schema if rdef.custom else None)
+
+    def field(self, name: str) -> _Schema:
+        node = self.node or {}
+        props = node.get("properties") or {}
+        child = props.get(name)
+        if child is None and isinstance(node.get("additionalProperties"), dict):
+            child = node["additionalProperties"]
+        return _Schema(self.rdef, child or {})
+
+    def items(self) -> _Schema:
+        return _Schema(self.rdef, (self.node or {}).get("items") or {})
+
+    def list_type(self, name: str) -> ListType:
+        if self.rdef.custom:
+            node = self.node or {}
+            kind = node.get("x-kubernetes-list-type", "atomic")
+            return ListType(kind, tuple(node.get("x-kubernetes-list-map-keys") or ()))
+        if name in _BUILTIN_SETS:
+            return ListType("set")
+        if name == "ports":  # container ports and Service ports
+            return ListType("map", ("containerPort", "protocol", "port"))
+        keys = _BUILTIN_MAP_KEYS.get(name)
+        return ListType("map", keys) if keys else ListType("atomic")
+
+
+def _item_key(item: Any, list_type: ListType) -> str | None:
+    if not isinstance(item, dict):
+        return None
+    key = {k: item[k] for k in list_type.keys if k in item}
+    if list_type.keys == ("containerPort", "protocol", "port"):
+        key.setdefault("protocol", "TCP")  # defaulted key field, part of the key upstream
+    return "k:" + json.dumps(key, separators=(",", ":"), sort_keys=True) if key else None
+
+
+def _value_key(item: Any) -> str:
+    return "v:" + json.dumps(item, separators=(",", ":"), sort_keys=True)
+
+
+# --- field sets ----------------------------------------------------------------------------------
+
+
+def _top(rdef: ResourceDef, obj: dict[str, Any], subresource: str | None) -> dict[str, Any]:
+    """What ownership is computed over: identity metadata stripped, status split by subresource."""
+    view = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind")}
+    meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k not in _UNOWNED_META}
+    view["metadata"] = meta
+    if not meta:
+        view.pop("metadata")
+    if "status" in rdef.subresources:
+        if subresource == "status":
+            return {"status": obj["status"]} if "status" in obj else {}
+        view.pop("status", None)
+    return view
+
+
+def fieldset(
+    rdef: ResourceDef, obj: dict[str, Any], subresource: str | None = None, *, containers: bool = False
+) -> set[Path]:
+    """The fields of ``obj``: leaves, list items and (with ``containers``) every non-empty map too."""
+    found: set[Path] = set()
+    _walk(_top(rdef, obj, subresource), (), _Schema(rdef), found, containers)
+    return found
+
+
+def _walk(node: dict[str, Any], path: Path, schema: _Schema, found: set[Path], containers: bool) -> None:
+    for name, value in node.items():
+        child = (*path, f"f:{name}")
+        sub = schema.field(name)
+        if len(child) >= MAX_TRACKED_DEPTH:  # owned as a whole from here down (see the module docstring)
+            found.add(child)
+        elif isinstance(value, dict) and value:
+            if containers:
+                found.add(child)
+            _walk(value, child, sub, found, containers)
+        elif isinstance(value, list) and value:
+            list_type = schema.list_type(name) if not schema.rdef.custom else sub.list_type(name)
+            if list_type.kind == "atomic":
+                found.add(child)
+                continue
+            if containers:
+                found.add(child)
+            for item in value:
+                key = _value_key(item) if list_type.kind == "set" else _item_key(item, list_type)
+                if key is None:  # an item without its key: the list is owned as a whole
+                    found.add(child)
+                    continue
+                found.add((*child, key))
+                if list_type.kind == "map" and isinstance(item, dict):
+                    _walk(item, (*child, key), sub.items(), found, containers)
+        else:
+            found.add(child)
+
+
+def value_at(rdef: ResourceDef, obj: Any, path: Path) -> Any:
+    """The value at a field path, or ``_MISSING``."""
+    node, schema, name = obj, _Schema(rdef), ""
+    for element in path:
+        if element.startswith("f:"):
+            name = element[2:]
+            if not isinstance(node, dict) or name not in node:
+                return _MISSING
+            node, schema = node[name], schema.field(name)
+        elif isinstance(node, list):
+            list_type = schema.list_type(name)
+            if element.startswith("v:"):
+                return node if any(_value_key(i) == element for i in node) else _MISSING
+            match = [i for i in node if _item_key(i, list_type) == element]
+            if not match:
+                return _MISSING
+            node, schema = match[0], schema.items()
+        else:
+            return _MISSING
+    return node
+
+
+def _remove(rdef: ResourceDef, obj: dict[str, Any], path: Path) -> None:
+    parent = value_at(rdef, obj, path[:-1]) if len(path) > 1 else obj
+    last = path[-1]
+    if last.startswith("f:") and isinstance(parent, dict):
+        parent.pop(last[2:], None)
+    elif isinstance(parent, list):
+        name = path[-2][2:] if path[-2].startswith("f:") else ""
+        holder = value_at(rdef, obj, path[:-2]) if len(path) > 2 else obj
+        schema = _schema_at(rdef, path[:-1])
+        list_type = schema.list_type(name)
+        kept = [i for i in parent if (_value_key(i) if last.startswith("v:") else _item_key(i, list_type)) != last]
+        if isinstance(holder, dict):
+            if kept:
+                holder[name] = kept
+            else:
+                holder.pop(name, None)
+
+
+def _schema_at(rdef: ResourceDef, path: Path) -> _Schema:
+    schema = _Schema(rdef)
+    for element in path[:-1]:
+        schema = schema.field(element[2:]) if element.startswith("f:") else schema.items()
+    if rdef.custom and path and path[-1].startswith("f:"):
+        return schema.field(path[-1][2:])
+    return schema
+
+
+def to_fields_v1(paths: Iterable[Path]) -> dict[str, Any]:
+    """The ``fieldsV1`` trie of a set of paths (``.`` marks an owned node that has children)."""
+    members = set(paths)
+    tree: dict[str, Any] = {}
+    for path in sorted(members):
+        node = tree
+        for element in path:
+            node = node.setdefault(element, {})
+    for path in members:
+        node = tree
+        for element in path:
+            node = node[element]
+        if node and "." not in node:
+            node["."] = {}
+    return tree
+
+
+def from_fields_v1(tree: dict[str, Any], prefix: Path = ()) -> set[Path]:
+    paths: set[Path] = set()
+    for element, sub in tree.items():
+        if element == ".":
+            paths.add(prefix)
+        elif not sub:
+            paths.add((*prefix, element))
+        else:
+            paths |= from_fields_v1(sub, (*prefix, element))
+    return paths
+
+
+def path_string(path: Path) -> str:
+    """A path the way conflicts print it: ``.spec.containers[name="app"].image``."""
+    text = ""
+    for element in path:
+        kind, value = element[:2], element[2:]
+        if kind == "f:":
+            text += f".{value}"
+        elif kind == "k:":
+            pairs = json.loads(value)
+            text += "[" + ",".join(f"{k}={json.dumps(v)}" for k, v in pairs.items()) + "]"
+        else:
+            text += f"[={value}]"
+    return text
+
+
+# --- managedFields entries -----------------------------------------------------------------------
+
+
+@dataclass
+class Entry:
+    manager: str
+    operation: str
+    api_version: str
+    time: str
+    fields: set[Path]
+    subresource: str = ""
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return self.manager, self.operation, self.subresource
+
+    def as_json(self) -> dict[str, Any]:
+        entry: dict[str, Any] = {
+            "manager": self.manager,
+            "operation": self.operation,
+            "apiVersion": self.api_version,
+            "time": self.time,
+            "fieldsType": "FieldsV1",
+            "fieldsV1": to_fields_v1(self.fields),
+        }
+        if self.subresource:
+            entry["subresource"] = self.subresource
+        return entry
+
+    def describe(self) -> str:
+        """How a conflict names the manager (``printManager`` upstream)."""
+        text = json.dumps(self.manager)
+        if self.subresource:
+            text += f" with subresource {json.dumps(self.subresource)}"
+        if self.operation == UPDATE:
+            text += f" using {self.api_version} at {self.time}"
+        return text
+
+
+def entries(obj: dict[str, Any]) -> list[Entry]:
+    return [
+        Entry(
+            e.get("manager", ""),
+            e.get("operation", UPDATE),
+            e.get("apiVersion", ""),
+            e.get("time", ""),
+            from_fields_v1(e.get("fieldsV1") or {}),
+            e.get("subresource", ""),
+        )
+        for e in (obj.get("metadata") or {}).get("managedFields") or []
+    ]
+
+
+def _store(found: list[Entry]) -> list[dict[str, Any]] | None:
+    kept = [e.as_json() for e in found if e.fields]
+    return kept or None
+
+
+def without_times(managed: Any) -> Any:
+    """managedFields compared for a no-op write: timestamps alone are not a change."""
+    if not isinstance(managed, list):
+        return managed
+    return [{k: v for k, v in e.items() if k != "time"} for e in managed if isinstance(e, dict)]
+
+
+def on_create(
+    rdef: ResourceDef, obj: dict[str, Any], manager: str, *, operation: str = UPDATE
+) -> list[dict[str, Any]] | None:
+    """The managedFields of a new object: its creator owns what it sent."""
+    owned = fieldset(rdef, obj, containers=operation == UPDATE)
+    return _store([Entry(manager, operation, rdef.api_version, now(), owned)])
+
+
+def on_update(
+    rdef: ResourceDef, old: dict[str, Any], new: dict[str, Any], manager: str, subresource: str | None
+) -> list[dict[str, Any]] | None:
+    """An ``Update`` takes the fields it changed from everyone; removed fields leave every manager."""
+    before = fieldset(rdef, old, subresource, containers=True)
+    after = fieldset(rdef, new, subresource, containers=True)
+    changed = {p for p in after if _changed(rdef, old, new, p)}
+    removed = before - after
+    found = entries(old)
+    for entry in found:
+        entry.fields -= changed | removed
+    sub = subresource or ""
+    mine = next((e for e in found if e.key == (manager, UPDATE, sub)), None)
+    if changed:
+        if mine is None:
+            mine = Entry(manager, UPDATE, rdef.api_version, now(), set(), sub)
+            found.append(mine)
+        mine.fields |= changed
+        mine.time = now()
+    return _store(found)
+
+
+def _changed(rdef: ResourceDef, old: dict[str, Any], new: dict[str, Any], path: Path) -> bool:
+    before = value_at(rdef, old, path)
+    return before is _MISSING or (_is_leaf(rdef, new, path) and before != value_at(rdef, new, path))
+
+
+def _is_leaf(rdef: ResourceDef, obj: dict[str, Any], path: Path) -> bool:
+    value = value_at(rdef, obj, path)
+    return not path[-1].startswith(("k:", "v:")) and not (isinstance(value, dict) and value)
+
+
+# --- apply ---------------------------------------------------------------------------------------
+
+
+def apply(
+    rdef: ResourceDef, live: dict[str, Any], applied: dict[str, Any], *, manager: str, force: bool
+) -> tuple[dict[str, Any], list[dict[str, Any]] | None]:
+    """The object after ``manager`` applies ``applied`` to ``live``, and its managedFields.
+
+    Raises the 409 an apply conflict is, unless ``force``.
+    """
+    applied = _drop_nulls(applied)
+    owned = fieldset(rdef, applied)
+    found = entries(live)
+    mine = next((e for e in found if e.key == (manager, APPLY, "")), None)
+    conflicts: list[tuple[Entry, Path]] = []
+    for entry in found:
+        if entry is mine or entry.manager == manager:
+            continue
+        for path in sorted(owned & entry.fields):
+            if _is_leaf(rdef, applied, path) and value_at(rdef, live, path) != value_at(rdef, applied, path):
+                conflicts.append((entry, path))
+    if conflicts and not force:
+        raise conflict_error(conflicts)
+    for entry, path in conflicts:
+        entry.fields.discard(path)
+    others: set[Path] = set().union(*(e.fields for e in found if e is not mine))
+    new = copy.deepcopy(live)
+    if mine is not None:
+        gone = {p for p in mine.fields - owned if not _owned_below(p, others)}
+        for path in sorted(gone, key=len, reverse=True):
+            _remove(rdef, new, path)
+    new = _merge(new, applied, _Schema(rdef), "")
+    if mine is None:
+        mine = Entry(manager, APPLY, rdef.api_version, now(), set())
+        found.append(mine)
+    mine.fields, mine.time, mine.api_version = owned, now(), rdef.api_version
+    return new, _store(found)
+
+
+def _owned_below(path: Path, others: set[Path]) -> bool:
+    """Another manager owns this field or something inside it: it stays."""
+    return any(p[: len(path)] == path for p in others)
+
+
+def conflict_error(conflicts: list[tuple[Entry, Path]]) -> ApiError:
+    causes = [
+        {"reason": "FieldManagerConflict", "message": f"conflict with {e.describe()}", "field": path_string(p)}
+        for e, p in conflicts
+    ]
+    if len(conflicts) == 1:
+        entry, path = conflicts[0]
+        message = f"Apply failed with 1 conflict: conflict with {entry.describe()}: {path_string(path)}"
+    else:
+        by_manager: dict[str, list[Path]] = {}
+        for entry, path in conflicts:
+            by_manager.setdefault(entry.describe(), []).append(path)
+        lines = []
+        for described in sorted(by_manager):
+            lines.append(f"conflicts with {described}:")
+            lines += [f"- {path_string(p)}" for p in by_manager[described]]
+        message = f"Apply failed with {len(conflicts)} conflicts: " + "\n".join(lines)
+    return ApiError(status=409, reason="Conflict", message=message, details={"causes": causes})
+
+
+def _drop_nulls(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: _drop_nulls(v) for k, v in node.items() if v is not None}
+    if isinstance(node, list):
+        return [_drop_nulls(v) for v in node]
+    return node
+
+
+def _merge(live: Any, applied: Any, schema: _Schema, name: str) -> Any:
+    if isinstance(applied, dict) and isinstance(live, dict):
+        result = dict(live)
+        for key, value in applied.items():
+            result[key] = _merge(live.get(key, _MISSING), value, schema.field(key), key)
+        return result
+    if isinstance(applied, list) and isinstance(live, list):
+        list_type = schema.list_type(name)
+        if list_type.kind == "set":
+            return live + [copy.deepcopy(v) for v in applied if v not in live]
+        if list_type.kind == "map":
+            result_list = list(live)
+            for item in applied:
+                key = _item_key(item, list_type)
+                index = next((i for i, old in enumerate(result_list) if key and _item_key(old, list_type) == key), None)
+                if index is None:
+                    result_list.append(copy.deepcopy(item))
+                else:
+                    result_list[index] = _merge(result_list[index], item, schema.items(), "")
+            return result_list
+    return copy.deepcopy(applied)

@@ -1,0 +1,304 @@
+"""``helm install``, ``helm upgrade`` and ``helm uninstall`` of helm/agentrun against the emulated cluster.
+
+Real Helm 4 (the Go SDK through ``helm_python``) talks to the emulator the way it talks to a real
+API server: discovery, ``/openapi/v3`` for field validation, server-side apply of every object
+(CRDs from ``crds/`` first), release records as protobuf Secrets, deletes on uninstall. The
+emulator starts WITHOUT the AgentRun CRD here, so it must learn it from what Helm applies.
+
+The second half tests server-side apply itself with the real ``kubectl apply --server-side``:
+field ownership, conflicts between managers and ``--force-conflicts``.
+
+The installed Deployment is an object only: no controller creates its pods (the kubelet stand-in
+runs pods it is given, and these tests need none).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import helm_python
+import pytest
+import yaml
+
+from tests.cluster.harness import EmulatedCluster
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "agentrun"
+EXAMPLE = ROOT / "examples" / "agentrun.yaml"
+RELEASE, NAMESPACE = "agentrun", "agentrun-system"
+CONFIGMAPS = "/api/v1/namespaces/default/configmaps"
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture
+def bare_cluster(tmp_path: Path) -> Iterator[EmulatedCluster]:
+    """An emulated cluster that knows no CRD: Helm has to install it."""
+    emulated = EmulatedCluster(tmp_path / "cluster", crd_files=()).start()
+    try:
+        yield emulated
+    finally:
+        emulated.stop()
+    assert not emulated.internal_errors, f"the emulator failed while serving: {emulated.internal_errors!r}"
+
+
+@pytest.fixture
+def helm(bare_cluster: EmulatedCluster) -> Iterator[helm_python.Config]:
+    with helm_python.Config(kubeconfig_path=bare_cluster.kubeconfig, namespace=NAMESPACE) as config:
+        yield config
+
+
+def install(helm: helm_python.Config, values: dict[str, Any] | None = None) -> dict[str, Any]:
+    return helm.install(CHART, RELEASE, values, namespace=NAMESPACE, create_namespace=True, timeout=60)
+
+
+def manifest_objects(release: dict[str, Any]) -> list[dict[str, Any]]:
+    """The objects of a release, as Helm rendered them (its ``manifest``)."""
+    return [doc for doc in yaml.safe_load_all(release["manifest"]) if doc]
+
+
+def stored(cluster: EmulatedCluster, obj: dict[str, Any]) -> dict[str, Any] | None:
+    assert cluster.emulator is not None
+    group_version = obj["apiVersion"]
+    plural = next(d.plural for d in cluster.emulator.defs if d.api_version == group_version and d.kind == obj["kind"])
+    namespace = obj["metadata"].get("namespace", NAMESPACE)
+    return cluster.get(f"{group_version}/{plural}", obj["metadata"]["name"], namespace)
+
+
+def describe(obj: dict[str, Any]) -> str:
+    return f"{obj['kind']} {obj['metadata']['name']}"
+
+
+# --- helm install / upgrade / uninstall ------------------------------------------------------------
+
+
+def test_helm_install_creates_every_rendered_object_with_the_chart_labels(
+    bare_cluster: EmulatedCluster, helm: helm_python.Config
+) -> None:
+    release = install(helm)
+    objects = manifest_objects(release)
+    kinds = {o["kind"] for o in objects}
+    assert {"Deployment", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service"} <= kinds, kinds
+    for obj in objects:
+        live = stored(bare_cluster, obj)
+        assert live is not None, f"helm install did not create {describe(obj)}"
+        labels = live["metadata"].get("labels") or {}
+        assert obj["metadata"].get("labels", {}).items() <= labels.items(), f"{describe(obj)} lost its labels"
+        assert labels.get("app.kubernetes.io/managed-by") == "Helm", f"{describe(obj)} is not labelled as Helm's"
+        assert labels.get("app.kubernetes.io/instance") == RELEASE
+        annotations = live["metadata"].get("annotations") or {}
+        assert annotations.get("meta.helm.sh/release-name") == RELEASE, f"{describe(obj)} has no release owner"
+        (entry,) = live["metadata"]["managedFields"]
+        assert entry["operation"] == "Apply", f"{describe(obj)} was not server-side applied: {entry}"
+
+    deployment = bare_cluster.get("deployments", "agentrun-operator", NAMESPACE)
+    assert deployment is not None and deployment["spec"]["replicas"] == 2
+    assert deployment["metadata"]["generation"] == 1
+    secrets = bare_cluster.list_objects("secrets", NAMESPACE)
+    records = [s for s in secrets if s["metadata"].get("labels", {}).get("owner") == "helm"]
+    assert [s["metadata"]["name"] for s in records] == ["sh.helm.release.v1.agentrun.v1"]
+    assert records[0]["metadata"]["labels"]["status"] == "deployed"
+    assert [r["name"] for r in helm.list()] == [RELEASE]
+
+
+def test_the_crd_from_the_chart_is_learned_and_kubectl_serves_agentruns(
+    bare_cluster: EmulatedCluster, helm: helm_python.Config
+) -> None:
+    assert bare_cluster.kubectl("get", "ar", "-A").returncode != 0, "the emulator knew AgentRuns before Helm"
+    install(helm)
+
+    crd = bare_cluster.get("customresourcedefinitions", "agentruns.agentrun.dev", None)
+    assert crd is not None and crd["metadata"]["managedFields"][0]["operation"] == "Apply"
+    discovery = bare_cluster.api("GET", "/apis/agentrun.dev/v1alpha1")
+    assert discovery.status == 200 and "agentruns" in [r["name"] for r in discovery.body["resources"]]
+    empty = bare_cluster.kubectl("get", "ar", "-A")
+    assert empty.returncode == 0, empty.stderr
+    assert "No resources found" in empty.stderr
+    explain = bare_cluster.kubectl("explain", "agentrun.spec")
+    assert explain.returncode == 0, explain.stderr
+    assert "FIELDS:" in explain.stdout and "graph" in explain.stdout, explain.stdout
+
+    applied = bare_cluster.kubectl("apply", "-f", str(EXAMPLE))
+    assert applied.returncode == 0, applied.stderr
+    listed = bare_cluster.kubectl("get", "ar", "-A")
+    assert listed.returncode == 0 and "NAME" in listed.stdout, listed.stderr
+    name = yaml.safe_load(EXAMPLE.read_text())["metadata"]["name"]
+    assert name in listed.stdout
+
+
+def test_helm_upgrade_with_a_changed_value_updates_the_deployment(
+    bare_cluster: EmulatedCluster, helm: helm_python.Config
+) -> None:
+    install(helm)
+    before = bare_cluster.get("deployments", "agentrun-operator", NAMESPACE)
+    assert before is not None
+
+    release = helm.upgrade(CHART, RELEASE, {"operator": {"replicas": 3}}, namespace=NAMESPACE, timeout=60)
+    assert release["revision"] == 2 and release["status"] == "deployed"
+    after = bare_cluster.get("deployments", "agentrun-operator", NAMESPACE)
+    assert after is not None
+    assert after["spec"]["replicas"] == 3, "helm upgrade did not change the replicas"
+    assert after["metadata"]["uid"] == before["metadata"]["uid"], "the Deployment was replaced, not updated"
+    assert after["metadata"]["generation"] == 2
+    (entry,) = after["metadata"]["managedFields"]
+    assert entry["operation"] == "Apply" and "f:replicas" in entry["fieldsV1"]["f:spec"]
+    # An object the upgrade did not change is not written again.
+    account = bare_cluster.get("serviceaccounts", "agentrun-operator", NAMESPACE)
+    assert account is not None and len(bare_cluster.history("serviceaccounts", "agentrun-operator", NAMESPACE)) == 1
+    statuses = {
+        s["metadata"]["name"]: s["metadata"]["labels"]["status"]
+        for s in bare_cluster.list_objects("secrets", NAMESPACE)
+        if s["metadata"].get("labels", {}).get("owner") == "helm"
+    }
+    assert statuses == {"sh.helm.release.v1.agentrun.v1": "superseded", "sh.helm.release.v1.agentrun.v2": "deployed"}
+
+
+def test_helm_upgrade_conflicts_with_a_field_another_manager_changed(
+    bare_cluster: EmulatedCluster, helm: helm_python.Config
+) -> None:
+    """Helm 4 applies without forcing: a field someone else took is a 409 the upgrade reports."""
+    install(helm)
+    scaled = bare_cluster.kubectl(
+        "patch", "deployment", "agentrun-operator", "-n", NAMESPACE, "--type", "merge", "-p", '{"spec":{"replicas":5}}'
+    )
+    assert scaled.returncode == 0, scaled.stderr
+
+    with pytest.raises(helm_python.HelmError) as failure:
+        helm.upgrade(CHART, RELEASE, {"operator": {"replicas": 3}}, namespace=NAMESPACE, timeout=60)
+    assert 'Apply failed with 1 conflict: conflict with "kubectl-patch" using apps/v1' in str(failure.value)
+    assert ".spec.replicas" in str(failure.value)
+    deployment = bare_cluster.get("deployments", "agentrun-operator", NAMESPACE)
+    assert deployment is not None and deployment["spec"]["replicas"] == 5
+
+
+def test_helm_uninstall_removes_the_release_objects_but_keeps_the_crd(
+    bare_cluster: EmulatedCluster, helm: helm_python.Config
+) -> None:
+    objects = manifest_objects(install(helm))
+    result = helm.uninstall(RELEASE, timeout=60)
+    assert result["release"]["status"] == "uninstalled"
+
+    left = [describe(o) for o in objects if stored(bare_cluster, o) is not None]
+    assert left == [], f"helm uninstall left objects of the release behind: {left}"
+    records = [
+        s for s in bare_cluster.list_objects("secrets", NAMESPACE) if s["metadata"].get("labels", {}).get("owner")
+    ]
+    assert records == [], "helm uninstall left its release records"
+    assert bare_cluster.get("customresourcedefinitions", "agentruns.agentrun.dev", None) is not None, (
+        "Helm keeps CRDs from crds/ on uninstall; the emulator lost it"
+    )
+    assert bare_cluster.kubectl("get", "ar", "-A").returncode == 0
+    assert helm.list() == []
+
+
+# --- server-side apply with the real kubectl -------------------------------------------------------
+
+
+def config_map(**data: str) -> str:
+    return yaml.safe_dump({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ssa"}, "data": data})
+
+
+def apply(cluster: EmulatedCluster, manifest: str, *args: str) -> Any:
+    return cluster.kubectl("apply", "--server-side", "-f", "-", *args, input=manifest)
+
+
+def owners(cluster: EmulatedCluster) -> dict[str, dict[str, Any]]:
+    obj = cluster.get("configmaps", "ssa")
+    assert obj is not None
+    return {f"{e['manager']}/{e['operation']}": e["fieldsV1"] for e in obj["metadata"]["managedFields"]}
+
+
+def test_server_side_apply_creates_and_records_the_applier_as_owner(bare_cluster: EmulatedCluster) -> None:
+    result = apply(bare_cluster, config_map(a="1", b="2"))
+    assert result.returncode == 0, result.stderr
+    assert "serverside-applied" in result.stdout
+    assert owners(bare_cluster) == {"kubectl/Apply": {"f:data": {"f:a": {}, "f:b": {}}}}
+    again = apply(bare_cluster, config_map(a="1", b="2"))
+    assert again.returncode == 0
+    assert len(bare_cluster.history("configmaps", "ssa")) == 1, "applying the same configuration wrote the object"
+
+
+def test_server_side_apply_conflict_between_two_managers_and_force(bare_cluster: EmulatedCluster) -> None:
+    assert apply(bare_cluster, config_map(a="1", b="2")).returncode == 0
+
+    conflict = apply(bare_cluster, config_map(a="changed"), "--field-manager=other")
+    assert conflict.returncode != 0, "a conflicting apply by another manager succeeded"
+    assert 'Apply failed with 1 conflict: conflict with "kubectl": .data.a' in conflict.stderr, conflict.stderr
+    obj = bare_cluster.get("configmaps", "ssa")
+    assert obj is not None and obj["data"] == {"a": "1", "b": "2"}
+
+    raw = bare_cluster.api(
+        "PATCH",
+        f"{CONFIGMAPS}/ssa",
+        yaml.safe_dump(
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ssa"}, "data": {"a": "x", "b": "y"}}
+        ),
+        content_type="application/apply-patch+yaml",
+        params={"fieldManager": "other"},
+    )
+    assert raw.status == 409 and raw.body["reason"] == "Conflict"
+    assert raw.body["message"] == 'Apply failed with 2 conflicts: conflicts with "kubectl":\n- .data.a\n- .data.b'
+    assert raw.body["details"]["causes"] == [
+        {"reason": "FieldManagerConflict", "message": 'conflict with "kubectl"', "field": ".data.a"},
+        {"reason": "FieldManagerConflict", "message": 'conflict with "kubectl"', "field": ".data.b"},
+    ]
+
+    forced = apply(bare_cluster, config_map(a="changed"), "--field-manager=other", "--force-conflicts")
+    assert forced.returncode == 0, forced.stderr
+    obj = bare_cluster.get("configmaps", "ssa")
+    assert obj is not None and obj["data"] == {"a": "changed", "b": "2"}
+    assert owners(bare_cluster) == {
+        "kubectl/Apply": {"f:data": {"f:b": {}}},
+        "other/Apply": {"f:data": {"f:a": {}}},
+    }, "force did not move the field to its new manager"
+
+
+def test_server_side_apply_shares_equal_values_and_removes_fields_no_longer_applied(
+    bare_cluster: EmulatedCluster,
+) -> None:
+    assert apply(bare_cluster, config_map(a="1", b="2", c="3")).returncode == 0
+    shared = apply(bare_cluster, config_map(a="1"), "--field-manager=other")
+    assert shared.returncode == 0, f"the same value by another manager is not a conflict: {shared.stderr}"
+
+    assert apply(bare_cluster, config_map(c="3")).returncode == 0
+    obj = bare_cluster.get("configmaps", "ssa")
+    assert obj is not None
+    assert obj["data"] == {"a": "1", "c": "3"}, "b (kubectl's alone) must go; a (shared with other) must stay"
+    assert owners(bare_cluster) == {"kubectl/Apply": {"f:data": {"f:c": {}}}, "other/Apply": {"f:data": {"f:a": {}}}}
+
+
+def test_an_update_takes_ownership_and_a_later_apply_conflicts_with_it(bare_cluster: EmulatedCluster) -> None:
+    assert apply(bare_cluster, config_map(a="1")).returncode == 0
+    patched = bare_cluster.kubectl("patch", "configmap", "ssa", "--type", "merge", "-p", '{"data":{"a":"2"}}')
+    assert patched.returncode == 0, patched.stderr
+    assert owners(bare_cluster)["kubectl-patch/Update"] == {"f:data": {"f:a": {}}}
+    assert "kubectl/Apply" not in owners(bare_cluster), "the patch did not take the field from the applier"
+
+    conflict = apply(bare_cluster, config_map(a="3"))
+    assert conflict.returncode != 0
+    assert 'conflict with "kubectl-patch" using v1 at ' in conflict.stderr and ".data.a" in conflict.stderr
+
+
+def test_apply_requires_a_field_manager_and_force_only_applies(bare_cluster: EmulatedCluster) -> None:
+    body = json.dumps({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ssa"}})
+    missing = bare_cluster.api("PATCH", f"{CONFIGMAPS}/ssa", body, content_type="application/apply-patch+yaml")
+    assert missing.status == 422
+    assert missing.body["message"] == (
+        'PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: is required for apply patch'
+    )
+    created = bare_cluster.api(
+        "PATCH", f"{CONFIGMAPS}/ssa", body, content_type="application/apply-patch+yaml", params={"fieldManager": "t"}
+    )
+    assert created.status == 201, created.body
+    forced = bare_cluster.api(
+        "PATCH",
+        f"{CONFIGMAPS}/ssa",
+        {"data": {"a": "1"}},
+        content_type="application/merge-patch+json",
+        params={"force": "true"},
+    )
+    assert forced.status == 422
+    assert "force: Forbidden: may not be specified for non-apply patch" in forced.body["message"]
