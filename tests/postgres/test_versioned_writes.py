@@ -8,6 +8,7 @@ DESIGN.md section 2 live.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import asyncpg
 import pytest
@@ -180,7 +181,8 @@ async def test_deleting_a_thread_deletes_its_ledger_and_everything_else_by_casca
 ) -> None:
     for thread in ("gone", "kept"):
         await checkpointer.register_attempt(thread, 1, run_uid=f"uid-{thread}")
-        await checkpointer.aput(thread, write((0, user("a")), count=1), expected_version=0, attempt=1)
+        first = dataclasses.replace(write((0, user("a")), count=1, meta={"request_key": "r1"}), record_turn=True)
+        await checkpointer.aput(thread, first, expected_version=0, attempt=1)
         await checkpointer.intent_put(thread, "m:c", "charge", "idem", attempt=1)
         await checkpointer.ledger_put(thread, "m:c", "charge", {"v": 1}, attempt=1)
         await checkpointer.request_stop(thread, "why")
@@ -196,6 +198,7 @@ async def test_deleting_a_thread_deletes_its_ledger_and_everything_else_by_casca
         "attempts",
         "thread_runs",
         "run_inputs",
+        "turns",
     ]
     for table in tables:
         left = await fetch(pg_dsn, f"SELECT thread_id, count(*) AS n FROM {table} GROUP BY thread_id")
