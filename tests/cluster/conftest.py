@@ -5,7 +5,8 @@ defaults, printer columns, ``kubectl explain``), the API semantics an operator
 relies on (resourceVersion conflicts, generation, status subresource,
 finalizers, graceful pod deletion, garbage collection, watches), and the
 local kubelet stand-in that runs pods as processes and injects faults
-(SIGKILL, eviction, deletion with a grace period, a lost node).
+(SIGKILL, eviction, deletion with a grace period, a lost node), and the Helm
+chart installed, upgraded and uninstalled by real Helm 4 (server-side apply).
 
 The server is ``tests.cluster.emulator.ClusterEmulator`` (kmock's
 ``KubernetesEmulator`` made faithful) on 127.0.0.1, on a background thread,

@@ -34,20 +34,26 @@ structured-merge-diff):
   patch is a 422; a write that changes neither the object nor any ownership
   (only timestamps) is a no-op.
 
+- Upgrading from client-side apply: an apply by the ``kubectl`` manager may
+  take, without a conflict, the fields in the object's
+  ``kubectl.kubernetes.io/last-applied-configuration`` (upstream's
+  lastAppliedManager), and that annotation follows what ``kubectl`` applies
+  (lastAppliedUpdater); kubectl then rewrites managedFields itself.
+- ``managedFields`` a non-apply write changes are taken as given (kubectl
+  moves ownership from ``kubectl-client-side-apply`` to ``kubectl`` so on
+  the first ``apply --server-side``; ``[{}]`` resets tracking).
+
 Left out (hazards for tests): apply to subresources (``kubectl apply
---subresource``); ``managedFields`` sent by the client (the real server takes
-them as given, e.g. ``[{}]`` to reset tracking; here they are replaced);
-converting ownership between API versions (one version per resource here);
-the client-side-apply upgrade path (``kubectl-client-side-apply`` fields
-migrating to ``kubectl`` on the first server-side apply); ``null`` in an
-applied configuration (dropped, as if absent); granular struct/map element
-relationships (``x-kubernetes-map-type``: maps are always granular);
-multi-key associative lists of built-ins other than container and Service
-ports; fields nested deeper than ``MAX_TRACKED_DEPTH`` (100) are owned as one
-field at that depth (upstream tracks to the leaf, so an object nested 10,000
-levels would get managedFields deeper than kubectl decodes); writes by the
-emulated controllers (garbage collector, namespace controller, kubelet
-stand-in status) are not attributed to a manager.
+--subresource``); managedFields in an applied configuration (dropped; upstream
+refuses them); converting ownership between API versions (one version per
+resource here); ``null`` in an applied configuration (dropped, as if absent);
+granular struct/map element relationships (``x-kubernetes-map-type``: maps are
+always granular); multi-key associative lists of built-ins other than
+container and Service ports; fields nested deeper than ``MAX_TRACKED_DEPTH``
+(100) are owned as one field at that depth (upstream tracks to the leaf, so an
+object nested 10,000 levels would get managedFields deeper than kubectl
+decodes); writes the server makes itself (garbage collector, namespace
+controller, eviction, binding) are not attributed to a manager.
 """
 
 from __future__ import annotations
@@ -66,6 +72,8 @@ from tests.cluster.resources import ResourceDef
 Path = tuple[str, ...]
 APPLY = "Apply"
 UPDATE = "Update"
+KUBECTL = "kubectl"
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 
 # Identity fields of metadata the field manager strips before computing ownership.
 _UNOWNED_META = frozenset(
@@ -413,7 +421,11 @@ def on_update(
     after = fieldset(rdef, new, subresource, containers=True)
     changed = {p for p in after if _changed(rdef, old, new, p)}
     removed = before - after
-    found = entries(old)
+    # managedFields the writer changed are taken as given (kubectl moves client-side apply ownership
+    # to its server-side manager so; [{}] resets tracking), then this write is tracked on top of them.
+    sent = (new.get("metadata") or {}).get("managedFields")
+    given = subresource is None and isinstance(sent, list) and sent and sent != old["metadata"].get("managedFields")
+    found = [e for e in entries(new if given else old) if e.manager and e.fields]
     for entry in found:
         entry.fields -= changed | removed
     sub = subresource or ""
@@ -453,11 +465,18 @@ def apply(
     mine = next((e for e in found if e.key == (manager, APPLY, "")), None)
     conflicts: list[tuple[Entry, Path]] = []
     for entry in found:
-        if entry is mine or entry.manager == manager:
+        if entry is mine:  # the applier's own Update entry is another manager upstream, and can conflict
             continue
         for path in sorted(owned & entry.fields):
             if _is_leaf(rdef, applied, path) and value_at(rdef, live, path) != value_at(rdef, applied, path):
                 conflicts.append((entry, path))
+    if conflicts and not force and manager == KUBECTL:
+        # Upstream's lastAppliedManager: kubectl upgrading an object from client-side apply may take the
+        # fields its last-applied-configuration holds; only the others still conflict.
+        allowed = _last_applied_fields(rdef, live)
+        conflicts_left = [(e, p) for e, p in conflicts if p not in allowed]
+        force = not conflicts_left
+        conflicts = conflicts if force else conflicts_left
     if conflicts and not force:
         raise conflict_error(conflicts)
     for entry, path in conflicts:
@@ -466,14 +485,36 @@ def apply(
     new = copy.deepcopy(live)
     if mine is not None:
         gone = {p for p in mine.fields - owned if not _owned_below(p, others)}
-        for path in sorted(gone, key=len, reverse=True):
+        # A list item goes as a whole: its own fields are not removed first (that would lose its key).
+        for path in [p for p in gone if not any(p[:i] in gone for i in range(1, len(p)))]:
             _remove(rdef, new, path)
     new = _merge(new, applied, _Schema(rdef), "")
+    if manager == KUBECTL and LAST_APPLIED in ((live.get("metadata") or {}).get("annotations") or {}):
+        new["metadata"]["annotations"][LAST_APPLIED] = _last_applied(applied)
     if mine is None:
         mine = Entry(manager, APPLY, rdef.api_version, now(), set())
         found.append(mine)
     mine.fields, mine.time, mine.api_version = owned, now(), rdef.api_version
     return new, _store(found)
+
+
+def _last_applied(applied: dict[str, Any]) -> str:
+    """Upstream's lastAppliedUpdater: kubectl's server-side apply keeps the client-side annotation in step."""
+    obj = copy.deepcopy(applied)
+    annotations = obj.get("metadata", {}).get("annotations") or {}
+    annotations.pop(LAST_APPLIED, None)
+    if not annotations:
+        obj.get("metadata", {}).pop("annotations", None)
+    return json.dumps(obj, separators=(",", ":"), sort_keys=True)
+
+
+def _last_applied_fields(rdef: ResourceDef, live: dict[str, Any]) -> set[Path]:
+    annotations = (live.get("metadata") or {}).get("annotations") or {}
+    try:
+        last_applied = json.loads(annotations.get(LAST_APPLIED, ""))
+    except ValueError:
+        return set()
+    return fieldset(rdef, last_applied) if isinstance(last_applied, dict) else set()
 
 
 def _owned_below(path: Path, others: set[Path]) -> bool:

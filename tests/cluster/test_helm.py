@@ -97,6 +97,10 @@ def test_helm_install_creates_every_rendered_object_with_the_chart_labels(
     deployment = bare_cluster.get("deployments", "agentrun-operator", NAMESPACE)
     assert deployment is not None and deployment["spec"]["replicas"] == 2
     assert deployment["metadata"]["generation"] == 1
+    shown = bare_cluster.kubectl("get", "deploy,svc,sa,pdb,role,rolebinding", "-n", NAMESPACE)
+    assert shown.returncode == 0, shown.stderr
+    assert "deployment.apps/agentrun-operator" in shown.stdout and "0/2" in shown.stdout, shown.stdout
+    assert bare_cluster.kubectl("get", "clusterrole,clusterrolebinding", "agentrun-operator").returncode == 0
     secrets = bare_cluster.list_objects("secrets", NAMESPACE)
     records = [s for s in secrets if s["metadata"].get("labels", {}).get("owner") == "helm"]
     assert [s["metadata"]["name"] for s in records] == ["sh.helm.release.v1.agentrun.v1"]
@@ -121,7 +125,7 @@ def test_the_crd_from_the_chart_is_learned_and_kubectl_serves_agentruns(
     assert explain.returncode == 0, explain.stderr
     assert "FIELDS:" in explain.stdout and "graph" in explain.stdout, explain.stdout
 
-    applied = bare_cluster.kubectl("apply", "-f", str(EXAMPLE))
+    applied = bare_cluster.kubectl("apply", "--server-side", "-f", str(EXAMPLE))
     assert applied.returncode == 0, applied.stderr
     listed = bare_cluster.kubectl("get", "ar", "-A")
     assert listed.returncode == 0 and "NAME" in listed.stdout, listed.stderr
@@ -302,3 +306,55 @@ def test_apply_requires_a_field_manager_and_force_only_applies(bare_cluster: Emu
     )
     assert forced.status == 422
     assert "force: Forbidden: may not be specified for non-apply patch" in forced.body["message"]
+
+
+def deployment(*env: str, image: str = "busybox:1") -> str:
+    container = {"name": "app", "image": image, "env": [{"name": e, "value": "1"} for e in env]}
+    return yaml.safe_dump(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "ssa", "labels": {"app": "ssa"}},
+            "spec": {
+                "selector": {"matchLabels": {"app": "ssa"}},
+                "template": {"metadata": {"labels": {"app": "ssa"}}, "spec": {"containers": [container]}},
+            },
+        }
+    )
+
+
+def test_server_side_apply_merges_associative_lists_item_by_item(bare_cluster: EmulatedCluster) -> None:
+    """containers and env are keyed by name: an item someone else added survives an apply without it."""
+    assert apply(bare_cluster, deployment("A", "B")).returncode == 0
+    added = bare_cluster.kubectl("set", "env", "deployment/ssa", "EXTRA=1")
+    assert added.returncode == 0, added.stderr
+    result = apply(bare_cluster, deployment("A", image="busybox:2"))
+    assert result.returncode == 0, result.stderr
+
+    obj = bare_cluster.get("deployments", "ssa")
+    assert obj is not None
+    (container,) = obj["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == "busybox:2"
+    assert [e["name"] for e in container["env"]] == ["A", "EXTRA"], "B (applied before, not now) must go"
+    applied = next(e for e in obj["metadata"]["managedFields"] if e["manager"] == "kubectl")
+    fields = applied["fieldsV1"]["f:spec"]["f:template"]["f:spec"]["f:containers"]['k:{"name":"app"}']
+    assert set(fields) == {".", "f:env", "f:image", "f:name"}
+    assert set(fields["f:env"]) == {'k:{"name":"A"}'}
+    listed = bare_cluster.kubectl("get", "deployments")
+    assert listed.returncode == 0 and "ssa" in listed.stdout and "READY" in listed.stdout, listed.stderr
+
+
+def test_kubectl_moves_client_side_apply_ownership_to_server_side_apply(bare_cluster: EmulatedCluster) -> None:
+    """``kubectl apply`` then ``kubectl apply --server-side``: kubectl rewrites managedFields, no conflict."""
+    created = bare_cluster.kubectl("apply", "-f", "-", input=config_map(a="1"))
+    assert created.returncode == 0, created.stderr
+    assert set(owners(bare_cluster)) == {"kubectl-client-side-apply/Update"}
+
+    result = apply(bare_cluster, config_map(a="2"))
+    assert result.returncode == 0, f"the upgrade to server-side apply conflicted: {result.stderr}"
+    obj = bare_cluster.get("configmaps", "ssa")
+    assert obj is not None and obj["data"] == {"a": "2"}
+    assert owners(bare_cluster)["kubectl/Apply"] == {"f:data": {"f:a": {}}}
+    assert "kubectl-client-side-apply/Update" not in owners(bare_cluster)
+    last_applied = json.loads(obj["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"])
+    assert last_applied["data"] == {"a": "2"}, "the client-side annotation did not follow the server-side apply"
