@@ -709,18 +709,19 @@ def plot(report: dict[str, Any], directory: Path) -> None:
     plt.close(fig)
 
 
-async def profile_step(out: Path, nodes: int = 200) -> None:
+async def profile_step(out: Path, runs: int = 6) -> None:
     """pyinstrument over plain PostgreSQL steps: where a step's time goes (text and HTML)."""
     from pyinstrument import Profiler
 
     from .graphs import agentrun_plain
 
     async with agentrun_store("postgres") as store:
-        app = agentrun_plain(store, nodes)
+        app = agentrun_plain(store)
         await agentrun_run(app, {"items": []}, f"warm-{uuid.uuid4().hex}")
         profiler = Profiler(interval=0.0002, async_mode="enabled")
         with profiler:
-            await agentrun_run(app, {"items": []}, f"prof-{uuid.uuid4().hex}")
+            for _ in range(runs):
+                await agentrun_run(app, {"items": []}, f"prof-{uuid.uuid4().hex}")
     out.mkdir(parents=True, exist_ok=True)
     (out / "profile_step.txt").write_text(profiler.output_text(unicode=False, color=False, show_all=False))
     (out / "profile_step.html").write_text(profiler.output_html())

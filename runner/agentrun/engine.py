@@ -19,6 +19,7 @@ preemption (``supervisor``), and writing the run (``persistence``).
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import time
 import uuid
@@ -262,9 +263,15 @@ class CompiledGraph:
         node = self.graph.nodes[name]
         if preemption is not None and preemption.requested:
             await writer.preempt(run)
-        reason = await stop_reason(self.checkpointer, cfg.thread_id, writer.log)
-        if reason is not None:
-            await writer.stop(run, reason)
+        # The store is asked between nodes at most every stop_poll_interval, and always before a call's
+        # first node: a fast step pays no round trip for it, and a stop still lands within the interval
+        # (while a node runs longer, its supervisor polls).
+        now = asyncio.get_running_loop().time()
+        if now - run.stop_checked_at >= cfg.stop_poll_interval:
+            run.stop_checked_at = now
+            reason = await stop_reason(self.checkpointer, cfg.thread_id, writer.log)
+            if reason is not None:
+                await writer.stop(run, reason)
         return node
 
     async def _execute(self, node: Node, run: Run, writer: RunWriter, *, preemption: Preemption | None) -> Any:

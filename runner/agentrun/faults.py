@@ -33,6 +33,11 @@ _SPEC = os.environ.get(Env.FAULT_POINT, "")
 _POINT, _, _DETAIL = _SPEC.partition(":")
 
 
+def armed(point: str) -> bool:
+    """Whether ``point`` may fire in this process (a store arranges for it, e.g. keeps a transaction open)."""
+    return point == _POINT
+
+
 def fault_point(point: str, detail: str = "") -> None:
     if not _POINT or point != _POINT or (_DETAIL and detail != _DETAIL):
         return

@@ -19,6 +19,7 @@ object to exist. The other direction needs ``agentrun[langchain]``
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 import uuid
@@ -181,17 +182,69 @@ def coerce_message(value: Any) -> Message:
     raise TypeError(f"cannot make a message from {type(value).__name__}")
 
 
+class MessageList(list[Message]):
+    """What ``add_messages`` returns: a list that also carries its id -> position index.
+
+    The next ``add_messages`` on it takes the index over instead of rebuilding
+    it from the whole history, and notes which positions it replaced, so that
+    appending to a thread costs the same at 10,000 messages as at 10. Copies
+    (``list(...)``, ``copy``, pickling) are plain lists and rebuild the index
+    once when reduced into.
+    """
+
+    __slots__ = ("_base", "_index", "_length", "_replaced")
+
+    def __init__(self, items: Iterable[Message] = ()) -> None:
+        super().__init__(items)
+        self._index: dict[str, int] | None = None
+        self._length = -1  # len() when the index was made; a list changed in place since has none
+        self._base: list[Message] | None = None  # the list this one was reduced from
+        self._replaced: list[int] = []
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (list, (list(self),))
+
+    def __copy__(self) -> list[Message]:
+        return list(self)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> list[Message]:
+        return copy.deepcopy(list(self), memo)
+
+
+def _take_index(left: Sequence[Message]) -> dict[str, int]:
+    """``left``'s id -> position index: taken over from a ``MessageList`` that still matches, else built."""
+    if isinstance(left, MessageList) and left._index is not None and left._length == len(left):
+        index, left._index, left._base = left._index, None, None
+        return index
+    return {m.id: i for i, m in enumerate(left) if m.id is not None}
+
+
 def add_messages(left: Sequence[Message], right: Any) -> list[Message]:
-    """The ``messages`` reducer: append; a message whose id is already present replaces it."""
+    """The ``messages`` reducer: append; a message whose id is already present replaces it.
+
+    Costs what ``right`` holds, not what ``left`` holds, when ``left`` is what
+    the previous ``add_messages`` returned (a copy of the pointers aside).
+    """
     items: Iterable[Any] = right if isinstance(right, list | tuple) else [right]
-    merged = list(left)
-    index = {m.id: i for i, m in enumerate(merged) if m.id is not None}
+    merged = MessageList(left)
+    index = _take_index(left)
     for item in items:
         message = coerce_message(item)
-        if message.id is not None and message.id in index:
-            merged[index[message.id]] = message
+        position = None if message.id is None else index.get(message.id)
+        if position is not None and position < len(merged) and merged[position].id == message.id:
+            merged[position] = message
+            merged._replaced.append(position)
         else:
             if message.id is not None:
                 index[message.id] = len(merged)
             merged.append(message)
+    merged._index, merged._length = index, len(merged)
+    merged._base = left if isinstance(left, list) else None
     return merged
+
+
+def replaced_positions(before: Sequence[Message], after: Sequence[Message]) -> list[int] | None:
+    """Positions of ``before`` that ``add_messages`` replaced to make ``after``; ``None`` if unknown."""
+    if isinstance(after, MessageList) and after._base is not None and after._base is before:
+        return after._replaced
+    return None

@@ -23,7 +23,7 @@ from .config import RunConfig
 from .context import RunLogger, ToolCounts
 from .errors import FencedError, RunPreempted, RunStopped, StaleStateError
 from .interrupts import Interrupt
-from .messages import Message
+from .messages import Message, replaced_positions
 from .metrics import CHECKPOINT_SECONDS, FENCED, INTERRUPTS, STALE_STATE, STOPS
 from .state import MESSAGES, StateSchema
 
@@ -44,6 +44,8 @@ class Run:
     # The next durable write also records the turn (``CheckpointWrite.record_turn``): set when a call
     # opens the run, so the turn record says "running" again once a resumed turn writes.
     record_turn: bool = False
+    # Loop time of the last stop check between nodes (the engine's; -inf: check before the first node).
+    stop_checked_at: float = float("-inf")
 
     @classmethod
     def new(cls, schema: StateSchema) -> Run:
@@ -77,8 +79,14 @@ class Run:
         """Merge ``update`` into the state, noting durable messages it replaced in place."""
         before = self.messages
         self.state = schema.apply(self.state, update)
-        # add_messages builds a new list; an element that is not the same object was replaced.
         after = self.messages
+        if after is before:
+            return
+        known = replaced_positions(before, after)
+        if known is not None:  # add_messages said which positions it replaced: no walk over the history
+            self.replaced.update(i for i in known if i < self.persisted_messages)
+            return
+        # Another reducer, or a Replace: an element that is not the same object was replaced.
         for index in range(min(self.persisted_messages, len(before), len(after))):
             if after[index] is not before[index]:
                 self.replaced.add(index)

@@ -3,8 +3,10 @@
 Why not ``asyncio.to_thread``: its pool threads are joined when the loop and
 the interpreter shut down, so a sync tool stuck in a blocking call would keep
 a stopped or timed-out run's process alive until the call returns. Here each
-call gets its own daemon thread: cancelling the awaiting task abandons the
-thread (Python cannot kill it), and the process can still exit at once.
+call runs on a daemon thread of its own while it runs: cancelling the awaiting
+task abandons the thread (Python cannot kill it), and the process can still
+exit at once. A thread whose call returned waits for the next call (at most
+``IDLE_THREADS`` wait): starting a thread costs more than a small sync node.
 
 Hazard: an abandoned thread keeps running until its call returns or the
 process exits; whatever it does meanwhile still happens. Prefer async tools
@@ -16,11 +18,39 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import queue
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+# Threads kept waiting for a call; more than this many idle at once end.
+IDLE_THREADS = 8
+_idle: list[_Worker] = []
+_idle_lock = threading.Lock()
+
+
+class _Worker:
+    """A daemon thread running one call at a time, then waiting idle for the next."""
+
+    def __init__(self) -> None:
+        self.calls: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name="agentrun-sync", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            self.calls.get()()
+            with _idle_lock:
+                if len(_idle) >= IDLE_THREADS:
+                    return
+                _idle.append(self)
+
+
+def _start(call: Callable[[], None]) -> None:
+    with _idle_lock:
+        worker = _idle.pop() if _idle else None
+    (worker or _Worker()).calls.put(call)
 
 
 async def run_sync(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
@@ -47,5 +77,5 @@ async def run_sync(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(settle, *outcome)
 
-    threading.Thread(target=target, name=f"agentrun-sync:{getattr(fn, '__name__', 'call')}", daemon=True).start()
+    _start(target)
     return await future

@@ -217,6 +217,139 @@ MIGRATIONS: list[Migration] = [
         );
         """,
     ),
+    Migration(
+        "one round trip per checkpoint: the versioned, fenced write as a server-side function",
+        # The same steps as the transaction it replaces (postgres.py: _put_txn), run by the server in
+        # one statement: lock the thread row FOR UPDATE (creating it on the thread's first write), check
+        # the fence and the version, recognize a retry's own committed row by its write id, insert the
+        # state row, upsert the step's messages and the turn. Conflicts are reported in o_outcome, not
+        # raised, so the caller raises the typed error with the owner it returns. No EXCEPTION block:
+        # it would open a subtransaction per call; the unique key violation it would catch is
+        # unreachable under the row lock and surfaces as UniqueViolationError, as before.
+        """
+        CREATE FUNCTION agentrun_put_checkpoint(
+            p_thread_id {thread_id_type}, p_expected BIGINT, p_attempt INTEGER, p_run_uid TEXT, p_write_id TEXT,
+            p_current_node TEXT, p_step INTEGER, p_status TEXT, p_values JSON, p_meta JSON, p_message_count INTEGER,
+            p_idx INTEGER[], p_message_ids TEXT[], p_bodies TEXT[],
+            p_turn_key TEXT, p_turn_run_uid TEXT, p_turn_status TEXT, p_turn_error JSON, p_turn_result JSON,
+            p_turn_tool_calls JSON,
+            OUT o_outcome TEXT, OUT o_version BIGINT, OUT o_incarnation TEXT, OUT o_created_at FLOAT8,
+            OUT o_owner_run_uid TEXT, OUT o_owner_attempt INTEGER
+        ) LANGUAGE plpgsql AS $$
+        DECLARE
+            v_tries INTEGER := 0;
+            v_current BIGINT;
+        BEGIN
+            LOOP
+                SELECT t.incarnation::text INTO o_incarnation FROM threads t WHERE t.thread_id = p_thread_id
+                FOR UPDATE;
+                EXIT WHEN FOUND;
+                v_tries := v_tries + 1;
+                IF v_tries > 3 THEN
+                    o_outcome := 'vanished';
+                    RETURN;
+                END IF;
+                INSERT INTO threads (thread_id) VALUES (p_thread_id) ON CONFLICT (thread_id) DO NOTHING;
+            END LOOP;
+            SELECT a.run_uid, a.attempt INTO o_owner_run_uid, o_owner_attempt FROM attempts a
+            WHERE a.thread_id = p_thread_id;
+            -- base.check_fence: another run's uid, or an attempt older than the owner's.
+            IF o_owner_attempt IS NOT NULL AND (
+                (p_run_uid IS NOT NULL AND o_owner_run_uid IS NOT NULL AND p_run_uid <> o_owner_run_uid)
+                OR (p_attempt IS NOT NULL AND p_attempt < o_owner_attempt)
+            ) THEN
+                o_outcome := 'fenced';
+                RETURN;
+            END IF;
+            SELECT COALESCE(MAX(s.version), 0) INTO v_current FROM states s WHERE s.thread_id = p_thread_id;
+            IF v_current <> p_expected THEN
+                SELECT extract(epoch FROM s.created_at)::float8 INTO o_created_at FROM states s
+                WHERE s.thread_id = p_thread_id AND s.version = p_expected + 1 AND s.meta ->> 'write_id' = p_write_id;
+                IF FOUND THEN
+                    o_outcome := 'committed';
+                    o_version := p_expected + 1;
+                ELSE
+                    o_outcome := 'stale';
+                    o_version := v_current;
+                END IF;
+                RETURN;
+            END IF;
+            o_version := v_current + 1;
+            INSERT INTO states (thread_id, version, current_node, step, status, state_values, meta, message_count,
+                                attempt, run_uid)
+            VALUES (p_thread_id, o_version, p_current_node, p_step, p_status, p_values, p_meta, p_message_count,
+                    p_attempt, p_run_uid)
+            RETURNING extract(epoch FROM created_at)::float8 INTO o_created_at;
+            IF cardinality(p_idx) > 0 THEN
+                -- An index below the stored count replaces a message (add_messages with a known id).
+                INSERT INTO messages (thread_id, idx, message_id, body, version)
+                SELECT p_thread_id, m.idx, m.message_id, m.body::json, o_version
+                FROM unnest(p_idx, p_message_ids, p_bodies) AS m (idx, message_id, body)
+                ON CONFLICT (thread_id, idx) DO UPDATE SET message_id = EXCLUDED.message_id, body = EXCLUDED.body,
+                    version = EXCLUDED.version;
+            END IF;
+            IF p_turn_key IS NOT NULL THEN
+                INSERT INTO turns (thread_id, request_key, run_uid, status, version, error, result, tool_calls)
+                VALUES (p_thread_id, p_turn_key, p_turn_run_uid, p_turn_status, o_version, p_turn_error,
+                        p_turn_result, p_turn_tool_calls)
+                ON CONFLICT (thread_id, request_key) DO UPDATE SET run_uid = EXCLUDED.run_uid,
+                    status = EXCLUDED.status, version = EXCLUDED.version, error = EXCLUDED.error,
+                    result = EXCLUDED.result, tool_calls = EXCLUDED.tool_calls, updated_at = now();
+            END IF;
+            o_outcome := 'ok';
+        END
+        $$;
+        """,
+    ),
+    Migration(
+        "one round trip per ledger record and intent: the fenced insert as a server-side function",
+        """
+        -- A tool's ledger record (or its intent) in one statement: the thread row FOR SHARE (parallel
+        -- siblings do not wait for each other, but do wait for a checkpoint or a registration in
+        -- flight), the fence read after the lock is granted (a volatile function's statements each
+        -- take a new snapshot, so the owner a registration just committed is seen), then the insert,
+        -- ON CONFLICT DO NOTHING: the first record stays authoritative.
+        CREATE FUNCTION agentrun_put_tool_row(
+            p_table TEXT, p_thread_id {thread_id_type}, p_key TEXT, p_tool_name TEXT, p_result TEXT,
+            p_result_text TEXT, p_idempotency_key TEXT, p_attempt INTEGER, p_run_uid TEXT,
+            OUT o_outcome TEXT, OUT o_owner_run_uid TEXT, OUT o_owner_attempt INTEGER
+        ) LANGUAGE plpgsql AS $$
+        DECLARE
+            v_tries INTEGER := 0;
+        BEGIN
+            LOOP
+                PERFORM 1 FROM threads t WHERE t.thread_id = p_thread_id FOR SHARE;
+                EXIT WHEN FOUND;
+                v_tries := v_tries + 1;
+                IF v_tries > 3 THEN
+                    o_outcome := 'vanished';
+                    RETURN;
+                END IF;
+                INSERT INTO threads (thread_id) VALUES (p_thread_id) ON CONFLICT (thread_id) DO NOTHING;
+            END LOOP;
+            SELECT a.run_uid, a.attempt INTO o_owner_run_uid, o_owner_attempt FROM attempts a
+            WHERE a.thread_id = p_thread_id;
+            IF o_owner_attempt IS NOT NULL AND (
+                (p_run_uid IS NOT NULL AND o_owner_run_uid IS NOT NULL AND p_run_uid <> o_owner_run_uid)
+                OR (p_attempt IS NOT NULL AND p_attempt < o_owner_attempt)
+            ) THEN
+                o_outcome := 'fenced';
+                RETURN;
+            END IF;
+            IF p_table = 'tool_executions' THEN
+                INSERT INTO tool_executions (thread_id, tool_call_id, tool_name, result, result_text, attempt, run_uid)
+                VALUES (p_thread_id, p_key, p_tool_name, p_result::jsonb, p_result_text, p_attempt, p_run_uid)
+                ON CONFLICT (thread_id, tool_call_id) DO NOTHING;
+            ELSE
+                INSERT INTO tool_intents (thread_id, tool_call_id, tool_name, idempotency_key, attempt, run_uid)
+                VALUES (p_thread_id, p_key, p_tool_name, p_idempotency_key, p_attempt, p_run_uid)
+                ON CONFLICT (thread_id, tool_call_id) DO NOTHING;
+            END IF;
+            o_outcome := CASE WHEN FOUND THEN 'inserted' ELSE 'exists' END;
+        END
+        $$;
+        """,
+    ),
 ]
 
 _CREATE_VERSION_TABLE = """

@@ -8,7 +8,11 @@ guarantees (DESIGN.md section 2, "PostgreSQL rules" and "Fencing"):
   version the run started from, insert the next version with that step's new
   messages. A mismatch raises ``StaleStateError`` (``STORAGE_CONFLICT_001``)
   and nothing of the write lands; ``UNIQUE (thread_id, version)`` backs the
-  lock up. Only the messages a step added or replaced are sent.
+  lock up. Only the messages a step added or replaced are sent. The whole
+  write is one statement, one round trip (the server-side function of
+  migration 8, autocommitted); ledger records and intents likewise
+  (migration 9), and a connection goes back to the pool without a reset
+  query (``_keep_session``).
 - The ledger (``tool_executions``) is insert-if-absent: the first recorded
   result stays authoritative; ``ledger_replace`` repairs a malformed row by
   compare-and-swap on its exact text. Ledger rows, intents, stop requests,
@@ -83,8 +87,8 @@ from urllib.parse import urlsplit
 
 import asyncpg
 
-from ..errors import StaleStateError, StorageError, StoreConfigError, StoreUnavailableError
-from ..faults import fault_point
+from ..errors import FencedError, StaleStateError, StorageError, StoreConfigError, StoreUnavailableError
+from ..faults import armed, fault_point
 from ..messages import Message
 from .base import (
     Checkpoint,
@@ -160,6 +164,14 @@ _PUT_MESSAGE = """
     ON CONFLICT (thread_id, idx) DO UPDATE SET message_id = EXCLUDED.message_id, body = EXCLUDED.body,
         version = EXCLUDED.version
 """
+# The whole checkpoint in one statement and one round trip, autocommitted (pg_schema migration 8:
+# lock FOR UPDATE, fence, version check, a retry's own row, state, messages, turn). The transaction
+# of _put_txn below is kept for the crash tests' ``in_checkpoint_txn`` fault point only.
+_PUT_CHECKPOINT = """
+    SELECT o_outcome, o_version, o_incarnation, o_created_at, o_owner_run_uid, o_owner_attempt
+    FROM agentrun_put_checkpoint($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18,
+                                 $19, $20)
+"""
 # A retried write's own row, found by the id its meta carries (the first try committed unacknowledged).
 _OWN_STATE = """
     SELECT extract(epoch FROM created_at)::float8 FROM states
@@ -206,11 +218,11 @@ _GET_TURN = """
 
 # -- SQL: ledger, intents, stop, threads --------------------------------------------------------
 
-# DO NOTHING: the first recorded result stays authoritative; a replayed record is a no-op.
-_PUT_LEDGER = """
-    INSERT INTO tool_executions (thread_id, tool_call_id, tool_name, result, result_text, attempt, run_uid)
-    VALUES ($1, $2, $3, $4::text::jsonb, $5, $6, $7)
-    ON CONFLICT (thread_id, tool_call_id) DO NOTHING
+# A ledger record or an intent in one statement and one round trip (pg_schema migration 9): the thread
+# row FOR SHARE, the fence read after the lock, the insert ON CONFLICT DO NOTHING (the first recorded
+# result, the first intent with its start time and idempotency key, stays authoritative).
+_PUT_TOOL_ROW = """
+    SELECT o_outcome, o_owner_run_uid, o_owner_attempt FROM agentrun_put_tool_row($1, $2, $3, $4, $5, $6, $7, $8, $9)
 """
 # Compare-and-swap on the exact stored text (the repair of a malformed row). The UPDATE locks the
 # row; a second repairer waits, then re-checks the WHERE on the row the first one wrote (READ
@@ -235,11 +247,6 @@ _LIST_LEDGER = """
     SELECT tool_call_id, tool_name, COALESCE(result_text, result::text) AS result,
            extract(epoch FROM created_at)::float8 AS created_at
     FROM tool_executions WHERE thread_id = $1 ORDER BY created_at, tool_call_id
-"""
-# DO NOTHING: the first intent (its start time and idempotency key) is what a replay must see.
-_PUT_INTENT = """
-    INSERT INTO tool_intents (thread_id, tool_call_id, tool_name, idempotency_key, attempt, run_uid)
-    VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (thread_id, tool_call_id) DO NOTHING
 """
 _GET_INTENT = """
     SELECT tool_name, idempotency_key, extract(epoch FROM started_at)::float8 AS started_at
@@ -361,6 +368,31 @@ async def _fence_txn(conn: Connection, thread_id: str, attempt: int | None, run_
     check_fence(thread_id, _owner(await conn.fetchrow(_OWNER, thread_id)), attempt=attempt, run_uid=run_uid)
 
 
+def _tool_row_outcome(thread_id: str, row: asyncpg.Record | None, *, attempt: int | None, run_uid: str | None) -> bool:
+    """Whether ``_PUT_TOOL_ROW`` inserted; raises ``FencedError`` (fenced) or ``StorageError`` (thread vanished)."""
+    assert row is not None  # a function with OUT parameters returns one row
+    outcome = row["o_outcome"]
+    if outcome == "fenced":
+        check_fence(
+            thread_id, Owner(row["o_owner_run_uid"], int(row["o_owner_attempt"])), attempt=attempt, run_uid=run_uid
+        )
+        raise FencedError(f"thread {thread_id!r} is owned by another attempt; this attempt must stop")
+    if outcome == "vanished":
+        raise StorageError(f"thread {thread_id!r} was deleted while being written, three times in a row")
+    return bool(outcome == "inserted")
+
+
+async def _keep_session(conn: asyncpg.Connection[asyncpg.Record]) -> None:
+    """The pool's reset on release: nothing to reset, so no round trip.
+
+    asyncpg's default sends ``SELECT pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL``
+    each time a connection goes back to the pool: a round trip per call. This store leaves no session
+    state behind: settings come from ``server_settings`` at connect, the migration's advisory lock is
+    released in a ``finally``, no cursor outlives its transaction, nothing LISTENs on a pooled
+    connection; and asyncpg still rolls back a transaction left open before calling this.
+    """
+
+
 async def _lock_thread(conn: Connection, thread_id: str, lock_sql: str) -> str:
     """Ensure the thread row exists and lock it; returns its incarnation."""
     for _ in range(3):
@@ -416,6 +448,7 @@ class PgCheckpointer(Checkpointer):
                 "lock_timeout": f"{int(lock_timeout * 1000)}ms",
                 "idle_in_transaction_session_timeout": f"{int(idle_in_transaction_timeout * 1000)}ms",
             },
+            "reset": _keep_session,
             **(pool_options or {}),
         }
         self._pool: asyncpg.Pool[asyncpg.Record] | None = None
@@ -638,6 +671,30 @@ class PgCheckpointer(Checkpointer):
                 _dumps(fields["tool_calls"], what="the turn's tool calls"),
             )
         )
+        if not armed("in_checkpoint_txn"):
+            arrays = (
+                [i for i, _, _ in bodies],
+                [mid for _, mid, _ in bodies],
+                [body for _, _, body in bodies],
+            )
+            args = (
+                thread_id,
+                expected_version,
+                attempt,
+                run_uid,
+                write_id,
+                write.current_node,
+                write.step,
+                write.status,
+                values,
+                meta,
+                write.message_count,
+                *arrays,
+                *(turn if turn is not None else (None,) * 6),
+            )
+            return await self._call(
+                "checkpoint", lambda: self._put_one_statement(thread_id, args, expected_version, attempt, run_uid)
+            )
         return await self._write(
             "checkpoint",
             lambda conn: self._put_txn(
@@ -654,6 +711,32 @@ class PgCheckpointer(Checkpointer):
                 turn=turn,
             ),
         )
+
+    async def _put_one_statement(
+        self, thread_id: str, args: tuple[Any, ...], expected_version: int, attempt: int | None, run_uid: str | None
+    ) -> Commit:
+        """``_PUT_CHECKPOINT`` on a pooled connection (autocommit); the outcome turned into a commit or an error."""
+        pool = await self._get_pool()
+        async with pool.acquire() as conn:
+            try:
+                row = await conn.fetchrow(_PUT_CHECKPOINT, *args)
+            except asyncpg.UniqueViolationError as e:
+                # Unreachable while every writer takes the row lock; kept as the documented backstop.
+                raise StaleStateError(thread_id, expected_version, expected_version + 1) from e
+        assert row is not None  # a function with OUT parameters returns one row
+        outcome = row["o_outcome"]
+        if outcome == "ok":
+            return Commit(int(row["o_version"]), row["o_incarnation"], float(row["o_created_at"]))
+        if outcome == "committed":
+            log.info("checkpoint version %d of %s had committed before the retry", expected_version + 1, thread_id)
+            return Commit(expected_version + 1, row["o_incarnation"], float(row["o_created_at"]))
+        if outcome == "stale":
+            raise StaleStateError(thread_id, expected_version, int(row["o_version"]))
+        if outcome == "fenced":
+            owner = Owner(row["o_owner_run_uid"], int(row["o_owner_attempt"]))
+            check_fence(thread_id, owner, attempt=attempt, run_uid=run_uid)
+            raise FencedError(f"thread {thread_id!r} is owned by another attempt; this attempt must stop")
+        raise StorageError(f"thread {thread_id!r} was deleted while being written, three times in a row")
 
     @staticmethod
     async def _put_txn(
@@ -769,23 +852,25 @@ class PgCheckpointer(Checkpointer):
     ) -> bool:
         check_thread_id(thread_id)
         body = _dumps(result, what=f"the result of {tool_name}")
+        queryable = None if "\\u0000" in body else body  # JSONB cannot hold U+0000; result_text can
         tries = 0
 
-        async def txn(conn: Connection) -> str:
+        async def once() -> bool:
             nonlocal tries
             tries += 1
-            return await self._ledger_write_txn(
-                conn,
-                thread_id,
-                _PUT_LEDGER,
-                (key, tool_name, body),
-                attempt=attempt,
-                run_uid=run_uid,
-                success="INSERT 0 1",
-                retried=tries > 1,
-            )
+            pool = await self._get_pool()
+            async with pool.acquire() as conn:
+                row = await conn.fetchrow(
+                    _PUT_TOOL_ROW, "tool_executions", thread_id, key, tool_name, queryable, body, None, attempt, run_uid
+                )
+                if _tool_row_outcome(thread_id, row, attempt=attempt, run_uid=run_uid):
+                    return True
+                # A retry whose first try committed unacknowledged: exactly this writer's row means it landed.
+                return tries > 1 and bool(
+                    await conn.fetchval(_OWN_LEDGER, thread_id, key, tool_name, body, attempt, run_uid)
+                )
 
-        return await self._write("ledger record", txn) == "INSERT 0 1"
+        return await self._call("ledger record", once)
 
     async def ledger_replace(
         self,
@@ -832,7 +917,7 @@ class PgCheckpointer(Checkpointer):
         retried: bool,
         extra: tuple[str, ...] = (),
     ) -> str:
-        """``_PUT_LEDGER`` or ``_REPLACE_LEDGER`` of ``(key, tool name, body)``, fenced; returns the status tag.
+        """``_REPLACE_LEDGER`` of ``(key, tool name, body)``, fenced; returns the status tag.
 
         ``retried``: an earlier try may have committed unacknowledged; if the
         row is exactly this writer's, the tag is ``success`` (it did land).
@@ -872,11 +957,24 @@ class PgCheckpointer(Checkpointer):
     ) -> None:
         check_thread_id(thread_id)
 
-        async def txn(conn: Connection) -> None:
-            await _fence_txn(conn, thread_id, attempt, run_uid)
-            await conn.execute(_PUT_INTENT, thread_id, key, tool_name, idempotency_key, attempt, run_uid)
+        async def once() -> None:
+            pool = await self._get_pool()
+            async with pool.acquire() as conn:
+                row = await conn.fetchrow(
+                    _PUT_TOOL_ROW,
+                    "tool_intents",
+                    thread_id,
+                    key,
+                    tool_name,
+                    None,
+                    None,
+                    idempotency_key,
+                    attempt,
+                    run_uid,
+                )
+            _tool_row_outcome(thread_id, row, attempt=attempt, run_uid=run_uid)
 
-        await self._write("intent record", txn)
+        await self._call("intent record", once)
 
     # -- fencing, stop, threads ---------------------------------------------------------------
 
