@@ -65,7 +65,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from tests.cluster import apierrors
+from tests.cluster import apierrors, openapi
 from tests.cluster.apierrors import ApiError, FieldError
 from tests.cluster.resources import ResourceDef
 
@@ -91,25 +91,6 @@ _UNOWNED_META = frozenset(
         "generateName",
     }
 )
-# Associative lists of built-in kinds (patchMergeKey / listMapKeys of the core types).
-_BUILTIN_MAP_KEYS: dict[str, tuple[str, ...]] = {
-    "containers": ("name",),
-    "initContainers": ("name",),
-    "ephemeralContainers": ("name",),
-    "env": ("name",),
-    "volumes": ("name",),
-    "volumeMounts": ("mountPath",),
-    "volumeDevices": ("devicePath",),
-    "conditions": ("type",),
-    "ownerReferences": ("uid",),
-    "imagePullSecrets": ("name",),
-    "hostAliases": ("ip",),
-    "topologySpreadConstraints": ("topologyKey", "whenUnsatisfiable"),
-    "readinessGates": ("conditionType",),
-    "resourceClaims": ("name",),
-    "tolerations": (),  # atomic upstream; listed to say so
-}
-_BUILTIN_SETS = frozenset({"finalizers"})
 _MISSING: Any = object()
 # Ownership deeper than this is of the whole subtree: managedFields must not nest past what clients
 # decode (kubectl refuses JSON deeper than 10,000 levels, and the object itself may be that deep).
@@ -149,42 +130,67 @@ def check_patch_options(*, apply: bool, manager: str | None, force: bool) -> Non
 
 
 class _Schema:
-    """Walks a CRD's structural schema (custom resources) or the built-in list table along a path."""
+    """Walks the type of an object along a path: the CRD's structural schema, or the upstream definitions.
+
+    Both carry what merging needs: ``properties`` (struct fields) against ``additionalProperties`` (map
+    keys), and ``x-kubernetes-list-type``/``x-kubernetes-list-map-keys`` on lists. ``metadata`` is
+    always the upstream ObjectMeta (a CRD's schema leaves it untyped; the real server does the same).
+    """
 
     def __init__(self, rdef: ResourceDef, node: dict[str, Any] | None = None) -> None:
         self.rdef = rdef
-        self.node = node if node is not None else (rdef.schema if rdef.custom else None)
+        if node is None:
+            root = (rdef.schema if rdef.custom else _definitions().get(openapi.schema_name(rdef))) or {}
+            properties = {**(root.get("properties") or {}), "metadata": {"$ref": _OBJECT_META}}
+            node = {**root, "properties": properties}
+        self.node = _resolve(node)
 
     def field(self, name: str) -> _Schema:
-        node = self.node or {}
-        props = node.get("properties") or {}
-        child = props.get(name)
-        if child is None and isinstance(node.get("additionalProperties"), dict):
-            child = node["additionalProperties"]
+        child = (self.node.get("properties") or {}).get(name)
+        if child is None and isinstance(self.node.get("additionalProperties"), dict):
+            child = self.node["additionalProperties"]
         return _Schema(self.rdef, child or {})
 
-    def items(self) -> _Schema:
-        return _Schema(self.rdef, (self.node or {}).get("items") or {})
+    def is_named(self, name: str) -> bool:
+        """A struct's field (owned as such) rather than a key of a map."""
+        return name in (self.node.get("properties") or {})
 
-    def list_type(self, name: str) -> ListType:
-        if self.rdef.custom:
-            node = self.node or {}
-            kind = node.get("x-kubernetes-list-type", "atomic")
-            return ListType(kind, tuple(node.get("x-kubernetes-list-map-keys") or ()))
-        if name in _BUILTIN_SETS:
-            return ListType("set")
-        if name == "ports":  # container ports and Service ports
-            return ListType("map", ("containerPort", "protocol", "port"))
-        keys = _BUILTIN_MAP_KEYS.get(name)
-        return ListType("map", keys) if keys else ListType("atomic")
+    def items(self) -> _Schema:
+        return _Schema(self.rdef, self.node.get("items") or {})
+
+    def list_type(self) -> ListType:
+        kind = self.node.get("x-kubernetes-list-type")
+        keys = tuple(self.node.get("x-kubernetes-list-map-keys") or ())
+        if kind is None and self.node.get("x-kubernetes-patch-strategy", "").startswith("merge"):
+            merge_key = self.node.get("x-kubernetes-patch-merge-key")
+            kind, keys = ("map", (merge_key,)) if merge_key else ("set", ())
+        return ListType(kind or "atomic", keys)
+
+
+_OBJECT_META = "#/components/schemas/io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"
+
+
+def _definitions() -> dict[str, Any]:
+    return openapi.upstream_definitions()
+
+
+def _resolve(node: dict[str, Any]) -> dict[str, Any]:
+    for _ in range(16):
+        ref = node.get("$ref")
+        if ref is None and len(node.get("allOf") or []) == 1:
+            ref = node["allOf"][0].get("$ref")
+        if not isinstance(ref, str):
+            break
+        node = _definitions().get(ref.rsplit("/", 1)[-1]) or {}
+    return node
 
 
 def _item_key(item: Any, list_type: ListType) -> str | None:
     if not isinstance(item, dict):
         return None
     key = {k: item[k] for k in list_type.keys if k in item}
-    if list_type.keys == ("containerPort", "protocol", "port"):
-        key.setdefault("protocol", "TCP")  # defaulted key field, part of the key upstream
+    if "protocol" in list_type.keys and "protocol" not in key:
+        key["protocol"] = "TCP"  # a defaulted key field counts with its default upstream (ports)
     return "k:" + json.dumps(key, separators=(",", ":"), sort_keys=True) if key else None
 
 
@@ -219,17 +225,18 @@ def fieldset(
 
 
 def _walk(node: dict[str, Any], path: Path, schema: _Schema, found: set[Path], containers: bool) -> None:
+    """Leaves, atomic lists and list items; with ``containers`` (an Update's view) maps and lists too."""
     for name, value in node.items():
         child = (*path, f"f:{name}")
         sub = schema.field(name)
         if len(child) >= MAX_TRACKED_DEPTH:  # owned as a whole from here down (see the module docstring)
             found.add(child)
-        elif isinstance(value, dict) and value:
+        elif isinstance(value, dict):
             if containers:
                 found.add(child)
             _walk(value, child, sub, found, containers)
-        elif isinstance(value, list) and value:
-            list_type = schema.list_type(name) if not schema.rdef.custom else sub.list_type(name)
+        elif isinstance(value, list):
+            list_type = sub.list_type()
             if list_type.kind == "atomic":
                 found.add(child)
                 continue
@@ -257,7 +264,7 @@ def value_at(rdef: ResourceDef, obj: Any, path: Path) -> Any:
                 return _MISSING
             node, schema = node[name], schema.field(name)
         elif isinstance(node, list):
-            list_type = schema.list_type(name)
+            list_type = schema.list_type()
             if element.startswith("v:"):
                 return node if any(_value_key(i) == element for i in node) else _MISSING
             match = [i for i in node if _item_key(i, list_type) == element]
@@ -277,8 +284,7 @@ def _remove(rdef: ResourceDef, obj: dict[str, Any], path: Path) -> None:
     elif isinstance(parent, list):
         name = path[-2][2:] if path[-2].startswith("f:") else ""
         holder = value_at(rdef, obj, path[:-2]) if len(path) > 2 else obj
-        schema = _schema_at(rdef, path[:-1])
-        list_type = schema.list_type(name)
+        list_type = _schema_at(rdef, path[:-1]).list_type()
         kept = [i for i in parent if (_value_key(i) if last.startswith("v:") else _item_key(i, list_type)) != last]
         if isinstance(holder, dict):
             if kept:
@@ -289,11 +295,24 @@ def _remove(rdef: ResourceDef, obj: dict[str, Any], path: Path) -> None:
 
 def _schema_at(rdef: ResourceDef, path: Path) -> _Schema:
     schema = _Schema(rdef)
-    for element in path[:-1]:
+    for element in path:
         schema = schema.field(element[2:]) if element.startswith("f:") else schema.items()
-    if rdef.custom and path and path[-1].startswith("f:"):
-        return schema.field(path[-1][2:])
     return schema
+
+
+def _with_named_fields(rdef: ResourceDef, paths: set[Path]) -> set[Path]:
+    """The set with every struct field that holds a member (upstream's EnsureNamedFieldsAreMembers)."""
+    result = set(paths)
+    for path in paths:
+        schema = _Schema(rdef)
+        for i, element in enumerate(path[:-1]):
+            if element.startswith("f:"):
+                if schema.is_named(element[2:]):
+                    result.add(path[: i + 1])
+                schema = schema.field(element[2:])
+            else:
+                schema = schema.items()
+    return result
 
 
 def to_fields_v1(paths: Iterable[Path]) -> dict[str, Any]:
@@ -310,7 +329,14 @@ def to_fields_v1(paths: Iterable[Path]) -> dict[str, Any]:
             node = node[element]
         if node and "." not in node:
             node["."] = {}
-    return tree
+    return _dot_first(tree)
+
+
+def _dot_first(node: dict[str, Any]) -> dict[str, Any]:
+    """``.`` leads its siblings, the rest sorted, as upstream serializes the trie."""
+    ordered: dict[str, Any] = {".": {}} if "." in node else {}
+    ordered.update({k: _dot_first(v) for k, v in sorted(node.items()) if k != "."})
+    return ordered
 
 
 def from_fields_v1(tree: dict[str, Any], prefix: Path = ()) -> set[Path]:
@@ -484,7 +510,10 @@ def apply(
     others: set[Path] = set().union(*(e.fields for e in found if e is not mine))
     new = copy.deepcopy(live)
     if mine is not None:
-        gone = {p for p in mine.fields - owned if not _owned_below(p, others)}
+        # Upstream prunes what the applier owned, and no longer applies, that no one else owns; a struct
+        # field left holding nothing it applies goes too (an emptied ``annotations:`` is removed).
+        before, now_owned = _with_named_fields(rdef, mine.fields), _with_named_fields(rdef, owned)
+        gone = {p for p in before - now_owned if not _owned_below(p, others)}
         # A list item goes as a whole: its own fields are not removed first (that would lose its key).
         for path in [p for p in gone if not any(p[:i] in gone for i in range(1, len(p)))]:
             _remove(rdef, new, path)
@@ -557,7 +586,7 @@ def _merge(live: Any, applied: Any, schema: _Schema, name: str) -> Any:
             result[key] = _merge(live.get(key, _MISSING), value, schema.field(key), key)
         return result
     if isinstance(applied, list) and isinstance(live, list):
-        list_type = schema.list_type(name)
+        list_type = schema.list_type()
         if list_type.kind == "set":
             return live + [copy.deepcopy(v) for v in applied if v not in live]
         if list_type.kind == "map":

@@ -31,7 +31,7 @@ _REF = "#/components/schemas/"
 
 
 @functools.cache
-def _upstream_definitions() -> dict[str, Any]:
+def upstream_definitions() -> dict[str, Any]:
     versions = [v for v in kv_utils.all_versions() if kv_utils.major_minor(v) == KUBERNETES_VERSION]
     defs = kv_utils.schema_contents(
         f"kubernetes-json-schema/v{versions[-1]}-local/_definitions.json", KUBERNETES_VERSION
@@ -60,13 +60,13 @@ def _to_openapi(node: Any) -> Any:
     return out
 
 
-def _schema_name(rdef: ResourceDef, kind: str | None = None) -> str:
+def schema_name(rdef: ResourceDef, kind: str | None = None) -> str:
     if not rdef.custom:
         # io.k8s.api.core.v1.Pod, io.k8s.api.coordination.v1.Lease,
         # io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.CustomResourceDefinition
         package = "core" if rdef.group == "" else rdef.group.split(".")[0]
         suffix = f".{package}.{rdef.version}.{kind or rdef.kind}"
-        names = [name for name in _upstream_definitions() if name.endswith(suffix)]
+        names = [name for name in upstream_definitions() if name.endswith(suffix)]
         return names[0] if names else f"io.k8s.api{suffix}"
     reversed_group = ".".join(reversed(rdef.group.split(".")))
     return f"{reversed_group}.{rdef.version}.{kind or rdef.kind}"
@@ -87,7 +87,7 @@ def _refs(node: Any) -> set[str]:
 
 
 def _closure(schemas: dict[str, Any]) -> dict[str, Any]:
-    upstream = _upstream_definitions()
+    upstream = upstream_definitions()
     pending = set().union(*(_refs(s) for s in schemas.values())) - set(schemas)
     while pending:
         name = pending.pop()
@@ -111,7 +111,7 @@ def _kind_schema(rdef: ResourceDef) -> dict[str, Any]:
             "api-conventions.md#metadata",
         }
     else:
-        schema = copy.deepcopy(_upstream_definitions()[_schema_name(rdef)])
+        schema = copy.deepcopy(upstream_definitions()[schema_name(rdef)])
     schema["x-kubernetes-group-version-kind"] = _gvk(rdef)
     return schema
 
@@ -129,7 +129,7 @@ def _list_schema(rdef: ResourceDef) -> dict[str, Any]:
             "items": {
                 "type": "array",
                 "description": f"List of {rdef.plural}.",
-                "items": {"$ref": _REF + _schema_name(rdef)},
+                "items": {"$ref": _REF + schema_name(rdef)},
             },
             "kind": {
                 "type": "string",
@@ -152,7 +152,7 @@ def _operation(rdef: ResourceDef, action: str, params: list[str], *, sub: str = 
         "responses": {
             "200": {
                 "description": "OK",
-                "content": {"application/json": {"schema": {"$ref": _REF + _schema_name(rdef)}}},
+                "content": {"application/json": {"schema": {"$ref": _REF + schema_name(rdef)}}},
             }
         },
         "x-kubernetes-action": action,
@@ -194,11 +194,11 @@ def group_version_document(defs: list[ResourceDef]) -> dict[str, Any]:
     schemas: dict[str, Any] = {}
     paths: dict[str, Any] = {}
     for rdef in defs:
-        schemas[_schema_name(rdef)] = _kind_schema(rdef)
-        schemas[_schema_name(rdef, rdef.list_kind)] = _list_schema(rdef)
+        schemas[schema_name(rdef)] = _kind_schema(rdef)
+        schemas[schema_name(rdef, rdef.list_kind)] = _list_schema(rdef)
         paths.update(_paths(rdef))
     for name in (f"{_META}.ObjectMeta", f"{_META}.ListMeta"):
-        schemas.setdefault(name, _upstream_definitions()[name])
+        schemas.setdefault(name, upstream_definitions()[name])
     return {
         "openapi": "3.0.0",
         "info": {"title": "Kubernetes (agentrun emulated cluster)", "version": f"v{KUBERNETES_VERSION}.0"},

@@ -136,15 +136,23 @@ def test_the_crd_from_the_chart_is_learned_and_kubectl_serves_agentruns(
 def test_helm_upgrade_with_a_changed_value_updates_the_deployment(
     bare_cluster: EmulatedCluster, helm: helm_python.Config
 ) -> None:
-    install(helm)
+    install(helm, {"operator": {"podAnnotations": {"example.com/scrape": "yes"}}})
     before = bare_cluster.get("deployments", "agentrun-operator", NAMESPACE)
     assert before is not None
+    assert before["spec"]["template"]["metadata"]["annotations"] == {"example.com/scrape": "yes"}
 
-    release = helm.upgrade(CHART, RELEASE, {"operator": {"replicas": 3}}, namespace=NAMESPACE, timeout=60)
+    values = {"operator": {"replicas": 3, "podDisruptionBudget": {"enabled": False}}}
+    release = helm.upgrade(CHART, RELEASE, values, namespace=NAMESPACE, timeout=60)
     assert release["revision"] == 2 and release["status"] == "deployed"
     after = bare_cluster.get("deployments", "agentrun-operator", NAMESPACE)
     assert after is not None
     assert after["spec"]["replicas"] == 3, "helm upgrade did not change the replicas"
+    assert "annotations" not in after["spec"]["template"]["metadata"], (
+        "a field Helm no longer applies must be removed by server-side apply"
+    )
+    assert bare_cluster.get("poddisruptionbudgets", "agentrun-operator", NAMESPACE) is None, (
+        "helm upgrade did not delete the object the new values no longer render"
+    )
     assert after["metadata"]["uid"] == before["metadata"]["uid"], "the Deployment was replaced, not updated"
     assert after["metadata"]["generation"] == 2
     (entry,) = after["metadata"]["managedFields"]
