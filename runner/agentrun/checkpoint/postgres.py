@@ -243,6 +243,12 @@ _GET_LEDGER = """
            extract(epoch FROM created_at)::float8 AS created_at
     FROM tool_executions WHERE thread_id = $1 AND tool_call_id = $2
 """
+# The lookups of parallel tool calls, coalesced (ledger_get): one query for all the keys asked at once.
+_GET_LEDGER_MANY = """
+    SELECT tool_call_id, tool_name, COALESCE(result_text, result::text) AS result,
+           extract(epoch FROM created_at)::float8 AS created_at
+    FROM tool_executions WHERE thread_id = $1 AND tool_call_id = ANY($2::text[])
+"""
 _LIST_LEDGER = """
     SELECT tool_call_id, tool_name, COALESCE(result_text, result::text) AS result,
            extract(epoch FROM created_at)::float8 AS created_at
@@ -454,6 +460,9 @@ class PgCheckpointer(Checkpointer):
         self._pool: asyncpg.Pool[asyncpg.Record] | None = None
         self._pool_lock = asyncio.Lock()
         self._setup_done = False
+        # ledger_get calls waiting for this loop turn's one query, by thread: key -> its waiters.
+        self._lookups: dict[str, dict[str, list[asyncio.Future[LedgerEntry | None]]]] = {}
+        self._lookup_tasks: set[asyncio.Task[None]] = set()
 
     # -- plumbing ------------------------------------------------------------------------
 
@@ -835,10 +844,55 @@ class PgCheckpointer(Checkpointer):
     # -- ledger and intents ------------------------------------------------------------------
 
     async def ledger_get(self, thread_id: str, key: str) -> LedgerEntry | None:
-        row = await self._read("ledger read", lambda conn: conn.fetchrow(_GET_LEDGER, thread_id, key))
-        if row is None:
-            return None
-        return LedgerEntry(key, row["tool_name"], _loads(row["result"]), row["created_at"], text=row["result"])
+        """The entry of ``key``; lookups of one thread asked in the same loop turn share one query.
+
+        The parallel calls of an assistant message look their keys up at once
+        (the tool node starts them together), so a message costs one round trip
+        of lookups, not one per call. A failed query fails each of its lookups.
+        """
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[LedgerEntry | None] = loop.create_future()
+        pending = self._lookups.get(thread_id)
+        if pending is None:
+            pending = self._lookups[thread_id] = {}
+            # After the callbacks already due this turn: the sibling calls' lookups join the batch.
+            loop.call_soon(self._start_look_up, loop, thread_id)
+        pending.setdefault(key, []).append(future)
+        return await future
+
+    def _start_look_up(self, loop: asyncio.AbstractEventLoop, thread_id: str) -> None:
+        task = loop.create_task(self._look_up(thread_id), name=f"agentrun:ledger-lookup:{thread_id}")
+        self._lookup_tasks.add(task)  # a reference until it ends (the loop holds tasks weakly)
+        task.add_done_callback(self._lookup_tasks.discard)
+
+    async def _look_up(self, thread_id: str) -> None:
+        waiting = self._lookups.pop(thread_id, {})
+        keys = list(waiting)
+        try:
+            if len(keys) == 1:
+                row = await self._read("ledger read", lambda conn: conn.fetchrow(_GET_LEDGER, thread_id, keys[0]))
+                rows = {} if row is None else {keys[0]: row}
+            else:
+                found = await self._read("ledger read", lambda conn: conn.fetch(_GET_LEDGER_MANY, thread_id, keys))
+                rows = {r["tool_call_id"]: r for r in found}
+        except BaseException as e:
+            for futures in waiting.values():
+                for f in futures:
+                    if not f.done():
+                        f.set_exception(e)
+            if not isinstance(e, Exception):
+                raise
+            return
+        for key, futures in waiting.items():
+            row = rows.get(key)
+            entry = (
+                None
+                if row is None
+                else LedgerEntry(key, row["tool_name"], _loads(row["result"]), row["created_at"], text=row["result"])
+            )
+            for f in futures:
+                if not f.done():
+                    f.set_result(entry)
 
     async def ledger_put(
         self,
