@@ -34,8 +34,8 @@ precedence — and replaces the request semantics with the real server's:
   ``kubectl apply --server-side`` use it.
 
 Not emulated (hazards for tests): authentication and RBAC (every request is
-allowed), admission webhooks, ``/openapi/v2`` (protobuf only: kubectl gets
-a 404 and copes, as with old servers), protobuf request bodies other than
+allowed), admission webhooks, the definitions of ``/openapi/v2`` (served
+empty: kubectl and Helm read /openapi/v3 for every served kind), protobuf request bodies other than
 Namespace/Secret/ConfigMap/ServiceAccount (415), periodic watch bookmarks,
 API priority and fairness, and any controller other than the garbage
 collector and the namespace controller (no scheduler: the kubelet stand-in binds pods; no
@@ -86,6 +86,7 @@ DEFAULT_CRD_FILES = (
     *sorted((Path(__file__).parent / "crds").glob("*.yaml")),
 )
 SEED_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+OPENAPI_V2_PROTOBUF = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf"  # as kube-openapi answers
 WATCH_LIVENESS_CHECK = 2.0  # seconds between checks that a watching client is still connected
 
 
@@ -271,7 +272,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             response = await self._serve(request)
         except ApiError as e:
             return _json(e.as_status(), status=e.status)
-        if response is None:  # e.g. /openapi/v2 (protobuf only): kubectl copes with a 404 as with old servers
+        if response is None:
             return _json(apierrors.resource_not_found().as_status(), status=404)
         return response
 
@@ -306,6 +307,8 @@ class ClusterEmulator(kmock.KubernetesEmulator):
                 return _json(self._group_list())
             if path == "/openapi/v3" or path.startswith("/openapi/v3/"):
                 return self._serve_openapi(path)
+            if path == "/openapi/v2":
+                return _openapi_v2(request.headers.get("Accept", ""))
             if match := re.fullmatch(r"/apis/([^/]+)", path):
                 return _json(self._group(match.group(1)))
             if match := re.fullmatch(r"/api/([^/]+)|/apis/([^/]+)/([^/]+)", path):
@@ -693,6 +696,19 @@ def _json(obj: Any, *, status: int = 200, warnings: Iterable[str] = ()) -> aioht
     if warnings:
         headers["Warning"] = ", ".join('299 - "{}"'.format(w.replace('"', '\\"')) for w in warnings)
     return aiohttp.web.json_response(obj, status=status, headers=headers)
+
+
+def _openapi_v2(accept: str) -> aiohttp.web.Response:
+    """The legacy document, without definitions (every served kind is documented in /openapi/v3).
+
+    Clients read it only for kinds /openapi/v3 lacks, i.e. kinds the server does not serve; with no
+    schema for them their validation passes, and the request fails where a real server's does
+    (Helm: 'no matches for kind "ServiceMonitor" ... ensure CRDs are installed first').
+    """
+    if "protobuf" in accept:  # gnostic openapi_v2.Document{swagger: "2.0"}
+        return aiohttp.web.Response(body=b"\n\x032.0", content_type=OPENAPI_V2_PROTOBUF)
+    info = {"title": "Kubernetes (agentrun emulated cluster)", "version": f"v{KUBERNETES_VERSION}.0"}
+    return _json({"swagger": "2.0", "info": info, "paths": {}, "definitions": {}})
 
 
 def _success() -> dict[str, Any]:

@@ -24,16 +24,21 @@ structured-merge-diff):
   the fields away from their managers. Setting the same value shares the field.
 - Fields the applier owned before and no longer applies are removed from the
   object unless another manager still owns them.
-- Merging follows the schema: maps merge, associative lists (``listType:
-  map``, or a built-in's patch merge key) merge item by item, sets merge by
-  value, all other lists and scalars are replaced (atomic).
+- Merging follows the type: maps merge, associative lists (``listType: map``
+  with ``listMapKeys``) merge item by item, sets by value, all other lists and
+  scalars are replaced (atomic). Types come from the CRD's structural schema,
+  or for built-ins from the upstream Kubernetes definitions (the same
+  ``x-kubernetes-list-type``/``list-map-keys`` the real server's types carry);
+  ``metadata`` is ObjectMeta for every kind.
+- Struct fields that an apply leaves holding nothing it owns are pruned with
+  the rest (upstream's EnsureNamedFieldsAreMembers): dropping the last pod
+  annotation from a chart removes ``annotations`` itself.
 - ``metadata`` identity fields (name, namespace, uid, resourceVersion, ...) and,
   where a status subresource exists, ``status`` on the main resource are never
   owned; status writes are owned with ``subresource: status``.
 - Applying requires ``fieldManager`` (422 otherwise); ``force`` on a non-apply
   patch is a 422; a write that changes neither the object nor any ownership
   (only timestamps) is a no-op.
-
 - Upgrading from client-side apply: an apply by the ``kubectl`` manager may
   take, without a conflict, the fields in the object's
   ``kubectl.kubernetes.io/last-applied-configuration`` (upstream's
@@ -47,13 +52,13 @@ Left out (hazards for tests): apply to subresources (``kubectl apply
 --subresource``); managedFields in an applied configuration (dropped; upstream
 refuses them); converting ownership between API versions (one version per
 resource here); ``null`` in an applied configuration (dropped, as if absent);
-granular struct/map element relationships (``x-kubernetes-map-type``: maps are
-always granular); multi-key associative lists of built-ins other than
-container and Service ports; fields nested deeper than ``MAX_TRACKED_DEPTH``
-(100) are owned as one field at that depth (upstream tracks to the leaf, so an
-object nested 10,000 levels would get managedFields deeper than kubectl
-decodes); writes the server makes itself (garbage collector, namespace
-controller, eviction, binding) are not attributed to a manager.
+atomic maps and structs (``x-kubernetes-map-type: atomic``: every map is
+granular here); defaulted key fields other than ``protocol``; fields nested
+deeper than ``MAX_TRACKED_DEPTH`` (100) are owned as one field at that depth
+(upstream tracks to the leaf, so an object nested 10,000 levels would get
+managedFields deeper than kubectl decodes); writes the server makes itself
+(garbage collector, namespace controller, eviction, binding) are not
+attributed to a manager.
 """
 
 from __future__ import annotations

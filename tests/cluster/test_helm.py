@@ -108,6 +108,28 @@ def test_helm_install_creates_every_rendered_object_with_the_chart_labels(
     assert [r["name"] for r in helm.list()] == [RELEASE]
 
 
+def test_helm_install_with_namespaced_rbac_network_policies_and_the_dev_store(
+    bare_cluster: EmulatedCluster, helm: helm_python.Config
+) -> None:
+    values = {"watchNamespaces": ["default"], "networkPolicy": {"enabled": True}, "devStore": {"enabled": True}}
+    objects = manifest_objects(install(helm, values))
+    kinds = {o["kind"] for o in objects}
+    assert {"Role", "RoleBinding", "NetworkPolicy", "Secret"} <= kinds and "ClusterRole" not in kinds, kinds
+    missing = [describe(o) for o in objects if stored(bare_cluster, o) is None]
+    assert missing == [], f"helm install did not create: {missing}"
+
+
+def test_helm_install_of_a_kind_the_cluster_does_not_serve_fails_as_on_a_real_cluster(
+    bare_cluster: EmulatedCluster, helm: helm_python.Config
+) -> None:
+    """The ServiceMonitor needs Prometheus Operator's CRDs: Helm refuses before creating anything."""
+    with pytest.raises(helm_python.HelmError) as failure:
+        install(helm, {"metrics": {"serviceMonitor": {"enabled": True}}})
+    assert 'no matches for kind "ServiceMonitor" in version "monitoring.coreos.com/v1"' in str(failure.value)
+    assert "ensure CRDs are installed first" in str(failure.value)
+    assert bare_cluster.get("deployments", "agentrun-operator", NAMESPACE) is None
+
+
 def test_the_crd_from_the_chart_is_learned_and_kubectl_serves_agentruns(
     bare_cluster: EmulatedCluster, helm: helm_python.Config
 ) -> None:
