@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: bench dev test test-unit test-integration test-postgres test-cluster test-chart lint demo demo-local e2e-kind deploy-manifests lock clean
+.PHONY: dashboard prometheus bench dev test test-unit test-integration test-postgres test-cluster test-chart lint demo demo-local e2e-kind deploy-manifests lock clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 
 dev: $(STAMP)  ## create .venv with the project and its test/lint tools
 
-test: $(STAMP)  ## every tier; needs PostgreSQL and Redis on 127.0.0.1 (.ci/run starts them)
+test: $(STAMP) prometheus  ## every tier; needs PostgreSQL and Redis on 127.0.0.1 (.ci/run starts them)
 	$(BIN)/pytest -q
 
 test-unit: $(STAMP)
@@ -26,7 +26,7 @@ test-integration: $(STAMP)
 test-postgres: $(STAMP)
 	$(BIN)/pytest -q tests/postgres
 
-test-cluster: $(STAMP)
+test-cluster: $(STAMP) prometheus
 	$(BIN)/pytest -q tests/cluster
 
 test-chart: $(STAMP)  ## the Helm chart (real Helm), deploy/ and the Dockerfile, without a cluster
@@ -52,6 +52,12 @@ demo-local: $(STAMP)  ## no cluster, no services: the support agent on SQLite, S
 
 e2e-kind: $(STAMP)  ## real cluster: kind, the image, helm install of the chart with its dev store, the operator scenarios (docker, kind, kubectl, helm; KEEP_CLUSTER=1 keeps it)
 	bash hack/e2e-kind.sh
+
+dashboard: $(STAMP)  ## helm/agentrun/dashboards/agentrun.json from hack/dashboard.py (grafana-foundation-sdk); tests/chart fails when stale
+	$(BIN)/python hack/dashboard.py
+
+prometheus:  ## Debian's prometheus binary for the metrics test (tests start it themselves; never as a service)
+	bash scripts/prometheus.sh
 
 deploy-manifests: $(STAMP)  ## deploy/*.yaml from the Helm chart (real Helm); tests/chart fails when they drift
 	$(BIN)/python hack/render_manifests.py

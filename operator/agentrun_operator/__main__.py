@@ -1,7 +1,8 @@
 """The operator process: ``python -m agentrun_operator`` (configuration: ``AGENTRUN_OPERATOR_*``).
 
-Serves ``/healthz`` (liveness), ``/readyz`` and ``/metrics`` on the metrics
-port from the start, waits for the leader Lease, then runs kopf until it is
+Serves ``/healthz`` (liveness: 503 once the event loop's heartbeat stalls past
+``livenessTimeoutSeconds``, see ``io/health.py``), ``/readyz`` and ``/metrics``
+on the metrics port from the start, from a thread of their own, waits for the leader Lease, then runs kopf until it is
 stopped (SIGTERM: graceful, lease released) or loses the lease (exit 1, so
 Kubernetes restarts it as a standby and it never acts without the lease).
 """
@@ -16,13 +17,12 @@ import signal
 import sys
 
 import kopf
-from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from agentrun.logs import configure_logging
 
 from .io import metrics
 from .io.handlers import register
+from .io.health import HealthServer, Heartbeat, freeze_on_signal
 from .io.kube import KubeClient
 from .io.leader import LeaderElector
 from .io.reconcile import Reconciler
@@ -46,35 +46,21 @@ def _logging(fmt: str) -> None:
     logging.getLogger("kopf").setLevel(logging.WARNING)
 
 
-async def _serve_http(port: int, state: dict[str, str]) -> web.AppRunner:
-    async def healthz(_: web.Request) -> web.Response:
-        return web.Response(text="ok")
-
-    async def readyz(_: web.Request) -> web.Response:
-        return web.Response(text=state["role"])
-
-    async def metrics_endpoint(_: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-    app = web.Application()
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics_endpoint)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "0.0.0.0", port).start()
-    return runner
-
-
 async def run(settings: OperatorSettings) -> int:
     state = {"role": "starting"}
-    http = await _serve_http(settings.metrics_port, state) if settings.metrics_port else None
+    heartbeat = Heartbeat(timeout=settings.liveness_timeout_seconds)
+    beating = asyncio.create_task(heartbeat.beat())
+    http = (
+        HealthServer(settings.metrics_port, heartbeat, lambda: state["role"]).start() if settings.metrics_port else None
+    )
     kube = KubeClient.from_environment()
     stores = StoreRegistry(kube)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    if settings.debug_freeze_signal:
+        freeze_on_signal(loop, settings.debug_freeze_signal, settings.debug_freeze_seconds)
     elector = (
         LeaderElector(
             kube, settings.lease_namespace, settings.lease_name, settings.identity, settings.lease_duration_seconds
@@ -136,8 +122,9 @@ async def run(settings: OperatorSettings) -> int:
         metrics.LEADER.set(0)
         await stores.close()
         await kube.close()
+        beating.cancel()
         if http is not None:
-            await http.cleanup()
+            http.stop()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,6 +37,18 @@ class OperatorSettings(BaseSettings):
     max_disruptions: int = 50
     max_backoff_seconds: float = 300.0
     runner_metrics_port: int = 9090
+    # /healthz fails once the event loop's heartbeat is this late (io/health.py).
+    liveness_timeout_seconds: float = 30.0
+    # Debug hook, off (0) by default: this signal number blocks the event loop for debug_freeze_seconds,
+    # as a blocking call in a coroutine would (the liveness test uses it; see io/health.py).
+    debug_freeze_signal: int = 0
+    debug_freeze_seconds: float = 10.0
+    # Runner container resources when spec.podTemplate.resources is absent (JSON: {"requests": ..., "limits": ...}),
+    # so runner pods are not BestEffort (first evicted under node pressure). {} leaves them unset.
+    runner_resources: dict[str, dict[str, str]] = {
+        "requests": {"cpu": "100m", "memory": "256Mi"},
+        "limits": {"memory": "1Gi"},
+    }
     # Image prefixes spec.image must start with (comma-separated or JSON list), e.g.
     # "ghcr.io/acme/,registry.internal/agents/"; empty: any image (the default image is always allowed).
     allowed_image_prefixes: Annotated[list[str], NoDecode] = []

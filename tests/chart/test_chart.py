@@ -337,6 +337,29 @@ def test_runner_pods_the_operator_builds_with_the_chart_settings_are_restricted(
     (container,) = pod["spec"]["containers"]
     assert container["image"] == settings.default_image and container["securityContext"]["readOnlyRootFilesystem"]
     assert container["ports"] == [{"name": "metrics", "containerPort": 9090}], "the PodMonitor scrapes this port name"
+    assert container["resources"] == {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}, (
+        "runner pods without spec.podTemplate.resources must get runner.resources (not BestEffort)"
+    )
+
+
+def test_runner_resources_come_from_the_value_and_a_run_s_own_resources_win(monkeypatch: pytest.MonkeyPatch) -> None:
+    values = {"runner": {"resources": {"requests": {"cpu": "250m", "memory": "512Mi"}}}}
+    rendered = helm_python.Chart.load(CHART).render(values=values, name=RELEASE, namespace=NAMESPACE)
+    docs = [d for path, text in rendered.items() if not path.endswith("NOTES.txt") for d in yaml.safe_load_all(text)]
+    settings = settings_from(
+        Rendering(name="runner-resources", values=values, objects=[d for d in docs if d], notes=""), monkeypatch
+    )
+    ref = RunRef(namespace="team-a", name="r", uid="u-1")
+    spec = AgentRunSpec.model_validate({"graph": "examples.support_agent:app", "threadId": "t-1"})
+    (container,) = build_pod(ref, spec, attempt=1, settings=settings)["spec"]["containers"]
+    # Helm merges a user's map into the default: the default memory limit stays unless set to null.
+    assert container["resources"] == {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}}
+    own = {"requests": {"cpu": "2", "memory": "4Gi"}}
+    spec = AgentRunSpec.model_validate(
+        {"graph": "examples.support_agent:app", "threadId": "t-1", "podTemplate": {"resources": own}}
+    )
+    (container,) = build_pod(ref, spec, attempt=1, settings=settings)["spec"]["containers"]
+    assert container["resources"] == own, "spec.podTemplate.resources must win over the chart's default"
 
 
 # -- monitors, NetworkPolicy, dev store, NOTES -------------------------------------------------------

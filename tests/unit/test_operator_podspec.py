@@ -309,7 +309,7 @@ def test_template_safe_subset_is_copied() -> None:
 
 def test_without_template_nothing_optional_appears() -> None:
     pod = pod_for(make_spec())
-    assert "resources" not in container(pod)
+    assert container(pod)["resources"] == SETTINGS.runner_resources, "no spec resources: the operator's default"
     for key in ("nodeSelector", "tolerations", "affinity", "serviceAccountName", "hostNetwork"):
         assert key not in pod["spec"]
     assert pod["metadata"]["annotations"] == {}
@@ -418,3 +418,11 @@ def test_the_fault_point_is_the_only_agentrun_variable_a_template_may_set() -> N
     env = build_pod(RunRef.from_body(run), spec, attempt=1, settings=OperatorSettings())["spec"]["containers"][0]["env"]
     assert {"name": "AGENTRUN_FAULT_POINT", "value": "after_tool:charge_card"} in env
     assert [e.get("value") for e in env if e["name"] == "AGENTRUN_GRAPH"] == ["examples.support_agent:app"]
+
+
+def test_runner_resources_default_is_not_best_effort_and_empty_leaves_them_unset() -> None:
+    """Runner pods without spec.podTemplate.resources get the operator's default (requests: not BestEffort)."""
+    assert SETTINGS.runner_resources["requests"], "the default must request resources"
+    bare = OperatorSettings(runner_resources={})
+    pod = build_pod(RunRef.from_body(run()), make_spec(), attempt=1, settings=bare)
+    assert "resources" not in container(pod)

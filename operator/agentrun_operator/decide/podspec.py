@@ -8,6 +8,7 @@ RuntimeDefault), store credentials only through ``secretKeyRef``, and from
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -133,6 +134,8 @@ def build_pod(
     }
     if template and template.resources:
         container["resources"] = template.resources
+    elif settings.runner_resources:  # the operator's default (chart value runner.resources): never BestEffort
+        container["resources"] = copy.deepcopy(settings.runner_resources)
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,

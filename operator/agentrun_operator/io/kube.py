@@ -22,6 +22,8 @@ from urllib.parse import quote
 import aiohttp
 import yaml
 
+from . import metrics
+
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 MERGE_PATCH = "application/merge-patch+json"
 
@@ -124,17 +126,23 @@ class KubeClient:
         if body is not None:
             headers["Content-Type"] = content_type
             data = json.dumps(body)
-        async with self._session.request(
-            method, self.server + path, data=data, headers=headers, params=params, ssl=self._ssl
-        ) as response:
-            text = await response.text()
-            payload = json.loads(text) if text and text.lstrip().startswith("{") else {}
-            if response.status >= 400:
-                reason = payload.get("reason") or response.reason or ""
-                message = payload.get("message") or text[:300]
-                error = {404: NotFound, 409: Conflict}.get(response.status, ApiError)
-                raise error(response.status, reason, message)
-            return payload
+        try:
+            async with self._session.request(
+                method, self.server + path, data=data, headers=headers, params=params, ssl=self._ssl
+            ) as response:
+                text = await response.text()
+                status, http_reason = response.status, response.reason
+        except (aiohttp.ClientError, TimeoutError):
+            metrics.kube_request(method, None)
+            raise
+        metrics.kube_request(method, status)
+        payload = json.loads(text) if text and text.lstrip().startswith("{") else {}
+        if status >= 400:
+            reason = payload.get("reason") or http_reason or ""
+            message = payload.get("message") or text[:300]
+            error = {404: NotFound, 409: Conflict}.get(status, ApiError)
+            raise error(status, reason, message)
+        return payload
 
     async def get(self, path: str) -> dict[str, Any]:
         result: dict[str, Any] = await self.request("GET", path)

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from prometheus_client import Counter, Gauge, Histogram
 
-RUNS = Gauge("agentrun_operator_runs", "AgentRuns known to this operator, by phase", ["phase"])
+RUNS = Gauge(
+    "agentrun_operator_runs", "AgentRuns known to this operator, by phase and namespace", ["phase", "namespace"]
+)
 RESCHEDULES = Counter(
-    "agentrun_operator_reschedules_total", "Attempts started after a disruption or a crash", ["reason"]
+    "agentrun_operator_reschedules_total",
+    "Attempts started after a disruption, a crash (BackOff), a retry or a resume, by reason and namespace",
+    ["reason", "namespace"],
 )
 TRANSITIONS = Counter("agentrun_operator_phase_transitions_total", "Phase changes written to status", ["phase"])
 RECONCILE_SECONDS = Histogram(
@@ -50,3 +57,92 @@ def tool_failed(tool: str, count: int) -> None:
         else:
             _tool_labels.add(tool)
     TOOL_CALLS_FAILED.labels(tool).inc(count)
+
+
+# --- Issue 9: per-run facts aggregated so they survive short runner pods -------------------------------------
+# A runner pod often ends before Prometheus scrapes it; the operator outlives every run and already reads each
+# run's progress from the store, so the facts users alert on are counted here. Labels are bounded: namespace
+# (the cluster's), phase/outcome/reason (fixed sets, plus the cluster's disruption reasons) -- never run names,
+# thread ids or pod names. Facts only the runner process sees (ledger record failures, stale-state conflicts,
+# fenced writes, checkpoint write latency, model tokens and latency, Redis degradation) stay in the runner's
+# own ``agentrun_*`` metrics, scraped by the chart's PodMonitor (``monitoring.podMonitor.enabled``).
+
+RUN_DURATION = Histogram(
+    "agentrun_operator_run_duration_seconds",
+    "From an AgentRun's startTime to its final phase (Succeeded, Failed, Stopped), by namespace and final phase",
+    ["namespace", "phase"],
+    buckets=(1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 24 * 3600),
+)
+TOOL_CALLS = Counter(
+    "agentrun_operator_tool_calls_total",
+    "Tool calls of AgentRuns as the runners checkpointed them, by namespace and outcome "
+    "(executed, replayed from the ledger, failed, in_doubt: started but unrecorded when replayed)",
+    ["namespace", "outcome"],
+)
+TOOL_OUTCOMES = ("executed", "replayed", "failed", "in_doubt")
+KUBE_REQUESTS = Counter(
+    "agentrun_operator_kube_requests_total",
+    "Kubernetes API requests the operator made (its own client; kopf's watches are not counted), by verb and code",
+    ["verb", "code"],
+)
+KUBE_ERRORS = Counter(
+    "agentrun_operator_kube_request_errors_total",
+    "Kubernetes API requests that failed (HTTP >= 400, or no answer: code 'none'), by verb and code",
+    ["verb", "code"],
+)
+BUILD_INFO = Gauge("agentrun_operator_build_info", "Always 1; the operator's version and Python", ["version", "python"])
+LOOP_LAG = Gauge(
+    "agentrun_operator_event_loop_lag_seconds", "How late the liveness heartbeat's last tick ran (loop responsiveness)"
+)
+
+# Reschedule reasons the operator itself coins (decide/run.py); the cluster's disruption reasons join as seen.
+RESCHEDULE_REASONS = ("BackOff", "Retry", "Resume", "NodeLost", "PodDeleted", "Preempted", "EvictionByEvictionAPI")
+FINAL_PHASES = ("Succeeded", "Failed", "Stopped")
+_namespaces: set[str] = set()
+
+
+def namespace_seen(namespace: str, phases: tuple[str, ...]) -> None:
+    """Create every labelled series of ``namespace`` at 0 the first time a run there is reconciled."""
+    if namespace in _namespaces:
+        return
+    _namespaces.add(namespace)
+    for phase in phases:
+        RUNS.labels(phase=phase, namespace=namespace)
+    for reason in RESCHEDULE_REASONS:
+        RESCHEDULES.labels(reason=reason, namespace=namespace)
+    for outcome in TOOL_OUTCOMES:
+        TOOL_CALLS.labels(namespace=namespace, outcome=outcome)
+    for phase in FINAL_PHASES:
+        RUN_DURATION.labels(namespace=namespace, phase=phase)
+
+
+def tool_calls_seen(namespace: str, before: Mapping[str, Any], after: Mapping[str, Any]) -> None:
+    """Count the growth of a run's ``status.toolCalls`` (camelCase keys) once it is written."""
+    for outcome, key in zip(TOOL_OUTCOMES, ("executed", "replayed", "failed", "inDoubt"), strict=True):
+        grown = int(after.get(key, 0) or 0) - int(before.get(key, 0) or 0)
+        if grown > 0:
+            TOOL_CALLS.labels(namespace=namespace, outcome=outcome).inc(grown)
+
+
+def kube_request(verb: str, code: int | None) -> None:
+    label = str(code) if code is not None else "none"
+    KUBE_REQUESTS.labels(verb=verb, code=label).inc()
+    if code is None or code >= 400:
+        KUBE_ERRORS.labels(verb=verb, code=label).inc()
+
+
+def _build_info() -> None:
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        ours = version("agentrun")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        ours = "unknown"
+    BUILD_INFO.labels(version=ours, python=platform.python_version()).set(1)
+
+
+_build_info()
+for _verb in ("GET", "POST", "PATCH", "PUT", "DELETE"):
+    KUBE_REQUESTS.labels(verb=_verb, code="200")
+    KUBE_ERRORS.labels(verb=_verb, code="none")

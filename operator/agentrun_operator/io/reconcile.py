@@ -42,7 +42,7 @@ from ..decide.conditions import status_patch
 from ..decide.decision import Decision, Limits, StoreProblem
 from ..decide.identity import RecordedTurn
 from ..decide.podspec import RUN_LABEL, RunRef, build_pod, label_value, pod_name, run_request_key, store_secret
-from ..decide.reasons import Phase
+from ..decide.reasons import TERMINAL, Phase
 from ..decide.run import at_rest, decide, rejected
 from ..decide.spec import AgentRunSpec, InvalidSpec, parse_spec, thread_key
 from ..decide.status import AgentRunStatus, StatusPatch, iso, parse_time
@@ -85,12 +85,14 @@ class Reconciler:
         self._locks: dict[str, asyncio.Lock] = {}
         self._written: dict[str, dict[str, Any]] = {}  # uid -> .status as our last patch left it
         self.phases: dict[str, str] = {}
+        self._namespace: dict[str, str] = {}  # uid -> namespace, for the runs-by-phase gauge
         self._pod_created: dict[str, float] = {}
 
     def forget(self, uid: str) -> None:
         self._locks.pop(uid, None)
         self._written.pop(uid, None)
         self.phases.pop(uid, None)
+        self._namespace.pop(uid, None)
         self._pod_created.pop(uid, None)
         self._publish_phases()
 
@@ -115,11 +117,13 @@ class Reconciler:
         )
 
     def _publish_phases(self) -> None:
-        counts: dict[str, int] = {}
-        for phase in self.phases.values():
-            counts[phase] = counts.get(phase, 0) + 1
-        for phase in Phase:
-            metrics.RUNS.labels(phase).set(counts.get(phase, 0))
+        counts: dict[tuple[str, str], int] = {}
+        for uid, phase in self.phases.items():
+            key = (phase, self._namespace.get(uid, ""))
+            counts[key] = counts.get(key, 0) + 1
+        for namespace in set(self._namespace.values()):
+            for phase in Phase:
+                metrics.RUNS.labels(phase=phase, namespace=namespace).set(counts.get((phase, namespace), 0))
 
     async def reconcile(self, body: Mapping[str, Any], *, peers: Iterable[ThreadPeer] = ()) -> AgentRunStatus:
         """Reconcile the run of ``body``; ``peers``: the runs on its thread (read under the run's lock).
@@ -145,6 +149,8 @@ class Reconciler:
         ref = RunRef.from_body(run)
         status = self.status_of(run)
         self.phases[ref.uid] = status.phase or Phase.PENDING
+        self._namespace[ref.uid] = ref.namespace
+        metrics.namespace_seen(ref.namespace, tuple(Phase))
         if at_rest(status, deleting=bool(meta.get("deletionTimestamp")), retry=jobparity.retry_of(run.get("spec"))):
             self._publish_phases()
             return
@@ -261,7 +267,7 @@ class Reconciler:
             decision.status["podName"] = pod
             self._pod_created[ref.uid] = time.monotonic()
             if decision.reschedule_reason is not None:
-                metrics.RESCHEDULES.labels(decision.reschedule_reason).inc()
+                metrics.RESCHEDULES.labels(reason=decision.reschedule_reason, namespace=namespace).inc()
 
     async def _write(self, run: dict[str, Any], status: AgentRunStatus, decision: Decision, now: datetime) -> None:
         meta = run["metadata"]
@@ -274,13 +280,15 @@ class Reconciler:
             conditions=decision.conditions,
         )
         if "phase" in patch:
-            self._observe_transition(ref.uid, status, patch, now)
+            self._observe_transition(ref, status, patch, now)
         if not patch:
             return
         written = await self.kube.merge_patch(run_path(ref.namespace, ref.name, status=True), {"status": patch})
         self._written[ref.uid] = dict(written.get("status") or {})
         for tool, count in decision.tool_failures.items():  # once written, so a retried reconcile never recounts
             metrics.tool_failed(tool, count)
+        if (calls := decision.status.get("toolCalls")) is not None:
+            metrics.tool_calls_seen(ref.namespace, dict(status.tool_calls or {}), dict(calls))
         if "phase" in patch:
             log.info(
                 "[%s/%s] %s -> %s (%s): %s",
@@ -296,8 +304,14 @@ class Reconciler:
         for event in decision.events:
             await self._event(run, event.type, event.reason, event.message, now=now)
 
-    def _observe_transition(self, uid: str, current: AgentRunStatus, patch: StatusPatch, now: datetime) -> None:
+    def _observe_transition(self, ref: RunRef, current: AgentRunStatus, patch: StatusPatch, now: datetime) -> None:
+        uid = ref.uid
         metrics.TRANSITIONS.labels(patch["phase"]).inc()
+        started = current.start_time
+        if patch["phase"] in TERMINAL and current.phase not in TERMINAL and started is not None:
+            metrics.RUN_DURATION.labels(namespace=ref.namespace, phase=patch["phase"]).observe(
+                max(0.0, (now - started).total_seconds())
+            )
         requested = current.stop_requested_time
         if patch["phase"] == Phase.STOPPED and requested is not None:
             metrics.STOP_LATENCY.observe(max(0.0, (now - requested).total_seconds()))
