@@ -13,6 +13,10 @@ admission plugins an operator's pods meet on every cluster:
   period.
 - Secrets: ``stringData`` is merged into base64 ``data``.
 - Namespaces: ``status.phase: Active`` and the ``kubernetes`` finalizer.
+- Services: the API defaults (``type: ClusterIP``, ``sessionAffinity``,
+  ``internalTrafficPolicy``, a port's ``protocol`` and ``targetPort``), a
+  cluster IP from 10.96.0.0/12 (random, not checked for reuse: a test needs a
+  few), single-stack IPv4; an update without them keeps the allocated IPs.
 - Every object: its annotations together at most 256 KiB (ObjectMeta validation).
 """
 
@@ -91,6 +95,8 @@ def prepare_create(kind: str, obj: dict[str, Any]) -> None:
         obj["status"] = {"phase": "Active"}
     elif kind == "CustomResourceDefinition":
         obj["status"] = _crd_status(obj)
+    elif kind == "Service":
+        _service_defaults(obj, None)
 
 
 def prepare_update(kind: str, old: dict[str, Any], new: dict[str, Any]) -> None:
@@ -100,6 +106,29 @@ def prepare_update(kind: str, old: dict[str, Any], new: dict[str, Any]) -> None:
         new["status"] = copy.deepcopy(old.get("status", {})) if "status" not in new else new["status"]
     elif kind == "CustomResourceDefinition":
         new["status"] = _crd_status(new)
+    elif kind == "Service":
+        _service_defaults(new, old)
+
+
+def _service_defaults(svc: dict[str, Any], old: dict[str, Any] | None) -> None:
+    spec = svc.setdefault("spec", {})
+    spec.setdefault("type", "ClusterIP")
+    spec.setdefault("sessionAffinity", "None")
+    for port in spec.get("ports") or []:
+        port.setdefault("protocol", "TCP")
+        port.setdefault("targetPort", port.get("port"))
+    if spec["type"] == "ExternalName":
+        return
+    spec.setdefault("internalTrafficPolicy", "Cluster")
+    old_spec = (old or {}).get("spec") or {}
+    for field in ("clusterIP", "clusterIPs", "ipFamilies", "ipFamilyPolicy"):
+        if not spec.get(field) and old_spec.get(field):  # the REST strategy keeps allocated values
+            spec[field] = copy.deepcopy(old_spec[field])
+    if not spec.get("clusterIP"):
+        spec["clusterIP"] = f"10.{96 + random.randrange(16)}.{random.randrange(256)}.{random.randrange(2, 255)}"
+    spec.setdefault("clusterIPs", [spec["clusterIP"]])
+    spec.setdefault("ipFamilies", ["IPv4"])
+    spec.setdefault("ipFamilyPolicy", "SingleStack")
 
 
 def _crd_status(crd: dict[str, Any]) -> dict[str, Any]:

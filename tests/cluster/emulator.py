@@ -7,9 +7,12 @@ request parsing, the ``objects`` store with per-object history, the
 ``resources`` discovery registry and user-defined reactions, which still take
 precedence — and replaces the request semantics with the real server's:
 
-- It LEARNS THE CRDs from ``crds/`` (plus kopf's peering CRDs) and serves them
-  next to a few built-ins (pods, events, secrets, configmaps, namespaces,
-  nodes, serviceaccounts, coordination.k8s.io leases, CRDs).
+- It LEARNS THE CRDs from ``crds/`` (plus kopf's peering CRDs, or none: then
+  from whoever applies them, e.g. ``helm install``) and serves them next to
+  the built-ins an operator and its Helm chart need (pods, events, secrets,
+  configmaps, namespaces, nodes, serviceaccounts, services, coordination.k8s.io
+  leases, apps deployments, RBAC roles and bindings, policy
+  poddisruptionbudgets, networking networkpolicies, CRDs).
 - Discovery documents as kube-apiserver writes them: subresources have an
   empty ``singularName`` and no short names, so ``kubectl get ar`` is not
   ambiguous with ``agentruns/status``.

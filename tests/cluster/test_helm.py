@@ -15,6 +15,9 @@ runs pods it is given, and these tests need none).
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,11 +41,25 @@ pytestmark = pytest.mark.timeout(180)
 def bare_cluster(tmp_path: Path) -> Iterator[EmulatedCluster]:
     """An emulated cluster that knows no CRD: Helm has to install it."""
     emulated = EmulatedCluster(tmp_path / "cluster", crd_files=()).start()
+    cache = discovery_cache(emulated.url)
+    shutil.rmtree(cache, ignore_errors=True)  # another emulator's, from an earlier run on this port
     try:
         yield emulated
     finally:
         emulated.stop()
+        shutil.rmtree(cache, ignore_errors=True)
     assert not emulated.internal_errors, f"the emulator failed while serving: {emulated.internal_errors!r}"
+
+
+def discovery_cache(url: str) -> Path:
+    """Where Helm (client-go) caches discovery for a server, for 6 hours: keyed by host and port only.
+
+    The library reads KUBECACHEDIR when it loads (so a test cannot point it elsewhere), and a port
+    reused by a later emulator serving other resources would be answered from the stale cache.
+    """
+    root = Path(os.environ.get("KUBECACHEDIR") or Path.home() / ".kube" / "cache")
+    host = url.removeprefix("http://").removeprefix("https://")
+    return root / "discovery" / re.sub(r"[^(\w/.)]", "_", host)
 
 
 @pytest.fixture
@@ -163,6 +180,13 @@ def test_helm_upgrade_with_a_changed_value_updates_the_deployment(
     assert before is not None
     assert before["spec"]["template"]["metadata"]["annotations"] == {"example.com/scrape": "yes"}
 
+    service = bare_cluster.get("services", "agentrun-operator-metrics", NAMESPACE)
+    assert service is not None
+    cluster_ip = service["spec"]["clusterIP"]
+    assert cluster_ip.startswith("10.") and service["spec"]["ports"][0]["targetPort"] == "metrics"
+    helm_owns = next(e for e in service["metadata"]["managedFields"] if e["operation"] == "Apply")["fieldsV1"]
+    assert "f:clusterIP" not in helm_owns["f:spec"], "a value the server allocated is not the applier's"
+
     values = {"operator": {"replicas": 3, "podDisruptionBudget": {"enabled": False}}}
     release = helm.upgrade(CHART, RELEASE, values, namespace=NAMESPACE, timeout=60)
     assert release["revision"] == 2 and release["status"] == "deployed"
@@ -179,6 +203,8 @@ def test_helm_upgrade_with_a_changed_value_updates_the_deployment(
     assert after["metadata"]["generation"] == 2
     (entry,) = after["metadata"]["managedFields"]
     assert entry["operation"] == "Apply" and "f:replicas" in entry["fieldsV1"]["f:spec"]
+    service = bare_cluster.get("services", "agentrun-operator-metrics", NAMESPACE)
+    assert service is not None and service["spec"]["clusterIP"] == cluster_ip, "the allocated cluster IP changed"
     # An object the upgrade did not change is not written again.
     account = bare_cluster.get("serviceaccounts", "agentrun-operator", NAMESPACE)
     assert account is not None and len(bare_cluster.history("serviceaccounts", "agentrun-operator", NAMESPACE)) == 1
