@@ -31,18 +31,20 @@ precedence — and replaces the request semantics with the real server's:
 - The real server's limits (``limits``): request bodies up to 3 MiB (413
   beyond), stored objects up to etcd's 1.5 MiB, JSON nested up to 10,000
   levels (400 beyond), with the real messages.
-
 - Server-side apply with field ownership (``managedFields``), conflicts and
   ``force`` (``fieldmanager``, which says what it leaves out), as Helm 4 and
-  ``kubectl apply --server-side`` use it.
+  ``kubectl apply --server-side`` use it; Helm's release records (protobuf
+  Secrets with binary data) and its protobuf ``DeleteOptions``.
 
 Not emulated (hazards for tests): authentication and RBAC (every request is
 allowed), admission webhooks, the definitions of ``/openapi/v2`` (served
-empty: kubectl and Helm read /openapi/v3 for every served kind), protobuf request bodies other than
-Namespace/Secret/ConfigMap/ServiceAccount (415), periodic watch bookmarks,
-API priority and fairness, and any controller other than the garbage
-collector and the namespace controller (no scheduler: the kubelet stand-in binds pods; no
-ReplicaSets, Jobs or Services).
+empty: kubectl and Helm read /openapi/v3 for every served kind), protobuf
+request bodies other than Namespace/Secret/ConfigMap/ServiceAccount and
+DeleteOptions (415), aggregated discovery, periodic watch bookmarks, API
+priority and fairness, and any controller other than the garbage collector
+and the namespace controller (no scheduler: the kubelet stand-in binds pods;
+a Deployment is stored but no ReplicaSet or pod follows, a Service gets a
+cluster IP but no endpoints; no Jobs).
 
 Run it standalone for a demo: ``python -m tests.cluster.emulator --port 18080
 --kubeconfig /tmp/kubeconfig [--kubelet]``.
