@@ -507,6 +507,7 @@ async def drive(
         planned += [(n, True) for n in BASELINE_JOBS if n in table]
     raw: dict[str, list[dict[str, Any]]] = {}
     started = time.time()
+    facts = machine()  # before the run: its load average is the one at the start
     try:
         for r in range(rounds):
             shift = (r * len(planned)) // max(rounds, 1)
@@ -534,7 +535,7 @@ async def drive(
         "shape": {"nodes": p.nodes, "tool_iterations": p.iterations, "runs_per_job": p.runs},
         "versions": versions(),
         "postgres": await server_version(),
-        "machine": machine(),
+        "machine": facts,
         "baseline_revision": baseline,
     }
     with contextlib.suppress(OSError):
