@@ -315,9 +315,11 @@ class Reconciler:
         requested = current.stop_requested_time
         if patch["phase"] == Phase.STOPPED and requested is not None:
             metrics.STOP_LATENCY.observe(max(0.0, (now - requested).total_seconds()))
-        created = self._pod_created.pop(uid, None)
-        if patch["phase"] == Phase.RUNNING and created is not None:
+        # Kept across the Pending (PodCreated) transition written with the pod itself: measured at Running.
+        if patch["phase"] == Phase.RUNNING and (created := self._pod_created.pop(uid, None)) is not None:
             metrics.POD_START_LATENCY.observe(time.monotonic() - created)
+        elif patch["phase"] in TERMINAL:
+            self._pod_created.pop(uid, None)
 
     async def _event(self, run: dict[str, Any], kind: str, reason: str, message: str, *, now: datetime) -> None:
         meta = run["metadata"]
