@@ -126,9 +126,13 @@ PANELS: tuple[Panel, ...] = (
     ),
     Panel(
         "Ledger record failures",
-        "Tool calls that COMPLETED but could not be recorded: a replay would run them again (runner pods)",
+        "Tool calls that COMPLETED but could not be recorded: a replay would run them again "
+        "(operator, from the checkpointed counts; and the live runner pods' own counter)",
         "short",
-        (Query(increase("agentrun_ledger_record_failures_total", "", zero=True), "record failures"),),
+        (
+            Query(increase("agentrun_operator_tool_calls_total", "", f'{NS}, outcome="unrecorded"'), "unrecorded"),
+            Query(increase("agentrun_ledger_record_failures_total", "", zero=True), "runner pods"),
+        ),
     ),
     Panel(
         "In-doubt calls",

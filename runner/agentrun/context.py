@@ -46,18 +46,29 @@ class ToolCounts:
     replayed: int = 0
     failed: int = 0
     in_doubt: int = 0
+    # Calls that COMPLETED but whose ledger record failed (a replay would run them again); the operator
+    # exports it (agentrun_operator_tool_calls_total{outcome="unrecorded"}), so it outlives the pod.
+    unrecorded: int = 0
     last_error: dict[str, str] | None = None
 
     @classmethod
     def from_meta(cls, meta: dict[str, Any]) -> ToolCounts:
         counts = meta.get("tool_calls") or {}
         return cls(
-            **{k: int(counts.get(k, 0)) for k in ("executed", "replayed", "failed", "in_doubt")},
+            **{k: int(counts.get(k, 0)) for k in ("executed", "replayed", "failed", "in_doubt", "unrecorded")},
             last_error=meta.get("last_tool_error"),
         )
 
     def as_dict(self) -> dict[str, int]:
-        return {"executed": self.executed, "replayed": self.replayed, "failed": self.failed, "in_doubt": self.in_doubt}
+        counts = {
+            "executed": self.executed,
+            "replayed": self.replayed,
+            "failed": self.failed,
+            "in_doubt": self.in_doubt,
+        }
+        if self.unrecorded:  # additive and only when it happened: older readers and checkpoints stay as they were
+            counts["unrecorded"] = self.unrecorded
+        return counts
 
     def fail(self, tool: str, code: str, message: str) -> None:
         """Count a failed call and remember it as the last tool error."""

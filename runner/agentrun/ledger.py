@@ -193,6 +193,7 @@ async def record(ctx: RunContext, key: str, tool_name: str, result: Any, state: 
         raise
     except Exception as e:
         LEDGER_RECORD_FAILURES.labels(tool_name).inc()
+        ctx.counts.unrecorded += 1  # checkpointed with the step: the operator's metric outlives this pod
         ctx.log.error(
             "tool call %s (%s) COMPLETED but could not be recorded in the ledger: %s; "
             "the result goes to the model and the run continues, but a replay of this step would call it again",

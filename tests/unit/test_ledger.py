@@ -269,6 +269,7 @@ async def test_ledger_write_failure_logs_completed_but_not_recorded_and_the_run_
     assert values["messages"][-1].content == 'done: call_1={"charge": "ch_1"}', "the result must reach the model"
     state = await checkpointer.aget("t")
     assert state is not None and state.status == "completed"
+    assert state.meta["tool_calls"]["unrecorded"] == 1, "the checkpoint must carry the record failure to the operator"
 
 
 async def test_result_that_cannot_be_serialized_is_reported_as_not_recorded(

@@ -50,6 +50,7 @@ class ToolCalls(TypedDict):
     replayed: int
     failed: NotRequired[int]  # written only when non-zero, like a Job's counters
     inDoubt: NotRequired[int]
+    unrecorded: NotRequired[int]  # completed but not recorded in the ledger (a replay would run them again)
 
 
 class ResultInfo(TypedDict, total=False):

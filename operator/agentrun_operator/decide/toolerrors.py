@@ -42,6 +42,8 @@ def tool_call_counts(counts: Mapping[str, Any]) -> ToolCalls:
         out["failed"] = failed
     if in_doubt := _count(counts, "in_doubt"):
         out["inDoubt"] = in_doubt
+    if unrecorded := _count(counts, "unrecorded"):
+        out["unrecorded"] = unrecorded
     return out
 
 

@@ -76,10 +76,11 @@ RUN_DURATION = Histogram(
 TOOL_CALLS = Counter(
     "agentrun_operator_tool_calls_total",
     "Tool calls of AgentRuns as the runners checkpointed them, by namespace and outcome "
-    "(executed, replayed from the ledger, failed, in_doubt: started but unrecorded when replayed)",
+    "(executed, replayed from the ledger, failed, in_doubt: started but unrecorded when replayed, "
+    "unrecorded: completed but the ledger record failed)",
     ["namespace", "outcome"],
 )
-TOOL_OUTCOMES = ("executed", "replayed", "failed", "in_doubt")
+TOOL_OUTCOMES = ("executed", "replayed", "failed", "in_doubt", "unrecorded")
 KUBE_REQUESTS = Counter(
     "agentrun_operator_kube_requests_total",
     "Kubernetes API requests the operator made (its own client; kopf's watches are not counted), by verb and code",
@@ -118,7 +119,7 @@ def namespace_seen(namespace: str, phases: tuple[str, ...]) -> None:
 
 def tool_calls_seen(namespace: str, before: Mapping[str, Any], after: Mapping[str, Any]) -> None:
     """Count the growth of a run's ``status.toolCalls`` (camelCase keys) once it is written."""
-    for outcome, key in zip(TOOL_OUTCOMES, ("executed", "replayed", "failed", "inDoubt"), strict=True):
+    for outcome, key in zip(TOOL_OUTCOMES, ("executed", "replayed", "failed", "inDoubt", "unrecorded"), strict=True):
         grown = int(after.get(key, 0) or 0) - int(before.get(key, 0) or 0)
         if grown > 0:
             TOOL_CALLS.labels(namespace=namespace, outcome=outcome).inc(grown)
