@@ -89,6 +89,26 @@ def phase(cluster: EmulatedCluster, name: str) -> str | None:
     return (run.get("status") or {}).get("phase")
 
 
+def show_metrics(port: int, text: str) -> None:
+    """Say where the operator's metrics are (and keep what it served), with the few lines this demo moved."""
+    snapshot = WORK / "operator-metrics.txt"
+    snapshot.write_text(text)
+    banner("6. Metrics")
+    wanted = (
+        "agentrun_operator_reschedules_total{",
+        "agentrun_operator_tool_calls_total{",
+        "agentrun_operator_stop_latency_seconds_count",
+        'agentrun_operator_runs{namespace="default",phase="Succeeded"}',
+    )
+    for line in text.splitlines():
+        if line.startswith(wanted) and not line.rstrip().endswith(" 0.0"):
+            print("  " + line)
+    print(f"the operator served Prometheus metrics at http://127.0.0.1:{port}/metrics during the demo")
+    print(f"  (liveness at /healthz, role at /readyz); what it served at the end: {snapshot.relative_to(ROOT)}")
+    print("  in a cluster: Service agentrun-operator-metrics:8080/metrics (helm value metrics.serviceMonitor.enabled")
+    print("  for the Prometheus Operator), Grafana dashboard: helm/agentrun/dashboards/agentrun.json")
+
+
 def main() -> int:
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir()
@@ -153,6 +173,7 @@ def main() -> int:
             if ok
             else "\n\033[31mDEMO FAILED\033[0m"
         )
+        show_metrics(operator.port, operator.metrics())
         return 0 if ok else 1
     finally:
         if operator is not None:
