@@ -350,6 +350,26 @@ MIGRATIONS: list[Migration] = [
         $$;
         """,
     ),
+    Migration(
+        "progress notifications: NOTIFY agentrun_progress with the thread id when a checkpoint commits",
+        # The operator LISTENs on one connection per store (agentrun_operator/io/notify.py) instead of
+        # polling every run's progress. A trigger rather than a line in agentrun_put_checkpoint, so every
+        # path that inserts a state row notifies (the function, the transaction kept for the fault tests).
+        # NOTIFY is delivered at commit, never for a rolled-back write, and once per distinct payload per
+        # transaction. Channels (shared by every schema of the database; a listener in another schema
+        # only gets a spurious wake-up): agentrun_progress (this one, payload: the thread id) and
+        # agentrun_stop (the runner's stop check, migration 11, payload: the thread id).
+        """
+        CREATE FUNCTION agentrun_notify_progress() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            PERFORM pg_notify('agentrun_progress', NEW.thread_id::text);
+            RETURN NULL;
+        END
+        $$;
+        CREATE TRIGGER agentrun_progress_notify AFTER INSERT ON states
+            FOR EACH ROW EXECUTE FUNCTION agentrun_notify_progress();
+        """,
+    ),
 ]
 
 _CREATE_VERSION_TABLE = """
