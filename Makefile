@@ -6,10 +6,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: dashboard prometheus bench dev test test-unit test-integration test-postgres test-cluster test-chart lint demo demo-local e2e-kind deploy-manifests lock clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml kubesim/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	$(BIN)/python -m pip install --quiet -e ./kubesim -e '.[dev,bench]'
 	touch $(STAMP)
 
 dev: $(STAMP)  ## create .venv with the project and its test/lint tools
@@ -26,8 +26,8 @@ test-integration: $(STAMP)
 test-postgres: $(STAMP)
 	$(BIN)/pytest -q tests/postgres
 
-test-cluster: $(STAMP) prometheus
-	$(BIN)/pytest -q tests/cluster
+test-cluster: $(STAMP) prometheus  ## the emulated cluster (kubesim's self-tests, then agentrun's cluster tier)
+	$(BIN)/pytest -q kubesim/tests tests/cluster
 
 test-chart: $(STAMP)  ## the Helm chart (real Helm), deploy/ and the Dockerfile, without a cluster
 	$(BIN)/pytest -q tests/chart tests/e2e/test_manifests.py
@@ -37,9 +37,9 @@ bench: $(STAMP)  ## what durability costs: agentrun vs LangGraph vs the PostgreS
 	$(BIN)/python -m bench.runtime $(BENCH_ARGS)
 	$(BIN)/python -m bench.runtime profile
 
-lint: $(STAMP)  ## ruff (lint and format), mypy --strict (product and test support code), import layers
-	$(BIN)/ruff check runner operator tests examples bench
-	$(BIN)/ruff format --check runner operator tests examples bench
+lint: $(STAMP)  ## ruff (lint and format), mypy --strict (product, kubesim and test support code), import layers
+	$(BIN)/ruff check runner operator kubesim tests examples bench
+	$(BIN)/ruff format --check runner operator kubesim tests examples bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 

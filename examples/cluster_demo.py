@@ -3,8 +3,9 @@
     make demo
 
 Everything is real except the Kubernetes control plane and node: the API
-server is the test tier's emulator (kmock, taught the AgentRun CRD), and a
-local kubelet stand-in runs each pod as a process on this machine. The
+server is kubesim's emulator (``kubesim/``: kmock made faithful, serving the
+AgentRun CRD from ``crds/``), and its kubelet stand-in runs each pod as a
+process on this machine. The
 operator (``python -m agentrun_operator``), the runner pods
 (``python -m agentrun.runner``), PostgreSQL and ``kubectl`` are the real
 things. Files land in ``.demo/``; the KUBECONFIG printed at the start lets you
@@ -16,28 +17,104 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import signal
+import socket
+import subprocess
 import sys
 import time
+import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import yaml
 
+from kubesim import KOPF_PEERING_CRDS, EmulatedCluster, KubeletThread, default_base_env
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from agentrun.checkpoint.base import Progress  # noqa: E402
 from agentrun.checkpoint.postgres import PgCheckpointer  # noqa: E402
 from examples.support_agent import count_effects  # noqa: E402
-from tests.cluster.harness import EmulatedCluster  # noqa: E402
-from tests.cluster.kubelet import KubeletThread  # noqa: E402
-from tests.cluster.operator_harness import progress, start_operator  # noqa: E402
-from tests.support.databases import with_database  # noqa: E402
 
 WORK = ROOT / ".demo"
 ADMIN_DSN = os.environ.get("AGENTRUN_TEST_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
-DSN = with_database(ADMIN_DSN, "agentrun_demo")
+DSN = urlunsplit(urlsplit(ADMIN_DSN)._replace(path="/agentrun_demo"))  # the same server, the demo's database
 RUN = "support-order-4821"
 THREAD = "default/order-4821"
+CRD_FILES = (*sorted((ROOT / "crds").glob("*.yaml")), KOPF_PEERING_CRDS)
+RUNNER_IMAGES = ("ghcr.io/agentrun/agentrun:*",)  # the operator's default image: the kubelet runs it from this venv
+
+
+@dataclass
+class Operator:
+    """The real operator (``python -m agentrun_operator``) as a process of this demo."""
+
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    port: int
+
+    def _get(self, path: str) -> str | None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=2) as response:
+                body: bytes = response.read()
+                return body.decode()
+        except OSError:
+            return None
+
+    def role(self) -> str | None:
+        return self._get("/readyz")
+
+    def metrics(self) -> str:
+        return self._get("/metrics") or ""
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start_operator(cluster: EmulatedCluster) -> Operator:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("KUBE", "AGENTRUN_"))}
+    environment.update(
+        KUBECONFIG=str(cluster.kubeconfig),
+        PYTHONPATH=str(ROOT),
+        AGENTRUN_OPERATOR_IDENTITY="demo-operator",
+        AGENTRUN_OPERATOR_METRICS_PORT=str(port),
+        AGENTRUN_OPERATOR_LEASE_NAMESPACE="default",
+        AGENTRUN_OPERATOR_RUNNER_METRICS_PORT="0",
+        # a snappy demo: a short lease, a fast reconcile loop, short grace periods
+        AGENTRUN_OPERATOR_LEASE_DURATION_SECONDS="3",
+        AGENTRUN_OPERATOR_RECONCILE_INTERVAL_SECONDS="0.5",
+        AGENTRUN_OPERATOR_STOP_GRACE_SECONDS="15",
+        AGENTRUN_OPERATOR_POD_GRACE_SECONDS="10",
+    )
+    log_path = WORK / "operator.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agentrun_operator"], env=environment, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
+        )
+    return Operator(proc, log_path, port)
+
+
+def progress(thread: str) -> Progress | None:
+    async def read() -> Progress | None:
+        store = PgCheckpointer(DSN)
+        try:
+            return await store.aget_progress(thread)
+        finally:
+            await store.aclose()
+
+    return asyncio.run(read())
 
 
 def banner(text: str) -> None:
@@ -114,14 +191,16 @@ def main() -> int:
     WORK.mkdir()
     asyncio.run(fresh_database())
     effects = WORK / "effects.db"
-    cluster = EmulatedCluster(WORK / "cluster").start()
-    kubelet = KubeletThread(cluster.url, WORK / "kubelet").start()
+    cluster = EmulatedCluster(WORK / "cluster", crd_files=CRD_FILES).start()
+    kubelet = KubeletThread(
+        cluster.url, WORK / "kubelet", known_images=RUNNER_IMAGES, base_env=default_base_env(pythonpath=[ROOT])
+    ).start()
     operator = None
     try:
         banner("1. An emulated cluster, a local kubelet, the real operator")
         print(f"export KUBECONFIG={cluster.kubeconfig}    # to follow along from another terminal")
         kubectl(cluster, "create", "secret", "generic", "agentrun-store", f"--from-literal=postgresDsn={DSN}")
-        operator = start_operator(cluster, WORK, identity="demo-operator")
+        operator = start_operator(cluster)
         wait(lambda: operator.role() == "leader", 30, "the operator to lead")
         print(f"operator is {operator.role()} (log: {operator.log_path.relative_to(ROOT)})")
 
@@ -159,7 +238,7 @@ def main() -> int:
         manifest["spec"]["threadId"] = "hung-order"
         manifest["spec"]["podTemplate"]["env"][1:] = [{"name": "SUPPORT_TOOL_DELAY", "value": "3600"}]
         kubectl(cluster, "apply", "-f", "-", input=yaml.safe_dump(manifest))
-        wait(lambda: (p := progress(DSN, "default/hung-order")) and p.current_node == "tools", 60, "the hung tool")
+        wait(lambda: (p := progress("default/hung-order")) and p.current_node == "tools", 60, "the hung tool")
         time.sleep(0.5)
         asked = time.monotonic()
         kubectl(cluster, "patch", "ar", "hung-order", "--type", "merge", "-p", '{"spec":{"stop":true}}')

@@ -18,7 +18,7 @@ import yaml
 
 from agentrun.checkpoint.base import Progress
 from agentrun.checkpoint.postgres import PgCheckpointer
-from tests.cluster.harness import EmulatedCluster
+from kubesim import EmulatedCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 

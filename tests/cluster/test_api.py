@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.conftest import AGENTRUNS, PODS, python_pod
-from tests.cluster.harness import EmulatedCluster
+from kubesim import EmulatedCluster
+from kubesim.testing import python_pod
+from tests.cluster.conftest import AGENTRUNS, PODS
 
 MERGE = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"

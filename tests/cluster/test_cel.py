@@ -15,10 +15,9 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.cluster import celrules
+from kubesim import EmulatedCluster, celrules
+from kubesim.resources import crd_resources, load_crd_documents
 from tests.cluster.conftest import AGENTRUNS
-from tests.cluster.harness import EmulatedCluster
-from tests.cluster.resources import crd_resources, load_crd_documents
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "cel-run"

@@ -14,8 +14,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from kubesim.schema import SchemaValidator, apply_defaults, format_checker, prune, to_jsonschema
 from tests.cluster.conftest import CRD_FILE, EXAMPLE, INVALID_MANIFESTS, ROOT
-from tests.cluster.schema import SchemaValidator, apply_defaults, format_checker, prune, to_jsonschema
 
 
 def crd() -> dict[str, Any]:

@@ -26,7 +26,7 @@ import helm_python
 import pytest
 import yaml
 
-from tests.cluster.harness import EmulatedCluster
+from kubesim import EmulatedCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "agentrun"

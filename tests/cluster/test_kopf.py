@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from kubesim import EmulatedCluster
 from tests.cluster.conftest import EXAMPLE, ROOT
-from tests.cluster.harness import EmulatedCluster
 
 HANDLERS = Path(__file__).parent / "operators" / "kopf_smoke.py"
 NAME = "support-order-4821"

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.cluster.conftest import AGENTRUNS, EXAMPLE, INVALID_MANIFESTS, PODS, python_pod
-from tests.cluster.harness import KUBECTL, EmulatedCluster
+from kubesim import KUBECTL, EmulatedCluster
+from kubesim.testing import python_pod
+from tests.cluster.conftest import AGENTRUNS, EXAMPLE, INVALID_MANIFESTS, PODS
 from tests.cluster.test_crd import EXPECTED_FIELD
 
 NAME = "support-order-4821"

@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.cluster.conftest import AGENTRUNS, EXAMPLE, PODS, python_pod, terminated
-from tests.cluster.harness import EmulatedCluster
-from tests.cluster.kubelet import KubeletThread
+from kubesim import EmulatedCluster, KubeletThread
+from kubesim.testing import python_pod, terminated
+from tests.cluster.conftest import AGENTRUNS, EXAMPLE, PODS
 
 # A process that reports readiness, then records the SIGTERM it gets and exits like a preempted runner (6).
 PREEMPTIBLE = """
@@ -416,7 +416,7 @@ def test_an_image_that_cannot_be_pulled_backs_off_until_it_exists(
 
 
 def test_known_images_match_by_normalized_reference() -> None:
-    from tests.cluster.kubelet import Kubelet
+    from kubesim.kubelet import Kubelet
 
     node = Kubelet("http://127.0.0.1:1", workdir=Path("/nonexistent"), known_images=["python:3.11", "ghcr.io/x/*"])
     assert node._known("docker.io/library/python:3.11") and node._known("python:3.11")

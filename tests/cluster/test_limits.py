@@ -3,7 +3,7 @@
 Hostile-object tests (a 1 MiB input, input nested thousands of levels deep)
 prove something only if the emulator takes the same objects as a real server:
 bodies up to 3 MiB, stored objects up to etcd's 1.5 MiB, JSON nested up to
-10,000 levels, with the real messages beyond (see ``tests/cluster/limits.py``).
+10,000 levels, with the real messages beyond (see ``kubesim/src/kubesim/limits.py``).
 """
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
-from tests.cluster import limits
+from kubesim import EmulatedCluster, limits
 from tests.cluster.conftest import AGENTRUNS
-from tests.cluster.harness import EmulatedCluster
 
 MERGE = "application/merge-patch+json"
 MIB = 1024 * 1024

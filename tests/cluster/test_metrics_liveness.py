@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.harness import EmulatedCluster
+from kubesim import EmulatedCluster
 from tests.cluster.operator_harness import OperatorProcess, start_operator
 
 pytestmark = pytest.mark.timeout(60)

@@ -30,8 +30,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.cluster.harness import EmulatedCluster
-from tests.cluster.kubelet import KubeletThread
+from kubesim import EmulatedCluster, KubeletThread
 from tests.cluster.operator_harness import (
     OperatorProcess,
     agentrun,

@@ -20,8 +20,7 @@ import pytest
 import yaml
 
 from examples.support_agent import count_effects
-from tests.cluster.harness import EmulatedCluster
-from tests.cluster.kubelet import KubeletThread
+from kubesim import EmulatedCluster, KubeletThread
 from tests.cluster.operator_harness import (
     OperatorProcess,
     agentrun,

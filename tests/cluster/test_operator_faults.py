@@ -25,8 +25,7 @@ import pytest
 import yaml
 
 from examples.support_agent import count_effects
-from tests.cluster.harness import EmulatedCluster
-from tests.cluster.kubelet import KubeletThread
+from kubesim import EmulatedCluster, KubeletThread
 from tests.cluster.operator_harness import OperatorProcess, agentrun, apply, executions, start_operator
 from tests.cluster.test_operator import pods_of, status, wait_phase
 from tests.postgres.conftest import PrivatePostgres, _pg_bin

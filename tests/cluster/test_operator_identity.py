@@ -17,9 +17,8 @@ from typing import Any
 
 import pytest
 
+from kubesim import EmulatedCluster, KubeletThread
 from tests.cluster import test_operator as shared
-from tests.cluster.harness import EmulatedCluster
-from tests.cluster.kubelet import KubeletThread
 from tests.cluster.operator_harness import OperatorProcess, agentrun, apply, progress
 
 # The operator tests' fixtures (a database per module, the store Secret, the operator process).

@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from tests.cluster import apierrors
+from kubesim import apierrors
 
 Predicate = Callable[[dict[str, Any]], bool]
 

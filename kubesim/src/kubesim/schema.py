@@ -21,7 +21,7 @@ from typing import Any
 
 import jsonschema
 
-from tests.cluster.apierrors import FieldError, go_value
+from kubesim.apierrors import FieldError, go_value
 
 _VENDOR_KEYS = ("x-kubernetes-", "description", "default", "example", "externalDocs", "nullable")
 

@@ -53,10 +53,10 @@ from typing import Any
 
 import kmock
 
-from tests.cluster import admission, apierrors, fieldmanager, limits, patching
-from tests.cluster import schema as crd_schema
-from tests.cluster.apierrors import ApiError, FieldError
-from tests.cluster.resources import BuiltinSchemas, ResourceDef
+from kubesim import admission, apierrors, fieldmanager, limits, patching
+from kubesim import schema as crd_schema
+from kubesim.apierrors import ApiError, FieldError
+from kubesim.resources import BuiltinSchemas, ResourceDef
 
 _READONLY_META = (
     "uid",

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tests.cluster.resources import Column, ResourceDef
+    from kubesim.resources import Column, ResourceDef
 
 
 def wants_table(accept: str) -> bool:
@@ -171,7 +171,7 @@ def human_duration(seconds: int) -> str:
 
 
 def pod_columns() -> list[Column]:
-    from tests.cluster.resources import Column
+    from kubesim.resources import Column
 
     def ready(pod: dict[str, Any]) -> str:
         statuses = pod.get("status", {}).get("containerStatuses") or []
@@ -241,7 +241,7 @@ def pod_status(pod: dict[str, Any]) -> str:
 
 
 def event_columns() -> list[Column]:
-    from tests.cluster.resources import Column
+    from kubesim.resources import Column
 
     def last_seen(event: dict[str, Any]) -> str:
         stamp = (

@@ -52,7 +52,7 @@ from typing import Any
 
 import cel
 
-from tests.cluster.apierrors import FieldError, go_value
+from kubesim.apierrors import FieldError, go_value
 
 MAX_CEL_DEPTH = 64
 _DEEP = "\x00emulator:deep-value:"

@@ -7,8 +7,9 @@ request parsing, the ``objects`` store with per-object history, the
 ``resources`` discovery registry and user-defined reactions, which still take
 precedence — and replaces the request semantics with the real server's:
 
-- It LEARNS THE CRDs from ``crds/`` (plus kopf's peering CRDs, or none: then
-  from whoever applies them, e.g. ``helm install``) and serves them next to
+- It LEARNS THE CRDs given as ``crd_files`` (e.g. a project's ``crds/`` and
+  ``KOPF_PEERING_CRDS``; or none: then from whoever applies them, e.g.
+  ``helm install``) and serves them next to
   the built-ins an operator and its Helm chart need (pods, events, secrets,
   configmaps, namespaces, nodes, serviceaccounts, services, coordination.k8s.io
   leases, apps deployments, RBAC roles and bindings, policy
@@ -36,18 +37,10 @@ precedence — and replaces the request semantics with the real server's:
   ``kubectl apply --server-side`` use it; Helm's release records (protobuf
   Secrets with binary data) and its protobuf ``DeleteOptions``.
 
-Not emulated (hazards for tests): authentication and RBAC (every request is
-allowed), admission webhooks, the definitions of ``/openapi/v2`` (served
-empty: kubectl and Helm read /openapi/v3 for every served kind), protobuf
-request bodies other than Namespace/Secret/ConfigMap/ServiceAccount and
-DeleteOptions (415), aggregated discovery, periodic watch bookmarks, API
-priority and fairness, and any controller other than the garbage collector
-and the namespace controller (no scheduler: the kubelet stand-in binds pods;
-a Deployment is stored but no ReplicaSet or pod follows, a Service gets a
-cluster IP but no endpoints; no Jobs).
+What it leaves out (hazards for tests): ``README.md`` of the kubesim package.
 
-Run it standalone for a demo: ``python -m tests.cluster.emulator --port 18080
---kubeconfig /tmp/kubeconfig [--kubelet]``.
+Run it standalone: ``python -m kubesim --port 18080 --kubeconfig /tmp/kubeconfig
+[--crd crds/] [--kubelet]``.
 """
 
 from __future__ import annotations
@@ -72,10 +65,10 @@ import yaml
 from kmock._internal import parsing as kmock_parsing
 from multidict import CIMultiDict
 
-from tests.cluster import apierrors, fieldmanager, limits, openapi, patching, protobuf, selectors, tables
-from tests.cluster.apierrors import ApiError
-from tests.cluster.registry import Change, Registry, decode_continue, encode_continue
-from tests.cluster.resources import (
+from kubesim import apierrors, fieldmanager, limits, openapi, patching, protobuf, selectors, tables
+from kubesim.apierrors import ApiError
+from kubesim.registry import Change, Registry, decode_continue, encode_continue
+from kubesim.resources import (
     KUBERNETES_VERSION,
     ResourceDef,
     builtin_resources,
@@ -85,11 +78,8 @@ from tests.cluster.resources import (
 
 logger = logging.getLogger(__name__)
 
-ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_CRD_FILES = (
-    *sorted((ROOT / "crds").glob("*.yaml")),
-    *sorted((Path(__file__).parent / "crds").glob("*.yaml")),
-)
+# kopf's peering CRDs (``kopf.dev/v1`` KopfPeering and ClusterKopfPeering), for kopf operators run with ``--peering``
+KOPF_PEERING_CRDS = Path(__file__).parent / "crds" / "kopf.dev_peerings.yaml"
 SEED_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 OPENAPI_V2_PROTOBUF = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf"  # as kube-openapi answers
 WATCH_LIVENESS_CHECK = 2.0  # seconds between checks that a watching client is still connected
@@ -121,18 +111,15 @@ _kmock_parse_path = kmock_parsing.parse_path
 kmock_parsing.parse_path = _parse_path_safely  # used by kmock's request parsing, module-wide
 
 
-limits.raise_recursion_limit()  # a real server stores objects nested 10,000 levels deep (see limits)
-
-
-def _default_crd_files() -> tuple[Path, ...]:
-    return DEFAULT_CRD_FILES
+def _paths(paths: Iterable[Path]) -> tuple[Path, ...]:
+    return tuple(paths)
 
 
 @attrs.define(kw_only=True)
 class ClusterEmulator(kmock.KubernetesEmulator):
     """kmock's emulator with the API server's semantics; see the module docstring."""
 
-    crd_files: tuple[Path, ...] = attrs.field(factory=_default_crd_files, converter=tuple)
+    crd_files: tuple[Path, ...] = attrs.field(default=(), converter=_paths)
     seed_namespaces: tuple[str, ...] = SEED_NAMESPACES
     registry: Registry = attrs.field(init=False)
     defs: list[ResourceDef] = attrs.field(init=False)
@@ -143,6 +130,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
+        limits.raise_recursion_limit()  # a real server stores objects nested 10,000 levels deep (see limits)
         self.defs = builtin_resources()
         self.registry = Registry(self.defs, self.objects)
         self.registry.on_change = self._on_change
@@ -712,7 +700,7 @@ def _openapi_v2(accept: str) -> aiohttp.web.Response:
     """
     if "protobuf" in accept:  # gnostic openapi_v2.Document{swagger: "2.0"}
         return aiohttp.web.Response(body=b"\n\x032.0", content_type=OPENAPI_V2_PROTOBUF)
-    info = {"title": "Kubernetes (agentrun emulated cluster)", "version": f"v{KUBERNETES_VERSION}.0"}
+    info = {"title": "Kubernetes (kubesim emulated cluster)", "version": f"v{KUBERNETES_VERSION}.0"}
     return _json({"swagger": "2.0", "info": info, "paths": {}, "definitions": {}})
 
 
@@ -725,7 +713,7 @@ def _server_version() -> dict[str, str]:
     return {
         "major": major,
         "minor": minor,
-        "gitVersion": f"v{KUBERNETES_VERSION}.0-agentrun-emulator",
+        "gitVersion": f"v{KUBERNETES_VERSION}.0-kubesim",
         "gitCommit": "0000000000000000000000000000000000000000",
         "gitTreeState": "clean",
         "buildDate": "2024-12-11T00:00:00Z",
@@ -785,8 +773,16 @@ def _watch_event(change: Change, now_selected: bool, was_selected: bool) -> dict
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m tests.cluster.emulator", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m kubesim", description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument(
+        "--crd",
+        type=Path,
+        action="append",
+        default=[],
+        help="a CRD file, or a folder of *.yaml CRD files, installed at start (repeatable)",
+    )
+    parser.add_argument("--kopf-peerings", action="store_true", help="also install kopf's peering CRDs")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--kubeconfig", type=Path, help="write a kubeconfig for the emulator here")
     parser.add_argument("--kubelet", action="store_true", help="also run the kubelet stand-in (runs pods locally)")
@@ -798,14 +794,18 @@ def main(argv: list[str] | None = None) -> None:
 
 
 async def _serve_forever(args: argparse.Namespace) -> None:
-    from tests.cluster.harness import write_kubeconfig
-    from tests.cluster.kubelet import Kubelet
+    from kubesim.cluster import write_kubeconfig
+    from kubesim.kubelet import Kubelet
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with ClusterEmulator() as emulator, kmock.Server(emulator, host=args.host, port=args.port) as server:
+    crd_files = [f for path in args.crd for f in (sorted(path.glob("*.yaml")) if path.is_dir() else [path])]
+    if args.kopf_peerings:
+        crd_files.append(KOPF_PEERING_CRDS)
+    emulator = ClusterEmulator(crd_files=crd_files)
+    async with emulator, kmock.Server(emulator, host=args.host, port=args.port) as server:
         url = f"http://{server.host}:{server.port}"
         if args.kubeconfig:
             write_kubeconfig(args.kubeconfig, url)

@@ -1,9 +1,9 @@
 """Run the emulated cluster in a background thread and drive it like a user would.
 
 ``EmulatedCluster`` starts ``ClusterEmulator`` behind kmock's HTTP server on
-127.0.0.1 (a free port), in its own thread and event loop, so that separate
-processes — the real ``kubectl``, later the real kopf operator and runner
-pods — reach it over TCP exactly as they would reach a cluster. It writes a
+127.0.0.1 (a free port unless given one), in its own thread and event loop, so
+that separate processes — the real ``kubectl``, Helm, an operator, pods —
+reach it over TCP exactly as they would reach a cluster. It writes a
 kubeconfig, runs the real ``kubectl`` against it, calls the API over HTTP, and
 reads stored objects directly (as snapshots taken on the server's loop, so a
 test never sees a half-applied write).
@@ -22,14 +22,14 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import kmock
 import yaml
 
-from tests.cluster.emulator import ClusterEmulator
+from kubesim.emulator import ClusterEmulator
 
 T = TypeVar("T")
 KUBECTL = shutil.which("kubectl") or "kubectl"
@@ -43,19 +43,19 @@ def write_kubeconfig(path: Path, server: str, namespace: str = "default") -> Pat
             {
                 "apiVersion": "v1",
                 "kind": "Config",
-                "clusters": [{"name": "agentrun-emulated", "cluster": {"server": server}}],
-                "users": [{"name": "agentrun-emulated", "user": {"token": "emulated"}}],
+                "clusters": [{"name": "kubesim", "cluster": {"server": server}}],
+                "users": [{"name": "kubesim", "user": {"token": "emulated"}}],
                 "contexts": [
                     {
-                        "name": "agentrun-emulated",
+                        "name": "kubesim",
                         "context": {
-                            "cluster": "agentrun-emulated",
-                            "user": "agentrun-emulated",
+                            "cluster": "kubesim",
+                            "user": "kubesim",
                             "namespace": namespace,
                         },
                     }
                 ],
-                "current-context": "agentrun-emulated",
+                "current-context": "kubesim",
             }
         )
     )
@@ -74,11 +74,11 @@ class EmulatedCluster:
     """The emulated API server on a background thread; see the module docstring."""
 
     def __init__(
-        self, workdir: Path, *, host: str = "127.0.0.1", port: int = 0, crd_files: tuple[Path, ...] | None = None
+        self, workdir: Path, *, host: str = "127.0.0.1", port: int = 0, crd_files: Iterable[Path] = ()
     ) -> None:
         self.workdir = workdir
         self.host, self.port = host, port
-        self.crd_files = crd_files
+        self.crd_files = tuple(crd_files)
         self.kubeconfig = workdir / "kubeconfig"
         self.url = ""
         self.emulator: ClusterEmulator | None = None
@@ -124,8 +124,7 @@ class EmulatedCluster:
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        kwargs: dict[str, Any] = {} if self.crd_files is None else {"crd_files": self.crd_files}
-        emulator = ClusterEmulator(**kwargs)
+        emulator = ClusterEmulator(crd_files=self.crd_files)
         async with emulator, kmock.Server(emulator, host=self.host, port=self.port) as server:
             self.emulator = emulator
             self.url = f"http://{server.host}:{server.port}"

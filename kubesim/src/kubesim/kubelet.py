@@ -11,7 +11,7 @@ pod bound to its node:
   (retried every second, as the real kubelet retries);
 - "pulls" the image first, as a kubelet does: an image name that is not a valid
   reference waits with ``InvalidImageName``; an image outside ``known_images``
-  (by default what the tests and the demo use: ``KNOWN_IMAGES``, ``*`` allowed)
+  (by default ``KNOWN_IMAGES``; ``*`` allowed)
   waits with ``ErrImagePull``, then ``ImagePullBackOff`` ("Back-off pulling
   image ...") and is pulled again after a back-off that doubles (1 s to 10 s
   here, 10 s to 300 s on a real node); adding the image to ``known_images``
@@ -81,11 +81,11 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 NODE_NAME = "emulated-node"
-ROOT = Path(__file__).resolve().parents[2]
 STRATEGIC = "application/strategic-merge-patch+json"
-# The images a pod may use here: the operator harness's runner image, the test pods' image and the
-# image the operator defaults to (the demo); a test can pass its own set to Kubelet/KubeletThread.
-KNOWN_IMAGES = ("agentrun:test", "python:3.11", "ghcr.io/agentrun/agentrun:*")
+# The images a pod may use by default (``kubesim.testing.python_pod`` uses python:3.11); a project
+# passes its own set (its runner image, say) to Kubelet/KubeletThread, or the pytest plugin's
+# ``kubesim_known_images`` fixture.
+KNOWN_IMAGES = ("python:3.11",)
 PULL_BACKOFF = (1.0, 10.0)  # seconds: first back-off and cap (the kubelet's are 10 s and 300 s)
 RUNC_START_ERROR = (
     "failed to create containerd task: failed to create shim task: OCI runtime create failed: "
@@ -105,11 +105,16 @@ def now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def default_base_env() -> dict[str, str]:
-    """The "image" environment: this interpreter first on PATH, the repository importable."""
+def default_base_env(pythonpath: Iterable[str | Path] | None = None) -> dict[str, str]:
+    """The "image" environment: this interpreter first on PATH, ``pythonpath`` importable.
+
+    ``pythonpath`` defaults to the current directory (a project's checkout, when its tests or
+    tools run from its root), so a pod's ``python -m some.module`` imports the project's code.
+    """
+    paths = [Path.cwd()] if pythonpath is None else list(pythonpath)
     return {
         "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "/usr/bin:/bin")]),
-        "PYTHONPATH": str(ROOT),
+        "PYTHONPATH": os.pathsep.join(str(p) for p in paths),
         "PYTHONUNBUFFERED": "1",
         "HOME": os.environ.get("HOME", "/tmp"),
         "LANG": "C.UTF-8",
@@ -361,7 +366,7 @@ class Kubelet:
                     ],
                     "daemonEndpoints": {"kubeletEndpoint": {"Port": self.port}},
                     "nodeInfo": {
-                        "kubeletVersion": "v1.32.0-agentrun-stand-in",
+                        "kubeletVersion": "v1.32.0-kubesim-stand-in",
                         "operatingSystem": "linux",
                         "architecture": "amd64",
                         "containerRuntimeVersion": "local-process://1",
@@ -914,8 +919,18 @@ def _field_ref(pod: dict[str, Any], path: str) -> str:
 class KubeletThread:
     """The kubelet on its own thread and event loop, with synchronous fault injection for tests."""
 
-    def __init__(self, api_url: str, workdir: Path, *, known_images: Iterable[str] = KNOWN_IMAGES) -> None:
-        self.kubelet = Kubelet(api_url, workdir=workdir, known_images=known_images)
+    def __init__(
+        self,
+        api_url: str,
+        workdir: Path,
+        *,
+        known_images: Iterable[str] = KNOWN_IMAGES,
+        base_env: dict[str, str] | None = None,
+        node_name: str = NODE_NAME,
+    ) -> None:
+        self.kubelet = Kubelet(
+            api_url, workdir=workdir, known_images=known_images, base_env=base_env, node_name=node_name
+        )
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="kubelet", daemon=True)
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from kubernetes_validate import utils as kv_utils
 
-from tests.cluster.resources import KUBERNETES_VERSION, ResourceDef
+from kubesim.resources import KUBERNETES_VERSION, ResourceDef
 
 _META = "io.k8s.apimachinery.pkg.apis.meta.v1"
 _REF = "#/components/schemas/"
@@ -201,7 +201,7 @@ def group_version_document(defs: list[ResourceDef]) -> dict[str, Any]:
         schemas.setdefault(name, upstream_definitions()[name])
     return {
         "openapi": "3.0.0",
-        "info": {"title": "Kubernetes (agentrun emulated cluster)", "version": f"v{KUBERNETES_VERSION}.0"},
+        "info": {"title": "Kubernetes (kubesim emulated cluster)", "version": f"v{KUBERNETES_VERSION}.0"},
         "paths": paths,
         "components": {"schemas": _closure(schemas)},
     }

@@ -39,7 +39,7 @@ import re
 import sys
 from typing import Any
 
-from tests.cluster.apierrors import ApiError
+from kubesim.apierrors import ApiError
 
 MAX_REQUEST_BODY_BYTES = 3 * 1024 * 1024
 MAX_STORED_BYTES = 1536 * 1024  # etcd --max-request-bytes default (1.5 MiB)

@@ -70,9 +70,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from tests.cluster import apierrors, openapi
-from tests.cluster.apierrors import ApiError, FieldError
-from tests.cluster.resources import ResourceDef
+from kubesim import apierrors, openapi
+from kubesim.apierrors import ApiError, FieldError
+from kubesim.resources import ResourceDef
 
 Path = tuple[str, ...]
 APPLY = "Apply"

@@ -22,7 +22,7 @@ from typing import Any
 import jsonpatch
 import jsonpointer
 
-from tests.cluster import apierrors
+from kubesim import apierrors
 
 MERGE = "application/merge-patch+json"
 JSON = "application/json-patch+json"

@@ -29,8 +29,8 @@ import re
 import string
 from typing import Any
 
-from tests.cluster import apierrors
-from tests.cluster.apierrors import FieldError
+from kubesim import apierrors
+from kubesim.apierrors import FieldError
 
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")

@@ -24,8 +24,8 @@ import referencing
 import yaml
 from kubernetes_validate import utils as kv_utils
 
-from tests.cluster.celrules import Validator as CelValidator
-from tests.cluster.schema import SchemaValidator
+from kubesim.celrules import Validator as CelValidator
+from kubesim.schema import SchemaValidator
 
 KUBERNETES_VERSION = "1.32"
 ALL_VERBS = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
@@ -171,7 +171,7 @@ def _name() -> Column:
 
 def builtin_resources() -> list[ResourceDef]:
     """The built-in resources an operator, a kubelet and kubectl need here."""
-    from tests.cluster import tables  # the pod status column lives with the other table logic
+    from kubesim import tables  # the pod status column lives with the other table logic
 
     return [
         ResourceDef(

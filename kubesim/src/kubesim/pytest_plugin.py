@@ -1,0 +1,77 @@
+"""The pytest plugin (entry point ``pytest11``): ``cluster`` and ``kubelet`` fixtures.
+
+- ``cluster``: an ``EmulatedCluster`` started in the test's temporary folder
+  (``.url``, ``.kubeconfig``, ``.kubectl(*args)`` running the real binary,
+  ``.api(...)`` for raw HTTP, ``.get/.list_objects/.history`` for stored
+  objects, ``.wait_for``); the test fails if the emulator itself raised while
+  serving it (its bugs, not API errors).
+- ``kubelet``: a ``KubeletThread`` bound to that cluster (fault injection:
+  ``kill``, ``oom_kill``, ``evict``, ``lose_node``, ``pause``/``resume``; per
+  pod ``logs``/``log_path``); every pod process is dead after the test.
+
+A project configures them by overriding these fixtures in its ``conftest.py``:
+
+- ``kubesim_crd_files``: CRD files installed before the test (default none);
+- ``kubesim_known_images``: the images the kubelet "has" (default ``KNOWN_IMAGES``);
+- ``kubesim_base_env``: the pods' environment under their own (default
+  ``default_base_env()``: this interpreter on PATH, the current folder on PYTHONPATH).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from kubesim.cluster import EmulatedCluster
+from kubesim.kubelet import KNOWN_IMAGES, KubeletThread, default_base_env
+
+
+@pytest.fixture
+def kubesim_crd_files() -> Sequence[Path]:
+    """CRD files the ``cluster`` fixture installs at start; override it in a conftest.py."""
+    return ()
+
+
+@pytest.fixture
+def kubesim_known_images() -> Sequence[str]:
+    """Image patterns (fnmatch) the ``kubelet`` fixture can "pull"; override it in a conftest.py."""
+    return KNOWN_IMAGES
+
+
+@pytest.fixture
+def kubesim_base_env() -> dict[str, str]:
+    """The environment of every pod process under the pod's own; override it in a conftest.py."""
+    return default_base_env()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, kubesim_crd_files: Sequence[Path]) -> Iterator[EmulatedCluster]:
+    emulated = EmulatedCluster(tmp_path / "cluster", crd_files=tuple(kubesim_crd_files)).start()
+    try:
+        yield emulated
+    finally:
+        emulated.stop()
+    assert not emulated.internal_errors, f"the emulator failed while serving: {emulated.internal_errors!r}"
+
+
+@pytest.fixture
+def kubelet(
+    cluster: EmulatedCluster,
+    tmp_path: Path,
+    kubesim_known_images: Sequence[str],
+    kubesim_base_env: dict[str, str],
+) -> Iterator[KubeletThread]:
+    node = KubeletThread(
+        cluster.url, tmp_path / "kubelet", known_images=kubesim_known_images, base_env=kubesim_base_env
+    ).start()
+    try:
+        yield node
+    finally:
+        pids = [r.process.pid for r in node.kubelet.pods.values() if r.process is not None]
+        node.stop()
+        for pid in pids:  # the process group leader is reaped by the kubelet: no pid, no leak
+            with pytest.raises(ProcessLookupError):
+                os.killpg(pid, 0)
