@@ -3,11 +3,34 @@
 Registered on the default registry, which the runner pod serves on its
 ``/metrics`` port. Labels are bounded sets (node and tool names come from
 the graph's code, never from user input).
+
+``agentrun_build_info`` is shared with the operator (one name, one home):
+each process sets its own ``component`` once, at start (``build_info``), so
+a process that merely imports this module exports no build info of its own.
 """
 
 from __future__ import annotations
 
+import platform
+from importlib.metadata import PackageNotFoundError, version
+
 from prometheus_client import Counter, Gauge, Histogram
+
+BUILD_INFO = Gauge(
+    "agentrun_build_info",
+    "Always 1: the agentrun version and Python of this process, by component (operator, runner)",
+    ["version", "python", "component"],
+)
+
+
+def build_info(component: str) -> None:
+    """Export ``agentrun_build_info{component=...}`` = 1 for this process (the operator and the runner call it)."""
+    try:
+        ours = version("agentrun")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        ours = "unknown"
+    BUILD_INFO.labels(version=ours, python=platform.python_version(), component=component).set(1)
+
 
 NODE_TIMEOUTS = Counter("agentrun_node_timeouts_total", "Nodes that exceeded node_timeout (NODE_TIMEOUT_001)", ["node"])
 TOOL_TIMEOUTS = Counter(

@@ -177,8 +177,11 @@ def _start_metrics(port: int) -> None:
         return
     from prometheus_client import start_http_server
 
+    from .metrics import build_info
+
     try:
         start_http_server(port)
+        build_info("runner")
     except OSError as e:  # several runners on one host (local tests) share the port space
         log.warning("metrics port %d unavailable (%s); continuing without /metrics", port, e)
 

@@ -261,9 +261,11 @@ def test_every_dashboard_panel_answers_from_a_real_prometheus_after_a_crash_repl
     assert prometheus.value("agentrun_operator_pod_start_latency_seconds_count") >= 3
     assert prometheus.value("sum(agentrun_operator_leader)") == 1
     assert prometheus.value("sum(agentrun_operator_kube_requests_total)") > 0
-    assert prometheus.value("sum(agentrun_operator_build_info)") == 1
+    assert prometheus.value('sum(agentrun_build_info{component="operator"})') == 1
     scraped = prometheus.query('max_over_time(up{job="agentrun-runners"}[5m])')
     assert scraped and float(scraped[0]["value"][1]) == 1, f"the long runner was never scraped: {scraped}"
+    runner_info = prometheus.value('max(max_over_time(agentrun_build_info{component="runner"}[5m]))')
+    assert runner_info == 1, "the runner's /metrics must carry agentrun_build_info{component=runner}"
     # A finished runner's series are stale at once (its target is gone): look back over the run, as Grafana does.
     written = prometheus.value("sum(max_over_time(agentrun_checkpoint_write_seconds_count[5m]))")
     assert written > 0, "the long runner's checkpoint writes were scraped"

@@ -42,5 +42,11 @@ def test_kubernetes_api_errors_are_counted_by_verb_and_code_and_build_info_is_on
     metrics.kube_request("GET", None)
     assert sample("agentrun_operator_kube_request_errors_total", verb="PATCH", code="409") == before + 1
     assert (sample("agentrun_operator_kube_request_errors_total", verb="GET", code="none") or 0) >= 1
-    (info,) = [s for m in REGISTRY.collect() if m.name == "agentrun_operator_build_info" for s in m.samples]
-    assert info.value == 1 and info.labels["version"]
+    (info,) = [
+        s
+        for m in REGISTRY.collect()
+        if m.name == "agentrun_build_info"
+        for s in m.samples
+        if s.labels["component"] == "operator"
+    ]
+    assert info.value == 1 and info.labels["version"] and info.labels["python"]

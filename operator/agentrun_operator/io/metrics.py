@@ -7,6 +7,8 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from agentrun.metrics import build_info
+
 RUNS = Gauge(
     "agentrun_operator_runs", "AgentRuns known to this operator, by phase and namespace", ["phase", "namespace"]
 )
@@ -91,7 +93,6 @@ KUBE_ERRORS = Counter(
     "Kubernetes API requests that failed (HTTP >= 400, or no answer: code 'none'), by verb and code",
     ["verb", "code"],
 )
-BUILD_INFO = Gauge("agentrun_operator_build_info", "Always 1; the operator's version and Python", ["version", "python"])
 LOOP_LAG = Gauge(
     "agentrun_operator_event_loop_lag_seconds", "How late the liveness heartbeat's last tick ran (loop responsiveness)"
 )
@@ -132,18 +133,7 @@ def kube_request(verb: str, code: int | None) -> None:
         KUBE_ERRORS.labels(verb=verb, code=label).inc()
 
 
-def _build_info() -> None:
-    import platform
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        ours = version("agentrun")
-    except PackageNotFoundError:  # run from a source tree that was never installed
-        ours = "unknown"
-    BUILD_INFO.labels(version=ours, python=platform.python_version()).set(1)
-
-
-_build_info()
+build_info("operator")  # agentrun_build_info{component="operator"}: the runner sets component="runner"
 for _verb in ("GET", "POST", "PATCH", "PUT", "DELETE"):
     KUBE_REQUESTS.labels(verb=_verb, code="200")
     KUBE_ERRORS.labels(verb=_verb, code="none")
