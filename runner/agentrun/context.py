@@ -19,6 +19,7 @@ from typing import Any
 
 from .checkpoint.base import TOOL_ERROR_MESSAGE_LIMIT, Checkpointer
 from .config import RunConfig
+from .usage import ModelUsage
 
 
 class RunLogger(logging.LoggerAdapter[logging.Logger]):
@@ -89,6 +90,8 @@ class RunContext:
     counts: ToolCounts = field(default_factory=ToolCounts)
 
     @property
+    # The turn's model usage: the model adapters add to it (agentrun.models.metering), the engine checkpoints it.
+    usage: ModelUsage = field(default_factory=ModelUsage)
     def thread_id(self) -> str:
         return self.config.thread_id
 

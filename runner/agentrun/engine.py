@@ -52,6 +52,7 @@ from .nodes import Node, Topology
 from .persistence import Run, RunWriter
 from .state import MESSAGES
 from .supervisor import Preemption, run_node, stop_reason
+from .usage import ModelUsage
 
 __all__ = ["CompiledGraph", "Preemption", "StateSnapshot", "StreamEvent"]
 
@@ -222,6 +223,7 @@ class CompiledGraph:
             run.current_node = self.graph.next_node(START, run.state)
             run.step = 0
             run.counts = ToolCounts()
+            run.usage = ModelUsage()
             run.meta = {"run_id": uuid.uuid4().hex}
             if key:
                 run.meta["request_key"] = key
@@ -285,6 +287,7 @@ class CompiledGraph:
             log=writer.log,
             resume=dict(run.meta.get("resume") or {}),
             counts=run.counts,
+            usage=run.usage,
         )
         started = time.perf_counter()
         failed_before = run.counts.failed

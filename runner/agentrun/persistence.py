@@ -26,6 +26,8 @@ from .interrupts import Interrupt
 from .messages import Message, replaced_positions
 from .metrics import CHECKPOINT_SECONDS, FENCED, INTERRUPTS, STALE_STATE, STOPS
 from .state import MESSAGES, StateSchema
+from .usage import META_KEY as MODEL_USAGE
+from .usage import ModelUsage
 
 
 @dataclass
@@ -41,6 +43,8 @@ class Run:
     persisted_messages: int
     counts: ToolCounts
     replaced: set[int] = field(default_factory=set)
+    # The turn's model usage, checkpointed in meta ``model_usage`` (``agentrun.usage``) once a model was called.
+    usage: ModelUsage = field(default_factory=ModelUsage)
     # The next durable write also records the turn (``CheckpointWrite.record_turn``): set when a call
     # opens the run, so the turn record says "running" again once a resumed turn writes.
     record_turn: bool = False
@@ -69,6 +73,7 @@ class Run:
             meta,
             len(checkpoint.messages),
             counts,
+            usage=ModelUsage.from_meta(meta),
         )
 
     @property
@@ -122,6 +127,8 @@ class RunWriter:
         run.meta["tool_calls"] = run.counts.as_dict()
         if run.counts.last_error is not None:
             run.meta["last_tool_error"] = run.counts.last_error
+        if run.usage:  # the operator exports it (agentrun_operator_model_*), so it outlives the pod
+            run.meta[MODEL_USAGE] = run.usage.as_dict()
         write = CheckpointWrite(
             values={k: v for k, v in run.state.items() if k != MESSAGES},
             current_node=run.current_node,

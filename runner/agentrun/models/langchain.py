@@ -10,8 +10,11 @@ id: the tool ledger keys on that id, so it must be unique per reply and
 thread, which a provider's response id does not promise.
 
 Token usage (``usage_metadata``: input and output tokens) is added to
-``agentrun_model_tokens_total{model,kind}``; the ``model`` label is
-``model_label`` or the model's configured name, both from the graph's code.
+``agentrun_model_tokens_total{model,kind}`` and to the turn's checkpointed
+model usage (``agentrun.usage``; the operator exports it); the ``model``
+label is ``model_label`` or the model's configured name, both from the
+graph's code. One call of the model is one request there (``ok`` or
+``error``), timed in ``agentrun_model_request_seconds``.
 
 Errors: whatever the model raises becomes a ``ModelError`` with the code the
 OpenAI-compatible adapter uses for the same failure: ``MODEL_TIMEOUT_001``
@@ -25,15 +28,17 @@ ledger, so a crash mid-call asks the model again on resume.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import ModelError
 from ..integrations import missing_extra
 from ..messages import Message, coerce_message, new_message_id
-from ..metrics import MODEL_ERRORS, MODEL_TOKENS
+from ..metrics import MODEL_ERRORS
 from ..state import MESSAGES
 from ..tools import Tool, tool
+from .metering import record_request, record_tokens
 from .openai import CONNECTION_ERROR, HTTP_ERROR, TIMEOUT
 
 try:
@@ -82,21 +87,26 @@ class LangChainChatModel:
 
     async def complete(self, messages: Sequence[Message]) -> Message:
         """One model call: the assistant reply, with a new agentrun message id."""
+        started = time.perf_counter()
         try:
             raw = await self.runnable.ainvoke([to_langchain(m) for m in messages])
         except ModelError as e:
+            record_request(self.model_label, "error", time.perf_counter() - started)
             MODEL_ERRORS.labels(e.code).inc()
             raise
         except Exception as e:
+            record_request(self.model_label, "error", time.perf_counter() - started)
             error = model_error(e, self.model_label)
             MODEL_ERRORS.labels(error.code).inc()
             raise error from e
         if not isinstance(raw, BaseMessage):
+            record_request(self.model_label, "error", time.perf_counter() - started)
             error = ModelError(
                 f"{self.model_label} answered with a {type(raw).__name__}, not a message", code="MODEL_RESPONSE_001"
             )
             MODEL_ERRORS.labels(error.code).inc()
             raise error
+        record_request(self.model_label, "ok", time.perf_counter() - started)
         if isinstance(raw, AIMessage):
             record_usage(self.model_label, raw)
         reply = from_langchain(raw)
@@ -108,9 +118,7 @@ def record_usage(model: str, message: AIMessage) -> None:
     if not usage:
         return
     for kind, field in (("prompt", "input_tokens"), ("completion", "output_tokens")):
-        value = usage.get(field)
-        if isinstance(value, int) and value > 0:
-            MODEL_TOKENS.labels(model, kind).inc(value)
+        record_tokens(model, kind, usage.get(field))
 
 
 def model_error(error: Exception, model: str) -> ModelError:

@@ -38,9 +38,13 @@ that is not a chat completion), ``MODEL_CONFIG_001`` (the key file cannot be
 read).
 
 Token usage: the ``usage`` block of a completion (``prompt_tokens``,
-``completion_tokens``) is added to ``agentrun_model_tokens_total{model,kind}``;
-the ``model`` label is the configured model name (bounded: it comes from the
-graph's code). A body without ``usage`` (some local servers) counts nothing.
+``completion_tokens``) is added to ``agentrun_model_tokens_total{model,kind}``
+and to the turn's checkpointed model usage (``agentrun.usage``), which the
+operator exports as ``agentrun_operator_model_tokens_total`` so it survives a
+short pod; the ``model`` label is the configured model name (bounded: it
+comes from the graph's code). A body without ``usage`` (some local servers)
+counts nothing. Each HTTP attempt is one request of the turn's usage, ``ok``
+when it answered with a usable completion, else ``error``.
 """
 
 from __future__ import annotations
@@ -63,9 +67,10 @@ from ..config import parse_timeout
 from ..context import current_run
 from ..errors import ModelError
 from ..messages import Message, ToolCall, assistant, coerce_message
-from ..metrics import MODEL_ERRORS, MODEL_REQUEST_SECONDS, MODEL_TOKENS
+from ..metrics import MODEL_ERRORS
 from ..state import MESSAGES
 from ..tools import Tool, tool
+from .metering import record_request, record_tokens
 
 # Below config.DEFAULT_NODE_TIMEOUT (900 s) on purpose; see the module docstring.
 DEFAULT_REQUEST_TIMEOUT = 600.0
@@ -158,8 +163,14 @@ class OpenAIChatModel:
         """One chat completion: the assistant reply, with a new agentrun message id."""
         try:
             key = self._read_api_key()
-            body = await self._post(self.request_body(messages), key)
-            return self._parse(body)
+            raw, started = await self._post(self.request_body(messages), key)
+            try:
+                reply = self._parse(self._decode(raw, key))
+            except ModelError:
+                record_request(self.model, "error", time.perf_counter() - started)
+                raise
+            record_request(self.model, "ok", time.perf_counter() - started)
+            return reply
         except ModelError as e:
             MODEL_ERRORS.labels(e.code).inc()
             raise
@@ -213,8 +224,12 @@ class OpenAIChatModel:
             return os.environ.get(self.api_key_env) or None
         return None
 
-    async def _post(self, payload: dict[str, Any], key: str | None) -> Any:
-        """POST with retries; returns the decoded JSON body of a 2xx answer."""
+    async def _post(self, payload: dict[str, Any], key: str | None) -> tuple[bytes, float]:
+        """POST with retries; returns the body of a 2xx answer and when its attempt started (``perf_counter``).
+
+        Every failed attempt is recorded as an ``error`` request here; the caller records the answered one
+        once it knows whether the body is a usable completion.
+        """
         headers = {"Content-Type": "application/json"}
         if key:
             headers["Authorization"] = f"Bearer {key}"
@@ -228,12 +243,14 @@ class OpenAIChatModel:
                     raw = await response.read()
                     retry_after = _retry_after(response.headers)
             except TimeoutError:
+                record_request(self.model, "error", time.perf_counter() - started)
                 raise ModelError(
                     f"{self.model} at {self.url} did not answer within {self.request_timeout}s "
                     f"(request_timeout); not retried",
                     code=TIMEOUT,
                 ) from None
             except aiohttp.ClientError as e:
+                record_request(self.model, "error", time.perf_counter() - started)
                 reason = _redact(f"{type(e).__name__}: {e}", key)
                 if isinstance(e, _RETRYABLE_CONNECTION_ERRORS) and attempt < self.max_attempts:
                     delay = self._backoff(attempt)
@@ -251,10 +268,9 @@ class OpenAIChatModel:
                     f"model request to {self.url} failed after {attempt} attempt(s): {reason}",
                     code=CONNECTION_ERROR,
                 ) from None
-            finally:
-                MODEL_REQUEST_SECONDS.observe(time.perf_counter() - started)
             if 200 <= status < 300:
-                return self._decode(raw, key)
+                return raw, started
+            record_request(self.model, "error", time.perf_counter() - started)
             detail = _redact(_provider_message(raw), key)
             retryable = status == 429 or status >= 500
             if retryable and attempt < self.max_attempts:
@@ -355,9 +371,7 @@ def record_usage(model: str, usage: Any) -> None:
     if not isinstance(usage, dict):
         return
     for kind, field in (("prompt", "prompt_tokens"), ("completion", "completion_tokens")):
-        value = usage.get(field)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            MODEL_TOKENS.labels(model, kind).inc(value)
+        record_tokens(model, kind, usage.get(field))
 
 
 def _tool_call(raw: Any, index: int, bad: Callable[[str], ModelError]) -> ToolCall:
