@@ -88,10 +88,10 @@ class RunContext:
     # Resume values by interrupt id, from Command(resume=...); survives a crash in the checkpoint.
     resume: dict[str, Any] = field(default_factory=dict)
     counts: ToolCounts = field(default_factory=ToolCounts)
-
-    @property
     # The turn's model usage: the model adapters add to it (agentrun.models.metering), the engine checkpoints it.
     usage: ModelUsage = field(default_factory=ModelUsage)
+
+    @property
     def thread_id(self) -> str:
         return self.config.thread_id
 

@@ -170,7 +170,7 @@ _PUT_MESSAGE = """
 _PUT_CHECKPOINT = """
     SELECT o_outcome, o_version, o_incarnation, o_created_at, o_owner_run_uid, o_owner_attempt
     FROM agentrun_put_checkpoint($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18,
-                                 $19, $20, $21::bigint, $22::text)
+                                 $19, $20)
 """
 # A retried write's own row, found by the id its meta carries (the first try committed unacknowledged).
 _OWN_STATE = """
@@ -183,17 +183,10 @@ _HEAD_VERSION = """
            (SELECT MAX(version) FROM states s WHERE s.thread_id = t.thread_id) AS version
     FROM threads t WHERE t.thread_id = $1
 """
-# The latest row and, when it is a delta (migration 11), every row back to its snapshot, oldest first:
-# the state is the snapshot's values with each delta applied in version order (``_fold``).
 _LATEST = """
-    WITH latest AS (
-        SELECT version, base_version FROM states WHERE thread_id = $1 ORDER BY version DESC LIMIT 1
-    )
-    SELECT s.version, s.base_version, s.current_node, s.step, s.status, s.state_values, s.state_delta, s.meta,
-           s.message_count, extract(epoch FROM s.created_at)::float8 AS created_at
-    FROM latest l JOIN states s ON s.thread_id = $1 AND s.version BETWEEN COALESCE(l.base_version, l.version)
-                                                                      AND l.version
-    ORDER BY s.version
+    SELECT s.version, s.current_node, s.step, s.status, s.state_values, s.meta, s.message_count,
+           extract(epoch FROM s.created_at)::float8 AS created_at
+    FROM states s WHERE s.thread_id = $1 ORDER BY s.version DESC LIMIT 1
 """
 _MESSAGES = "SELECT body FROM messages WHERE thread_id = $1 AND idx < $2 ORDER BY idx"
 _PROGRESS = """
