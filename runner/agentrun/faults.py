@@ -10,7 +10,11 @@ but the user's own runner kill itself.
 
 Set ``AGENTRUN_FAULT_POINT`` to ``<point>`` or ``<point>:<detail>`` (for tool
 points the detail is the tool name), e.g. ``after_ledger_record:charge_card``.
-Points:
+A suffix ``@<attempt>`` arms it in that runner attempt only (``AGENTRUN_ATTEMPT``),
+e.g. ``after_tool:charge_card@1``: through the operator the variable reaches every
+attempt of a run, and a point armed in all of them (one before a ledger record, say)
+would crash every replay in turn until ``maxRestarts`` (the fault campaign,
+``bench/chaos.py``, arms one attempt). Points:
 
 - ``before_tool``          intent recorded, tool not started
 - ``after_tool``           tool returned, result not yet recorded
@@ -30,7 +34,10 @@ import sys
 from .contract import Env
 
 _SPEC = os.environ.get(Env.FAULT_POINT, "")
-_POINT, _, _DETAIL = _SPEC.partition(":")
+_ARMED, _AT, _ATTEMPT = _SPEC.rpartition("@") if "@" in _SPEC else (_SPEC, "", "")
+if _ATTEMPT and _ATTEMPT != os.environ.get(Env.ATTEMPT, "1"):
+    _ARMED = ""  # armed for another attempt of the run
+_POINT, _, _DETAIL = _ARMED.partition(":")
 
 
 def armed(point: str) -> bool:

@@ -33,3 +33,12 @@ def test_an_armed_point_fires_only_for_its_detail() -> None:
     armed = _call_every_point(dict(os.environ, AGENTRUN_FAULT_POINT="after_tool:charge_card"))
     assert armed.returncode == -9, f"the armed point must SIGKILL the process\n{armed}"
     assert "AGENTRUN-FAULT after_tool:charge_card" in armed.stderr
+
+
+def test_a_point_armed_for_one_attempt_fires_in_that_attempt_only() -> None:
+    """``@<attempt>``: through the operator the variable reaches every attempt; only the named one crashes."""
+    spec = "after_tool:charge_card@2"
+    later = _call_every_point(dict(os.environ, AGENTRUN_FAULT_POINT=spec, AGENTRUN_ATTEMPT="3"))
+    assert later.returncode == 0, f"a point armed for attempt 2 fired in attempt 3\n{later}"
+    named = _call_every_point(dict(os.environ, AGENTRUN_FAULT_POINT=spec, AGENTRUN_ATTEMPT="2"))
+    assert named.returncode == -9 and "AGENTRUN-FAULT after_tool:charge_card" in named.stderr, named
