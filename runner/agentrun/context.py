@@ -27,6 +27,8 @@ class RunLogger(logging.LoggerAdapter[logging.Logger]):
 
     def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
         extra = self.extra or {}
+        # Also as record attributes, so JSON lines carry them as fields (agentrun.logs.JsonFormatter).
+        kwargs["extra"] = {**extra, **(kwargs.get("extra") or {})}
         return f"[thread={extra.get('thread_id')} attempt={extra.get('attempt')}] {msg}", kwargs
 
 

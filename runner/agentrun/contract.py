@@ -43,6 +43,11 @@ class ExitCode(enum.IntEnum):
     # Reserved: the store stayed unreachable past the runner's bounded retries (a disruption).
     STORE_UNAVAILABLE = 8
 
+    @property
+    def on_purpose(self) -> str | None:
+        """Why this exit is no failure, for a pod that ended on purpose (a kubelet shows it as ``Error``)."""
+        return _ON_PURPOSE.get(self)
+
     @classmethod
     def describe(cls, code: int | None) -> str:
         """``"exit 7 (FENCED)"``; a code outside the table reads as a crash."""
@@ -52,6 +57,16 @@ class ExitCode(enum.IntEnum):
             return f"exit {code} ({cls(code).name})"
         except ValueError:
             return f"exit {code} (crash)"
+
+
+# Appended to the termination message of a pod that ended on purpose: ``kubectl get pods`` shows any
+# non-zero exit as Error, ``kubectl describe pod`` shows this message with it.
+_ON_PURPOSE: dict[ExitCode, str] = {
+    ExitCode.INTERRUPTED: "exit 3 is no failure: the run waits for spec.resume, a new pod resumes it",
+    ExitCode.STOPPED: "exit 4 is no failure: the run was stopped on request",
+    ExitCode.PREEMPTED: "exit 6 is no failure: checkpointed after SIGTERM, a new pod resumes the run",
+    ExitCode.FENCED: "exit 7: this pod wrote nothing, a newer attempt or another AgentRun owns the thread",
+}
 
 
 class Env(enum.StrEnum):

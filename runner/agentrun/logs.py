@@ -5,18 +5,24 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from typing import Any
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# Context a record may carry as attributes; a JSON line has them as fields of their own.
+RECORD_FIELDS = ("thread_id", "attempt")
 
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        entry = {
+        entry: dict[str, Any] = {
             "time": self.formatTime(record),
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),
         }
+        for field in RECORD_FIELDS:  # set by the run logger (agentrun.context.RunLogger)
+            if (value := getattr(record, field, None)) is not None:
+                entry[field] = value
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry)

@@ -186,9 +186,19 @@ def _start_metrics(port: int) -> None:
         log.warning("metrics port %d unavailable (%s); continuing without /metrics", port, e)
 
 
+def explained(code: int, line: str) -> str:
+    """The termination line of an exit that is no failure, with what it means (``ExitCode.on_purpose``)."""
+    try:
+        meaning = ExitCode(code).on_purpose
+    except ValueError:  # a crash's code
+        meaning = None
+    return _one_line(f"{line} ({meaning})") if line and meaning else line
+
+
 async def run(settings: RunnerSettings) -> int:
     """One attempt, start to exit code, with the termination message written. Never raises."""
     code, line = await attempt(settings)
+    line = explained(code, line)
     if line:
         _termination(settings, line)
     return code
@@ -254,7 +264,8 @@ async def attempt(settings: RunnerSettings) -> tuple[int, str]:
         if last is not None and last.kind == "end" and last.status == "stopped":  # a request that was stopped
             return ExitCode.STOPPED, "Stopped"
         if last is not None and last.kind == "interrupt":
-            return ExitCode.INTERRUPTED, _one_line("Interrupted: " + ", ".join(i.id for i in last.interrupts))
+            waiting = "; ".join(f"{i.id}" + (f" ({i.message})" if i.message else "") for i in last.interrupts)
+            return ExitCode.INTERRUPTED, _one_line(f"Interrupted: waiting on {waiting}")
         return ExitCode.COMPLETED, ""
     except BaseException as e:
         if isinstance(e, KeyboardInterrupt | SystemExit | asyncio.CancelledError):
@@ -312,6 +323,7 @@ def main() -> int:
     configure_logging(settings.log_format)
     _start_metrics(settings.metrics_port)
     code, line = asyncio.run(attempt(settings))
+    line = explained(code, line)
     if line:
         _termination(settings, line)
     _last_words(code, line)

@@ -29,6 +29,7 @@ import asyncio
 import copy
 import hashlib
 import json
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -218,12 +219,20 @@ class ToolNode:
             if decided is not None:
                 return decided
         fault_point("before_tool", t.name)
+        started = time.perf_counter()
         try:
             result = await self._invoke(ctx, scope, t, call=call, arguments=arguments, state=state, idem=idem)
         except _ToolFailed as failed:
             return _failed(ctx, call, failed.text, code=failed.code, reason=failed.reason)
         ctx.counts.executed += 1
         TOOL_CALLS.labels(t.name, "executed").inc()
+        ctx.log.info(
+            "executed %s (%s) in %.3fs%s",
+            key or f"call {call.id}",
+            t.name,
+            time.perf_counter() - started,
+            "; recording it in the ledger" if key is not None else "; no ledger key, a replay would run it again",
+        )
         fault_point("after_tool", t.name)
         if key is not None:
             await ledger.record(ctx, key, t.name, result, changed_fields(baseline, state))

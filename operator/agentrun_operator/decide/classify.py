@@ -61,6 +61,7 @@ class PodView:
     # When the pod's graceful deletion ends at the latest (deletionTimestamp is set to now + grace).
     deletion_deadline: datetime | None = None
     created: datetime | None = None  # metadata.creationTimestamp (the image pull timeout counts from it)
+    finished_at: datetime | None = None  # the runner container's terminated.finishedAt
 
     @classmethod
     def from_manifest(cls, pod: dict[str, Any]) -> PodView:
@@ -90,6 +91,7 @@ class PodView:
             deleting=bool(pod["metadata"].get("deletionTimestamp")),
             deletion_deadline=parse_time(pod["metadata"].get("deletionTimestamp")),
             created=parse_time(pod["metadata"].get("creationTimestamp")),
+            finished_at=parse_time(terminated.get("finishedAt")),
         )
 
     def last_line(self) -> str:

@@ -25,6 +25,12 @@ PHASE_CONDITIONS = (
     Phase.FAILED,
 )
 MESSAGE_LIMIT = 1024
+# Status fields that no printer column shows and nothing waits on: a patch of these alone is deferred
+# (``deferrable``), so ``kubectl get ar -w`` does not print a row identical to the one before it. A
+# decision's Events and metrics go out with the write, so they wait with it (they are derived again from
+# the status not yet written, never lost).
+QUIET = frozenset({"lastCheckpointTime", "step", "toolCalls"})
+QUIET_SECONDS = 10.0
 
 
 def with_conditions(current: AgentRunStatus, patch: StatusPatch, *, now: datetime, generation: int) -> None:
@@ -115,9 +121,19 @@ def status_patch(
     conditions: Mapping[str, tuple[bool, str, str]] | None = None,
 ) -> StatusPatch:
     """What to write for a decision's ``desired`` status: the changes, ``observedGeneration``, and conditions
-    (the phase's on a phase change, plus ``conditions``: type -> (status, reason, message))."""
+    (the phase's on a phase change, plus ``conditions``: type -> (status, reason, message)); empty when
+    nothing changed, or only what may wait (``deferrable``)."""
     patch = changed(current.wire(), {**desired, "observedGeneration": generation})
     if "phase" in patch:
         with_conditions(current, patch, now=now, generation=generation)
     with_extra_conditions(current, patch, conditions or {}, now=now, generation=generation)
-    return patch
+    return StatusPatch() if deferrable(current, patch, now=now) else patch
+
+
+def deferrable(current: AgentRunStatus, patch: StatusPatch, *, now: datetime) -> bool:
+    """Whether ``patch`` may wait: it changes only ``QUIET`` fields, and the status mirrored a checkpoint less
+    than ``QUIET_SECONDS`` ago. It is then written with the next shown change, or once that is stale."""
+    if not patch or not set(patch) <= QUIET:
+        return False
+    last = current.last_checkpoint_time
+    return last is not None and (now - last).total_seconds() < QUIET_SECONDS

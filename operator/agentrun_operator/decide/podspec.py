@@ -94,6 +94,8 @@ def build_pod(
         metrics_port=settings.runner_metrics_port,
     )
     env: list[dict[str, Any]] = [*inputs.to_env()]
+    if settings.log_format != "text":  # runners log as their operator does (text, the runner's default, or json)
+        env.append({"name": Env.LOG_FORMAT.value, "value": settings.log_format})
     for variable, key in STORE_SECRET_KEYS.items():
         ref: dict[str, Any] = {"name": secret, "key": key}
         if variable is not Env.POSTGRES_DSN:

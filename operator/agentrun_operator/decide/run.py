@@ -40,7 +40,7 @@ from typing import Any, cast
 
 from agentrun.checkpoint.base import Progress
 
-from . import identity, jobparity, outage
+from . import attempts, identity, jobparity, outage
 from .classify import LIVE, Outcome, PodView, classify
 from .decision import Decision, Limits, StoreProblem
 from .identity import RecordedTurn
@@ -48,7 +48,7 @@ from .messages import human, reason_for
 from .podstart import image_pull_timed_out, start_error
 from .reasons import CONFIG_ERRORS, TERMINAL, DisruptionReason, Phase, Reason
 from .spec import AgentRunSpec, InvalidSpec
-from .status import AgentRunStatus, InterruptInfo, StatusPatch, iso
+from .status import AgentRunStatus, InterruptInfo, StatusPatch, iso, parse_time
 from .thread import ThreadPeer, blocker
 
 PAYLOAD_LIMIT = 1024
@@ -124,8 +124,42 @@ def decide(
     there is none); ``store_problem`` set when its store cannot be opened; ``run`` this run on its thread
     and ``peers`` the other AgentRuns on the same thread (``run`` None: the thread rule is not applied);
     ``request_key`` this run's request key and ``turn`` its turn in the store, read before the first pod
-    (``identity``: a request already answered is not run again).
+    (``identity``: a request already answered is not run again). The decision also carries the attempt
+    history (``attempts.track``).
     """
+    d = _decide(
+        spec=spec,
+        status=status,
+        pod=pod,
+        progress=progress,
+        now=now,
+        limits=limits,
+        store_problem=store_problem,
+        run=run,
+        peers=peers,
+        request_key=request_key,
+        turn=turn,
+    )
+    if status.phase not in TERMINAL or d.status or d.create_attempt is not None:  # an ended run stays as it is
+        outcome = classify(pod) if status.attempt else Outcome.GONE
+        attempts.track(d, status=status, pod=pod, outcome=outcome, now=now)
+    return d
+
+
+def _decide(
+    *,
+    spec: AgentRunSpec,
+    status: AgentRunStatus,
+    pod: PodView | None,
+    progress: Progress | None,
+    now: datetime,
+    limits: Limits,
+    store_problem: StoreProblem | None = None,
+    run: ThreadPeer | None = None,
+    peers: Sequence[ThreadPeer] = (),
+    request_key: str = "",
+    turn: RecordedTurn | None = None,
+) -> Decision:
     retrying = jobparity.retry_requested(spec.retry, status) and not spec.stop
     if status.phase in TERMINAL and not retrying:
         return Decision()
@@ -317,14 +351,13 @@ class _Run:
             if pulled := image_pull_timed_out(pod, now=self.now, timeout=timeout):
                 d.delete_pod = pod.name
                 return self.finish(d, Phase.FAILED, *pulled, warning=True)
+            if self.runner_reported():
+                return self.running(d)
             if pod.waiting_reason and self.status.message != pod.waiting_message:
                 d.status["message"] = f"{pod.waiting_reason}: {pod.waiting_message or ''}".strip()
             return d
         if outcome is Outcome.RUNNING:
-            d.status["lostSince"] = None
-            if self.status.phase != Phase.RUNNING:
-                d.phase(Phase.RUNNING, Reason.RUNNING, f"attempt {attempt} is running")
-            return d
+            return self.running(d)
         if outcome is Outcome.TERMINATING:
             # Wait until the old pod is gone before the next attempt starts, but not forever: a pod whose
             # node died keeps "terminating" with no kubelet to confirm it (real clusters leave it phase
@@ -384,6 +417,28 @@ class _Run:
         if outcome is Outcome.GONE:
             return self.disrupted(d, DisruptionReason.POD_DELETED, f"pod of attempt {attempt} was deleted")
         return self.crashed(d)
+
+    def running(self, d: Decision) -> Decision:
+        d.status["lostSince"] = None
+        if self.status.phase != Phase.RUNNING:
+            d.phase(Phase.RUNNING, Reason.RUNNING, f"attempt {self.attempt} is running")
+        return d
+
+    def runner_reported(self) -> bool:
+        """This attempt's runner has written to the store, though its pod is not seen running yet.
+
+        The pod's own status may lag behind (the kubelet's report, the operator's watch): ``kubectl get ar``
+        must not show a run Pending at node ``tools``. The store names the attempt that owns the thread
+        where it tracks owners; otherwise a checkpoint written after the attempt's pod was created is its.
+        """
+        progress = self.progress
+        if progress is None or progress.status != "running":
+            return False
+        if progress.attempt is not None:
+            return progress.attempt == self.attempt
+        started = next((e.get("startTime") for e in self.status.attempts if e.get("attempt") == self.attempt), None)
+        since = parse_time(started) or (self.pod.created if self.pod is not None else None)
+        return since is not None and progress.updated_at >= since.timestamp()
 
     def crashed(self, d: Decision) -> Decision:
         pod, attempt, policy = self.pod, self.attempt, self.spec.restartPolicy

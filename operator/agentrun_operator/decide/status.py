@@ -62,6 +62,19 @@ class ResultInfo(TypedDict, total=False):
 
 
 class InterruptInfo(TypedDict, total=False):
+class AttemptRecord(TypedDict, total=False):
+    """One entry of ``status.attempts`` (``decide.attempts``): an attempt's pod and how it ended."""
+
+    attempt: int
+    podName: str
+    startTime: str
+    endTime: str
+    outcome: str  # Pending, Running, ... while open; Completed, Crashed, Disrupted, ... once it ended
+    exitCode: int
+    reason: str  # the kubelet's (OOMKilled, Error), the cluster's (EvictionByEvictionAPI) or the run's reason
+    message: str  # the runner's termination line, on one line, truncated
+
+
     id: str | None
     message: str
     payload: Any
@@ -90,6 +103,7 @@ class AgentRunStatus(BaseModel):
     disruptions: int = 0
     pod_name: str | None = Field(default=None, alias="podName")
     state_version: int | None = Field(default=None, alias="stateVersion")
+    attempts: list[AttemptRecord] = []
     current_node: str | None = Field(default=None, alias="currentNode")
     step: int | None = None
     tool_calls: ToolCalls | None = Field(default=None, alias="toolCalls")
@@ -149,6 +163,7 @@ class StatusPatch(TypedDict, total=False):
     podName: str
     stateVersion: int
     currentNode: str | None
+    attempts: list[AttemptRecord]
     step: int
     toolCalls: ToolCalls
     lastCheckpointTime: str

@@ -1,0 +1,135 @@
+"""``status.attempts``: a bounded history of a run's pods (pure), so ``kubectl agentrun describe`` needs no store.
+
+Like Argo's ``status.nodes`` or a Job's pod history, kept in the object itself:
+one entry per attempt (the newest ``KEPT`` only), with its pod, when it
+started and ended, and how it ended (``outcome``, the exit code, the
+kubelet's or the cluster's reason and the runner's one-line message).
+
+An entry is opened when the operator creates the attempt's pod (``opened``;
+its pod name comes with the next reconcile: ``decide`` knows no run name),
+follows the pod while it runs and is closed once, when the pod ends, is
+deleted, or the run ends while the pod still runs (a forced stop, a
+deadline): a closed entry is never rewritten, so a pod that disappears later
+does not change how its attempt ended.
+
+HAZARD: the history is only as complete as the operator's reconciles. A pod
+that started and ended between two of them is seen ended, never running; an
+operator that was down while an attempt came and went cannot know it; and an
+attempt's start is when its pod was created, not when its process started.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import cast
+
+from .classify import LIVE, Outcome, PodView
+from .decision import Decision
+from .messages import human
+from .reasons import TERMINAL
+from .status import AgentRunStatus, AttemptRecord, iso
+
+KEPT = 20
+MESSAGE_LIMIT = 256
+
+# How an attempt ended (or where it is), as ``status.attempts[].outcome`` says it.
+OUTCOME_WORDS: dict[Outcome, str] = {
+    Outcome.PENDING: "Pending",
+    Outcome.RUNNING: "Running",
+    Outcome.COMPLETED: "Completed",
+    Outcome.INTERRUPTED: "Interrupted",
+    Outcome.STOPPED: "Stopped",
+    Outcome.FAILED: "Failed",
+    Outcome.DISRUPTED: "Disrupted",
+    Outcome.CRASHED: "Crashed",
+    Outcome.LOST: "NodeLost",
+    Outcome.SUPERSEDED: "Superseded",
+    Outcome.CONFIG_ERROR: "ConfigError",
+    Outcome.START_ERROR: "StartError",
+    Outcome.STORE_UNAVAILABLE: "StoreUnavailable",
+    Outcome.TERMINATING: "Terminating",
+    Outcome.GONE: "Deleted",
+}
+# The words of an attempt that is not over; any other outcome closes the entry for good.
+OPEN = frozenset(OUTCOME_WORDS[o] for o in (*LIVE, Outcome.RUNNING))
+
+
+def is_open(entry: AttemptRecord) -> bool:
+    return entry.get("outcome", "Pending") in OPEN and "endTime" not in entry
+
+
+def opened(attempt: int, *, pod: str | None, now: datetime) -> AttemptRecord:
+    """The entry of an attempt whose pod is being created."""
+    entry = AttemptRecord(attempt=attempt, startTime=iso(now), outcome="Pending")
+    if pod:
+        entry["podName"] = pod
+    return entry
+
+
+def _observed(entry: AttemptRecord, pod: PodView | None, outcome: Outcome, *, now: datetime) -> AttemptRecord:
+    """``entry`` as the current pod shows it: still open, or closed with how it ended."""
+    out = AttemptRecord(**entry)
+    if pod is not None and not out.get("podName"):
+        out["podName"] = pod.name
+    word = OUTCOME_WORDS[outcome]
+    out["outcome"] = word
+    if word in OPEN:
+        return out
+    out["endTime"] = iso(pod.finished_at if pod is not None and pod.finished_at is not None else now)
+    if pod is not None:
+        if pod.exit_code is not None:
+            out["exitCode"] = pod.exit_code
+        reason = pod.disruption or pod.terminated_reason or pod.waiting_reason
+        if reason:
+            out["reason"] = reason
+        message = human(pod.termination_message) or (pod.waiting_message or "")
+        if message:
+            out["message"] = message[:MESSAGE_LIMIT]
+    return out
+
+
+def _closed_by_run(entry: AttemptRecord, decision: Decision, *, now: datetime) -> AttemptRecord:
+    """An open entry of a run that ended while its pod still ran (a forced stop, a deadline, a spec error)."""
+    out = AttemptRecord(**entry)
+    out["endTime"] = iso(now)
+    out["outcome"] = str(decision.status.get("phase") or "Ended")
+    if reason := decision.status.get("reason"):
+        out["reason"] = str(reason)
+    if message := decision.status.get("message"):
+        out["message"] = str(message)[:MESSAGE_LIMIT]
+    return out
+
+
+def track(
+    decision: Decision,
+    *,
+    status: AgentRunStatus,
+    pod: PodView | None,
+    outcome: Outcome,
+    now: datetime,
+) -> None:
+    """Write ``status.attempts`` into ``decision`` when the history changes (the current attempt's pod moved,
+    the run ended, or a new attempt starts); ``outcome`` is ``classify(pod)`` of the current attempt."""
+    history: list[AttemptRecord] = [cast(AttemptRecord, dict(e)) for e in status.attempts]
+    current = status.attempt
+    if current and not any(e.get("attempt") == current for e in history):
+        # Not seen created (an operator from before status.attempts, or a write that was lost): from its pod.
+        history.append(AttemptRecord(attempt=current, outcome="Pending"))
+        if status.pod_name:
+            history[-1]["podName"] = status.pod_name
+    for i, entry in enumerate(history):
+        if entry.get("attempt") != current or not is_open(entry):
+            continue
+        if not entry.get("podName") and status.pod_name:  # written with the attempt, by the reconciler
+            entry["podName"] = status.pod_name
+        entry = _observed(entry, pod, outcome, now=now)
+        ends_run = decision.status.get("phase") in TERMINAL and decision.create_attempt is None
+        if is_open(entry) and ends_run:
+            entry = _closed_by_run(entry, decision, now=now)
+        history[i] = entry
+    if decision.create_attempt is not None:
+        history = [e for e in history if e.get("attempt") != decision.create_attempt]
+        history.append(opened(decision.create_attempt, pod=None, now=now))
+    history = history[-KEPT:]
+    if history != status.attempts:
+        decision.status["attempts"] = history

@@ -1,0 +1,191 @@
+"""``status.attempts``, the phase on the runner's first progress, and quiet status patches (issue 11).
+
+Pure, like the decision table beside it: pods built as a kubelet reports them,
+each Decision applied as the merge patch would and fed back.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from agentrun_operator.decide import attempts
+from agentrun_operator.decide.conditions import QUIET_SECONDS, deferrable, status_patch
+from agentrun_operator.decide.decision import Decision
+from agentrun_operator.decide.podspec import pod_name
+from agentrun_operator.decide.status import AgentRunStatus, StatusPatch, iso
+from tests.unit.test_operator_decisions import (
+    FAILED,
+    LIMITS,
+    NOW,
+    PENDING,
+    RUN,
+    RUNNING,
+    STOPPED,
+    SUCCEEDED,
+    applied,
+    decide,
+    disruption_target,
+    later,
+    make_spec,
+    manifest,
+    progress,
+    run_status,
+    running,
+    terminated,
+    view,
+)
+
+
+def created(decision: Decision) -> Decision:
+    """What the reconciler does with a new attempt: it writes the pod's name with it."""
+    if decision.create_attempt is not None:
+        decision.status["podName"] = pod_name(RUN, decision.create_attempt)
+    return decision
+
+
+def test_the_first_attempt_opens_an_entry_with_its_start_and_then_its_pod() -> None:
+    d = created(decide(make_spec(), {}, None, None, NOW, LIMITS))
+    assert d.create_attempt == 1
+    assert d.status["attempts"] == [{"attempt": 1, "startTime": iso(NOW), "outcome": "Pending"}], (
+        "status.attempts must record each attempt's start when its pod is created"
+    )
+    status = applied({}, d)
+    later_on = decide(make_spec(), status, view(manifest(phase="Pending")), None, later(1), LIMITS)
+    assert later_on.status["attempts"] == [
+        {"attempt": 1, "podName": pod_name(RUN, 1), "startTime": iso(NOW), "outcome": "Pending"}
+    ], "the pod's name joins its attempt on the next reconcile"
+
+
+def test_a_crash_and_a_replay_leave_two_attempts_with_their_endings() -> None:
+    spec = make_spec(restartPolicy={"maxRestarts": 3, "backoffSeconds": 0})
+    status = applied({}, created(decide(spec, {}, None, None, NOW, LIMITS)))
+    status = applied(status, decide(spec, status, view(running()), progress(), later(1), LIMITS))
+    assert status["attempts"][0]["outcome"] == "Running"
+    crash = view(terminated(137, reason="OOMKilled", message="memory limit 256Mi"))
+    status = applied(status, created(decide(spec, status, crash, progress(), later(5), LIMITS)))
+    first, second = status["attempts"]
+    assert first["outcome"] == "Crashed" and first["exitCode"] == 137 and first["reason"] == "OOMKilled"
+    assert first["endTime"] == iso(NOW), "the end of an attempt is the container's finishedAt when known"
+    assert first["message"] == "memory limit 256Mi"
+    assert second == {"attempt": 2, "startTime": iso(later(5)), "outcome": "Pending"}
+    done = view(terminated(0, attempt=2))
+    status = applied(status, decide(spec, status, done, progress(status="completed"), later(9), LIMITS))
+    assert status["phase"] == SUCCEEDED
+    assert [(e["attempt"], e["outcome"], e.get("exitCode")) for e in status["attempts"]] == [
+        (1, "Crashed", 137),
+        (2, "Completed", 0),
+    ]
+
+
+def test_a_closed_entry_is_never_rewritten() -> None:
+    status = run_status(
+        FAILED,
+        attempts=[{"attempt": 1, "podName": "p-1", "startTime": iso(NOW), "endTime": iso(NOW), "outcome": "Crashed"}],
+    )
+    d = Decision()
+    attempts.track(d, status=AgentRunStatus.parse(status), pod=None, outcome=attempts.Outcome.GONE, now=later(60))
+    assert "attempts" not in d.status, "a pod that disappears later must not change how its attempt ended"
+
+
+def test_an_eviction_is_recorded_with_the_cluster_reason() -> None:
+    status = run_status(
+        RUNNING, attempts=[{"attempt": 1, "podName": pod_name(RUN, 1), "startTime": iso(NOW), "outcome": "Running"}]
+    )
+    evicted = view(terminated(143, phase="Failed", conditions=[disruption_target()]))
+    d = created(decide(make_spec(), status, evicted, progress(), later(2), LIMITS))
+    first, second = d.status["attempts"]
+    assert first["outcome"] == "Disrupted" and first["reason"] == "EvictionByEvictionAPI"
+    assert second["attempt"] == 2 and second["outcome"] == "Pending"
+
+
+def test_a_forced_stop_closes_the_attempt_whose_pod_still_runs() -> None:
+    status = run_status(
+        "Stopping",
+        stopRequestedTime=iso(NOW),
+        attempts=[{"attempt": 1, "podName": pod_name(RUN, 1), "startTime": iso(NOW), "outcome": "Running"}],
+    )
+    d = decide(make_spec(stop=True), status, view(running()), progress(), later(LIMITS.stop_grace + 1), LIMITS)
+    assert d.status["phase"] == STOPPED and d.delete_pod == pod_name(RUN, 1)
+    (entry,) = d.status["attempts"]
+    assert entry["outcome"] == STOPPED and entry["reason"] == "ForcedStop" and "endTime" in entry
+
+
+def test_an_interrupted_attempt_ends_and_the_resumed_one_opens() -> None:
+    status = run_status(
+        RUNNING, attempts=[{"attempt": 1, "podName": pod_name(RUN, 1), "startTime": iso(NOW), "outcome": "Running"}]
+    )
+    waiting = progress(status="interrupted", interrupts=[{"id": "abc", "message": "approve?", "payload": 1}])
+    paused = view(terminated(3, message="Interrupted: abc"))
+    status = applied(status, decide(make_spec(), status, paused, waiting, later(1), LIMITS))
+    assert status["attempts"][0]["outcome"] == "Interrupted" and status["attempts"][0]["exitCode"] == 3
+    spec = make_spec(resume={"value": True})
+    d = created(decide(spec, status, paused, waiting, later(2), LIMITS))
+    assert [e["attempt"] for e in d.status["attempts"]] == [1, 2]
+
+
+def test_the_history_keeps_the_last_twenty_attempts() -> None:
+    history: list[dict[str, Any]] = [
+        {"attempt": n, "podName": pod_name(RUN, n), "startTime": iso(NOW), "endTime": iso(NOW), "outcome": "Crashed"}
+        for n in range(1, 25)
+    ]
+    status = run_status(PENDING, attempt=24, attempts=history, nextAttemptTime=iso(NOW))
+    spec = make_spec(restartPolicy={"maxRestarts": 100, "backoffSeconds": 1})
+    d = created(decide(spec, status, None, None, later(1), LIMITS))
+    assert d.create_attempt == 25
+    kept = d.status["attempts"]
+    assert len(kept) == attempts.KEPT == 20
+    assert [e["attempt"] for e in kept] == list(range(6, 26)), "the newest attempts are kept, oldest first"
+
+
+def test_an_attempt_unknown_to_the_history_is_added_from_the_status() -> None:
+    status = run_status(RUNNING, attempt=3)
+    d = decide(make_spec(), status, view(terminated(0, attempt=3)), progress(status="completed"), later(1), LIMITS)
+    (entry,) = d.status["attempts"]
+    assert entry["attempt"] == 3 and entry["podName"] == pod_name(RUN, 3) and entry["outcome"] == "Completed"
+
+
+# --- the phase on the runner's first progress --------------------------------------------------------------------
+
+
+def test_a_run_is_running_once_its_attempt_reports_progress_though_its_pod_is_not_seen_running() -> None:
+    status = run_status(PENDING, reason="PodCreated")
+    pending = view(manifest(phase="Pending"))
+    d = decide(make_spec(), status, pending, progress(attempt=1, current_node="tools"), NOW, LIMITS)
+    assert d.status.get("phase") == RUNNING, "kubectl get ar must not show Pending at node tools"
+
+
+def test_progress_of_an_earlier_attempt_keeps_the_new_one_pending() -> None:
+    status = run_status(PENDING, attempt=2, reason="PodCreated")
+    pending = view(manifest(2, phase="Pending"))
+    d = decide(make_spec(), status, pending, progress(attempt=1), NOW, LIMITS)
+    assert "phase" not in d.status
+
+
+def test_without_owners_in_the_store_a_checkpoint_after_the_pod_was_created_counts() -> None:
+    entry = {"attempt": 2, "podName": pod_name(RUN, 2), "startTime": iso(NOW), "outcome": "Pending"}
+    status = run_status(PENDING, attempt=2, reason="PodCreated", attempts=[entry])
+    pending = view(manifest(2, phase="Pending"))
+    before = progress(updated_at=(NOW - timedelta(seconds=5)).timestamp())
+    assert "phase" not in decide(make_spec(), status, pending, before, later(1), LIMITS).status
+    after = progress(updated_at=later(0.5).timestamp())
+    assert decide(make_spec(), status, pending, after, later(1), LIMITS).status.get("phase") == RUNNING
+
+
+# --- quiet status patches ----------------------------------------------------------------------------------------
+
+
+def test_a_patch_of_unshown_fields_waits_while_the_status_is_fresh() -> None:
+    current = AgentRunStatus.parse(
+        run_status(RUNNING, lastCheckpointTime=iso(NOW), stateVersion=7, step=3, observedGeneration=1)
+    )
+    quiet: StatusPatch = {"step": 4, "lastCheckpointTime": iso(later(1))}
+    assert status_patch(current, quiet, now=later(1), generation=1) == {}, (
+        "a row identical to the last must not be written"
+    )
+    assert deferrable(current, quiet, now=later(1))
+    stale = status_patch(current, quiet, now=later(QUIET_SECONDS + 1), generation=1)
+    assert stale == quiet, "a quiet change is written once the status is stale"
+    shown = status_patch(current, {"stateVersion": 8, "step": 4}, now=later(1), generation=1)
+    assert shown == {"stateVersion": 8, "step": 4}, "a change kubectl shows is written at once"
+    assert not deferrable(current, {}, now=later(1))
