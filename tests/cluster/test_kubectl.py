@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import base64
 import json
 import re
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -13,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from kubesim import KUBECTL, EmulatedCluster
+from kubesim import EmulatedCluster
 from kubesim.testing import python_pod
 from tests.cluster.conftest import AGENTRUNS, EXAMPLE, INVALID_MANIFESTS, PODS
 from tests.cluster.test_crd import EXPECTED_FIELD
@@ -256,39 +254,6 @@ def test_deleting_an_agentrun_garbage_collects_its_pods(cluster: EmulatedCluster
     assert cluster.get("agentruns", NAME) is None
 
 
-def test_kubectl_apply_pod_and_get_pods(cluster: EmulatedCluster, tmp_path: Path) -> None:
-    manifest = tmp_path / "pod.yaml"
-    manifest.write_text(yaml.safe_dump(python_pod("hello", "print('hello')")))
-    result = cluster.kubectl("apply", "-f", str(manifest))
-    assert result.returncode == 0 and "pod/hello created" in result.stdout, result.stderr
-    header, row = table(cluster.kubectl("get", "pods").stdout)
-    assert header == ["NAME", "READY", "STATUS", "RESTARTS", "AGE"]
-    assert row[:4] == ["hello", "0/1", "Pending", "0"]
-    typo = tmp_path / "typo.yaml"
-    bad = python_pod("typo", "pass")
-    bad["spec"]["containers"][0]["commandd"] = ["x"]
-    typo.write_text(yaml.safe_dump(bad))
-    rejected = cluster.kubectl("apply", "-f", str(typo))
-    assert rejected.returncode != 0 and 'unknown field "spec.containers[0].commandd"' in rejected.stderr
-
-
-def test_kubectl_create_secret_and_get_it(cluster: EmulatedCluster) -> None:
-    """kubectl create sends protobuf for built-ins: the emulator decodes the kinds users create."""
-    result = cluster.kubectl(
-        "create", "secret", "generic", "agentrun-store", "--from-literal=postgresDsn=postgresql://agentrun@db/agentrun"
-    )
-    assert result.returncode == 0, result.stderr
-    header, row = table(cluster.kubectl("get", "secrets").stdout)
-    assert header == ["NAME", "TYPE", "DATA", "AGE"] and row[:3] == ["agentrun-store", "Opaque", "1"]
-    secret = cluster.get("secrets", "agentrun-store")
-    assert secret is not None
-    assert base64.b64decode(secret["data"]["postgresDsn"]) == b"postgresql://agentrun@db/agentrun"
-    assert cluster.kubectl("create", "configmap", "settings", "--from-literal=region=eu").returncode == 0
-    assert (cluster.get("configmaps", "settings") or {}).get("data") == {"region": "eu"}
-    assert cluster.kubectl("create", "serviceaccount", "runner").returncode == 0
-    assert cluster.get("serviceaccounts", "runner") is not None
-
-
 def test_kubectl_create_namespace_and_delete_it_with_its_contents(cluster: EmulatedCluster) -> None:
     assert cluster.kubectl("create", "namespace", "team-a").returncode == 0
     result = cluster.kubectl("apply", "-n", "team-a", "-f", str(EXAMPLE))
@@ -306,24 +271,6 @@ def test_kubectl_describe_agentrun(cluster: EmulatedCluster) -> None:
     result = cluster.kubectl("describe", "ar", NAME)
     assert result.returncode == 0, result.stderr
     assert "Thread Id:" in result.stdout and "approve the charge?" in result.stdout
-
-
-def test_watch_of_the_emulator_ends_when_the_cluster_stops(tmp_path: Path) -> None:
-    """A client still watching must not keep the server from stopping (teardown stays fast)."""
-    emulated = EmulatedCluster(tmp_path / "c").start()
-    watch = subprocess.Popen(
-        [KUBECTL, f"--kubeconfig={emulated.kubeconfig}", "get", "pods", "-w"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        time.sleep(0.5)
-        started = time.monotonic()
-        emulated.stop()
-        assert time.monotonic() - started < 5
-    finally:
-        watch.kill()
-        watch.wait()
 
 
 def test_the_crd_is_installed_and_can_be_reapplied_deleted_and_restored(cluster: EmulatedCluster) -> None:
@@ -376,3 +323,14 @@ def test_kubectl_wait_for_a_phase_a_condition_and_deletion(cluster: EmulatedClus
     assert cluster.kubectl("delete", "ar", NAME, "--wait=false").returncode == 0
     gone = cluster.kubectl("wait", "--for=delete", f"ar/{NAME}", "--timeout=5s")
     assert gone.returncode == 0, gone.stderr
+
+
+def test_run_names_leave_room_for_the_attempt_suffix_of_pod_names(cluster: EmulatedCluster) -> None:
+    def run(name: str) -> dict[str, Any]:
+        spec = {"graph": "examples.support_agent:app", "threadId": "t"}
+        return {"apiVersion": "agentrun.dev/v1alpha1", "kind": "AgentRun", "metadata": {"name": name}, "spec": spec}
+
+    assert cluster.api("POST", AGENTRUNS, run("r" * 240)).status == 201
+    too_long = cluster.api("POST", AGENTRUNS, run("r" * 241))
+    assert too_long.status == 422 and too_long.body["details"]["causes"][0]["field"] == "metadata.name"
+    assert cluster.api("POST", PODS, python_pod("r" * 240 + "-10000", "pass")).status == 201

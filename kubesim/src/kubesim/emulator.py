@@ -62,7 +62,6 @@ import aiohttp.web
 import attrs
 import kmock
 import yaml
-from kmock._internal import parsing as kmock_parsing
 from multidict import CIMultiDict
 
 from kubesim import apierrors, fieldmanager, limits, openapi, patching, protobuf, selectors, tables
@@ -97,18 +96,15 @@ class ApiPath:
     subresource: str | None
 
 
-def _parse_path_safely(path: str) -> kmock_parsing.ParsedPath:
-    """kmock 0.8's path parser raises on the namespace collection (``/api/v1/namespaces``)."""
-    try:
-        return _kmock_parse_path(path)
-    except ValueError:
-        parts = path.strip("/").split("/")
-        group, version = ("", parts[1]) if parts[0] == "api" else (parts[1], parts[2])
-        return kmock_parsing.ParsedPath(group, version, parts[-1])
+def _kmock_cannot_parse(path: str) -> bool:
+    """kmock 0.8 raises while parsing the namespace collection (``/api/v1/namespaces``): a 500 from kmock.
 
-
-_kmock_parse_path = kmock_parsing.parse_path
-kmock_parsing.parse_path = _parse_path_safely  # used by kmock's request parsing, module-wide
+    Its parser reads ``namespaces`` after the version as the start of ``namespaces/NS/...`` and
+    fails when no NS follows. The note asked upstream is in README.md ("kmock").
+    """
+    parts = path.strip("/").split("/")
+    rest = parts[2:] if parts[0] == "api" else parts[3:] if parts[0] == "apis" else []
+    return rest == ["namespaces"]
 
 
 def _paths(paths: Iterable[Path]) -> tuple[Path, ...]:
@@ -127,6 +123,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
     _gc_kick: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
     _gc_task: asyncio.Task[None] | None = attrs.field(default=None, init=False)
     _closing: bool = attrs.field(default=False, init=False)
+    _depth: int = attrs.field(default=0, init=False)  # nested ``async with`` levels (the GC runs while > 0)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -175,13 +172,15 @@ class ClusterEmulator(kmock.KubernetesEmulator):
 
     async def __aenter__(self) -> ClusterEmulator:
         await super().__aenter__()
+        self._depth += 1
         if self._gc_task is None:
             self._gc_task = asyncio.create_task(self._garbage_collector(), name="emulator-gc")
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
         self.close_streams()
-        if self._gc_task is not None and self._entered <= 1:
+        self._depth -= 1
+        if self._gc_task is not None and self._depth == 0:
             self._gc_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._gc_task
@@ -254,8 +253,53 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             rdef = self._find(parsed.group, parsed.version, parsed.plural) if parsed else None
             error = limits.too_deep_error(rdef.kind if rdef else None, body)
             return _json(error.as_status(), status=error.status)
+        if _kmock_cannot_parse(raw_request.path):
+            return await self._call_unparsed(raw_request, body)
         response: aiohttp.web.StreamResponse = await super().__call__(raw_request)
         return response
+
+    async def _call_unparsed(self, raw_request: aiohttp.web.BaseRequest, body: bytes) -> aiohttp.web.StreamResponse:
+        """What kmock's ``__call__`` does, for a path its parser cannot take, with kmock's public ``Request``.
+
+        Such a request is not in kmock's request log; a failure is still in ``errors`` (a 500, as kmock answers).
+        """
+        text = body.decode(raw_request.charset or "utf-8", errors="replace")
+        try:
+            data = json.loads(body) if body else None
+        except ValueError:
+            data = None
+        parts = raw_request.path.strip("/").split("/")
+        group, version = ("", parts[1]) if parts[0] == "api" else (parts[1], parts[2])
+        method = raw_request.method.upper()
+        action = (
+            kmock.action.WATCH
+            if method == "GET" and raw_request.query.get("watch") == "true"
+            else kmock.action.LIST
+            if method == "GET"
+            else kmock.action.CREATE
+            if method == "POST"
+            else None
+        )
+        request = kmock.Request(
+            method=raw_request.method,
+            url=raw_request.url,
+            params=dict(raw_request.query),
+            headers=dict(raw_request.headers),
+            cookies=dict(raw_request.cookies),
+            body=body,
+            text=text,
+            data=data,
+            action=action,
+            resource=kmock.resource(group=group, version=version, plural="namespaces"),
+            raw_request=raw_request,
+        )
+        try:
+            return await self._handle(request)
+        except Exception as e:
+            if not self.active:
+                raise
+            self.errors.append(e)
+            return _json(ApiError(message=f"the emulator failed: {e!r}").as_status(), status=500)
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         # kmock's own handler would first apply its plain-dict state tracking; the registry replaces it.

@@ -10,7 +10,6 @@ from typing import Any
 
 from kubesim import EmulatedCluster, KubeletThread
 from kubesim.testing import python_pod, terminated
-from tests.cluster.conftest import AGENTRUNS, EXAMPLE, PODS
 
 # A process that reports readiness, then records the SIGTERM it gets and exits like a preempted runner (6).
 PREEMPTIBLE = """
@@ -22,6 +21,8 @@ signal.signal(signal.SIGTERM, on_term)
 print("ready", flush=True)
 time.sleep(60)
 """
+PODS = "/api/v1/namespaces/default/pods"
+WIDGETS = "/apis/kubesim.dev/v1/namespaces/default/widgets"
 SLEEPER = "import time; print('ready', flush=True); time.sleep(60)"
 STUBBORN = (
     "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"
@@ -59,7 +60,7 @@ def last_state(history: list[dict[str, Any] | None]) -> dict[str, Any]:
 
 
 def test_pod_reads_a_secret_through_its_env_and_succeeds(cluster: EmulatedCluster, kubelet: KubeletThread) -> None:
-    secret = {"metadata": {"name": "agentrun-store"}, "stringData": {"postgresDsn": "postgresql://db/agentrun"}}
+    secret = {"metadata": {"name": "app-store"}, "stringData": {"postgresDsn": "postgresql://db/app"}}
     assert cluster.api("POST", "/api/v1/namespaces/default/secrets", secret).status == 201
     assert (
         cluster.api(
@@ -70,18 +71,18 @@ def test_pod_reads_a_secret_through_its_env_and_succeeds(cluster: EmulatedCluste
         == 201
     )
     env: list[dict[str, Any]] = [
-        {"name": "AGENTRUN_STORE_DSN", "valueFrom": {"secretKeyRef": {"name": "agentrun-store", "key": "postgresDsn"}}},
+        {"name": "STORE_DSN", "valueFrom": {"secretKeyRef": {"name": "app-store", "key": "postgresDsn"}}},
         {"name": "REGION", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "region"}}},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "GREETING", "value": "$(POD_NAME) in $(REGION)"},
     ]
-    script = "import os; print('|'.join(os.environ[k] for k in ('AGENTRUN_STORE_DSN', 'REGION', 'GREETING')))"
+    script = "import os; print('|'.join(os.environ[k] for k in ('STORE_DSN', 'REGION', 'GREETING')))"
     create_pod(cluster, python_pod("reader-1", script, env=env))
     pod = wait_pod(cluster, "reader-1", "Succeeded")
     state = terminated(pod)
     assert state is not None and (state["exitCode"], state["reason"]) == (0, "Completed")
     assert state["startedAt"] and state["finishedAt"]
-    assert kubelet.logs("reader-1").strip() == "postgresql://db/agentrun|eu-west-1|reader-1 in eu-west-1"
+    assert kubelet.logs("reader-1").strip() == "postgresql://db/app|eu-west-1|reader-1 in eu-west-1"
     assert kubelet.log_path("reader-1").is_file()
     assert pod["spec"]["nodeName"] == "emulated-node"
     ready = {c["type"]: c for c in pod["status"]["conditions"]}["Ready"]
@@ -278,25 +279,23 @@ def test_node_selector_that_matches_no_node_leaves_the_pod_unschedulable(
     assert pod is not None and not pod["spec"].get("nodeName") and pod["status"]["phase"] == "Pending"
 
 
-def test_deleting_an_agentrun_terminates_and_collects_its_running_pod(
+def test_deleting_an_owner_terminates_and_collects_its_running_pod(
     cluster: EmulatedCluster, kubelet: KubeletThread, tmp_path: Path
 ) -> None:
-    assert cluster.kubectl("apply", "-f", str(EXAMPLE)).returncode == 0
-    owner = cluster.get("agentruns", "support-order-4821")
+    widget = {"apiVersion": "kubesim.dev/v1", "kind": "Widget", "metadata": {"name": "owner"}, "spec": {"owner": "me"}}
+    owner = cluster.api("POST", WIDGETS, widget).body
     marker = tmp_path / "collected"
-    create_pod(
-        cluster, python_pod("support-order-4821-1", PREEMPTIBLE.format(marker=str(marker)), grace=5, owner=owner)
-    )
-    wait_ready(kubelet, cluster, "support-order-4821-1")
-    assert cluster.kubectl("delete", "ar", "support-order-4821").returncode == 0
-    wait_gone(cluster, "support-order-4821-1")
+    create_pod(cluster, python_pod("owner-1", PREEMPTIBLE.format(marker=str(marker)), grace=5, owner=owner))
+    wait_ready(kubelet, cluster, "owner-1")
+    assert cluster.kubectl("delete", "widget", "owner").returncode == 0
+    wait_gone(cluster, "owner-1")
     assert marker.read_text() == "SIGTERM", "the garbage-collected pod was not terminated gracefully"
-    assert cluster.api("GET", f"{AGENTRUNS}/support-order-4821").status == 404
+    assert cluster.api("GET", f"{WIDGETS}/owner").status == 404
 
 
 def test_a_command_that_does_not_exist_fails_the_pod(cluster: EmulatedCluster, kubelet: KubeletThread) -> None:
     pod = python_pod("typo-1", "pass")
-    pod["spec"]["containers"][0]["command"] = ["no-such-binary-agentrun"]
+    pod["spec"]["containers"][0]["command"] = ["no-such-binary-kubesim"]
     create_pod(cluster, pod)
     state = terminated(wait_pod(cluster, "typo-1", "Failed"))
     assert state is not None and (state["exitCode"], state["reason"]) == (128, "StartError")
@@ -347,13 +346,13 @@ def test_a_missing_command_is_a_start_error_with_runcs_message(
     cluster: EmulatedCluster, kubelet: KubeletThread
 ) -> None:
     pod = python_pod("nocmd-1", "pass")
-    pod["spec"]["containers"][0]["command"] = ["no-such-binary-agentrun"]
+    pod["spec"]["containers"][0]["command"] = ["no-such-binary-kubesim"]
     create_pod(cluster, pod)
     state = terminated(wait_pod(cluster, "nocmd-1", "Failed"))
     assert state is not None and (state["exitCode"], state["reason"]) == (128, "StartError")
     assert state["message"] == (
         "failed to create containerd task: failed to create shim task: OCI runtime create failed: runc create "
-        'failed: unable to start container process: exec: "no-such-binary-agentrun": executable file not found '
+        'failed: unable to start container process: exec: "no-such-binary-kubesim": executable file not found '
         "in $PATH: unknown"
     )
 
@@ -370,14 +369,14 @@ def test_an_environment_string_over_128_kib_is_a_start_error(cluster: EmulatedCl
 
 def test_an_invalid_image_name_waits_with_invalid_image_name(cluster: EmulatedCluster, kubelet: KubeletThread) -> None:
     pod = python_pod("badname-1", "pass")
-    pod["spec"]["containers"][0]["image"] = "Agentrun:Test"
+    pod["spec"]["containers"][0]["image"] = "Kubesim:Test"
     create_pod(cluster, pod)
     state = cluster.wait_for(
         lambda: (w := waiting_state(cluster, "badname-1")).get("reason") == "InvalidImageName" and w,
         message="InvalidImageName",
     )
     assert state["message"] == (
-        'Failed to apply default image tag "Agentrun:Test": couldn\'t parse image name "Agentrun:Test": '
+        'Failed to apply default image tag "Kubesim:Test": couldn\'t parse image name "Kubesim:Test": '
         "invalid reference format: repository name must be lowercase"
     )
     current = cluster.get("pods", "badname-1")

@@ -1,6 +1,6 @@
 """A minimal kopf operator used to prove kopf's own flows against the emulated cluster.
 
-Not the agentrun operator: it only exercises what any kopf operator does — create and
+It only exercises what any kopf operator does — create and
 field handlers patching the status subresource, a finalizer, a delete handler, events,
 peering keep-alives — so a failure here is the emulator's, not the operator's.
 """
@@ -13,12 +13,12 @@ from typing import Any
 
 import kopf
 
-GROUP, VERSION, PLURAL = "agentrun.dev", "v1alpha1", "agentruns"
+GROUP, VERSION, PLURAL = "kubesim.dev", "v1", "widgets"
 
 
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-    settings.persistence.finalizer = "agentrun.dev/kopf-smoke"
+    settings.persistence.finalizer = "kubesim.dev/kopf-smoke"
     settings.watching.server_timeout = 30
     settings.peering.lifetime = 10
 

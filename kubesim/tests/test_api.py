@@ -1,4 +1,4 @@
-"""API semantics of the emulated server that an operator (and kopf) depends on, over raw HTTP."""
+"""API semantics of the emulated server that an operator (and kopf) depends on, over raw HTTP (on the test CRD)."""
 
 from __future__ import annotations
 
@@ -12,23 +12,24 @@ import pytest
 
 from kubesim import EmulatedCluster
 from kubesim.testing import python_pod
-from tests.cluster.conftest import AGENTRUNS, PODS
 
+WIDGETS = "/apis/kubesim.dev/v1/namespaces/default/widgets"
+PODS = "/api/v1/namespaces/default/pods"
 MERGE = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 
 
-def agentrun(name: str, **spec: Any) -> dict[str, Any]:
+def widget(name: str, **spec: Any) -> dict[str, Any]:
     return {
-        "apiVersion": "agentrun.dev/v1alpha1",
-        "kind": "AgentRun",
+        "apiVersion": "kubesim.dev/v1",
+        "kind": "Widget",
         "metadata": {"name": name},
-        "spec": {"graph": "examples.support_agent:app", "threadId": f"thread-{name}", **spec},
+        "spec": {"owner": f"owner-{name}", **spec},
     }
 
 
 def create(cluster: EmulatedCluster, name: str, **spec: Any) -> dict[str, Any]:
-    response = cluster.api("POST", AGENTRUNS, agentrun(name, **spec))
+    response = cluster.api("POST", WIDGETS, widget(name, **spec))
     assert response.status == 201, response.body
     return response.body  # type: ignore[no-any-return]
 
@@ -61,8 +62,8 @@ def summary(events: list[dict[str, Any]]) -> list[tuple[str, str]]:
 def test_lists_carry_kind_api_version_and_resource_version(cluster: EmulatedCluster) -> None:
     create(cluster, "b")
     create(cluster, "a")
-    listing = cluster.api("GET", AGENTRUNS).body
-    assert (listing["kind"], listing["apiVersion"]) == ("AgentRunList", "agentrun.dev/v1alpha1")
+    listing = cluster.api("GET", WIDGETS).body
+    assert (listing["kind"], listing["apiVersion"]) == ("WidgetList", "kubesim.dev/v1")
     assert int(listing["metadata"]["resourceVersion"]) > 0
     assert [item["metadata"]["name"] for item in listing["items"]] == ["a", "b"]
     pods = cluster.api("GET", "/api/v1/pods").body
@@ -70,50 +71,50 @@ def test_lists_carry_kind_api_version_and_resource_version(cluster: EmulatedClus
 
 
 def test_label_and_field_selectors_and_pagination(cluster: EmulatedCluster) -> None:
-    for name, labels in (("r1", {"agentrun.dev/run": "x"}), ("r2", {"agentrun.dev/run": "y"}), ("r3", {})):
-        body = agentrun(name)
+    for name, labels in (("r1", {"kubesim.dev/run": "x"}), ("r2", {"kubesim.dev/run": "y"}), ("r3", {})):
+        body = widget(name)
         body["metadata"]["labels"] = labels
-        assert cluster.api("POST", AGENTRUNS, body).status == 201
+        assert cluster.api("POST", WIDGETS, body).status == 201
 
     def names(params: dict[str, str]) -> list[str]:
-        return [i["metadata"]["name"] for i in cluster.api("GET", AGENTRUNS, params=params).body["items"]]
+        return [i["metadata"]["name"] for i in cluster.api("GET", WIDGETS, params=params).body["items"]]
 
-    assert names({"labelSelector": "agentrun.dev/run=x"}) == ["r1"]
-    assert names({"labelSelector": "agentrun.dev/run in (x,y)"}) == ["r1", "r2"]
-    assert names({"labelSelector": "!agentrun.dev/run"}) == ["r3"]
+    assert names({"labelSelector": "kubesim.dev/run=x"}) == ["r1"]
+    assert names({"labelSelector": "kubesim.dev/run in (x,y)"}) == ["r1", "r2"]
+    assert names({"labelSelector": "!kubesim.dev/run"}) == ["r3"]
     assert names({"fieldSelector": "metadata.name!=r2"}) == ["r1", "r3"]
-    first = cluster.api("GET", AGENTRUNS, params={"limit": "2"}).body
+    first = cluster.api("GET", WIDGETS, params={"limit": "2"}).body
     assert [i["metadata"]["name"] for i in first["items"]] == ["r1", "r2"]
     assert first["metadata"]["remainingItemCount"] == 1
-    rest = cluster.api("GET", AGENTRUNS, params={"limit": "2", "continue": first["metadata"]["continue"]}).body
+    rest = cluster.api("GET", WIDGETS, params={"limit": "2", "continue": first["metadata"]["continue"]}).body
     assert [i["metadata"]["name"] for i in rest["items"]] == ["r3"] and "continue" not in rest["metadata"]
 
 
 def test_watch_resumes_from_a_resource_version(cluster: EmulatedCluster) -> None:
     first = create(cluster, "w1")
     since = first["metadata"]["resourceVersion"]
-    assert cluster.api("PATCH", f"{AGENTRUNS}/w1", {"spec": {"stop": True}}, content_type=MERGE).status == 200
+    assert cluster.api("PATCH", f"{WIDGETS}/w1", {"spec": {"stop": True}}, content_type=MERGE).status == 200
     create(cluster, "w2")
-    resumed = watch(cluster, AGENTRUNS, {"resourceVersion": since}, count=2)
+    resumed = watch(cluster, WIDGETS, {"resourceVersion": since}, count=2)
     assert summary(resumed) == [("MODIFIED", "w1"), ("ADDED", "w2")]
     assert resumed[0]["object"]["spec"]["stop"] is True
-    fresh = watch(cluster, AGENTRUNS, {}, count=2)
+    fresh = watch(cluster, WIDGETS, {}, count=2)
     assert summary(fresh) == [("ADDED", "w1"), ("ADDED", "w2")], "a watch without resourceVersion starts with ADDED"
 
 
 def test_watch_with_a_selector_sees_objects_enter_and_leave(cluster: EmulatedCluster) -> None:
     create(cluster, "sel")
-    rv = cluster.api("GET", AGENTRUNS).body["metadata"]["resourceVersion"]
+    rv = cluster.api("GET", WIDGETS).body["metadata"]["resourceVersion"]
     events: list[dict[str, Any]] = []
     reader = threading.Thread(
         target=lambda: events.extend(
-            watch(cluster, AGENTRUNS, {"resourceVersion": rv, "labelSelector": "tier=gold"}, count=3)
+            watch(cluster, WIDGETS, {"resourceVersion": rv, "labelSelector": "tier=gold"}, count=3)
         )
     )
     reader.start()
     for labels in ({"tier": "gold"}, {"tier": "gold", "x": "1"}, {"tier": None}):
         assert (
-            cluster.api("PATCH", f"{AGENTRUNS}/sel", {"metadata": {"labels": labels}}, content_type=MERGE).status == 200
+            cluster.api("PATCH", f"{WIDGETS}/sel", {"metadata": {"labels": labels}}, content_type=MERGE).status == 200
         )
     reader.join(10)
     assert summary(events) == [("ADDED", "sel"), ("MODIFIED", "sel"), ("DELETED", "sel")]
@@ -122,29 +123,29 @@ def test_watch_with_a_selector_sees_objects_enter_and_leave(cluster: EmulatedClu
 def test_watch_from_an_expired_resource_version_is_gone(cluster: EmulatedCluster) -> None:
     cluster.call(
         lambda: cluster.emulator.registry._dropped_rv.__setitem__(  # type: ignore[union-attr]
-            cluster.emulator.resource_def("ar").key, 100
+            cluster.emulator.resource_def("wd").key, 100
         )
     )  # type: ignore[union-attr]
-    response = cluster.api("GET", AGENTRUNS, params={"watch": "true", "resourceVersion": "5"})
+    response = cluster.api("GET", WIDGETS, params={"watch": "true", "resourceVersion": "5"})
     assert (response.status, response.body["reason"]) == (410, "Expired")
 
 
 def test_finalizers_hold_a_deleted_object_until_removed(cluster: EmulatedCluster) -> None:
-    body = agentrun("fin")
-    body["metadata"]["finalizers"] = ["agentrun.dev/cleanup"]
-    assert cluster.api("POST", AGENTRUNS, body).status == 201
-    deleted = cluster.api("DELETE", f"{AGENTRUNS}/fin")
+    body = widget("fin")
+    body["metadata"]["finalizers"] = ["kubesim.dev/cleanup"]
+    assert cluster.api("POST", WIDGETS, body).status == 201
+    deleted = cluster.api("DELETE", f"{WIDGETS}/fin")
     assert deleted.status == 200 and deleted.body["metadata"]["deletionTimestamp"]
-    held = cluster.get("agentruns", "fin")
+    held = cluster.get("widgets", "fin")
     assert held is not None and held["metadata"]["deletionTimestamp"]
     assert held["metadata"]["generation"] == 2, "setting deletionTimestamp bumps the generation"
     more = cluster.api(
-        "PATCH", f"{AGENTRUNS}/fin", {"metadata": {"finalizers": ["agentrun.dev/cleanup", "other"]}}, content_type=MERGE
+        "PATCH", f"{WIDGETS}/fin", {"metadata": {"finalizers": ["kubesim.dev/cleanup", "other"]}}, content_type=MERGE
     )
     assert more.status == 422 and "no new finalizers can be added" in more.body["message"]
-    released = cluster.api("PATCH", f"{AGENTRUNS}/fin", {"metadata": {"finalizers": None}}, content_type=MERGE)
+    released = cluster.api("PATCH", f"{WIDGETS}/fin", {"metadata": {"finalizers": None}}, content_type=MERGE)
     assert released.status == 200
-    assert cluster.get("agentruns", "fin") is None
+    assert cluster.get("widgets", "fin") is None
 
 
 def test_json_patch_test_on_resource_version_is_kopfs_optimistic_lock(cluster: EmulatedCluster) -> None:
@@ -152,22 +153,22 @@ def test_json_patch_test_on_resource_version_is_kopfs_optimistic_lock(cluster: E
     rv = obj["metadata"]["resourceVersion"]
     ops = [
         {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
-        {"op": "add", "path": "/metadata/finalizers", "value": ["agentrun.dev/cleanup"]},
+        {"op": "add", "path": "/metadata/finalizers", "value": ["kubesim.dev/cleanup"]},
     ]
-    assert cluster.api("PATCH", f"{AGENTRUNS}/jp", ops, content_type=JSON_PATCH).status == 200
-    stale = cluster.api("PATCH", f"{AGENTRUNS}/jp", ops, content_type=JSON_PATCH)
+    assert cluster.api("PATCH", f"{WIDGETS}/jp", ops, content_type=JSON_PATCH).status == 200
+    stale = cluster.api("PATCH", f"{WIDGETS}/jp", ops, content_type=JSON_PATCH)
     assert stale.status == 422, "a failed JSON-patch test must be 422 (kopf retries on it)"
 
 
 def test_merge_patch_with_a_stale_resource_version_conflicts(cluster: EmulatedCluster) -> None:
     obj = create(cluster, "mp")
     stale = obj["metadata"]["resourceVersion"]
-    newer = {"spec": {"config": {"recursionLimit": 60}}}
-    assert cluster.api("PATCH", f"{AGENTRUNS}/mp", newer, content_type=MERGE).status == 200
+    newer = {"spec": {"size": 3}}
+    assert cluster.api("PATCH", f"{WIDGETS}/mp", newer, content_type=MERGE).status == 200
     conflict = cluster.api(
         "PATCH",
-        f"{AGENTRUNS}/mp",
-        {"metadata": {"resourceVersion": stale}, "spec": {"config": {"recursionLimit": 70}}},
+        f"{WIDGETS}/mp",
+        {"metadata": {"resourceVersion": stale}, "spec": {"size": 4}},
         content_type=MERGE,
     )
     assert (conflict.status, conflict.body["reason"]) == (409, "Conflict")
@@ -177,56 +178,58 @@ def test_merge_patch_with_a_stale_resource_version_conflicts(cluster: EmulatedCl
 def test_update_of_a_custom_resource_needs_a_resource_version(cluster: EmulatedCluster) -> None:
     obj = create(cluster, "put")
     del obj["metadata"]["resourceVersion"]
-    response = cluster.api("PUT", f"{AGENTRUNS}/put", obj)
+    response = cluster.api("PUT", f"{WIDGETS}/put", obj)
     assert response.status == 422
     assert response.body["details"]["causes"][0]["field"] == "metadata.resourceVersion"
 
 
 def test_status_subresource_writes_only_status_and_is_validated(cluster: EmulatedCluster) -> None:
     obj = create(cluster, "st")
-    obj["spec"]["userId"] = "sneaky"
+    obj["spec"]["size"] = 9
     obj["status"] = {"phase": "Running"}
-    written = cluster.api("PUT", f"{AGENTRUNS}/st/status", obj)
+    written = cluster.api("PUT", f"{WIDGETS}/st/status", obj)
     assert written.status == 200
-    assert written.body["status"] == {"phase": "Running"} and "userId" not in written.body["spec"]
+    assert written.body["status"] == {"phase": "Running"} and written.body["spec"]["size"] == 1
     invalid = cluster.api(
-        "PATCH", f"{AGENTRUNS}/st/status", {"status": {"phase": "Done", "attempt": -1}}, content_type=MERGE
+        "PATCH", f"{WIDGETS}/st/status", {"status": {"phase": "Broken", "message": 7}}, content_type=MERGE
     )
     assert invalid.status == 422
-    assert {c["field"] for c in invalid.body["details"]["causes"]} == {"status.phase", "status.attempt"}
+    fields = {c["field"] for c in invalid.body["details"]["causes"]}
+    # "<nil>": as kube-apiserver says, the CRD's CEL rules were not run on a schema-invalid object
+    assert fields == {"status.phase", "status.message", "<nil>"}
 
 
 def test_field_validation_strict_warn_ignore(cluster: EmulatedCluster) -> None:
-    body = agentrun("fv", retries=3)
-    strict = cluster.api("POST", AGENTRUNS, body, params={"fieldValidation": "Strict"})
+    body = widget("fv", retries=3)
+    strict = cluster.api("POST", WIDGETS, body, params={"fieldValidation": "Strict"})
     assert strict.status == 400 and 'unknown field "spec.retries"' in strict.body["message"]
-    warned = cluster.api("POST", AGENTRUNS, body)  # the server's default is Warn
+    warned = cluster.api("POST", WIDGETS, body)  # the server's default is Warn
     assert warned.status == 201 and "retries" not in warned.body["spec"]
     assert 'unknown field \\"spec.retries\\"' in warned.headers["Warning"]
     body["metadata"]["name"] = "fv2"
-    ignored = cluster.api("POST", AGENTRUNS, body, params={"fieldValidation": "Ignore"})
+    ignored = cluster.api("POST", WIDGETS, body, params={"fieldValidation": "Ignore"})
     assert ignored.status == 201 and "Warning" not in ignored.headers
 
 
 def test_create_conflicts_generate_name_and_dry_run(cluster: EmulatedCluster) -> None:
     create(cluster, "dup")
-    again = cluster.api("POST", AGENTRUNS, agentrun("dup"))
+    again = cluster.api("POST", WIDGETS, widget("dup"))
     assert (again.status, again.body["reason"]) == (409, "AlreadyExists"), "operators treat this as success"
-    body = agentrun("generated")
+    body = widget("generated")
     body["metadata"] = {"generateName": "run-"}
-    generated = cluster.api("POST", AGENTRUNS, body)
+    generated = cluster.api("POST", WIDGETS, body)
     assert generated.status == 201 and generated.body["metadata"]["name"].startswith("run-")
     assert len(generated.body["metadata"]["name"]) == len("run-") + 5
-    dry = cluster.api("POST", AGENTRUNS, agentrun("dry"), params={"dryRun": "All"})
-    assert dry.status == 201 and cluster.get("agentruns", "dry") is None
-    missing_ns = cluster.api("POST", "/apis/agentrun.dev/v1alpha1/namespaces/nowhere/agentruns", agentrun("x"))
+    dry = cluster.api("POST", WIDGETS, widget("dry"), params={"dryRun": "All"})
+    assert dry.status == 201 and cluster.get("widgets", "dry") is None
+    missing_ns = cluster.api("POST", "/apis/kubesim.dev/v1/namespaces/nowhere/widgets", widget("x"))
     assert (missing_ns.status, missing_ns.body["message"]) == (404, 'namespaces "nowhere" not found')
 
 
 def test_strategic_merge_patch_is_rejected_for_custom_resources(cluster: EmulatedCluster) -> None:
     create(cluster, "smp")
     response = cluster.api(
-        "PATCH", f"{AGENTRUNS}/smp", {"spec": {"stop": True}}, content_type="application/strategic-merge-patch+json"
+        "PATCH", f"{WIDGETS}/smp", {"spec": {"stop": True}}, content_type="application/strategic-merge-patch+json"
     )
     assert response.status == 415
 
@@ -288,13 +291,13 @@ def test_orphan_and_foreground_deletion(cluster: EmulatedCluster) -> None:
     for name in ("orphaner", "foreground"):
         owner = create(cluster, name)
         assert cluster.api("POST", PODS, python_pod(f"{name}-1", "pass", owner=owner)).status == 201
-    orphan = cluster.api("DELETE", f"{AGENTRUNS}/orphaner", {"propagationPolicy": "Orphan"})
+    orphan = cluster.api("DELETE", f"{WIDGETS}/orphaner", {"propagationPolicy": "Orphan"})
     assert orphan.status == 200
     kept = cluster.get("pods", "orphaner-1")
     assert kept is not None and "ownerReferences" not in kept["metadata"]
-    foreground = cluster.api("DELETE", f"{AGENTRUNS}/foreground", {"propagationPolicy": "Foreground"})
+    foreground = cluster.api("DELETE", f"{WIDGETS}/foreground", {"propagationPolicy": "Foreground"})
     assert "foregroundDeletion" in foreground.body["metadata"]["finalizers"]
-    cluster.wait_for(lambda: cluster.get("agentruns", "foreground") is None, message="foreground deletion done")
+    cluster.wait_for(lambda: cluster.get("widgets", "foreground") is None, message="foreground deletion done")
     assert cluster.get("pods", "foreground-1") is None
 
 
@@ -316,13 +319,11 @@ def test_kopf_peering_and_lease_resources_are_served(cluster: EmulatedCluster) -
     lease = cluster.api(
         "POST",
         leases,
-        {"metadata": {"name": "agentrun-operator"}, "spec": {"holderIdentity": "op-1", "leaseDurationSeconds": 15}},
+        {"metadata": {"name": "an-operator"}, "spec": {"holderIdentity": "op-1", "leaseDurationSeconds": 15}},
     ).body
     stale = dict(lease, spec={**lease["spec"], "holderIdentity": "op-2"})
-    assert cluster.api("PUT", f"{leases}/agentrun-operator", stale).status == 200
-    taken = cluster.api(
-        "PUT", f"{leases}/agentrun-operator", dict(lease, spec={**lease["spec"], "holderIdentity": "op-3"})
-    )
+    assert cluster.api("PUT", f"{leases}/an-operator", stale).status == 200
+    taken = cluster.api("PUT", f"{leases}/an-operator", dict(lease, spec={**lease["spec"], "holderIdentity": "op-3"}))
     assert taken.status == 409, "two candidates updating one Lease version: only the first may win"
 
 
@@ -334,8 +335,8 @@ def test_events_are_listed_by_involved_object(cluster: EmulatedCluster) -> None:
         "reason": "PodCreated",
         "message": "pod ev-1",
         "involvedObject": {
-            "kind": "AgentRun",
-            "apiVersion": "agentrun.dev/v1alpha1",
+            "kind": "Widget",
+            "apiVersion": "kubesim.dev/v1",
             "name": "ev",
             "namespace": "default",
             "uid": run["metadata"]["uid"],
@@ -345,24 +346,15 @@ def test_events_are_listed_by_involved_object(cluster: EmulatedCluster) -> None:
     selector = f"involvedObject.name=ev,involvedObject.uid={run['metadata']['uid']}"
     listed = cluster.api("GET", "/api/v1/namespaces/default/events", params={"fieldSelector": selector}).body
     assert [e["reason"] for e in listed["items"]] == ["PodCreated"]
-    described = cluster.kubectl("describe", "ar", "ev").stdout
+    described = cluster.kubectl("describe", "wd", "ev").stdout
     assert "PodCreated" in described
 
 
 def test_openapi_v3_documents_the_crd_for_kubectl(cluster: EmulatedCluster) -> None:
     index = cluster.api("GET", "/openapi/v3").body["paths"]
-    document = cluster.api("GET", index["apis/agentrun.dev/v1alpha1"]["serverRelativeURL"].split("?")[0]).body
-    schema = document["components"]["schemas"]["dev.agentrun.v1alpha1.AgentRun"]
-    assert schema["x-kubernetes-group-version-kind"] == [
-        {"group": "agentrun.dev", "version": "v1alpha1", "kind": "AgentRun"}
-    ]
-    assert schema["properties"]["spec"]["properties"]["threadId"]["maxLength"] == 189
-    patch = document["paths"]["/apis/agentrun.dev/v1alpha1/namespaces/{namespace}/agentruns/{name}"]["patch"]
+    document = cluster.api("GET", index["apis/kubesim.dev/v1"]["serverRelativeURL"].split("?")[0]).body
+    schema = document["components"]["schemas"]["dev.kubesim.v1.Widget"]
+    assert schema["x-kubernetes-group-version-kind"] == [{"group": "kubesim.dev", "version": "v1", "kind": "Widget"}]
+    assert schema["properties"]["spec"]["properties"]["owner"]["maxLength"] == 63
+    patch = document["paths"]["/apis/kubesim.dev/v1/namespaces/{namespace}/widgets/{name}"]["patch"]
     assert "fieldValidation" in [p["name"] for p in patch["parameters"]]
-
-
-def test_run_names_leave_room_for_the_attempt_suffix_of_pod_names(cluster: EmulatedCluster) -> None:
-    assert cluster.api("POST", AGENTRUNS, agentrun("r" * 240, threadId="t")).status == 201
-    too_long = cluster.api("POST", AGENTRUNS, agentrun("r" * 241, threadId="t"))
-    assert too_long.status == 422 and too_long.body["details"]["causes"][0]["field"] == "metadata.name"
-    assert cluster.api("POST", PODS, python_pod("r" * 240 + "-10000", "pass")).status == 201

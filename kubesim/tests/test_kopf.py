@@ -1,4 +1,4 @@
-"""A real kopf operator process against the emulated cluster (the agentrun operator's framework)."""
+"""A real kopf operator process against the emulated cluster (handlers, finalizers, events, peering)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from kubesim import EmulatedCluster
-from tests.cluster.conftest import EXAMPLE, ROOT
 
 HANDLERS = Path(__file__).parent / "operators" / "kopf_smoke.py"
-NAME = "support-order-4821"
+NAME = "smoke"
+WIDGET = {"apiVersion": "kubesim.dev/v1", "kind": "Widget", "metadata": {"name": NAME}, "spec": {"owner": "me"}}
 
 
 @pytest.fixture
@@ -31,7 +31,6 @@ def kopf_operator(cluster: EmulatedCluster, tmp_path: Path) -> Iterator[tuple[su
         **os.environ,
         "KUBECONFIG": str(cluster.kubeconfig),
         "KOPF_SMOKE_MARKER": str(marker),
-        "PYTHONPATH": str(ROOT),
     }
     log = tmp_path / "kopf.log"
     with open(log, "wb") as out:
@@ -55,24 +54,24 @@ def kopf_operator(cluster: EmulatedCluster, tmp_path: Path) -> Iterator[tuple[su
 
 
 def phase(cluster: EmulatedCluster) -> Any:
-    return (cluster.get("agentruns", NAME) or {}).get("status", {}).get("phase")
+    return (cluster.get("widgets", NAME) or {}).get("status", {}).get("phase")
 
 
 def test_kopf_handlers_finalizers_events_and_peering_work(
     cluster: EmulatedCluster, kopf_operator: tuple[subprocess.Popen[bytes], Path]
 ) -> None:
     process, marker = kopf_operator
-    assert cluster.kubectl("apply", "-f", str(EXAMPLE)).returncode == 0
+    assert cluster.api("POST", "/apis/kubesim.dev/v1/namespaces/default/widgets", WIDGET).status == 201
     cluster.wait_for(lambda: phase(cluster) == "Running", timeout=20, message="kopf's create handler ran")
-    obj = cluster.get("agentruns", NAME)
-    assert obj is not None and obj["metadata"]["finalizers"] == ["agentrun.dev/kopf-smoke"]
+    obj = cluster.get("widgets", NAME)
+    assert obj is not None and obj["metadata"]["finalizers"] == ["kubesim.dev/kopf-smoke"]
     peers = cluster.wait_for(
         lambda: (cluster.get("clusterkopfpeerings", "default", None) or {}).get("status"),
         message="kopf's peering keep-alive",
     )
     assert len(peers) == 1, f"one operator, one peer: {peers}"
 
-    assert cluster.kubectl("patch", "ar", NAME, "--type", "merge", "-p", '{"spec":{"stop":true}}').returncode == 0
+    assert cluster.kubectl("patch", "wd", NAME, "--type", "merge", "-p", '{"spec":{"stop":true}}').returncode == 0
     cluster.wait_for(lambda: phase(cluster) == "Stopped", timeout=20, message="kopf's field handler ran")
     events = cluster.wait_for(
         lambda: [e for e in cluster.list_objects("events", "default") if e["involvedObject"]["name"] == NAME],
@@ -80,8 +79,8 @@ def test_kopf_handlers_finalizers_events_and_peering_work(
     )
     assert any("started by the smoke operator" in e["message"] for e in events)
 
-    result = cluster.kubectl("delete", "ar", NAME, "--timeout=30s")
+    result = cluster.kubectl("delete", "wd", NAME, "--timeout=30s")
     assert result.returncode == 0, result.stderr
     assert marker.read_text() == NAME, "kopf's delete handler did not run before the finalizer was released"
-    assert cluster.get("agentruns", NAME) is None
+    assert cluster.get("widgets", NAME) is None
     assert process.poll() is None, "kopf exited on its own"
