@@ -1,31 +1,38 @@
-"""The only module that talks to the Kubernetes API (besides kopf's own watching).
+"""The only module that talks to the Kubernetes API (besides kopf's watches, which log in with its credentials).
 
-A deliberately small aiohttp client: in-cluster service-account credentials,
-or the current context of a kubeconfig (token, client certificate, CA). The
-operator needs a handful of verbs on a handful of resources, and a thin
-client keeps every request visible (and works against the test emulator
-exactly as against a real API server).
+The credentials, TLS and HTTP transport are lightkube's (``io/kubeconfig.py``
+says where they come from: in-cluster service account with rotated tokens
+re-read, ``KUBECONFIG`` lists merged, exec credential plugins). The verbs are
+ours and few: the operator needs a handful of them on a handful of resources,
+as plain JSON bodies, so every request stays visible, is counted in
+``metrics.KUBE_REQUESTS`` (each HTTP exchange, including one retried after a
+401) and works against the test emulator exactly as against a real API server.
+
+Errors: an answer >= 400 raises ``ApiError`` (``NotFound`` for 404,
+``Conflict`` for 409); no answer raises ``TimeoutError`` or ``ConnectionError``
+(an ``OSError``), and so does a credential that cannot be had (``CredentialsError``:
+an exec plugin that fails, a token file that is gone), since both mean "try
+again later" to every caller.
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
-import os
-import ssl
-import tempfile
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import aiohttp
-import yaml
+import httpx2 as httpx
+import kopf
+from lightkube.config.client_adapter import ConnectionParams
+from lightkube.config.models import User
 
-from . import metrics
+from . import kubeconfig, metrics
+from .kubeconfig import SA_DIR, ConfigError, SingleConfig
 
-SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 MERGE_PATCH = "application/merge-patch+json"
+TIMEOUT_SECONDS = 30.0
 
 
 class ApiError(Exception):
@@ -44,68 +51,38 @@ class Conflict(ApiError):
     """409: AlreadyExists on create, or a stale resourceVersion on update."""
 
 
-def _write_temp(data: str) -> str:
-    handle = tempfile.NamedTemporaryFile("w", delete=False, suffix=".pem")  # noqa: SIM115 - kept for ssl
-    with handle:
-        handle.write(data)
-    return handle.name
+class CredentialsError(ConnectionError):
+    """No credential to send: the exec plugin failed or the token file is unreadable (retry like no answer)."""
 
 
 class KubeClient:
-    def __init__(
-        self,
-        server: str,
-        *,
-        token: str | None = None,
-        token_file: Path | None = None,
-        ssl_context: ssl.SSLContext | bool = True,
-    ) -> None:
-        self.server = server.rstrip("/")
-        self.token = token
-        # Bound service-account tokens rotate (about hourly): re-read the file for every request.
-        self.token_file = token_file
-        self._ssl = ssl_context
-        self._session: aiohttp.ClientSession | None = None
+    """The operator's client for ``config`` (see ``from_environment``); one connection pool, one credential."""
+
+    def __init__(self, config: SingleConfig, *, timeout: float = TIMEOUT_SECONDS) -> None:
+        self.config = config._replace(user=config.user or User())  # a context may name no user (kubectl proxy)
+        self.server = config.cluster.server.rstrip("/")
+        self.timeout = timeout
+        self.auth = kubeconfig.auth_for(self.config.user)
+        # TLS is set up here, once: lightkube decodes *-data certificates into temp files only while loading them.
+        self._params = ConnectionParams(timeout=httpx.Timeout(timeout)).httpx_params(self.config)
+        self._params["auth"] = self.auth
+        self._http: httpx.AsyncClient | None = None
+        self._logins = 0
 
     @classmethod
-    def from_environment(cls) -> KubeClient:
-        """In-cluster credentials when running in a pod, else the kubeconfig's current context."""
-        host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
-        if host and port and (SA_DIR / "token").exists():
-            context = ssl.create_default_context(cafile=str(SA_DIR / "ca.crt"))
-            return cls(f"https://{host}:{port}", token_file=SA_DIR / "token", ssl_context=context)
-        return cls.from_kubeconfig(os.environ.get("KUBECONFIG", str(Path.home() / ".kube" / "config")))
+    def from_environment(cls, *, service_account: Path = SA_DIR) -> KubeClient:
+        """In-cluster credentials when running in a pod, else the (merged) kubeconfig's current context."""
+        return cls(kubeconfig.load(service_account=service_account))
 
     @classmethod
-    def from_kubeconfig(cls, path: str) -> KubeClient:
-        path = path.split(os.pathsep)[0]
-        config = yaml.safe_load(Path(path).read_text())
-        context_name = config.get("current-context")
-        context = next(c["context"] for c in config["contexts"] if c["name"] == context_name)
-        cluster = next(c["cluster"] for c in config["clusters"] if c["name"] == context["cluster"])
-        user: dict[str, Any] = next(
-            (u["user"] for u in config.get("users", []) if u["name"] == context.get("user")), {}
-        )
-        server = cluster["server"]
-        ssl_context: ssl.SSLContext | bool = True
-        if server.startswith("https"):
-            if cluster.get("insecure-skip-tls-verify"):
-                ssl_context = False
-            else:
-                ca = cluster.get("certificate-authority")
-                if cluster.get("certificate-authority-data"):
-                    ca = _write_temp(base64.b64decode(cluster["certificate-authority-data"]).decode())
-                ssl_context = ssl.create_default_context(cafile=ca) if ca else ssl.create_default_context()
-                cert, key = user.get("client-certificate"), user.get("client-key")
-                if user.get("client-certificate-data"):
-                    cert = _write_temp(base64.b64decode(user["client-certificate-data"]).decode())
-                    key = _write_temp(base64.b64decode(user["client-key-data"]).decode())
-                if cert and key:
-                    ssl_context.load_cert_chain(cert, key)
-        token = user.get("token")
-        if not token and user.get("tokenFile"):
-            token = Path(user["tokenFile"]).read_text().strip()
-        return cls(server, token=token, ssl_context=ssl_context)
+    def from_kubeconfig(cls, path: str, *, context: str | None = None) -> KubeClient:
+        """``path``: one kubeconfig file or several, os.pathsep-separated (merged as kubectl does)."""
+        return cls(kubeconfig.load_kubeconfig(path, context=context))
+
+    def _client(self) -> httpx.AsyncClient:
+        if self._http is None or self._http.is_closed:
+            self._http = httpx.AsyncClient(**self._params, event_hooks={"response": [_count]})
+        return self._http
 
     async def request(
         self,
@@ -116,32 +93,29 @@ class KubeClient:
         content_type: str = "application/json",
         params: dict[str, str] | None = None,
     ) -> Any:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
         headers = {"Accept": "application/json"}
-        token = self.token_file.read_text().strip() if self.token_file is not None else self.token
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
-        data = None
+        content = None
         if body is not None:
             headers["Content-Type"] = content_type
-            data = json.dumps(body)
+            content = json.dumps(body).encode()
         try:
-            async with self._session.request(
-                method, self.server + path, data=data, headers=headers, params=params, ssl=self._ssl
-            ) as response:
-                text = await response.text()
-                status, http_reason = response.status, response.reason
-        except (aiohttp.ClientError, TimeoutError):
+            response = await self._client().request(method, path, content=content, headers=headers, params=params)
+        except httpx.TimeoutException as e:
             metrics.kube_request(method, None)
-            raise
-        metrics.kube_request(method, status)
+            raise TimeoutError(f"{method} {path}: no answer within {self.timeout:g}s") from e
+        except httpx.TransportError as e:
+            metrics.kube_request(method, None)
+            raise ConnectionError(f"{method} {path}: {e!r}") from e
+        except ConfigError as e:
+            metrics.kube_request(method, None)
+            raise CredentialsError(f"{method} {path}: {e}") from e
+        text = response.text
         payload = json.loads(text) if text and text.lstrip().startswith("{") else {}
-        if status >= 400:
-            reason = payload.get("reason") or http_reason or ""
+        if response.status_code >= 400:
+            reason = payload.get("reason") or response.reason_phrase or ""
             message = payload.get("message") or text[:300]
-            error = {404: NotFound, 409: Conflict}.get(status, ApiError)
-            raise error(status, reason, message)
+            error = {404: NotFound, 409: Conflict}.get(response.status_code, ApiError)
+            raise error(response.status_code, reason, message)
         return payload
 
     async def get(self, path: str) -> dict[str, Any]:
@@ -167,10 +141,28 @@ class KubeClient:
         with contextlib.suppress(NotFound):  # already gone: the goal of a delete
             await self.request("DELETE", path, body)
 
+    async def connection_info(self, *, trust_env: bool = False) -> kopf.ConnectionInfo:
+        """kopf's login (``@kopf.on.login``): this client's server, TLS material and identity.
+
+        kopf calls it at start and again when the API refused (401) or expired what it had: from the second
+        call on, the token file is read anew and the exec plugin run anew.
+        """
+        self._logins += 1
+        try:
+            return await kubeconfig.connection_info(
+                self.config, self.auth, trust_env=trust_env, refresh=self._logins > 1
+            )
+        except ConfigError as e:
+            raise kopf.LoginError(str(e)) from e
+
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
+
+
+async def _count(response: httpx.Response) -> None:
+    metrics.kube_request(response.request.method, response.status_code)
 
 
 def q(value: str) -> str:

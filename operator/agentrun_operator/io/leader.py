@@ -1,17 +1,23 @@
-"""Leader election on a coordination.k8s.io/v1 Lease, the way client-go does it.
+"""Leader election on a coordination.k8s.io/v1 Lease, the way client-go does it (through ``io/kube.py``).
 
-kopf's peering lets peers of equal priority both run (it only warns), so two
-replicas could both reconcile. Here exactly one replica holds the Lease and
-runs kopf; the others wait. Expiry is judged by *local* observation time
-(the record has not changed for ``duration`` seconds as seen by this
-process), not by comparing the holder's ``renewTime`` with our clock, so
-clock skew between nodes cannot hand the lease to two replicas.
+Why not kopf's peering: kopf 1.45 pauses *every* operator when it sees a live
+peer of the same priority, itself included (``_core/engines/peering.py``,
+``process_peering_event``; its module docstring still says it only warns), so
+two replicas of one Deployment would both stand still until one of them dies,
+and a higher-priority peer pauses the others only after its keep-alive is
+seen, with no per-object locks meanwhile. Here exactly one replica holds the
+Lease and runs kopf (``standalone``); the others wait. Expiry is judged by
+*local* observation time (the record has not changed for ``duration`` seconds
+as seen by this process), not by comparing the holder's ``renewTime`` with our
+clock, so clock skew between nodes cannot hand the lease to two replicas.
 
 Takeover time after the leader dies without releasing: at most
 ``duration + retry`` seconds (15 s + 3 s with the defaults). A leader that
 cannot renew for ``duration`` seconds gives up and the process exits, so it
-never acts while another replica may hold the lease. A graceful shutdown
-releases the lease for an immediate takeover.
+never acts while another replica may hold the lease; a renewal that hangs is
+cut off at that deadline too (client-go's renew deadline), not at the
+client's 30 s request timeout. A graceful shutdown releases the lease for an
+immediate takeover.
 """
 
 from __future__ import annotations
@@ -110,14 +116,15 @@ class LeaderElector:
         last_ok = time.monotonic()
         while True:
             await asyncio.sleep(self.renew_every)
+            deadline = last_ok + self.duration - self.renew_every
             try:
-                if await self.try_acquire_or_renew():
+                if await asyncio.wait_for(self.try_acquire_or_renew(), max(0.1, deadline - time.monotonic())):
                     last_ok = time.monotonic()
                     continue
                 log.error("the leader lease was taken by another replica")
                 return
             except (TimeoutError, ApiError, OSError) as e:
-                log.warning("could not renew the leader lease: %s", e)
+                log.warning("could not renew the leader lease: %s", e or "no answer before the renew deadline")
             if time.monotonic() - last_ok >= self.duration - self.renew_every:
                 log.error("could not renew the leader lease for %.0fs; giving up leadership", self.duration)
                 return

@@ -1,0 +1,243 @@
+"""Where the operator's Kubernetes credentials come from: one source for its own client and for kopf's watches.
+
+Resolved as client-go resolves them. In a pod (``KUBERNETES_SERVICE_HOST`` and a
+service-account token present): the service account's token file, CA and
+namespace. Otherwise the kubeconfig files ``KUBECONFIG`` lists (``:``-separated,
+merged: the first file to name a cluster, user or context wins, the first
+``current-context`` wins, missing files are skipped), else ``~/.kube/config``.
+
+Parsing, TLS and static or token-file credentials are lightkube's: a token file
+(the service account's) is re-read when the API answers 401, so the kubelet's
+rotated tokens are picked up; decoded ``*-data`` certificates and keys live in
+temporary files (mode 0600) only while the SSL context loads them. Exec
+credential plugins (``aws eks get-token``, ``gke-gcloud-auth-plugin``,
+``kubelogin``) run here instead (``ExecPlugin``): one run serves every
+concurrent request until the credential's ``expirationTimestamp`` or a 401, and
+kopf logs in with the same token (``connection_info``).
+
+Limits: a plugin that answers with a client certificate instead of a token, the
+removed ``auth-provider`` plugins, ``proxy-url`` and ``tls-server-name`` are not
+supported (the client fails at start, naming what it cannot do). Token-file
+credentials handed to kopf are read at each kopf login; kopf logs in again when
+the API answers 401, which a rotated-out token gets once it expires.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import AsyncGenerator, Generator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx2 as httpx
+import kopf
+import yaml
+from lightkube.config.client_adapter import user_auth
+from lightkube.config.kubeconfig import KubeConfig, SingleConfig
+from lightkube.config.models import User, UserExec
+from lightkube.core.exceptions import ConfigError
+
+SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+DEFAULT_KUBECONFIG = Path("~/.kube/config")
+EXEC_API_VERSIONS = (
+    "client.authentication.k8s.io/v1",
+    "client.authentication.k8s.io/v1beta1",
+    "client.authentication.k8s.io/v1alpha1",
+)
+EXEC_TIMEOUT_SECONDS = 60.0  # a plugin that hangs (an IdP that does not answer) must not stall every request
+
+__all__ = ["ConfigError", "ExecPlugin", "SingleConfig", "connection_info", "load", "load_kubeconfig"]
+
+
+def load(*, service_account: Path = SA_DIR) -> SingleConfig:
+    """In-cluster credentials when running in a pod, else the merged kubeconfig's current context.
+
+    Raises ``ConfigError`` when neither is there or the kubeconfig names no usable context.
+    """
+    in_pod = os.environ.get("KUBERNETES_SERVICE_HOST") and os.environ.get("KUBERNETES_SERVICE_PORT")
+    if in_pod and (service_account / "token").exists():
+        config = KubeConfig.from_service_account(service_account).get()
+        assert config is not None
+        return config
+    paths = os.environ.get("KUBECONFIG") or str(DEFAULT_KUBECONFIG)
+    return load_kubeconfig(paths)
+
+
+def load_kubeconfig(paths: str, *, context: str | None = None) -> SingleConfig:
+    """The context ``context`` (default: the current one) of the kubeconfig files ``paths`` (os.pathsep-separated).
+
+    Merged as kubectl merges ``KUBECONFIG``: for every named cluster, user and context the first file that
+    has it wins, and so does the first ``current-context``; files that do not exist are skipped.
+    """
+    files = [Path(p).expanduser() for p in paths.split(os.pathsep) if p.strip()]
+    merged: dict[str, Any] = {"current-context": None, "clusters": [], "contexts": [], "users": []}
+    seen: dict[str, set[str]] = {"clusters": set(), "contexts": set(), "users": set()}
+    found = []
+    for path in files:
+        if not path.is_file():
+            continue
+        found.append(path)
+        document = yaml.safe_load(path.read_text()) or {}
+        merged["current-context"] = merged["current-context"] or document.get("current-context") or None
+        for section in ("clusters", "contexts", "users"):
+            for entry in document.get(section) or []:
+                if entry.get("name") not in seen[section]:
+                    seen[section].add(entry["name"])
+                    merged[section].append(_absolute(section, entry, path.parent))
+    if not found:
+        raise ConfigError(f"no kubeconfig found at {paths!r}")
+    config = KubeConfig.from_dict(merged).get(context)
+    assert config is not None  # get() without a default raises instead
+    return config
+
+
+# Relative paths in a kubeconfig are relative to the file that holds them; made absolute before merging,
+# since the merged config has no single file to resolve them against.
+_PATH_FIELDS = {
+    "clusters": ("cluster", ("certificate-authority",)),
+    "users": ("user", ("client-certificate", "client-key", "tokenFile")),
+}
+
+
+def _absolute(section: str, entry: dict[str, Any], base: Path) -> dict[str, Any]:
+    if section not in _PATH_FIELDS:
+        return entry
+    key, fields = _PATH_FIELDS[section]
+    body = dict(entry.get(key) or {})
+    for field in fields:
+        if body.get(field) and not Path(body[field]).expanduser().is_absolute():
+            body[field] = str(base / body[field])
+    command = (body.get("exec") or {}).get("command")
+    if command and os.sep in command and not Path(command).is_absolute():  # kubectl: a bare name is a $PATH look-up
+        body["exec"] = {**body["exec"], "command": str(base / command)}
+    return {**entry, key: body}
+
+
+class ExecPlugin(httpx.Auth):
+    """Bearer tokens from a kubeconfig ``exec`` credential plugin, as client-go runs one.
+
+    The plugin gets the process environment plus the kubeconfig's ``env`` and ``KUBERNETES_EXEC_INFO``, no
+    stdin (never interactive) and ``EXEC_TIMEOUT_SECONDS``. Its token is cached until its
+    ``expirationTimestamp`` (none: until the API answers 401); of many requests that need a new token at
+    once, one runs the plugin and the others wait for it. A request answered 401 is sent once more with a
+    fresh token. Raises ``ConfigError`` when the plugin fails or answers without a token.
+    """
+
+    def __init__(self, spec: UserExec) -> None:
+        if spec.apiVersion not in EXEC_API_VERSIONS:
+            raise ConfigError(
+                f"exec credential plugin apiVersion {spec.apiVersion!r} is not one of {EXEC_API_VERSIONS}"
+            )
+        self.spec = spec
+        self.token: str | None = None
+        self.expiration: datetime | None = None
+        self._lock = asyncio.Lock()
+
+    def _fresh(self) -> bool:
+        return self.token is not None and (self.expiration is None or datetime.now(UTC) < self.expiration)
+
+    async def get_token(self, *, stale: str | None = None) -> str:
+        """The current token; runs the plugin when there is none, it expired, or it is ``stale`` (was refused)."""
+        async with self._lock:
+            if self._fresh() and (stale is None or self.token != stale):
+                assert self.token is not None
+                return self.token
+            self.token, self.expiration = await self._run()
+            return self.token
+
+    async def _run(self) -> tuple[str, datetime | None]:
+        env = dict(os.environ)
+        env.update({item.name: item.value for item in self.spec.env or []})
+        exec_info = {"apiVersion": self.spec.apiVersion, "kind": "ExecCredential", "spec": {"interactive": False}}
+        env["KUBERNETES_EXEC_INFO"] = json.dumps(exec_info)
+        command = [self.spec.command, *(self.spec.args or [])]
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *command, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+        except OSError as e:
+            hint = f" ({self.spec.installHint.strip()})" if self.spec.installHint else ""
+            raise ConfigError(f"exec credential plugin {self.spec.command!r} could not start: {e}{hint}") from e
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), EXEC_TIMEOUT_SECONDS)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise ConfigError(
+                f"exec credential plugin {command[0]!r} gave no answer in {EXEC_TIMEOUT_SECONDS:g}s"
+            ) from None
+        if proc.returncode != 0:
+            text = err.decode(errors="replace").strip()[:500]
+            raise ConfigError(f"exec credential plugin {command[0]!r} exited {proc.returncode}: {text}")
+        try:
+            status = json.loads(out)["status"]
+            token = str(status["token"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise ConfigError(
+                f"exec credential plugin {command[0]!r} printed no ExecCredential with status.token "
+                "(client certificates from a plugin are not supported)"
+            ) from e
+        expiry = status.get("expirationTimestamp")
+        return token, datetime.fromisoformat(expiry.replace("Z", "+00:00")) if expiry else None
+
+    def sync_auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        raise RuntimeError("ExecPlugin serves the async client only")
+
+    async def async_auth_flow(self, request: httpx.Request) -> AsyncGenerator[httpx.Request, httpx.Response]:
+        token = await self.get_token()
+        request.headers["Authorization"] = f"Bearer {token}"
+        response = yield request
+        if response.status_code == 401:  # revoked, or expired without saying so: one more try with a new token
+            request.headers["Authorization"] = f"Bearer {await self.get_token(stale=token)}"
+            yield request
+
+
+def auth_for(user: User | None) -> httpx.Auth | None:
+    """The request authentication of ``user``: ``ExecPlugin`` for exec, lightkube's for the rest."""
+    if user is not None and user.exec is not None and user.token is None and user.token_file is None:
+        return ExecPlugin(user.exec)
+    return user_auth(user)
+
+
+def _read_token(path: str) -> str:
+    try:
+        return Path(path).read_text().strip()  # a few hundred bytes, and only at a kopf login
+    except OSError as e:
+        raise ConfigError(f"token file {path}: {e}") from e
+
+
+async def connection_info(
+    config: SingleConfig, auth: httpx.Auth | None, *, trust_env: bool, refresh: bool
+) -> kopf.ConnectionInfo:
+    """kopf's login for ``config``: the same server, TLS material and identity as the operator's client.
+
+    ``refresh``: kopf logs in again after the API refused its credentials (or they expired): read the token
+    file anew and run the exec plugin anew rather than hand back what was refused.
+    """
+    cluster, user = config.cluster, config.user or User()
+    token, expiration = user.token, None
+    if user.token_file is not None:
+        token = _read_token(user.token_file)
+    elif isinstance(auth, ExecPlugin):
+        token = await auth.get_token(stale=auth.token if refresh else None)
+        expiration = auth.expiration
+    return kopf.ConnectionInfo(
+        server=cluster.server,
+        ca_path=str(config.abs_file(cluster.certificate_auth)) if cluster.certificate_auth else None,
+        ca_data=cluster.certificate_auth_data,
+        insecure=cluster.insecure or None,
+        certificate_path=str(config.abs_file(user.client_cert)) if user.client_cert else None,
+        certificate_data=user.client_cert_data,
+        private_key_path=str(config.abs_file(user.client_key)) if user.client_key else None,
+        private_key_data=user.client_key_data,
+        username=user.username,
+        password=user.password,
+        token=token,
+        default_namespace=config.context.namespace,
+        trust_env=trust_env,
+        expiration=expiration,
+    )
