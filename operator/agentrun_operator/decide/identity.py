@@ -51,6 +51,7 @@ from .reasons import Phase, Reason
 from .status import AgentRunStatus, ResultInfo, iso
 from .toolerrors import CONDITION as TOOL_ERRORS
 from .toolerrors import tool_call_counts
+from .usage import model_usage
 
 DIGEST_CHARS = 16
 
@@ -143,7 +144,7 @@ def recorded_outcome(turn: RecordedTurn | None, *, run_uid: str, retried: bool, 
 
 
 def mirror_turn(d: Decision, *, status: AgentRunStatus, progress: Progress | None, request_key: str) -> None:
-    """Tool counters, tool errors and the result of this run's turn from the store's progress.
+    """Tool counters, model usage, tool errors and the result of this run's turn from the store's progress.
 
     Only when the progress is this run's turn: between a pod's creation and its first checkpoint the
     thread's latest turn is the previous one, whose failures and answer are not this run's.
@@ -151,6 +152,8 @@ def mirror_turn(d: Decision, *, status: AgentRunStatus, progress: Progress | Non
     if progress is None or (progress.request_key and request_key and progress.request_key != request_key):
         return
     d.status["toolCalls"] = tool_call_counts(progress.tool_calls)
+    if usage := model_usage(progress.model_usage):
+        d.status["modelUsage"] = usage
     if progress.status == "completed" and (result := result_status(progress.result)):
         d.status["result"] = result
     toolerrors.observe(d, status=status, counts=progress.tool_calls, last_error=progress.last_tool_error)

@@ -17,6 +17,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from typing_extensions import TypedDict
 
 from .reasons import Phase, Reason
+from .usage import ModelUsage
 
 
 def iso(moment: datetime) -> str:
@@ -61,7 +62,6 @@ class ResultInfo(TypedDict, total=False):
     truncated: bool
 
 
-class InterruptInfo(TypedDict, total=False):
 class AttemptRecord(TypedDict, total=False):
     """One entry of ``status.attempts`` (``decide.attempts``): an attempt's pod and how it ended."""
 
@@ -75,6 +75,7 @@ class AttemptRecord(TypedDict, total=False):
     message: str  # the runner's termination line, on one line, truncated
 
 
+class InterruptInfo(TypedDict, total=False):
     id: str | None
     message: str
     payload: Any
@@ -102,11 +103,12 @@ class AgentRunStatus(BaseModel):
     restarts: int = 0
     disruptions: int = 0
     pod_name: str | None = Field(default=None, alias="podName")
-    state_version: int | None = Field(default=None, alias="stateVersion")
     attempts: list[AttemptRecord] = []
+    state_version: int | None = Field(default=None, alias="stateVersion")
     current_node: str | None = Field(default=None, alias="currentNode")
     step: int | None = None
     tool_calls: ToolCalls | None = Field(default=None, alias="toolCalls")
+    model_usage: list[ModelUsage] | None = Field(default=None, alias="modelUsage")
     last_checkpoint_time: Time = Field(default=None, alias="lastCheckpointTime")
     interrupt: InterruptInfo | None = None
     conditions: list[Condition] = []
@@ -161,11 +163,12 @@ class StatusPatch(TypedDict, total=False):
     restarts: int
     disruptions: int
     podName: str
+    attempts: list[AttemptRecord]
     stateVersion: int
     currentNode: str | None
-    attempts: list[AttemptRecord]
     step: int
     toolCalls: ToolCalls
+    modelUsage: list[ModelUsage]
     lastCheckpointTime: str
     interrupt: InterruptInfo | None
     conditions: list[Condition]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -64,10 +64,11 @@ def tool_failed(tool: str, count: int) -> None:
 # --- Issue 9: per-run facts aggregated so they survive short runner pods -------------------------------------
 # A runner pod often ends before Prometheus scrapes it; the operator outlives every run and already reads each
 # run's progress from the store, so the facts users alert on are counted here. Labels are bounded: namespace
-# (the cluster's), phase/outcome/reason (fixed sets, plus the cluster's disruption reasons) -- never run names,
-# thread ids or pod names. Facts only the runner process sees (ledger record failures, stale-state conflicts,
-# fenced writes, checkpoint write latency, model tokens and latency, Redis degradation) stay in the runner's
-# own ``agentrun_*`` metrics, scraped by the chart's PodMonitor (``monitoring.podMonitor.enabled``).
+# (the cluster's), phase/outcome/reason (fixed sets, plus the cluster's disruption reasons), model (from graph
+# code, at most MODEL_LABELS_MAX, then "other") -- never run names, thread ids or pod names. Facts only the
+# runner process sees (stale-state conflicts, fenced writes, checkpoint write latency, Redis degradation) stay
+# in the runner's own ``agentrun_*`` metrics, scraped by the chart's PodMonitor
+# (``monitoring.podMonitor.enabled``); ledger record failures and model usage travel in the checkpoint too.
 
 RUN_DURATION = Histogram(
     "agentrun_operator_run_duration_seconds",
@@ -93,6 +94,30 @@ KUBE_ERRORS = Counter(
     "Kubernetes API requests that failed (HTTP >= 400, or no answer: code 'none'), by verb and code",
     ["verb", "code"],
 )
+MODEL_TOKENS = Counter(
+    "agentrun_operator_model_tokens_total",
+    "Tokens models reported (usage) in AgentRuns, as the runners checkpointed them, by namespace, model and kind "
+    "(prompt, completion)",
+    ["namespace", "model", "kind"],
+)
+MODEL_REQUESTS = Counter(
+    "agentrun_operator_model_requests_total",
+    "Model requests of AgentRuns (an HTTP attempt of the OpenAI-compatible adapter, a call of a LangChain model), "
+    "by namespace, model and status (ok: a usable completion; error: anything else)",
+    ["namespace", "model", "status"],
+)
+MODEL_SECONDS = Counter(
+    "agentrun_operator_model_request_seconds_total",
+    "Summed wall time of those model requests, by namespace, model and status; divided by "
+    "agentrun_operator_model_requests_total it is the mean latency",
+    ["namespace", "model", "status"],
+)
+MODEL_KINDS = ("prompt", "completion")
+MODEL_STATUSES = ("ok", "error")
+MODEL_LABELS_MAX = 50
+OTHER_MODEL = "other"
+_model_labels: set[str] = set()
+_model_series: set[tuple[str, str]] = set()
 LOOP_LAG = Gauge(
     "agentrun_operator_event_loop_lag_seconds", "How late the liveness heartbeat's last tick ran (loop responsiveness)"
 )
@@ -124,6 +149,52 @@ def tool_calls_seen(namespace: str, before: Mapping[str, Any], after: Mapping[st
         grown = int(after.get(key, 0) or 0) - int(before.get(key, 0) or 0)
         if grown > 0:
             TOOL_CALLS.labels(namespace=namespace, outcome=outcome).inc(grown)
+
+
+def _model_label(model: str) -> str:
+    """``model`` itself for the first MODEL_LABELS_MAX names seen, then ``other`` (bounded cardinality)."""
+    if model not in _model_labels:
+        if len(_model_labels) >= MODEL_LABELS_MAX:
+            return OTHER_MODEL
+        _model_labels.add(model)
+    return model
+
+
+def model_usage_seen(namespace: str, before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]]) -> None:
+    """Count the growth of a run's ``status.modelUsage`` once it is written (``decide.usage``: the baseline rule).
+
+    A value that went down (it cannot, within one turn) counts nothing, as with the tool counts. A model's
+    series are created at 0 the first time it is seen in a namespace, so panels show 0, not "no data".
+    """
+    seen = {str(item.get("model")): item for item in before}
+    for item in after:
+        model = _model_label(str(item.get("model") or "unknown"))
+        if (namespace, model) not in _model_series:
+            _model_series.add((namespace, model))
+            for kind in MODEL_KINDS:
+                MODEL_TOKENS.labels(namespace=namespace, model=model, kind=kind)
+            for status in MODEL_STATUSES:
+                MODEL_REQUESTS.labels(namespace=namespace, model=model, status=status)
+                MODEL_SECONDS.labels(namespace=namespace, model=model, status=status)
+        old = seen.get(str(item.get("model")), {})
+        for kind, key in (("prompt", "promptTokens"), ("completion", "completionTokens")):
+            if (grown := _number(item.get(key)) - _number(old.get(key))) > 0:
+                MODEL_TOKENS.labels(namespace=namespace, model=model, kind=kind).inc(grown)
+        for status in MODEL_STATUSES:
+            requests = _number((item.get("requests") or {}).get(status))
+            if (grown := requests - _number((old.get("requests") or {}).get(status))) > 0:
+                MODEL_REQUESTS.labels(namespace=namespace, model=model, status=status).inc(grown)
+            seconds = _number((item.get("requestSeconds") or {}).get(status))
+            if (grown := seconds - _number((old.get("requestSeconds") or {}).get(status))) > 0:
+                MODEL_SECONDS.labels(namespace=namespace, model=model, status=status).inc(grown)
+
+
+def _number(value: Any) -> float:
+    try:
+        number = float(value or 0)
+    except (TypeError, ValueError):
+        return 0.0
+    return number if number > 0 and number != float("inf") else 0.0
 
 
 def kube_request(verb: str, code: int | None) -> None:

@@ -289,6 +289,8 @@ class Reconciler:
             metrics.tool_failed(tool, count)
         if (calls := decision.status.get("toolCalls")) is not None:
             metrics.tool_calls_seen(ref.namespace, dict(status.tool_calls or {}), dict(calls))
+        if (usage := decision.status.get("modelUsage")) is not None:  # the same baseline rule (decide.usage)
+            metrics.model_usage_seen(ref.namespace, list(status.model_usage or []), list(usage))
         if "phase" in patch:
             log.info(
                 "[%s/%s] %s -> %s (%s): %s",
