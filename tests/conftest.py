@@ -4,7 +4,8 @@ Tiers (the marker is added from the directory, so a test cannot end up untiered)
 - tests/unit:        pure, in-process, no services, no subprocesses.
 - tests/integration: real SQLite files, real subprocesses and signals, local HTTP servers.
 - tests/postgres:    the real PostgreSQL and Redis of this machine (own database / key prefix).
-- tests/cluster:     the emulated Kubernetes cluster with the real kubectl.
+- tests/cluster:     the emulated Kubernetes cluster with the real kubectl (so are kubesim/tests,
+                     the emulator's self-tests, which `make test` collects too).
 
 A parameter may carry its own tier: the ``backend``/``checkpointer`` fixtures
 (one store per test, once per backend listed in tests/support/checkpointers.py)
@@ -49,7 +50,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        parts = Path(str(item.fspath)).relative_to(ROOT / "tests").parts
+        path = Path(str(item.fspath))
+        if path.is_relative_to(ROOT / "tests"):
+            parts = path.relative_to(ROOT / "tests").parts
+        else:
+            parts = ("cluster",) if path.is_relative_to(ROOT / "kubesim") else ()
         # A parameter may carry its own tier (the postgres backend of the shared checkpointer
         # suite in tests/unit): it keeps that tier, so `-m unit` never needs a server.
         if parts and parts[0] in _TIERS and not any(item.get_closest_marker(name) for name in _TIERS.values()):
