@@ -15,10 +15,11 @@ Where each number comes from:
   a scrape.
 - ``agentrun_*`` without ``operator``: runner pods' own ``/metrics`` (the
   chart's PodMonitor, which adds the ``namespace`` label): facts only the
-  runner process sees -- checkpoint write latency, ledger record failures,
-  stale-state conflicts, fenced writes, Redis degradation, model tokens and
-  latency. A short run may end before its scrape; their counters are
-  lower bounds. Queries of counters that are created on first use end in
+  runner process sees -- checkpoint write latency, stale-state conflicts,
+  fenced writes, Redis degradation, and the live pods' side of ledger record
+  failures and model tokens and latency (the operator counts those from the
+  checkpoint as well). A short run may end before its scrape; their
+  counters are lower bounds. Queries of counters that are created on first use end in
   ``or vector(0)``, so a quiet cluster shows 0, not "No data".
 
 Templated by ``datasource`` (any Prometheus) and ``namespace`` (multi, All).
@@ -169,17 +170,38 @@ PANELS: tuple[Panel, ...] = (
     ),
     Panel(
         "Model tokens",
-        "Tokens models reported (usage), by model and kind (runner pods)",
+        "Tokens models reported (usage), by model and kind: the operator's count from the checkpointed usage "
+        "(survives short pods), and the live runner pods' own counter",
         "short",
-        (Query(increase("agentrun_model_tokens_total", "model, kind", zero=True), "{{model}} {{kind}}"),),
+        (
+            Query(increase("agentrun_operator_model_tokens_total", "model, kind", zero=True), "{{model}} {{kind}}"),
+            Query(increase("agentrun_model_tokens_total", "model, kind", zero=True), "{{model}} {{kind}} (live pods)"),
+        ),
     ),
     Panel(
         "Model latency",
-        "One HTTP attempt to a model endpoint (runner pods); errors after retries by code",
+        "Mean wall time of a model request by model and status (operator, from the checkpointed usage); "
+        "p50/p99 of one HTTP attempt in the live runner pods",
         "s",
         (
-            *quantiles("agentrun_model_request_seconds", ""),
-            Query(increase("agentrun_model_errors_total", "code", zero=True), "errors {{code}}"),
+            Query(
+                f"sum by (model, status) (rate(agentrun_operator_model_request_seconds_total{{{NS}}}[{WINDOW}])) / "
+                f"sum by (model, status) (rate(agentrun_operator_model_requests_total{{{NS}}}[{WINDOW}]))",
+                "mean {{model}} {{status}}",
+            ),
+            *(Query(q.expr, q.legend + " (live pods)") for q in quantiles("agentrun_model_request_seconds", "")),
+        ),
+    ),
+    Panel(
+        "Model requests by status",
+        "Model requests by model and status, ok or error (operator, from the checkpointed usage); "
+        "model calls that failed after retries, by code (live runner pods)",
+        "short",
+        (
+            Query(
+                increase("agentrun_operator_model_requests_total", "model, status", zero=True), "{{model}} {{status}}"
+            ),
+            Query(increase("agentrun_model_errors_total", "code", zero=True), "errors {{code}} (live pods)"),
         ),
     ),
     Panel(
