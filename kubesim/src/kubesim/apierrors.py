@@ -78,6 +78,11 @@ def not_found(group_resource: str, name: str) -> ApiError:
     )
 
 
+def unauthorized() -> ApiError:
+    """What kube-apiserver answers when authentication fails (the body says no more, on purpose)."""
+    return ApiError(status=401, reason="Unauthorized", message="Unauthorized")
+
+
 def resource_not_found() -> ApiError:
     return ApiError(
         status=404,

@@ -36,6 +36,11 @@ precedence — and replaces the request semantics with the real server's:
   ``force`` (``fieldmanager``, which says what it leaves out), as Helm 4 and
   ``kubectl apply --server-side`` use it; Helm's release records (protobuf
   Secrets with binary data) and its protobuf ``DeleteOptions``.
+- Bearer-token authentication, opt-in (``bearer_tokens``): a request that
+  presents another token gets the real server's 401 ``Unauthorized`` Status,
+  and so does one with no credentials when ``anonymous_auth`` is off (as
+  ``--anonymous-auth=false``); with it on, such a request is let through as
+  the anonymous user (no RBAC follows). Off by default: every request is allowed.
 
 What it leaves out (hazards for tests): ``README.md`` of the kubesim package.
 
@@ -107,6 +112,10 @@ def _kmock_cannot_parse(path: str) -> bool:
     return rest == ["namespaces"]
 
 
+def _token_set(tokens: Iterable[str] | None) -> frozenset[str] | None:
+    return None if tokens is None else frozenset(tokens)
+
+
 def _paths(paths: Iterable[Path]) -> tuple[Path, ...]:
     return tuple(paths)
 
@@ -124,6 +133,9 @@ class ClusterEmulator(kmock.KubernetesEmulator):
     _gc_task: asyncio.Task[None] | None = attrs.field(default=None, init=False)
     _closing: bool = attrs.field(default=False, init=False)
     _depth: int = attrs.field(default=0, init=False)  # nested ``async with`` levels (the GC runs while > 0)
+    # Authentication (module docstring); both may change while serving (a token rotated by a test).
+    bearer_tokens: frozenset[str] | None = attrs.field(default=None, converter=_token_set)
+    anonymous_auth: bool = True
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -235,10 +247,13 @@ class ClusterEmulator(kmock.KubernetesEmulator):
     # --- request routing -------------------------------------------------------------------------
 
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
-        """Refuse what kube-apiserver refuses before it decodes a body: over 3 MiB, or deeper than 10,000 levels.
+        """Refuse what kube-apiserver refuses before it decodes a body: an unauthenticated request (when
+        ``bearer_tokens`` is set), over 3 MiB, or deeper than 10,000 levels.
 
         aiohttp's own limit (1 MiB, answered with a bare 413) would refuse less than a real server.
         """
+        if not self._authenticated(raw_request.headers.get("Authorization")):
+            return _json(apierrors.unauthorized().as_status(), status=401)
         headers = CIMultiDict(raw_request.headers)
         if headers.get("Content-Type", "").startswith(protobuf.MEDIA_TYPE):
             # A binary body (Helm's release Secret holds gzip): kmock reads every body as text too.
@@ -300,6 +315,14 @@ class ClusterEmulator(kmock.KubernetesEmulator):
                 raise
             self.errors.append(e)
             return _json(ApiError(message=f"the emulator failed: {e!r}").as_status(), status=500)
+
+    def _authenticated(self, authorization: str | None) -> bool:
+        if self.bearer_tokens is None:
+            return True
+        if not authorization:
+            return self.anonymous_auth
+        scheme, _, token = authorization.partition(" ")
+        return scheme.lower() == "bearer" and token.strip() in self.bearer_tokens
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         # kmock's own handler would first apply its plain-dict state tracking; the registry replaces it.
