@@ -57,12 +57,10 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: 
         settings.networking.error_backoffs = [1, 2, 5, 10]
 
     @kopf.on.login(registry=registry)
-    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-        # An explicit registry has none of kopf's default login handlers: in-cluster first, then kubeconfig.
-        info: kopf.ConnectionInfo | None = kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(
-            **kwargs
-        )
-        return info
+    async def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
+        # The operator's own credentials (io/kubeconfig.py): kopf's built-in logins run no exec plugin, merge
+        # no KUBECONFIG list and assume https://kubernetes.default.svc in a pod.
+        return await reconciler.kube.connection_info(trust_env=settings.networking.trust_env)
 
     @kopf.index(**runs, id="agentrun_threads")  # the id is the kwarg name handlers receive it by
     def agentrun_threads(body: kopf.Body, **_: Any) -> dict[ThreadKey, ThreadPeer]:
