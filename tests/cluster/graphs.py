@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from agentrun import END, START, Message, StateGraph, ToolCall, ToolNode, assistant, interrupt, tool, tools_condition
-from agentrun.models import ScriptedModel
+from agentrun.models import OpenAIChatModel, ScriptedModel
 
 
 def _record(name: str) -> None:
@@ -75,3 +75,20 @@ _crasher.add_node("crash", _crash)
 _crasher.add_edge(START, "crash")
 _crasher.add_edge("crash", END)
 crasher = _crasher
+
+
+# A model node of the real OpenAI-compatible adapter, against the endpoint the test serves (CLUSTER_MODEL_URL):
+# its token usage must reach the operator's metrics through the checkpoint, although the pod ends unscraped.
+_metered = StateGraph()
+_metered.add_node(
+    "model",
+    OpenAIChatModel(
+        base_url=os.environ.get("CLUSTER_MODEL_URL", "http://127.0.0.1:9/v1"),
+        model="cluster-model",
+        api_key_env=None,
+        retry_backoff=0.05,
+    ),
+)
+_metered.add_edge(START, "model")
+_metered.add_edge("model", END)
+metered_model = _metered

@@ -11,7 +11,9 @@ would scrape; the job adds ``namespace`` as the PodMonitor does).
 Then every query of every panel of the chart's dashboard must return data
 through Prometheus's HTTP API (``/api/v1/query``), and the numbers must be
 what happened: one crash rescheduled (``reason="BackOff"``), one resume, tool
-calls replayed from the ledger, one stop, runs by final phase.
+calls replayed from the ledger, one stop, runs by final phase, and the tokens
+of a short run that called an OpenAI-compatible endpoint (served here) counted
+by the operator from the checkpoint, though that run's pod was never scraped.
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ import asyncio
 import json
 import shutil
 import subprocess
+import threading
 import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +158,50 @@ def prometheus(operator: OperatorProcess, runner_port: int, tmp_path: Path) -> I
         shutil.rmtree(tmp_path / "tsdb", ignore_errors=True)
 
 
+class ChatCompletions(BaseHTTPRequestHandler):
+    """An OpenAI-compatible endpoint: the first request gets HTTP 503 (the adapter retries), then one completion."""
+
+    served: list[int] = []
+    USAGE = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        first = not self.served
+        self.served.append(503 if first else 200)
+        body: dict[str, Any] = (
+            {"error": {"message": "overloaded, try again"}}
+            if first
+            else {
+                "id": "chatcmpl-cluster",
+                "choices": [{"message": {"role": "assistant", "content": "done"}, "finish_reason": "stop"}],
+                "usage": self.USAGE,
+            }
+        )
+        raw = json.dumps(body).encode()
+        self.send_response(self.served[-1])
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def model_endpoint() -> Iterator[str]:
+    ChatCompletions.served = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), ChatCompletions)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
 def phase(cluster: EmulatedCluster, name: str) -> str | None:
     run = cluster.get("agentruns", name, NAMESPACE) or {}
     return (run.get("status") or {}).get("phase")
@@ -204,6 +252,7 @@ def test_every_dashboard_panel_answers_from_a_real_prometheus_after_a_crash_repl
     operator: OperatorProcess,
     prometheus: Prometheus,
     store: str,
+    model_endpoint: str,
     tmp_path: Path,
 ) -> None:
     began = time.time()
@@ -240,15 +289,28 @@ def test_every_dashboard_panel_answers_from_a_real_prometheus_after_a_crash_repl
         json.dumps({"spec": {"resume": {"value": {"approved": True}}}}),
     )
     assert resumed.returncode == 0, resumed.stderr
+    # A short run that calls a model: its pod ends before any scrape (the long runner holds the metrics port).
+    apply(
+        cluster,
+        agentrun(
+            "model",
+            thread="model",
+            graph="tests.cluster.graphs:metered_model",
+            effects=tmp_path / "model.db",
+            env={"CLUSTER_MODEL_URL": model_endpoint},
+        ),
+    )
     wait(cluster, operator, "crash", "Succeeded")
     wait(cluster, operator, "approval", "Succeeded")
+    wait(cluster, operator, "model", "Succeeded")
+    assert ChatCompletions.served == [503, 200], "the adapter must retry the 503 once and get the completion"
     stopped = cluster.kubectl("patch", "ar", "hung", "--type", "merge", "-p", '{"spec":{"stop":true}}')
     assert stopped.returncode == 0, stopped.stderr
     wait(cluster, operator, "hung", "Stopped", timeout=30)
 
     # What happened, as Prometheus saw it (waiting for the scrape after the last transition).
     assert wait_value(prometheus, 'sum(agentrun_operator_runs{phase="Stopped"})', 1) == 1
-    assert prometheus.value('sum(agentrun_operator_runs{phase="Succeeded", namespace="default"})') == 2
+    assert prometheus.value('sum(agentrun_operator_runs{phase="Succeeded", namespace="default"})') == 3
     assert prometheus.value('sum(agentrun_operator_reschedules_total{reason="BackOff"})') == 1, "one crash"
     assert prometheus.value('sum(agentrun_operator_reschedules_total{reason="Resume"})') == 1, "one resume"
     assert prometheus.value('sum(agentrun_operator_reschedules_total{reason="EvictionByEvictionAPI"})') == 0
@@ -256,7 +318,7 @@ def test_every_dashboard_panel_answers_from_a_real_prometheus_after_a_crash_repl
     assert replayed >= 1, "GUARANTEE NOT SHOWN: no ledger replay counted after the crash and the resume"
     assert prometheus.value('sum(agentrun_operator_tool_calls_total{outcome="executed"})') >= 3
     assert prometheus.value("agentrun_operator_stop_latency_seconds_count") == 1
-    assert prometheus.value('sum(agentrun_operator_run_duration_seconds_count{phase="Succeeded"})') == 2
+    assert prometheus.value('sum(agentrun_operator_run_duration_seconds_count{phase="Succeeded"})') == 3
     assert prometheus.value('sum(agentrun_operator_run_duration_seconds_count{phase="Stopped"})') == 1
     assert prometheus.value("agentrun_operator_pod_start_latency_seconds_count") >= 3
     assert prometheus.value("sum(agentrun_operator_leader)") == 1
@@ -269,6 +331,20 @@ def test_every_dashboard_panel_answers_from_a_real_prometheus_after_a_crash_repl
     # A finished runner's series are stale at once (its target is gone): look back over the run, as Grafana does.
     written = prometheus.value("sum(max_over_time(agentrun_checkpoint_write_seconds_count[5m]))")
     assert written > 0, "the long runner's checkpoint writes were scraped"
+
+    # Model usage outlives the short pod: the operator counted it from the checkpoint (status.modelUsage).
+    usage = (cluster.get("agentruns", "model", NAMESPACE) or {}).get("status", {}).get("modelUsage")
+    assert usage and usage[0]["model"] == "cluster-model" and usage[0]["promptTokens"] == 11, usage
+    assert usage[0]["requests"] == {"ok": 1, "error": 1}, usage
+    model = 'namespace="default", model="cluster-model"'
+    tokens = f"agentrun_operator_model_tokens_total{{{model}, kind=%r}}"
+    assert wait_value(prometheus, tokens % "prompt", 11) == 11, "GUARANTEE BROKEN: a short run's tokens were lost"
+    assert prometheus.value(tokens % "completion") == 7
+    assert prometheus.value(f'agentrun_operator_model_requests_total{{{model}, status="ok"}}') == 1
+    assert prometheus.value(f'agentrun_operator_model_requests_total{{{model}, status="error"}}') == 1
+    assert prometheus.value(f'agentrun_operator_model_request_seconds_total{{{model}, status="ok"}}') > 0
+    unscraped = prometheus.query('max_over_time(agentrun_model_tokens_total{model="cluster-model"}[5m])')
+    assert not unscraped, f"the model run's pod was scraped after all, so this proves nothing: {unscraped}"
 
     # Every panel's every query, as Grafana sends it: a range query over the test's window.
     empty = [

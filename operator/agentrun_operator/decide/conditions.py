@@ -29,7 +29,7 @@ MESSAGE_LIMIT = 1024
 # (``deferrable``), so ``kubectl get ar -w`` does not print a row identical to the one before it. A
 # decision's Events and metrics go out with the write, so they wait with it (they are derived again from
 # the status not yet written, never lost).
-QUIET = frozenset({"lastCheckpointTime", "step", "toolCalls"})
+QUIET = frozenset({"lastCheckpointTime", "step", "toolCalls", "modelUsage"})
 QUIET_SECONDS = 10.0
 
 
