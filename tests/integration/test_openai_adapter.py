@@ -598,3 +598,40 @@ async def test_support_agent_loop_against_the_local_server(
     assert [t["function"]["name"] for t in first["tools"]] == ["lookup_order", "charge_card", "send_receipt"]
     sent_ids = {m["tool_call_id"] for m in second["messages"] if m["role"] == "tool"}
     assert sent_ids == {"call_1", "call_2", "call_3"}, "every tool result goes back tied to its call"
+
+
+# -- the turn's model usage (issue 9: what the operator exports, so it outlives a short pod) ------------
+
+
+async def test_each_attempt_is_a_request_of_the_turn_s_usage_with_its_status_and_the_tokens_of_the_answer(
+    provider: FakeProvider, make_model: Callable[..., OpenAIChatModel]
+) -> None:
+    provider.script = [Reply(503, error_body("overloaded")), Reply(200, completion("hi"))]
+    graph = StateGraph()
+    graph.add_node("model", make_model(model="usage-model"))
+    graph.add_edge(START, "model")
+    graph.add_edge("model", END)
+    checkpointer = InMemoryCheckpointer()
+    await graph.compile(checkpointer).ainvoke("hello", {"thread_id": "usage"})
+    state = await checkpointer.aget("usage")
+    assert state is not None
+    usage = state.meta["model_usage"]["usage-model"]
+    assert usage["requests"] == {"ok": 1, "error": 1}, "the retried 503 and the answer are two requests"
+    assert usage["tokens"] == {"prompt": 10, "completion": 5}, "the completion's usage block must be read"
+    assert usage["seconds"]["ok"] > 0 and usage["seconds"]["error"] > 0
+
+
+async def test_a_2xx_body_that_is_no_completion_is_an_error_request(
+    provider: FakeProvider, make_model: Callable[..., OpenAIChatModel]
+) -> None:
+    provider.script = [Reply(200, {"choices": []})]
+    graph = StateGraph()
+    graph.add_node("model", make_model(model="usage-bad-body"))
+    graph.add_edge(START, "model")
+    graph.add_edge("model", END)
+    checkpointer = InMemoryCheckpointer()
+    with pytest.raises(ModelError):
+        await graph.compile(checkpointer).ainvoke("hello", {"thread_id": "usage-bad"})
+    state = await checkpointer.aget("usage-bad")
+    assert state is not None and state.status == "failed"
+    assert state.meta["model_usage"]["usage-bad-body"]["requests"] == {"ok": 0, "error": 1}
