@@ -83,3 +83,23 @@ def test_an_unknown_exec_api_version_or_context_is_refused_at_start(tmp_path: Pa
         kubeconfig.auth_for(config.user)
     with pytest.raises(kubeconfig.ConfigError, match="Context 'other' not found"):
         kubeconfig.load_kubeconfig(path, context="other")
+
+
+async def test_kopfs_login_gets_data_over_a_path_as_kubectl_does(tmp_path: Path) -> None:
+    path = write(
+        tmp_path / "config",
+        {
+            "current-context": "c",
+            "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
+            "clusters": [
+                {"name": "k", "cluster": {"server": "https://k", "certificate-authority": "ca.crt",
+                                          "certificate-authority-data": "Q0E="}}
+            ],
+            "users": [{"name": "u", "user": {"client-key": "me.key", "client-key-data": "S0VZ", "token": "t"}}],
+        },
+    )  # fmt: skip
+    config = kubeconfig.load_kubeconfig(path)
+    info = await kubeconfig.connection_info(config, kubeconfig.auth_for(config.user), trust_env=False, refresh=False)
+    assert (info.ca_path, info.ca_data) == (None, "Q0E=")  # kopf refuses a ConnectionInfo with both
+    assert (info.private_key_path, info.private_key_data, info.token) == (None, "S0VZ", "t")
+    assert info.default_namespace is None and info.server == "https://k"

@@ -203,6 +203,10 @@ def auth_for(user: User | None) -> httpx.Auth | None:
     return user_auth(user)
 
 
+def _path(config: SingleConfig, path: str | None, *, unless: str | None) -> str | None:
+    return str(config.abs_file(path)) if path and not unless else None
+
+
 def _read_token(path: str) -> str:
     try:
         return Path(path).read_text().strip()  # a few hundred bytes, and only at a kopf login
@@ -227,12 +231,13 @@ async def connection_info(
         expiration = auth.expiration
     return kopf.ConnectionInfo(
         server=cluster.server,
-        ca_path=str(config.abs_file(cluster.certificate_auth)) if cluster.certificate_auth else None,
+        # Where a kubeconfig gives both a path and data, the data wins (as in kubectl and lightkube).
+        ca_path=_path(config, cluster.certificate_auth, unless=cluster.certificate_auth_data),
         ca_data=cluster.certificate_auth_data,
         insecure=cluster.insecure or None,
-        certificate_path=str(config.abs_file(user.client_cert)) if user.client_cert else None,
+        certificate_path=_path(config, user.client_cert, unless=user.client_cert_data),
         certificate_data=user.client_cert_data,
-        private_key_path=str(config.abs_file(user.client_key)) if user.client_key else None,
+        private_key_path=_path(config, user.client_key, unless=user.client_key_data),
         private_key_data=user.client_key_data,
         username=user.username,
         password=user.password,
