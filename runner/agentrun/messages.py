@@ -50,14 +50,66 @@ class ToolCall(BaseModel):
     arguments: str = "{}"
 
     def parsed_arguments(self) -> dict[str, Any]:
-        """The arguments as a dict; raises ``ValueError`` with a readable reason otherwise."""
+        """The arguments as a dict; raises ``ValueError`` with a readable reason otherwise.
+
+        Stricter than ``json.loads``, which accepts what no store can keep and
+        no JSON encoder writes back: NaN, Infinity and numbers beyond a float's
+        range, strings holding an unpaired UTF-16 surrogate (not Unicode), and
+        nesting deep enough to exhaust the parser's recursion. A tool handed
+        such a value and echoing it would fail the step's checkpoint on every
+        attempt; refused here, it is a tool error message for the model.
+        """
         try:
-            value = json.loads(self.arguments) if self.arguments.strip() else {}
+            value = (
+                json.loads(self.arguments, parse_constant=_not_a_number, parse_float=_finite)
+                if self.arguments.strip()
+                else {}
+            )
         except json.JSONDecodeError as e:
             raise ValueError(f"arguments are not valid JSON ({e.msg} at position {e.pos})") from e
+        except RecursionError:
+            raise ValueError(f"arguments are nested deeper than {MAX_ARGUMENT_DEPTH} levels") from None
         if not isinstance(value, dict):
             raise ValueError(f"arguments must be a JSON object, got {type(value).__name__}")
+        if (problem := _argument_problem(value)) is not None:
+            raise ValueError(problem)
         return value
+
+
+# Levels of nesting in a tool call's arguments (the operator's limit for spec values, too). Real
+# arguments stay far below; the JSON encoder, deepcopy and pydantic recurse once per level.
+MAX_ARGUMENT_DEPTH = 100
+
+
+def _not_a_number(constant: str) -> Any:
+    raise ValueError(f"arguments are not valid JSON ({constant} is not a JSON number)")
+
+
+def _finite(text: str) -> float:
+    number = float(text)
+    if number in (float("inf"), float("-inf")):
+        raise ValueError(f"arguments hold a number out of range ({text[:40]})")
+    return number
+
+
+def _argument_problem(value: dict[str, Any]) -> str | None:
+    """What makes parsed arguments unusable (too deep, not Unicode), walked without recursion."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list) and depth >= MAX_ARGUMENT_DEPTH:
+            return f"arguments are nested deeper than {MAX_ARGUMENT_DEPTH} levels"
+        if isinstance(item, dict):
+            stack.extend((key, depth) for key in item)
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+        elif isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return "arguments are not valid JSON (a string holds an unpaired UTF-16 surrogate, not Unicode text)"
+    return None
 
 
 class Message(BaseModel):
