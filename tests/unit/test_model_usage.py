@@ -19,6 +19,7 @@ from agentrun.metrics import MODEL_TOKENS
 from agentrun.models import OpenAIChatModel
 from agentrun.models.langchain import LangChainChatModel
 from agentrun.usage import MODELS_MAX, OTHER_MODEL, ModelUsage
+from tests.support.checkpointers import Backend
 
 
 def tokens(model: str, kind: str) -> float:
@@ -76,8 +77,9 @@ def _gated_graph(model: LangChainChatModel) -> StateGraph:
 
 
 async def test_a_turn_s_model_usage_is_checkpointed_kept_across_a_resume_and_reset_by_a_new_turn(
-    checkpointer: Checkpointer,
+    backend: Backend, checkpointer: Checkpointer
 ) -> None:
+    t = backend.thread()
     fake = FakeMessagesListChatModel(
         responses=[
             AIMessage("asking", usage_metadata=_usage(10, 3)),
@@ -88,30 +90,32 @@ async def test_a_turn_s_model_usage_is_checkpointed_kept_across_a_resume_and_res
     )
     app = _gated_graph(LangChainChatModel(fake, model_label="usage-turn-model")).compile(checkpointer)
 
-    await app.ainvoke("go", {"thread_id": "usage-1"})
-    progress = await checkpointer.aget_progress("usage-1")
+    await app.ainvoke("go", {"thread_id": t})
+    progress = await checkpointer.aget_progress(t)
     assert progress is not None and progress.status == "interrupted"
     usage = progress.model_usage["usage-turn-model"]
     assert usage["tokens"] == {"prompt": 10, "completion": 3}, "the paused turn's tokens must reach the store"
     assert usage["requests"] == {"ok": 1, "error": 0}
     assert usage["seconds"]["ok"] >= 0 and usage["seconds"]["error"] == 0
 
-    await app.ainvoke(Command(resume="yes"), {"thread_id": "usage-1"})
-    progress = await checkpointer.aget_progress("usage-1")
+    await app.ainvoke(Command(resume="yes"), {"thread_id": t})
+    progress = await checkpointer.aget_progress(t)
     assert progress is not None and progress.status == "completed"
     usage = progress.model_usage["usage-turn-model"]
     assert usage["tokens"] == {"prompt": 35, "completion": 7}, "a resumed turn must continue its counts, not restart"
     assert usage["requests"] == {"ok": 2, "error": 0}
 
-    await app.ainvoke("next", {"thread_id": "usage-1"})  # a new turn on the thread starts at zero
-    progress = await checkpointer.aget_progress("usage-1")
+    await app.ainvoke("next", {"thread_id": t})  # a new turn on the thread starts at zero
+    progress = await checkpointer.aget_progress(t)
     assert progress is not None
     assert progress.model_usage["usage-turn-model"]["tokens"] == {"prompt": 7, "completion": 1}
 
 
 async def test_a_failed_model_request_is_checkpointed_as_an_error_with_the_failed_run(
-    checkpointer: Checkpointer,
+    backend: Backend, checkpointer: Checkpointer
 ) -> None:
+    t = backend.thread()
+
     class Down(FakeMessagesListChatModel):
         async def _agenerate(self, *args: Any, **kwargs: Any) -> Any:
             raise ConnectionError("connection refused")
@@ -121,21 +125,22 @@ async def test_a_failed_model_request_is_checkpointed_as_an_error_with_the_faile
     graph.add_edge(START, "model")
     graph.add_edge("model", END)
     with pytest.raises(ModelError):
-        await graph.compile(checkpointer).ainvoke("go", {"thread_id": "usage-2"})
-    progress = await checkpointer.aget_progress("usage-2")
+        await graph.compile(checkpointer).ainvoke("go", {"thread_id": t})
+    progress = await checkpointer.aget_progress(t)
     assert progress is not None and progress.status == "failed"
     usage = progress.model_usage["usage-down-model"]
     assert usage["requests"] == {"ok": 0, "error": 1}, "a failed request must be counted with the failed run"
     assert usage["tokens"] == {"prompt": 0, "completion": 0}
 
 
-async def test_a_run_without_a_model_writes_no_model_usage(checkpointer: Checkpointer) -> None:
+async def test_a_run_without_a_model_writes_no_model_usage(backend: Backend, checkpointer: Checkpointer) -> None:
+    t = backend.thread()
     graph = StateGraph()
     graph.add_node("echo", lambda state: {"messages": [assistant("hi")]})
     graph.add_edge(START, "echo")
     graph.add_edge("echo", END)
-    await graph.compile(checkpointer).ainvoke("go", {"thread_id": "usage-3"})
-    state = await checkpointer.aget("usage-3")
+    await graph.compile(checkpointer).ainvoke("go", {"thread_id": t})
+    state = await checkpointer.aget(t)
     assert state is not None and "model_usage" not in state.meta, "older readers must see the meta they knew"
 
 
