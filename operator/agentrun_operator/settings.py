@@ -52,6 +52,9 @@ class OperatorSettings(BaseSettings):
     # Image prefixes spec.image must start with (comma-separated or JSON list), e.g.
     # "ghcr.io/acme/,registry.internal/agents/"; empty: any image (the default image is always allowed).
     allowed_image_prefixes: Annotated[list[str], NoDecode] = []
+    # Accept a store Secret whose postgresDsn is a sqlite:/// URL: for a one-machine cluster only (agentrun-dev,
+    # make cluster), where the operator and every runner share one filesystem. Off: PostgreSQL only.
+    local_stores: bool = False
     # How long a Secret's runner-access label is trusted before it is read again.
     secret_cache_seconds: float = 10.0
 

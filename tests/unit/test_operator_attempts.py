@@ -13,7 +13,9 @@ from agentrun_operator.decide import attempts
 from agentrun_operator.decide.conditions import QUIET_SECONDS, deferrable, status_patch
 from agentrun_operator.decide.decision import Decision
 from agentrun_operator.decide.podspec import pod_name
+from agentrun_operator.decide.run import decide as decide_run
 from agentrun_operator.decide.status import AgentRunStatus, StatusPatch, iso
+from agentrun_operator.decide.thread import ThreadPeer
 from tests.unit.test_operator_decisions import (
     FAILED,
     LIMITS,
@@ -189,3 +191,21 @@ def test_a_patch_of_unshown_fields_waits_while_the_status_is_fresh() -> None:
     shown = status_patch(current, {"stateVersion": 8, "step": 4}, now=later(1), generation=1)
     assert shown == {"stateVersion": 8, "step": 4}, "a change kubectl shows is written at once"
     assert not deferrable(current, {}, now=later(1))
+
+
+def test_a_new_attempt_is_named_at_once_when_the_run_is_known() -> None:
+    me = ThreadPeer(name=RUN, uid="uid-1", created=NOW, phase=None, attempt=0, deleting=False)
+    d = decide_run(spec=make_spec(), status=AgentRunStatus(), pod=None, progress=None, now=NOW, limits=LIMITS, run=me)
+    assert d.status["attempts"] == [
+        {"attempt": 1, "podName": pod_name(RUN, 1), "startTime": iso(NOW), "outcome": "Pending"}
+    ], "the pod's name must come with its attempt: a second write would print a second identical row"
+
+
+def test_a_routine_wait_writes_no_message() -> None:
+    status = run_status(PENDING, reason="PodCreated", message="attempt 1: runner pod created")
+    creating = view(manifest(phase="Pending", state={"waiting": {"reason": "ContainerCreating"}}))
+    assert "message" not in decide(make_spec(), status, creating, None, NOW, LIMITS).status
+    pulling = view(manifest(phase="Pending", state={"waiting": {"reason": "ErrImagePull", "message": "not found"}}))
+    assert (
+        decide(make_spec(), status, pulling, None, NOW, LIMITS).status["message"].startswith("ErrImagePull: not found")
+    )

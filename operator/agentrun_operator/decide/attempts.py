@@ -6,7 +6,7 @@ started and ended, and how it ended (``outcome``, the exit code, the
 kubelet's or the cluster's reason and the runner's one-line message).
 
 An entry is opened when the operator creates the attempt's pod (``opened``;
-its pod name comes with the next reconcile: ``decide`` knows no run name),
+named from the run's name when ``decide`` knows it, else at the next reconcile),
 follows the pod while it runs and is closed once, when the pod ends, is
 deleted, or the run ends while the pod still runs (a forced stop, a
 deadline): a closed entry is never rewritten, so a pod that disappears later
@@ -26,6 +26,7 @@ from typing import cast
 from .classify import LIVE, Outcome, PodView
 from .decision import Decision
 from .messages import human
+from .podspec import pod_name
 from .reasons import TERMINAL
 from .status import AgentRunStatus, AttemptRecord, iso
 
@@ -107,9 +108,11 @@ def track(
     pod: PodView | None,
     outcome: Outcome,
     now: datetime,
+    run_name: str | None = None,
 ) -> None:
     """Write ``status.attempts`` into ``decision`` when the history changes (the current attempt's pod moved,
-    the run ended, or a new attempt starts); ``outcome`` is ``classify(pod)`` of the current attempt."""
+    the run ended, or a new attempt starts); ``outcome`` is ``classify(pod)`` of the current attempt and
+    ``run_name`` names the pod of a new attempt (``podspec.pod_name``)."""
     history: list[AttemptRecord] = [cast(AttemptRecord, dict(e)) for e in status.attempts]
     current = status.attempt
     if current and not any(e.get("attempt") == current for e in history):
@@ -129,7 +132,8 @@ def track(
         history[i] = entry
     if decision.create_attempt is not None:
         history = [e for e in history if e.get("attempt") != decision.create_attempt]
-        history.append(opened(decision.create_attempt, pod=None, now=now))
+        pod_of = pod_name(run_name, decision.create_attempt) if run_name else None
+        history.append(opened(decision.create_attempt, pod=pod_of, now=now))
     history = history[-KEPT:]
     if history != status.attempts:
         decision.status["attempts"] = history

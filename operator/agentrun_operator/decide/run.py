@@ -52,6 +52,8 @@ from .status import AgentRunStatus, InterruptInfo, StatusPatch, iso, parse_time
 from .thread import ThreadPeer, blocker
 
 PAYLOAD_LIMIT = 1024
+# A pod's waiting reasons that say nothing worth a status write (and a row of kubectl get ar -w).
+ROUTINE_WAITS = frozenset({"ContainerCreating", "PodInitializing"})
 
 
 def backoff(restarts: int, base: float, cap: float) -> float:
@@ -142,7 +144,9 @@ def decide(
     )
     if status.phase not in TERMINAL or d.status or d.create_attempt is not None:  # an ended run stays as it is
         outcome = classify(pod) if status.attempt else Outcome.GONE
-        attempts.track(d, status=status, pod=pod, outcome=outcome, now=now)
+        attempts.track(
+            d, status=status, pod=pod, outcome=outcome, now=now, run_name=run.name if run is not None else None
+        )
     return d
 
 
@@ -353,7 +357,7 @@ class _Run:
                 return self.finish(d, Phase.FAILED, *pulled, warning=True)
             if self.runner_reported():
                 return self.running(d)
-            if pod.waiting_reason and self.status.message != pod.waiting_message:
+            if pod.waiting_reason and pod.waiting_reason not in ROUTINE_WAITS:
                 d.status["message"] = f"{pod.waiting_reason}: {pod.waiting_message or ''}".strip()
             return d
         if outcome is Outcome.RUNNING:

@@ -84,7 +84,14 @@ class _Entry:
     secrets: list[str] = field(default_factory=list)  # what no message may quote
 
 
+# A store URL one machine shares (settings.local_stores: agentrun-dev's single-machine cluster).
+LOCAL_STORE = "sqlite:///"
+
+
 class StoreRegistry:
+    # Set from settings.local_stores: a sqlite:/// postgresDsn is accepted too.
+    local_stores = False
+
     def __init__(self, kube: KubeClient) -> None:
         self.kube = kube
         self._stores: dict[tuple[str, str], _Entry] = {}
@@ -113,7 +120,8 @@ class StoreRegistry:
             raise StoreUnavailable(
                 Reason.STORE_SECRET_INVALID, f"store secret {namespace}/{secret} is not valid base64 text"
             ) from None
-        if not dsn.startswith(("postgresql://", "postgres://")):
+        local = self.local_stores and dsn.startswith(LOCAL_STORE)
+        if not dsn.startswith(("postgresql://", "postgres://")) and not local:
             # The factory would take a bare string for a SQLite path: no pod on another node could share it.
             raise StoreUnavailable(
                 Reason.INVALID_STORE,

@@ -1,0 +1,323 @@
+"""``agentrun-dev`` (``make cluster``): a local cluster to keep, for your own AgentRuns and graphs.
+
+It starts, and on Ctrl-C stops, everything it started:
+
+- the emulated Kubernetes API server (kubesim) on a fixed local port
+  (``--port``, ``$AGENTRUN_DEV_PORT``, default 6880), serving the AgentRun CRD;
+- the kubelet stand-in: runner pods run as local processes with this
+  virtualenv's Python and ``PYTHONPATH`` (the current folder first), so a
+  graph module of yours runs without building an image;
+- a store: a SQLite file in the work folder by default, PostgreSQL when
+  ``$AGENTRUN_DEV_POSTGRES_DSN`` is set; the Secret ``agentrun-store`` in
+  namespace ``default`` points at it;
+- the real operator (``python -m agentrun_operator``), configured to accept
+  the local SQLite store.
+
+It writes a kubeconfig into the work folder (``--workdir``, default
+``.agentrun-dev``) and prints the ``export KUBECONFIG=...`` line to use it.
+
+HAZARD: the API server keeps its objects in memory. A restart loses every
+AgentRun, Secret and pod (and the pods' logs); what survives is the store:
+the threads, their checkpoints and the tool-call ledger (the SQLite file in
+the work folder, or your PostgreSQL database), so an AgentRun applied again
+after a restart continues its thread, and a request that completed is not
+run again. Runner processes are children of this one; a SIGKILL of it (not
+Ctrl-C) leaves them to finish on their own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DEFAULT_PORT = 6880
+STORE_SECRET = "agentrun-store"
+# The runner image every AgentRun gets unless it names one; the kubelet stand-in "has" every image.
+DEFAULT_IMAGE = "agentrun:dev"
+
+
+class DevClusterError(Exception):
+    """Why the cluster cannot start, for the user in one line."""
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class Progress:
+    """One line that grows while the cluster starts: ``starting: API server ok, kubelet ok, ...``."""
+
+    def __init__(self) -> None:
+        print("starting the local cluster:", end="", flush=True)
+
+    def step(self, what: str) -> None:
+        print(f" {what}", end="", flush=True)
+
+    def done(self) -> None:
+        print(" - ready", flush=True)
+
+    def failed(self) -> None:
+        print(" - failed", flush=True)
+
+
+@dataclass
+class DevCluster:
+    """What ``agentrun-dev`` runs; ``start`` brings it up, ``stop`` ends every process it started."""
+
+    workdir: Path
+    port: int = DEFAULT_PORT
+    host: str = "127.0.0.1"
+    postgres_dsn: str | None = None
+    pythonpath: list[str] = field(default_factory=list)
+    operator_env: dict[str, str] = field(default_factory=dict)
+    cluster: Any = None
+    kubelet: Any = None
+    operator: subprocess.Popen[bytes] | None = None
+    metrics_port: int = 0
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.workdir / "kubeconfig"
+
+    @property
+    def store_url(self) -> str:
+        return self.postgres_dsn or f"sqlite:///{(self.workdir / 'agentrun.db').resolve()}"
+
+    @property
+    def operator_log(self) -> Path:
+        return self.workdir / "operator.log"
+
+    def check(self) -> str:
+        """The kubectl binary; raises ``DevClusterError`` when something the cluster needs is missing."""
+        kubectl = shutil.which("kubectl")
+        if not kubectl:
+            raise DevClusterError(
+                "kubectl is not on PATH: the local cluster is used with the real kubectl "
+                "(install it: https://kubernetes.io/docs/tasks/tools/)"
+            )
+        if not _port_free(self.host, self.port):
+            raise DevClusterError(
+                f"port {self.port} on {self.host} is taken (another make cluster? see: lsof -i :{self.port}); "
+                f"pick another with AGENTRUN_DEV_PORT=<port> make cluster, or agentrun-dev --port <port>"
+            )
+        try:
+            import kubesim  # noqa: F401
+        except ImportError:
+            raise DevClusterError(
+                "the emulated cluster (kubesim) is not installed: make dev, or pip install -e ./kubesim"
+            ) from None
+        return kubectl
+
+    def start(self, progress: Progress | None = None) -> None:
+        from kubesim import KOPF_PEERING_CRDS, EmulatedCluster, KubeletThread, default_base_env
+
+        from .decide.podspec import GROUP
+
+        say = progress.step if progress is not None else (lambda _: None)
+        crds = Path(__file__).resolve().parents[2] / "crds"
+        crd_files = (*sorted(crds.glob(f"*{GROUP}*.yaml")), KOPF_PEERING_CRDS)
+        if not crd_files[:-1]:
+            raise DevClusterError(f"no AgentRun CRD in {crds}: run agentrun-dev from a checkout of agentrun")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(self.workdir / "kubelet", ignore_errors=True)  # the last run's pod logs went with its pods
+        self.cluster = EmulatedCluster(self.workdir / "cluster", host=self.host, port=self.port, crd_files=crd_files)
+        self.cluster.start()
+        shutil.copyfile(self.cluster.kubeconfig, self.kubeconfig)
+        say("API server")
+        base_env = default_base_env(pythonpath=self.pythonpath)
+        self.kubelet = KubeletThread(
+            self.cluster.url, self.workdir / "kubelet", known_images=("*",), base_env=base_env
+        ).start()
+        say("kubelet")
+        self._setup_store()
+        self._store_secret()
+        say("store" + (" (PostgreSQL)" if self.postgres_dsn else " (SQLite)"))
+        self._start_operator()
+        self._wait_for_operator()
+        say("operator")
+
+    def _kubectl(self, *args: str) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KUBE")}
+        env["KUBECONFIG"] = str(self.kubeconfig)
+        return subprocess.run(["kubectl", *args], capture_output=True, text=True, env=env, timeout=60, check=False)
+
+    def _setup_store(self) -> None:
+        """Create (or migrate) the store's schema: the runners do so too, but the operator reads it first."""
+        import asyncio
+
+        from agentrun.checkpoint import open_store
+
+        async def setup() -> None:
+            store = open_store(self.store_url, retry_timeout=10)
+            try:
+                await store.setup()
+            finally:
+                await store.aclose()
+
+        try:
+            asyncio.run(setup())
+        except Exception as e:
+            raise DevClusterError(f"the store {self._store_name()} cannot be set up: {e}") from None
+
+    def _store_name(self) -> str:
+        return "AGENTRUN_DEV_POSTGRES_DSN" if self.postgres_dsn else self.store_url
+
+    def _store_secret(self) -> None:
+        done = self._kubectl(
+            "create", "secret", "generic", STORE_SECRET, "-n", "default", f"--from-literal=postgresDsn={self.store_url}"
+        )
+        if done.returncode != 0:
+            raise DevClusterError(f"could not create the store Secret: {done.stderr.strip()}")
+
+    def _start_operator(self) -> None:
+        self.metrics_port = _free_port(self.host)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBE", "AGENTRUN_"))}
+        env.update(
+            KUBECONFIG=str(self.kubeconfig),
+            AGENTRUN_OPERATOR_METRICS_PORT=str(self.metrics_port),
+            AGENTRUN_OPERATOR_LEASE_NAMESPACE="default",
+            AGENTRUN_OPERATOR_IDENTITY="agentrun-dev",
+            AGENTRUN_OPERATOR_DEFAULT_IMAGE=DEFAULT_IMAGE,
+            # Several runners share this machine's ports; their metrics would collide.
+            AGENTRUN_OPERATOR_RUNNER_METRICS_PORT="0",
+            AGENTRUN_OPERATOR_RUNNER_RESOURCES="{}",
+            AGENTRUN_OPERATOR_POD_GRACE_SECONDS="10",
+            AGENTRUN_OPERATOR_LOCAL_STORES="true",
+        )
+        env.update(self.operator_env)
+        with self.operator_log.open("ab") as log:
+            self.operator = subprocess.Popen(
+                [sys.executable, "-m", "agentrun_operator"],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # Ctrl-C in the terminal reaches us only; we stop it in order
+            )
+
+    def _wait_for_operator(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        url = f"http://{self.host}:{self.metrics_port}/readyz"
+        while time.monotonic() < deadline:
+            if self.operator is not None and self.operator.poll() is not None:
+                raise DevClusterError(
+                    f"the operator exited with code {self.operator.returncode}; its log: {self.operator_log}"
+                )
+            try:
+                with urllib.request.urlopen(url, timeout=2) as response:
+                    if response.read().decode().strip() == "leader":
+                        return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise DevClusterError(f"the operator did not become ready in {timeout:g}s; its log: {self.operator_log}")
+
+    def stop(self) -> None:
+        """Stop the operator, then the pods (SIGTERM, then SIGKILL after their grace), then the API server."""
+        if self.operator is not None and self.operator.poll() is None:
+            self.operator.send_signal(signal.SIGTERM)
+            try:
+                self.operator.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.operator.kill()
+                self.operator.wait()
+        if self.kubelet is not None:
+            self.kubelet.stop()
+        if self.cluster is not None:
+            self.cluster.stop()
+
+    def banner(self) -> str:
+        store = "PostgreSQL (AGENTRUN_DEV_POSTGRES_DSN)" if self.postgres_dsn else f"SQLite {self.store_url}"
+        return "\n".join(
+            [
+                f"API server  {self.cluster.url}   store {store}",
+                f"operator    metrics http://{self.host}:{self.metrics_port}/metrics, log {self.operator_log}",
+                f"pods        run here with {sys.executable}; PYTHONPATH={os.pathsep.join(self.pythonpath)}",
+                "",
+                "In another terminal:",
+                "",
+                f"export KUBECONFIG={self.kubeconfig.resolve()}",
+                "",
+                "  kubectl apply -f examples/agentrun.yaml",
+                "  kubectl agentrun watch support-order-4821",
+                "  kubectl agentrun list",
+                "",
+                "Ctrl-C stops the cluster and every pod (AgentRuns live in memory; the store keeps the threads).",
+            ]
+        )
+
+
+def parser() -> argparse.ArgumentParser:
+    cli = argparse.ArgumentParser(
+        prog="agentrun-dev", description=(__doc__ or "").split("\n", maxsplit=1)[0].split(": ", 1)[-1]
+    )
+    cli.add_argument(
+        "--port", type=int, default=int(os.environ.get("AGENTRUN_DEV_PORT") or DEFAULT_PORT), help="API server port"
+    )
+    cli.add_argument("--workdir", type=Path, default=Path(os.environ.get("AGENTRUN_DEV_WORKDIR") or ".agentrun-dev"))
+    cli.add_argument(
+        "--postgres-dsn",
+        default=os.environ.get("AGENTRUN_DEV_POSTGRES_DSN") or None,
+        help="a PostgreSQL store instead of SQLite (default: $AGENTRUN_DEV_POSTGRES_DSN)",
+    )
+    return cli
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    pythonpath = [str(Path.cwd())] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    dev = DevCluster(args.workdir, port=args.port, postgres_dsn=args.postgres_dsn, pythonpath=pythonpath)
+    try:
+        dev.check()
+    except DevClusterError as e:
+        print(f"agentrun-dev: {e}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    progress = Progress()
+    try:
+        dev.start(progress)  # Ctrl-C meanwhile: KeyboardInterrupt, and the finally clause stops what started
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        progress.done()
+        print(dev.banner(), flush=True)
+        while not stop.wait(1):
+            if dev.operator is not None and dev.operator.poll() is not None:
+                print(f"agentrun-dev: the operator exited ({dev.operator.returncode}); see {dev.operator_log}")
+                return 1
+        print("\nstopping the local cluster...", flush=True)
+        return 0
+    except DevClusterError as e:
+        progress.failed()
+        print(f"agentrun-dev: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        progress.failed()
+        return 130
+    finally:
+        dev.stop()
+        print("stopped.", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,569 @@
+"""``kubectl agentrun``: list, describe, approve, reject, stop, follow the logs of and watch AgentRuns.
+
+A kubectl plugin: the console script ``kubectl-agentrun`` is found on PATH by
+kubectl, which runs it for ``kubectl agentrun ...`` (``pip install agentrun``
+puts it next to the Python it was installed for). Every API call goes
+through the real ``kubectl`` binary (``$KUBECTL``, else ``kubectl`` on PATH),
+so the user's kubeconfig, contexts, exec credential plugins and RBAC apply
+exactly as for kubectl itself; the plugin never reads a store. What it shows
+comes from the AgentRun (its status, including ``status.attempts``, the
+interrupt waiting and the tool call counts), its Events and its pods; what it
+changes is the AgentRun's spec (``spec.resume``, ``spec.stop``), the one
+way a user steers a run.
+
+RBAC it needs: get/list/watch on agentruns, patch on agentruns to approve,
+reject or stop, list on events, get/list on pods and get on pods/log.
+
+Approve and reject answer the waiting interrupt by id (``spec.resume.values``),
+replacing any earlier answer: an answer keyed by the interrupt's id cannot be
+taken for the answer to a later interrupt of the run, and it is what a run
+waiting on several interrupts at once needs. ``approve`` sends ``true`` unless
+``--value`` gives another JSON value, ``reject`` sends ``false``; the graph's
+``interrupt()`` returns that value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, NoReturn
+
+from .decide.attempts import is_open
+from .decide.podspec import GROUP, PLURAL, RUN_LABEL, label_value, pod_name
+from .decide.reasons import TERMINAL, Phase
+from .decide.status import AgentRunStatus, AttemptRecord, parse_time
+
+RESOURCE = f"{PLURAL}.{GROUP}"
+PAYLOAD_LIMIT = 2000
+WATCH_POLL_SECONDS = 1.0
+
+
+class PluginError(Exception):
+    """A failure to report to the user in one line (exit code 1), not a traceback."""
+
+
+# --- kubectl -------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Kubectl:
+    """The real kubectl with the user's global flags (namespace, context, kubeconfig)."""
+
+    binary: str
+    namespace: str | None = None
+    context: str | None = None
+    kubeconfig: str | None = None
+
+    @classmethod
+    def find(cls, args: argparse.Namespace) -> Kubectl:
+        binary = os.environ.get("KUBECTL") or shutil.which("kubectl")
+        if not binary:
+            raise PluginError("kubectl is not on PATH (kubectl agentrun runs the real kubectl; set $KUBECTL to it)")
+        return cls(binary, namespace=args.namespace, context=args.context, kubeconfig=args.kubeconfig)
+
+    def argv(self, *args: str, namespaced: bool = True) -> list[str]:
+        argv = [self.binary]
+        if self.kubeconfig:
+            argv.append(f"--kubeconfig={self.kubeconfig}")
+        if self.context:
+            argv.append(f"--context={self.context}")
+        if namespaced and self.namespace:
+            argv.append(f"--namespace={self.namespace}")
+        return [*argv, *args]
+
+    def run(self, *args: str, namespaced: bool = True, input: str | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            self.argv(*args, namespaced=namespaced), input=input, capture_output=True, text=True, check=False
+        )
+
+    def json(self, *args: str, namespaced: bool = True) -> Any:
+        done = self.run(*args, "-o", "json", namespaced=namespaced)
+        if done.returncode != 0:
+            raise PluginError(done.stderr.strip() or f"kubectl {' '.join(args)} failed ({done.returncode})")
+        return json.loads(done.stdout)
+
+    def current_namespace(self) -> str:
+        """The namespace commands act in: ``-n``, else the context's, else ``default``."""
+        if self.namespace:
+            return self.namespace
+        done = self.run("config", "view", "--minify", "-o", "jsonpath={..namespace}", namespaced=False)
+        return (done.stdout.strip() if done.returncode == 0 else "") or "default"
+
+    def get_run(self, name: str) -> dict[str, Any]:
+        done = self.run("get", RESOURCE, name, "-o", "json")
+        if done.returncode != 0:
+            if "NotFound" in done.stderr or "not found" in done.stderr:
+                raise PluginError(
+                    f'agentrun "{name}" not found in namespace "{self.current_namespace()}" '
+                    "(kubectl agentrun list shows the runs there; -n NAMESPACE for another)"
+                )
+            raise PluginError(done.stderr.strip() or f"kubectl get {RESOURCE} {name} failed")
+        run: dict[str, Any] = json.loads(done.stdout)
+        return run
+
+    def patch_run(self, name: str, kind: str, body: Any) -> None:
+        done = self.run("patch", RESOURCE, name, "--type", kind, "-p", json.dumps(body))
+        if done.returncode != 0:
+            raise PluginError(done.stderr.strip() or f"kubectl patch {RESOURCE} {name} failed")
+
+
+# --- presentation ----------------------------------------------------------------------------------------------------
+
+
+def age(moment: datetime | None, now: datetime) -> str:
+    """kubectl's short age: 45s, 12m, 3h, 5d."""
+    if moment is None:
+        return "<unknown>"
+    seconds = max(0, int((now - moment).total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size * (2 if unit != "d" else 1):
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def duration(start: datetime | None, end: datetime | None) -> str:
+    if start is None or end is None:
+        return "-"
+    seconds = max(0.0, (end - start).total_seconds())
+    return f"{seconds:.0f}s" if seconds < 120 else f"{seconds / 60:.1f}m"
+
+
+def table(rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("   ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows)
+
+
+def waiting_for(status: AgentRunStatus) -> str:
+    """The interrupts an Interrupted run waits on, in a few words."""
+    if status.phase != Phase.INTERRUPTED:
+        return ""
+    interrupt = status.interrupt or {}
+    ids = [i for i in interrupt.get("ids") or [interrupt.get("id")] if i]
+    message = (interrupt.get("message") or "").strip()
+    count = f"{len(ids)} interrupts: " if len(ids) > 1 else ""
+    return (count + (message or "waiting for spec.resume"))[:60]
+
+
+def shown(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+def pending_ids(status: AgentRunStatus) -> list[str]:
+    interrupt = status.interrupt or {}
+    return [str(i) for i in interrupt.get("ids") or [interrupt.get("id")] if i]
+
+
+# --- commands --------------------------------------------------------------------------------------------------------
+
+
+def cmd_list(kubectl: Kubectl, args: argparse.Namespace) -> int:
+    listing = kubectl.json("get", RESOURCE, *(["--all-namespaces"] if args.all_namespaces else []))
+    items = listing.get("items") or []
+    if not items:
+        where = "any namespace" if args.all_namespaces else f'namespace "{kubectl.current_namespace()}"'
+        print(f"No AgentRuns in {where}.", file=sys.stderr)
+        return 0
+    now = datetime.now(UTC)
+    header = ["NAME", "PHASE", "NODE", "VERSION", "ATTEMPT", "AGE", "WAITING"]
+    rows: list[list[str]] = [(["NAMESPACE"] if args.all_namespaces else []) + header]
+    for run in sorted(items, key=lambda r: (r["metadata"].get("namespace", ""), r["metadata"]["name"])):
+        meta, status = run["metadata"], AgentRunStatus.parse(run.get("status"))
+        row = [
+            meta["name"],
+            shown(status.phase) or "Pending",
+            shown(status.current_node),
+            shown(status.state_version),
+            shown(status.attempt or ""),
+            age(parse_time(meta.get("creationTimestamp")), now),
+            waiting_for(status),
+        ]
+        rows.append(([meta.get("namespace", "")] if args.all_namespaces else []) + row)
+    print(table(rows))
+    return 0
+
+
+def _events(kubectl: Kubectl, run: dict[str, Any]) -> list[dict[str, Any]]:
+    meta = run["metadata"]
+    selector = f"involvedObject.kind=AgentRun,involvedObject.name={meta['name']}"
+    try:
+        listing = kubectl.json("get", "events", "--field-selector", selector)
+    except PluginError:  # events are extra: a run is described without them
+        return []
+    events = [e for e in listing.get("items") or [] if (e.get("involvedObject") or {}).get("uid") == meta.get("uid")]
+    return sorted(events, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+
+
+def _attempt_rows(attempts: Sequence[AttemptRecord]) -> list[list[str]]:
+    rows = [["ATTEMPT", "POD", "STARTED", "DURATION", "OUTCOME", "EXIT", "REASON", "MESSAGE"]]
+    now = datetime.now(UTC)
+    for entry in attempts:
+        start, end = parse_time(entry.get("startTime")), parse_time(entry.get("endTime"))
+        rows.append(
+            [
+                str(entry.get("attempt", "")),
+                entry.get("podName", "-"),
+                start.strftime("%H:%M:%S") if start else "-",
+                duration(start, end if end is not None else (now if is_open(entry) else None)),
+                entry.get("outcome", ""),
+                shown(entry.get("exitCode", "")),
+                entry.get("reason", ""),
+                (entry.get("message") or "")[:100],
+            ]
+        )
+    return rows
+
+
+def cmd_describe(kubectl: Kubectl, args: argparse.Namespace) -> int:
+    run = kubectl.get_run(args.run)
+    meta, spec = run["metadata"], run.get("spec") or {}
+    status = AgentRunStatus.parse(run.get("status"))
+    now = datetime.now(UTC)
+    lines = [
+        f"Name:         {meta['name']}",
+        f"Namespace:    {meta.get('namespace', '')}",
+        f"Graph:        {spec.get('graph', '')}",
+        f"Thread:       {spec.get('threadId', '')}",
+        f"Phase:        {status.phase or 'Pending'}" + (f" ({status.reason})" if status.reason else ""),
+    ]
+    if status.message:
+        lines.append(f"Message:      {status.message}")
+    lines.append(
+        f"Progress:     node {status.current_node or '-'}, step {shown(status.step) or '-'}, "
+        f"version {shown(status.state_version) or '-'}"
+    )
+    if status.start_time:
+        lines.append(f"Started:      {status.start_time.isoformat()} ({age(status.start_time, now)} ago)")
+    if status.completion_time:
+        lines.append(
+            f"Completed:    {status.completion_time.isoformat()} "
+            f"(took {duration(status.start_time, status.completion_time)})"
+        )
+    lines.append(f"Restarts:     {status.restarts}   Disruptions: {status.disruptions}")
+    calls = status.tool_calls or {"executed": 0, "replayed": 0}
+    lines.append(
+        f"Tool calls:   executed {calls.get('executed', 0)}, replayed from the ledger {calls.get('replayed', 0)}, "
+        f"in doubt {calls.get('inDoubt', 0)}, failed {calls.get('failed', 0)}"
+        + (f", completed but unrecorded {calls['unrecorded']}" if calls.get("unrecorded") else "")
+    )
+    if status.phase == Phase.INTERRUPTED:
+        interrupt = status.interrupt or {}
+        lines.append("Waiting for:  " + (interrupt.get("message") or "spec.resume"))
+        for interrupt_id in pending_ids(status):
+            lines.append(f"  interrupt   {interrupt_id}")
+        payload = json.dumps(interrupt.get("payload"), indent=2, default=str)
+        if len(payload) > PAYLOAD_LIMIT:
+            payload = payload[:PAYLOAD_LIMIT] + "…(truncated)"
+        lines.append("  payload:    " + payload.replace("\n", "\n              "))
+        lines.append(
+            f"  answer:     kubectl agentrun approve {meta['name']} [--value JSON]   |   "
+            f"kubectl agentrun reject {meta['name']}"
+        )
+    if status.result:
+        result = status.result
+        text = (result.get("message") or "").replace("\n", " ")
+        lines.append("Result:       " + text + (" …(truncated)" if result.get("truncated") else ""))
+        if result.get("digest"):
+            lines.append(f"  digest:     {result['digest']}")
+    print("\n".join(lines))
+    print("Attempts:")
+    if status.attempts:
+        print(_indent(table(_attempt_rows(status.attempts))))
+    elif status.attempt:
+        print(f"  {status.attempt} attempt(s); the last pod: {status.pod_name or '-'} (no history recorded)")
+    else:
+        print("  none yet")
+    events = _events(kubectl, run)
+    print("Events:")
+    if not events:
+        print("  none")
+    else:
+        rows = [["AGE", "TYPE", "REASON", "MESSAGE"]]
+        for event in events[-20:]:
+            stamp = parse_time(event.get("lastTimestamp") or event.get("eventTime"))
+            rows.append([age(stamp, now), event.get("type", ""), event.get("reason", ""), event.get("message", "")])
+        print(_indent(table(rows)))
+    return 0
+
+
+def _indent(text: str) -> str:
+    return "\n".join("  " + line for line in text.splitlines())
+
+
+def _answer(kubectl: Kubectl, args: argparse.Namespace, value: Any, verb: str) -> int:
+    run = kubectl.get_run(args.run)
+    name = run["metadata"]["name"]
+    status = AgentRunStatus.parse(run.get("status"))
+    if status.phase != Phase.INTERRUPTED:
+        raise PluginError(
+            f"agentrun {name} is not waiting for approval: its phase is {status.phase or 'Pending'}"
+            + (" (it already ended)" if status.phase in TERMINAL else "")
+        )
+    pending = pending_ids(status)
+    if args.id is not None:
+        if pending and args.id not in pending:
+            raise PluginError(f"agentrun {name} waits on interrupt(s) {', '.join(pending)}, not {args.id}")
+        chosen = [args.id]
+    elif len(pending) > 1 and not args.all:
+        raise PluginError(
+            f"agentrun {name} waits on {len(pending)} interrupts ({', '.join(pending)}): "
+            f"{verb} each with --id ID, or all of them with --all"
+        )
+    else:
+        chosen = pending
+    resume: dict[str, Any] = {"values": {i: value for i in chosen}} if chosen else {"value": value}
+    # "add" replaces a spec.resume already there, so no answer of an earlier interrupt stays beside this one.
+    kubectl.patch_run(name, "json", [{"op": "add", "path": "/spec/resume", "value": resume}])
+    target = ", ".join(chosen) if chosen else "the interrupt"
+    print(f"agentrun {name}: {verb}d {target} with {json.dumps(value)}; the run resumes in a new pod")
+    return 0
+
+
+def _value(text: str | None, default: Any) -> Any:
+    if text is None:
+        return default
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise PluginError(
+            f"--value is not JSON ({e.msg} at character {e.pos}): {text!r}; "
+            """quote strings as JSON, e.g. --value '"yes"' or --value '{"amount": 120}'"""
+        ) from None
+
+
+def cmd_approve(kubectl: Kubectl, args: argparse.Namespace) -> int:
+    return _answer(kubectl, args, _value(args.value, True), "approve")
+
+
+def cmd_reject(kubectl: Kubectl, args: argparse.Namespace) -> int:
+    return _answer(kubectl, args, _value(args.value, False), "reject")
+
+
+def cmd_stop(kubectl: Kubectl, args: argparse.Namespace) -> int:
+    run = kubectl.get_run(args.run)
+    name = run["metadata"]["name"]
+    status = AgentRunStatus.parse(run.get("status"))
+    if status.phase in TERMINAL:
+        raise PluginError(f"agentrun {name} already ended ({status.phase}); there is nothing to stop")
+    if (run.get("spec") or {}).get("stop"):
+        print(f"agentrun {name}: a stop was already requested (phase {status.phase or 'Pending'})")
+        return 0
+    kubectl.patch_run(name, "merge", {"spec": {"stop": True}})
+    print(f"agentrun {name}: stop requested; the runner cancels its current node (kubectl agentrun watch {name})")
+    return 0
+
+
+def _attempt_pods(kubectl: Kubectl, run: dict[str, Any]) -> dict[int, str]:
+    """The run's pods by attempt: its history, the pods that exist, and the current attempt."""
+    name = run["metadata"]["name"]
+    status = AgentRunStatus.parse(run.get("status"))
+    pods: dict[int, str] = {}
+    for entry in status.attempts:
+        if entry.get("attempt"):
+            pods[int(entry["attempt"])] = entry.get("podName") or pod_name(name, int(entry["attempt"]))
+    listing = kubectl.json("get", "pods", "-l", f"{RUN_LABEL}={label_value(name)}")
+    for pod in listing.get("items") or []:
+        attempt = (pod["metadata"].get("labels") or {}).get("agentrun.dev/attempt", "")
+        if attempt.isdigit():
+            pods[int(attempt)] = pod["metadata"]["name"]
+    if status.attempt:
+        pods.setdefault(status.attempt, status.pod_name or pod_name(name, status.attempt))
+    return dict(sorted(pods.items()))
+
+
+def _print_logs(kubectl: Kubectl, pod: str, *, follow: bool) -> bool:
+    """The pod's log to stdout; False when the pod (and so its log) is gone."""
+    argv = kubectl.argv("logs", pod, *(["-f"] if follow else []))
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+        error = proc.stderr.read()
+        proc.wait()
+    if proc.returncode != 0:
+        if "NotFound" in error or "not found" in error:
+            print(f"(pod {pod} no longer exists: its log is gone)")
+            return False
+        if "ContainerCreating" in error or "waiting to start" in error:
+            print(f"(pod {pod} has not started yet)")
+            return True
+        raise PluginError(error.strip() or f"kubectl logs {pod} failed")
+    return True
+
+
+def cmd_logs(kubectl: Kubectl, args: argparse.Namespace) -> int:
+    run = kubectl.get_run(args.run)
+    name = run["metadata"]["name"]
+    pods = _attempt_pods(kubectl, run)
+    if args.attempt is not None:
+        if args.attempt not in pods:
+            known = ", ".join(map(str, pods)) or "none yet"
+            raise PluginError(f"agentrun {name} has no attempt {args.attempt} (attempts: {known})")
+        pods = {args.attempt: pods[args.attempt]}
+    if not pods:
+        print(f"agentrun {name} has no pod yet", file=sys.stderr)
+        if not args.follow:
+            return 0
+    done: set[int] = set()
+    while True:
+        for attempt, pod in pods.items():
+            if attempt in done:
+                continue
+            current = attempt == max(pods)
+            print(f"==> attempt {attempt}, pod {pod} <==", flush=True)
+            _print_logs(kubectl, pod, follow=args.follow and current)
+            done.add(attempt)
+        if not args.follow or args.attempt is not None:
+            return 0
+        # Following: once the current pod's log ends, go on with the next attempt, until the run ends.
+        while True:
+            run = kubectl.get_run(name)
+            status = AgentRunStatus.parse(run.get("status"))
+            newer = {a: p for a, p in _attempt_pods(kubectl, run).items() if a not in done}
+            if newer:
+                pods = newer
+                break
+            if status.phase in TERMINAL:
+                return 0
+            time.sleep(WATCH_POLL_SECONDS)
+
+
+def _watch_stream(kubectl: Kubectl, name: str) -> Iterator[dict[str, Any]]:
+    """The run as ``kubectl get --watch`` streams it (each change a JSON object), until the stream ends."""
+    argv = kubectl.argv("get", RESOURCE, name, "--watch", "-o", "json")
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) as proc:
+        assert proc.stdout is not None
+        decoder, buffer = json.JSONDecoder(), ""
+        try:
+            for line in proc.stdout:
+                buffer += line
+                while buffer.strip():
+                    try:
+                        obj, end = decoder.raw_decode(buffer.lstrip())
+                    except ValueError:
+                        break  # an object still arriving
+                    buffer = buffer.lstrip()[end:]
+                    yield obj
+        finally:
+            proc.terminate()
+
+
+def _progress_line(status: AgentRunStatus) -> str:
+    stamp = datetime.now().strftime("%H:%M:%S")
+    parts = [
+        f"{stamp}  {(status.phase or 'Pending'):<11}",
+        f"node={status.current_node or '-'}",
+        f"step={shown(status.step) or '-'}",
+        f"version={shown(status.state_version) or '-'}",
+        f"attempt={status.attempt or '-'}",
+    ]
+    calls = status.tool_calls
+    if calls:
+        parts.append(f"tools={calls.get('executed', 0)} run/{calls.get('replayed', 0)} replayed")
+    if status.phase not in (Phase.RUNNING, None) and status.message:
+        parts.append(f"({status.reason}: {status.message[:120]})" if status.reason else f"({status.message[:120]})")
+    return "  ".join(parts)
+
+
+def cmd_watch(kubectl: Kubectl, args: argparse.Namespace) -> int:
+    """Live progress until a final phase: exit 0 when Succeeded, 1 when Failed or Stopped."""
+    name = kubectl.get_run(args.run)["metadata"]["name"]
+    last: tuple[Any, ...] | None = None
+    while True:
+        for run in _watch_stream(kubectl, name):
+            status = AgentRunStatus.parse(run.get("status"))
+            key = (status.phase, status.current_node, status.step, status.state_version, status.attempt)
+            if key != last:
+                last = key
+                print(_progress_line(status), flush=True)
+                if status.phase == Phase.INTERRUPTED:
+                    print(
+                        f"          waiting: {waiting_for(status)} -> kubectl agentrun approve {name} [--value JSON]",
+                        flush=True,
+                    )
+            if status.phase in TERMINAL:
+                if status.result and status.result.get("message"):
+                    print(f"result: {status.result['message'][:500]}", flush=True)
+                return 0 if status.phase == Phase.SUCCEEDED else 1
+        # The watch ended (a timeout, a dropped connection): read the run again and watch on.
+        kubectl.get_run(name)
+        time.sleep(WATCH_POLL_SECONDS)
+
+
+# --- the command line ------------------------------------------------------------------------------------------------
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(
+        prog="kubectl agentrun",
+        description="Day-to-day commands for AgentRuns, through your kubeconfig and RBAC (no database access).",
+    )
+    top.add_argument("-n", "--namespace", help="the namespace (default: the context's)")
+    top.add_argument("--context", help="the kubeconfig context to use")
+    top.add_argument("--kubeconfig", help="the kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
+    commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help, description=help)
+        # Also after the command, as kubectl users type them: kubectl agentrun list -n shop.
+        sub.add_argument("-n", "--namespace", default=argparse.SUPPRESS, help="the namespace (default: the context's)")
+        sub.add_argument("--context", default=argparse.SUPPRESS, help="the kubeconfig context to use")
+        sub.add_argument("--kubeconfig", default=argparse.SUPPRESS, help="the kubeconfig file")
+        return sub
+
+    listing = command("list", "runs with phase, node, version, attempt, age and what they wait for")
+    listing.add_argument("-A", "--all-namespaces", action="store_true", help="runs of every namespace")
+    command("describe", "a run: its attempts and pods, tool calls, the interrupt waiting, Events").add_argument("run")
+    for verb, default in (("approve", "true"), ("reject", "false")):
+        answer = command(verb, f"answer the interrupt a run waits on (default value: {default})")
+        answer.add_argument("run")
+        answer.add_argument("--id", help="the interrupt id (when the run waits on several)")
+        answer.add_argument("--all", action="store_true", help="answer every pending interrupt with the value")
+        answer.add_argument("--value", help=f"the answer, as JSON (default: {default})")
+    command("stop", "stop a run, even one hung inside a tool (spec.stop)").add_argument("run")
+    logs = command("logs", "the runner logs of every attempt, oldest first")
+    logs.add_argument("run")
+    logs.add_argument("--attempt", type=int, help="only this attempt's pod")
+    logs.add_argument("-f", "--follow", action="store_true", help="follow, across new attempts, until the run ends")
+    command("watch", "live progress (node, step, version) until the run ends").add_argument("run")
+    return top
+
+
+COMMANDS = {
+    "list": cmd_list,
+    "describe": cmd_describe,
+    "approve": cmd_approve,
+    "reject": cmd_reject,
+    "stop": cmd_stop,
+    "logs": cmd_logs,
+    "watch": cmd_watch,
+}
+
+
+def fail(message: str) -> NoReturn:
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(1)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](Kubectl.find(args), args)
+    except PluginError as e:
+        fail(str(e))
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # kubectl agentrun logs RUN | head
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
