@@ -7,14 +7,37 @@ real ``kubectl``, Helm, an operator, pods — reach it over TCP; a kubelet
 stand-in (``Kubelet`` / ``KubeletThread``) runs the pods as local processes
 and injects faults. ``kubesim.pytest_plugin`` gives tests ``cluster`` and
 ``kubelet`` fixtures. README.md says what is faithful and what is left out.
+
+The names below are imported on first use: pytest loads the plugin in every
+session, and a session that uses no cluster should not pay for the emulator's
+imports (kmock, aiohttp, the CEL engine, the upstream schemas).
 """
 
 from __future__ import annotations
 
-from kubesim.cluster import KUBECTL, ApiResponse, EmulatedCluster, write_kubeconfig
-from kubesim.emulator import KOPF_PEERING_CRDS, ClusterEmulator
-from kubesim.kubelet import KNOWN_IMAGES, Kubelet, KubeletThread, default_base_env
-from kubesim.testing import python_pod, terminated
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kubesim.cluster import KUBECTL, ApiResponse, EmulatedCluster, write_kubeconfig
+    from kubesim.emulator import KOPF_PEERING_CRDS, ClusterEmulator
+    from kubesim.kubelet import KNOWN_IMAGES, Kubelet, KubeletThread, default_base_env
+    from kubesim.testing import python_pod, terminated
+
+_HOMES = {
+    "KUBECTL": "kubesim.cluster",
+    "ApiResponse": "kubesim.cluster",
+    "EmulatedCluster": "kubesim.cluster",
+    "write_kubeconfig": "kubesim.cluster",
+    "KOPF_PEERING_CRDS": "kubesim.emulator",
+    "ClusterEmulator": "kubesim.emulator",
+    "KNOWN_IMAGES": "kubesim.kubelet",
+    "Kubelet": "kubesim.kubelet",
+    "KubeletThread": "kubesim.kubelet",
+    "default_base_env": "kubesim.kubelet",
+    "python_pod": "kubesim.testing",
+    "terminated": "kubesim.testing",
+}
 
 __all__ = [
     "KNOWN_IMAGES",
@@ -30,3 +53,11 @@ __all__ = [
     "terminated",
     "write_kubeconfig",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HOMES:
+        value = getattr(importlib.import_module(_HOMES[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'kubesim' has no attribute {name!r}")

@@ -22,11 +22,13 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from kubesim.cluster import EmulatedCluster
-from kubesim.kubelet import KNOWN_IMAGES, KubeletThread, default_base_env
+if TYPE_CHECKING:  # imported by the fixtures: a session without a cluster does not load the emulator
+    from kubesim.cluster import EmulatedCluster
+    from kubesim.kubelet import KubeletThread
 
 
 @pytest.fixture
@@ -38,17 +40,23 @@ def kubesim_crd_files() -> Sequence[Path]:
 @pytest.fixture
 def kubesim_known_images() -> Sequence[str]:
     """Image patterns (fnmatch) the ``kubelet`` fixture can "pull"; override it in a conftest.py."""
+    from kubesim.kubelet import KNOWN_IMAGES
+
     return KNOWN_IMAGES
 
 
 @pytest.fixture
 def kubesim_base_env() -> dict[str, str]:
     """The environment of every pod process under the pod's own; override it in a conftest.py."""
+    from kubesim.kubelet import default_base_env
+
     return default_base_env()
 
 
 @pytest.fixture
 def cluster(tmp_path: Path, kubesim_crd_files: Sequence[Path]) -> Iterator[EmulatedCluster]:
+    from kubesim.cluster import EmulatedCluster
+
     emulated = EmulatedCluster(tmp_path / "cluster", crd_files=tuple(kubesim_crd_files)).start()
     try:
         yield emulated
@@ -64,6 +72,8 @@ def kubelet(
     kubesim_known_images: Sequence[str],
     kubesim_base_env: dict[str, str],
 ) -> Iterator[KubeletThread]:
+    from kubesim.kubelet import KubeletThread
+
     node = KubeletThread(
         cluster.url, tmp_path / "kubelet", known_images=kubesim_known_images, base_env=kubesim_base_env
     ).start()
