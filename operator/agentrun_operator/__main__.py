@@ -21,6 +21,7 @@ import kopf
 from agentrun.logs import configure_logging
 
 from .io import metrics
+from .io.caches import SecretCache
 from .io.handlers import register
 from .io.health import HealthServer, Heartbeat, freeze_on_signal
 from .io.kube import KubeClient
@@ -54,9 +55,8 @@ async def run(settings: OperatorSettings) -> int:
         HealthServer(settings.metrics_port, heartbeat, lambda: state["role"]).start() if settings.metrics_port else None
     )
     kube = KubeClient.from_environment()
-    stores = StoreRegistry(kube)
+    stores = StoreRegistry(SecretCache(kube), idle_seconds=settings.store_idle_seconds)
     stop = asyncio.Event()
-    stores.local_stores = settings.local_stores
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)

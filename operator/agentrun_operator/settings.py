@@ -30,7 +30,13 @@ class OperatorSettings(BaseSettings):
     lease_duration_seconds: float = 15.0
     identity: str = socket.gethostname()
     # Run policy.
-    reconcile_interval_seconds: float = 1.0
+    # Event-driven: runs are reconciled on their own changes, their pods' watch events, their store's progress
+    # (LISTEN/NOTIFY) and their due deadlines; this slow safety resync (jittered by ±25 %) catches anything missed.
+    resync_interval_seconds: float = 30.0
+    # Store progress wakes a run at most once per this many seconds (the status mirror's coalescing).
+    progress_coalesce_seconds: float = 1.0
+    # A store's connection pool (and its LISTEN connection) is closed once no live run used it for this long.
+    store_idle_seconds: float = 300.0
     stop_grace_seconds: float = 30.0
     pod_grace_seconds: int = 30
     lost_node_timeout_seconds: float = 60.0
@@ -52,11 +58,6 @@ class OperatorSettings(BaseSettings):
     # Image prefixes spec.image must start with (comma-separated or JSON list), e.g.
     # "ghcr.io/acme/,registry.internal/agents/"; empty: any image (the default image is always allowed).
     allowed_image_prefixes: Annotated[list[str], NoDecode] = []
-    # Accept a store Secret whose postgresDsn is a sqlite:/// URL: for a one-machine cluster only (agentrun-dev,
-    # make cluster), where the operator and every runner share one filesystem. Off: PostgreSQL only.
-    local_stores: bool = False
-    # How long a Secret's runner-access label is trusted before it is read again.
-    secret_cache_seconds: float = 10.0
 
     @field_validator("namespaces", "runner_command", "allowed_image_prefixes", mode="before")
     @classmethod

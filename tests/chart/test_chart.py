@@ -44,7 +44,8 @@ NAMESPACED_GRANTS = {
     ("agentrun.dev", "agentruns/status", "patch"),  # the only writer of status, merge patches
     ("agentrun.dev", "agentruns/finalizers", "update"),  # blockOwnerDeletion on runner pods
     *{("", "pods", v) for v in ("get", "list", "watch", "create", "delete")},
-    ("", "secrets", "get"),  # the store Secret a run names, by name only
+    # the Secrets a run names: read once by name, then followed by a watch (io/caches.py)
+    *{("", "secrets", v) for v in ("get", "list", "watch")},
     ("", "events", "create"),  # one Event per phase transition
 }
 # kopf's observation of the CRD itself: cluster-wide mode only (a Role cannot grant it).

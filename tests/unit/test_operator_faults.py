@@ -277,10 +277,11 @@ class _Kube:
 
 
 def _registry_with(dsn: str) -> StoreRegistry:
-    registry = StoreRegistry(_Kube())  # type: ignore[arg-type]
-    from agentrun_operator.io.stores import _Entry, _sensitive
+    from agentrun_operator.io.caches import MISSING, SecretCache
+    from agentrun_operator.io.stores import _Resolved, _sensitive
 
-    registry._stores[("shop", "agentrun-store")] = _Entry("1", None, _sensitive(dsn, None))  # type: ignore[arg-type]
+    registry = StoreRegistry(SecretCache(_Kube()))  # type: ignore[arg-type]
+    registry._resolved[("shop", "agentrun-store")] = _Resolved(MISSING, dsn, None, _sensitive(dsn, None))  # type: ignore[arg-type]
     return registry
 
 

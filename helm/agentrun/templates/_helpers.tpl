@@ -102,19 +102,22 @@ purpose.
 - apiGroups: [agentrun.dev]
   resources: [agentruns/finalizers]
   verbs: [update]
-# One pod per attempt: created (create), read to classify how it ended (get), watched by
-# kopf to react at once (list, watch; kopf applies the managed-by label filter client-side),
+# One pod per attempt: created (create), watched by kopf to react at once and to classify how
+# it ended from memory (list, watch; kopf applies the managed-by label filter client-side),
+# read by name only after a create that found the pod there already (get),
 # listed by run label and deleted when the AgentRun is deleted, and deleted on a forced
 # stop, a lost node or a pod stuck on a configuration error (list, delete).
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch, create, delete]
-# The store Secret named by each AgentRun (default store.defaultSecretName), read by name to
-# read progress and post stop requests. get only: never list or watch, so no Secret is read
-# that an AgentRun does not name.
+# The store Secret named by each AgentRun (default store.defaultSecretName) and the Secrets a
+# run's pod references: read by name once (get), then kept current by a watch (list, watch)
+# instead of a read per reconcile; a password rotated in the Secret reaches the operator with
+# its watch event. The watch delivers every Secret of the namespaces served: the operator keeps
+# only the Secrets a run names, and of those only the labels and the postgresDsn/redisUrl keys.
 - apiGroups: [""]
   resources: [secrets]
-  verbs: [get]
+  verbs: [get, list, watch]
 # One core/v1 Event per phase transition. kopf's own event posting is disabled and no
 # Event is ever patched (each transition is a new Event), so create is all.
 - apiGroups: [""]

@@ -3,16 +3,24 @@
 Registered on an explicit registry (``register``) rather than at import, so
 the operator process, the tests and any embedding build their own.
 
-Two in-memory indexes, fed by kopf's watch of AgentRuns (no API call per
-reconcile): ``agentrun_threads`` maps (namespace, threadId) to the runs on
-that thread (the thread rule's input), ``agentrun_bodies`` maps a run's uid to
-its latest body (so a pod event reconciles its run without reading it back).
-When a run ends or is deleted, the runs waiting for its thread are
-reconciled at once instead of at their next timer tick.
+Event-driven, as a Job controller is: a run is reconciled when its spec
+changes (create, resume, update), when one of its pods changes (the pod
+watch), when its store commits a step (``io/notify.py``: LISTEN/NOTIFY, Redis
+pub/sub), when one of its deadlines is due, and by a slow jittered resync
+(``io/wakeups.py``). No timer visits every run every second.
+
+Three in-memory indexes fed by kopf's watches (no API call per reconcile):
+``agentrun_threads`` maps (namespace, threadId) to the runs on that thread
+(the thread rule's input), ``agentrun_bodies`` maps a run's uid to its latest
+body (so a pod event or a wake-up reconciles its run without reading it back),
+``agentrun_pods`` holds the operator's pods (the reconcile's pod cache). The
+Secret watch keeps the Secrets runs use current (``io/caches.py``). When a run
+ends or is deleted, the runs waiting for its thread are reconciled at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import logging
 from collections.abc import Mapping
@@ -20,14 +28,18 @@ from typing import Any
 
 import kopf
 
+from ..decide.classify import PodView
 from ..decide.podspec import GROUP, MANAGED_BY, PLURAL, VERSION
 from ..decide.reasons import TERMINAL
 from ..decide.run import at_rest
 from ..decide.thread import ThreadPeer
 from ..settings import OperatorSettings
+from .caches import PodKey
 from .diffbase import DigestedDiffBaseStorage
 from .expiry import expire
+from .notify import Listeners
 from .reconcile import Reconciler, thread_peer
+from .wakeups import Wakeups
 
 log = logging.getLogger("agentrun_operator.handlers")
 
@@ -71,6 +83,20 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: 
     def agentrun_bodies(body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
         return {str(body.metadata.uid): copy.deepcopy(dict(body))}
 
+    # The reconcile's pod cache (io/caches.py): kopf starts no handler before this index holds its first
+    # listing, so a pod that exists is never taken for a missing one after a restart or a leader change.
+    @kopf.index("", "v1", "pods", labels=dict(MANAGED_BY), registry=registry, id="agentrun_pods")
+    def agentrun_pods(body: kopf.Body, **_: Any) -> dict[PodKey, PodView]:
+        return {(str(body.metadata.namespace), str(body.metadata.name)): PodView.from_manifest(dict(body))}
+
+    indices: dict[str, Any] = {}  # kopf's index objects (live views), for the reconciles started by wakeups
+
+    def bind(kwargs: Mapping[str, Any]) -> tuple[Threads, Bodies]:
+        if not indices:
+            indices.update(threads=kwargs["agentrun_threads"], bodies=kwargs["agentrun_bodies"])
+            reconciler.pods.bind(kwargs["agentrun_pods"])
+        return kwargs["agentrun_threads"], kwargs["agentrun_bodies"]
+
     async def reconcile(body: Mapping[str, Any], threads: Threads, bodies: Bodies) -> None:
         key = _thread_of(body)
         before = reconciler.status_of(body)
@@ -79,7 +105,7 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: 
             await kick_waiters(key, str(body["metadata"]["uid"]), threads, bodies)
 
     async def kick_waiters(key: ThreadKey, freed_by: str, threads: Threads, bodies: Bodies) -> None:
-        """Reconcile the runs that wait for ``key``'s thread now, rather than at their next timer tick."""
+        """Reconcile the runs that wait for ``key``'s thread now, rather than at their next resync."""
         for peer in list(threads.get(key, ())):
             waiting = reconciler.fresh(peer)
             if waiting.uid == freed_by or waiting.started or not waiting.live:
@@ -87,33 +113,69 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: 
             for body in list(bodies.get(waiting.uid, ())):
                 await reconciler.reconcile(body, peers=threads.get(key, ()))
 
+    async def wake(uid: str) -> None:
+        """A reconcile that no watch event started: progress, a due deadline, the resync, a retry."""
+        if not indices:
+            return
+        threads: Threads = indices["threads"]
+        bodies: Bodies = indices["bodies"]
+        for body in list(bodies.get(uid, ())):  # absent: deleted meanwhile (on_delete forgets it)
+            # kopf's status may predate our last patch: the reconciler's view of it is the newest.
+            status = reconciler.status_of(body)
+            if at_rest(status, deleting=bool(body["metadata"].get("deletionTimestamp"))) and await expire(
+                reconciler.kube, body, status
+            ):  # spec.ttlSecondsAfterFinished
+                return
+            await reconcile(body, threads, bodies)
+
+    wakeups = Wakeups(resync=settings.resync_interval_seconds, coalesce=settings.progress_coalesce_seconds, run=wake)
+    reconciler.wakeups = wakeups
+    reconciler.stores.listeners = Listeners(
+        on_progress=wakeups.progress, on_resync=lambda dsn: wakeups.resync(reconciler.stores.users_of(dsn))
+    )
+    sweeping: list[asyncio.Task[None]] = []
+
+    async def sweep() -> None:
+        while True:
+            await asyncio.sleep(max(1.0, min(60.0, settings.store_idle_seconds / 2)))
+            try:
+                await reconciler.stores.sweep()
+            except Exception as e:
+                log.warning("closing idle store pools failed: %s", e)
+
+    @kopf.on.startup(registry=registry)
+    async def start_sweeping(**_: Any) -> None:
+        sweeping.append(asyncio.create_task(sweep(), name="agentrun-store-sweep"))
+
+    @kopf.on.cleanup(registry=registry)
+    async def stop_waking(**_: Any) -> None:
+        for task in sweeping:
+            task.cancel()
+        await wakeups.aclose()
+
     @kopf.on.create(**runs, backoff=2)
     @kopf.on.resume(**runs, backoff=2)
     @kopf.on.update(**runs, field="spec", backoff=2)
     async def on_change(body: kopf.Body, **kwargs: Any) -> None:
-        await reconcile(body, kwargs["agentrun_threads"], kwargs["agentrun_bodies"])
-
-    @kopf.timer(**runs, interval=settings.reconcile_interval_seconds)
-    async def on_timer(body: kopf.Body, **kwargs: Any) -> None:
-        # kopf's status may predate our last patch: the reconciler's view of it is the newest.
-        status = reconciler.status_of(body)
-        if at_rest(status, deleting=bool(body.metadata.get("deletionTimestamp"))):
-            await expire(reconciler.kube, body, status)  # spec.ttlSecondsAfterFinished
-            return
-        await reconcile(body, kwargs["agentrun_threads"], kwargs["agentrun_bodies"])
+        await reconcile(body, *bind(kwargs))
 
     @kopf.on.event("", "v1", "pods", labels=dict(MANAGED_BY), registry=registry)
     async def on_pod(body: kopf.Body, **kwargs: Any) -> None:
+        _, bodies = bind(kwargs)
         for owner in body.metadata.get("ownerReferences") or []:
-            if owner.get("kind") == "AgentRun" and owner.get("controller"):
-                # The run as the AgentRun watch last saw it; absent: not seen yet (its own create event will
-                # reconcile it) or already gone (nothing to do for its pods).
-                bodies: Bodies = kwargs["agentrun_bodies"]
-                for run in list(bodies.get(str(owner["uid"]), ())):
-                    await reconcile(run, kwargs["agentrun_threads"], bodies)
+            # Only a run the AgentRun watch has seen; not seen yet: its own create event reconciles it,
+            # already gone: nothing to do for its pods. Retried by wakeups if it fails.
+            if owner.get("kind") == "AgentRun" and owner.get("controller") and str(owner["uid"]) in bodies:
+                wakeups.kick(str(owner["uid"]))
+
+    @kopf.on.event("", "v1", "secrets", registry=registry)
+    def on_secret(body: kopf.Body, type: str | None, **_: Any) -> None:  # kopf's kwarg name
+        # Keeps the Secrets runs use current (io/caches.py); any other Secret is ignored, nothing is kept of it.
+        reconciler.stores.secrets.observe(type, body)
 
     @kopf.on.delete(**runs, backoff=2)
     async def on_delete(body: kopf.Body, **kwargs: Any) -> None:
+        threads, bodies = bind(kwargs)
         await reconciler.delete_pods(str(body.metadata.namespace), str(body.metadata.name))
         reconciler.forget(str(body.metadata.uid))
         log.info(
@@ -123,4 +185,4 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: 
         )
         key = _thread_of(body)
         if key is not None:
-            await kick_waiters(key, str(body.metadata.uid), kwargs["agentrun_threads"], kwargs["agentrun_bodies"])
+            await kick_waiters(key, str(body.metadata.uid), threads, bodies)

@@ -1,12 +1,16 @@
 """Reconcile one AgentRun: gather (run, pod, store progress, its thread's other runs), ``decide``, apply, write.
 
 Level-triggered and idempotent: called on every AgentRun change, every pod
-event of its runs, on a timer (about once per second per active run, which
-is also the status mirror's coalescing: at most one status patch per second
-per run, plus one on every phase change) and when a run on the same thread
-ends. Creating a pod that already exists is success, so a restarted
-operator never makes two pods for one attempt; the status patch is written
-only after the pod exists.
+event of its runs, on its store's progress (``io/notify.py``, folded to at
+most one reconcile per ``progress_coalesce_seconds``: the status mirror's
+coalescing), when a deadline of the run is due or its slow resync comes
+(``io/wakeups.py``), and when a run on the same thread ends. It makes no API
+call to read: the pod comes from the watch-fed index and the store Secret
+from the watch-fed cache (``io/caches.py``); the only reads are the store's
+progress (one query) and, before the first pod, the request's turn. Writes
+happen only when something changed. Creating a pod that already exists is
+success, so a restarted operator never makes two pods for one attempt; the
+status patch is written only after the pod exists.
 
 Which copy of the run is used. The caller hands in kopf's body (the event's,
 the timer's live one, or the watch-fed index's); it is never re-read from the
@@ -31,14 +35,14 @@ import copy
 import logging
 import time
 from collections.abc import Iterable, Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from agentrun.checkpoint.base import ControlStore, Progress
 
 from ..decide import jobparity, outage
 from ..decide.classify import Outcome, PodView, classify
-from ..decide.conditions import status_patch
+from ..decide.conditions import QUIET_SECONDS, deferrable, status_patch
 from ..decide.decision import Decision, Limits, StoreProblem
 from ..decide.identity import RecordedTurn
 from ..decide.podspec import RUN_LABEL, RunRef, build_pod, label_value, pod_name, run_request_key, store_secret
@@ -47,11 +51,15 @@ from ..decide.run import at_rest, decide, rejected
 from ..decide.spec import AgentRunSpec, InvalidSpec, parse_spec, thread_key
 from ..decide.status import AgentRunStatus, StatusPatch, iso, parse_time
 from ..decide.thread import ThreadPeer
+from ..decide.wake import next_wake
 from ..settings import OperatorSettings
 from . import metrics
 from .access import AccessChecker
-from .kube import Conflict, KubeClient, NotFound, events_path, pod_path, run_path
+from .caches import PodCache, SecretCache
+from .expiry import ttl_of
+from .kube import Conflict, KubeClient, events_path, pod_path, run_path
 from .stores import StoreRegistry, StoreUnavailable
+from .wakeups import Wakeups
 
 log = logging.getLogger("agentrun_operator")
 
@@ -71,11 +79,23 @@ def thread_peer(body: Mapping[str, Any], status: Mapping[str, Any] | None = None
 
 
 class Reconciler:
-    def __init__(self, kube: KubeClient, settings: OperatorSettings, stores: StoreRegistry) -> None:
+    def __init__(
+        self,
+        kube: KubeClient,
+        settings: OperatorSettings,
+        stores: StoreRegistry,
+        *,
+        pods: PodCache | None = None,
+        secrets: SecretCache | None = None,
+    ) -> None:
         self.kube = kube
         self.settings = settings
         self.stores = stores
-        self.access = AccessChecker(kube, settings)
+        self.pods = pods if pods is not None else PodCache(kube)
+        self.access = AccessChecker(secrets if secrets is not None else stores.secrets, settings)
+        self.wakeups: Wakeups | None = None  # set by the handlers: deadlines, progress, resync
+        self._wake: dict[str, tuple[datetime | None, bool]] = {}  # uid -> (next deadline, live) of the last pass
+        self._deferred: dict[str, datetime] = {}  # uid -> when a deferred (quiet) status patch is due
         self.limits = Limits(
             stop_grace=settings.stop_grace_seconds,
             lost_node_timeout=settings.lost_node_timeout_seconds,
@@ -89,6 +109,11 @@ class Reconciler:
         self._pod_created: dict[str, float] = {}
 
     def forget(self, uid: str) -> None:
+        if self.wakeups is not None:
+            self.wakeups.forget(uid)
+        self.stores.release(uid)
+        self._wake.pop(uid, None)
+        self._deferred.pop(uid, None)
         self._locks.pop(uid, None)
         self._written.pop(uid, None)
         self.phases.pop(uid, None)
@@ -142,6 +167,9 @@ class Reconciler:
                 raise
             finally:
                 metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
+            wake, live = self._wake.pop(uid, (None, False))
+            if self.wakeups is not None:
+                self.wakeups.after(uid, wake=wake, live=live)
             return self.status_of(run)
 
     async def _reconcile(self, run: dict[str, Any], peers: list[ThreadPeer]) -> None:
@@ -151,32 +179,31 @@ class Reconciler:
         self.phases[ref.uid] = status.phase or Phase.PENDING
         self._namespace[ref.uid] = ref.namespace
         metrics.namespace_seen(ref.namespace, tuple(Phase))
+        now = datetime.now(UTC)
         if at_rest(status, deleting=bool(meta.get("deletionTimestamp")), retry=jobparity.retry_of(run.get("spec"))):
+            self._at_rest(run, status, now)
             self._publish_phases()
             return
-        now = datetime.now(UTC)
         try:
             spec = parse_spec(run.get("spec") or {})
         except InvalidSpec as e:
             await self._write(run, status, rejected(e), now)
+            self._at_rest(run, self.status_of(run), now)
             return
         store: ControlStore | None = None
         problem: StoreProblem | None = None
         progress: Progress | None = None
         thread = thread_key(ref.namespace, spec.threadId)
         secret = store_secret(spec, self.settings)
+        if self.wakeups is not None:
+            self.wakeups.track(ref.uid, thread)
         try:
-            store = await self.stores.get(ref.namespace, secret)
+            store = await self.stores.get(ref.namespace, secret, user=ref.uid)
         except StoreUnavailable as e:
             problem = e.problem
         pod: PodView | None = None
         if status.attempt:
-            try:
-                pod = PodView.from_manifest(
-                    await self.kube.get(pod_path(ref.namespace, pod_name(ref.name, status.attempt)))
-                )
-            except NotFound:
-                pod = None
+            pod = await self.pods.get(ref.namespace, pod_name(ref.name, status.attempt))
         store_down: str | None = None  # why the store did not answer the operator (outage.guard)
         if store is not None:
             # Read on every reconcile, also before the first pod: it is the operator's view of the store.
@@ -218,6 +245,29 @@ class Reconciler:
             decision = rejected(InvalidSpec(refused))  # before any pod of this attempt exists
         await self._apply(ref, spec, decision, store, thread)
         await self._write(run, status, decision, now)
+        after = self.status_of(run)
+        if after.phase in TERMINAL:
+            self._at_rest(run, after, now)
+            return
+        if decision.create_attempt is not None or decision.delete_pod is not None:
+            pod = await self.pods.get(ref.namespace, pod_name(ref.name, after.attempt)) if after.attempt else None
+        wake = next_wake(spec=spec, status=after, pod=pod, limits=self.limits, now=now)
+        if (deferred := self._deferred.get(ref.uid)) is not None and deferred > now:
+            wake = deferred if wake is None else min(wake, deferred)
+        self._wake[ref.uid] = (wake, True)
+
+    def _at_rest(self, run: dict[str, Any], status: AgentRunStatus, now: datetime) -> None:
+        """The run needs nothing more than its ttl (if any): no store, no progress, no resync."""
+        uid = str(run["metadata"]["uid"])
+        if self.wakeups is not None:
+            self.wakeups.untrack(uid)
+        self.stores.release(uid)
+        wake = (
+            None
+            if run["metadata"].get("deletionTimestamp")
+            else next_wake(spec=None, status=status, pod=None, limits=self.limits, now=now, ttl=ttl_of(run))
+        )
+        self._wake[uid] = (wake, False)
 
     async def _turn(self, ref: RunRef, store: ControlStore | None, thread: str, key: str) -> RecordedTurn | None:
         """The request key's turn, read before the first pod (``decide.identity``); None if unknown."""
@@ -260,10 +310,13 @@ class Reconciler:
             )
             pod = manifest["metadata"]["name"]
             try:
-                await self.kube.create(pod_path(namespace), manifest)
+                created = await self.kube.create(pod_path(namespace), manifest)
                 log.info("[%s/%s] created pod %s", namespace, name, pod)
             except Conflict:
                 log.info("[%s/%s] pod %s already exists; adopting it", namespace, name, pod)
+                created = await self.kube.get(pod_path(namespace, pod))  # rare: a retried create
+            # Until the pod watch reports it: the next reconcile must not take it for a missing pod.
+            self.pods.assume(namespace, created or manifest)
             decision.status["podName"] = pod
             self._pod_created[ref.uid] = time.monotonic()
             if decision.reschedule_reason is not None:
@@ -283,6 +336,11 @@ class Reconciler:
             self._observe_transition(ref, status, patch, now)
         if not patch:
             return
+        if not decision.events and deferrable(status, patch, now=now):
+            if status.last_checkpoint_time is not None:  # written once it is stale, even if the run goes quiet
+                self._deferred[ref.uid] = status.last_checkpoint_time + timedelta(seconds=QUIET_SECONDS)
+            return
+        self._deferred.pop(ref.uid, None)
         written = await self.kube.merge_patch(run_path(ref.namespace, ref.name, status=True), {"status": patch})
         self._written[ref.uid] = dict(written.get("status") or {})
         for tool, count in decision.tool_failures.items():  # once written, so a retried reconcile never recounts

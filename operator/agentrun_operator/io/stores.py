@@ -2,9 +2,11 @@
 
 An AgentRun names its store by Secret (``spec.store.secretRef``, keys
 ``postgresDsn`` and optional ``redisUrl``). The operator reads that Secret
-in the run's namespace (RBAC: ``get`` on secrets, nothing more) and keeps
-one connection pool per Secret version. Credentials never leave this module:
-not in logs, not in status, not in events.
+in the run's namespace once and then follows it by watch (``caches.SecretCache``),
+and keeps one connection pool per distinct DSN: Secrets in many namespaces that
+name the same database share it. A pool no live run uses is closed after
+``store_idle_seconds``. Credentials never leave this module: not in logs, not
+in status, not in events.
 """
 
 from __future__ import annotations
@@ -13,17 +15,23 @@ import base64
 import contextlib
 import logging
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 from urllib.parse import quote, unquote, urlsplit
 
 from agentrun import checkpoint
-from agentrun.checkpoint.base import ControlStore
+from agentrun.checkpoint.base import Checkpointer, ControlStore
+from agentrun.checkpoint.cached import CachedStore
 from agentrun.errors import AgentRunError, StoreConfigError, StoreUnavailableError
 
 from ..decide.decision import StoreProblem
 from ..decide.reasons import Reason
-from .kube import KubeClient, NotFound, secret_path
+from .caches import SecretCache, SecretView
+
+if TYPE_CHECKING:
+    from .notify import Listeners
 
 log = logging.getLogger("agentrun_operator.store")
 
@@ -43,7 +51,7 @@ _CONFIG_ERRORS = frozenset(
 )
 
 
-def open_store(dsn: str, redis_url: str | None) -> ControlStore:
+def open_store(dsn: str, redis_url: str | None) -> Checkpointer:
     """The one place the operator constructs a store (from a store Secret's keys): the runner's factory."""
     return checkpoint.open_store(dsn, redis_url=redis_url, retry_timeout=RETRY_SECONDS)
 
@@ -77,38 +85,92 @@ class StoreUnavailable(Exception):
         self.problem = StoreProblem(reason=reason, message=message)
 
 
+class _SharedPool(CachedStore):
+    """A store's Redis cache over a PostgreSQL pool shared with other Secrets: closing it keeps the pool."""
+
+    async def aclose(self) -> None:
+        await self.cache.aclose()
+
+
 @dataclass
-class _Entry:
-    version: str
-    checkpointer: ControlStore
-    secrets: list[str] = field(default_factory=list)  # what no message may quote
+class _Pool:
+    """One PostgreSQL pool (one DSN) and the stores over it (one per Redis URL; None: the pool itself)."""
+
+    pg: Checkpointer
+    stores: dict[str | None, ControlStore]
+    users: set[str] = field(default_factory=set)  # uids of the live runs on this store
+    idle_since: float = field(default_factory=time.monotonic)
 
 
-# A store URL one machine shares (settings.local_stores: agentrun-dev's single-machine cluster).
-LOCAL_STORE = "sqlite:///"
+@dataclass(frozen=True)
+class _Resolved:
+    view: SecretView  # the Secret version this was read from (the cache hands out a new view on a change)
+    dsn: str
+    store: ControlStore
+    secrets: list[str]  # what no message may quote
 
 
 class StoreRegistry:
-    # Set from settings.local_stores: a sqlite:/// postgresDsn is accepted too.
-    local_stores = False
+    """The stores the operator talks to: one PostgreSQL pool per distinct DSN, whatever Secrets name it.
 
-    def __init__(self, kube: KubeClient) -> None:
-        self.kube = kube
-        self._stores: dict[tuple[str, str], _Entry] = {}
+    Secrets come from the watch-fed ``SecretCache`` (no API read per reconcile). ``listeners`` (optional)
+    is told when a pool opens and closes, to LISTEN for its progress (``io/notify.py``). A pool no live
+    run has used for ``idle_seconds`` is closed by ``sweep`` (its listener too).
+    """
 
-    async def get(self, namespace: str, secret: str) -> ControlStore:
-        try:
-            body = await self.kube.get(secret_path(namespace, secret))
-        except NotFound:
-            raise StoreUnavailable(
-                Reason.STORE_SECRET_NOT_FOUND, f"store secret {namespace}/{secret} does not exist"
-            ) from None
-        version = str(body.get("metadata", {}).get("resourceVersion", ""))
+    def __init__(
+        self, secrets: SecretCache, *, idle_seconds: float = 300.0, listeners: Listeners | None = None
+    ) -> None:
+        self.secrets = secrets
+        self.idle_seconds = idle_seconds
+        self.listeners = listeners
+        self._resolved: dict[tuple[str, str], _Resolved] = {}
+        self._pools: dict[str, _Pool] = {}
+        self._user_dsn: dict[str, str] = {}
+
+    async def get(self, namespace: str, secret: str, *, user: str | None = None) -> ControlStore:
+        """The store of Secret ``namespace/secret``; ``user``: the uid of a live run using it (keeps it open).
+
+        Raises ``StoreUnavailable`` when the Secret is missing or unusable.
+        """
         key = (namespace, secret)
-        entry = self._stores.get(key)
-        if entry is not None and entry.version == version:
-            return entry.checkpointer
-        data = body.get("data") or {}
+        view = await self.secrets.get(namespace, secret)
+        if not view.exists:
+            self._resolved.pop(key, None)
+            raise StoreUnavailable(Reason.STORE_SECRET_NOT_FOUND, f"store secret {namespace}/{secret} does not exist")
+        resolved = self._resolved.get(key)
+        if resolved is None or resolved.view is not view:
+            resolved = self._resolve(namespace, secret, view)
+            self._resolved[key] = resolved
+        if user is not None:
+            self._bind(user, resolved.dsn)
+        return resolved.store
+
+    def dsn_of(self, user: str) -> str | None:
+        """The DSN of the store the live run ``user`` last used (for a resync of that store's runs)."""
+        return self._user_dsn.get(user)
+
+    def users_of(self, dsn: str) -> set[str]:
+        pool = self._pools.get(dsn)
+        return set(pool.users) if pool is not None else set()
+
+    def release(self, user: str) -> None:
+        """The run ended or is gone: it no longer keeps its store's pool open."""
+        dsn = self._user_dsn.pop(user, None)
+        pool = self._pools.get(dsn) if dsn is not None else None
+        if pool is not None:
+            pool.users.discard(user)
+            if not pool.users:
+                pool.idle_since = time.monotonic()
+
+    def _bind(self, user: str, dsn: str) -> None:
+        if self._user_dsn.get(user) != dsn:
+            self.release(user)
+            self._user_dsn[user] = dsn
+        self._pools[dsn].users.add(user)
+
+    def _resolve(self, namespace: str, secret: str, view: SecretView) -> _Resolved:
+        data = view.data
         if "postgresDsn" not in data:
             raise StoreUnavailable(
                 Reason.STORE_SECRET_INVALID, f"store secret {namespace}/{secret} has no key postgresDsn"
@@ -120,33 +182,61 @@ class StoreRegistry:
             raise StoreUnavailable(
                 Reason.STORE_SECRET_INVALID, f"store secret {namespace}/{secret} is not valid base64 text"
             ) from None
-        local = self.local_stores and dsn.startswith(LOCAL_STORE)
-        if not dsn.startswith(("postgresql://", "postgres://")) and not local:
+        if not dsn.startswith(("postgresql://", "postgres://")):
             # The factory would take a bare string for a SQLite path: no pod on another node could share it.
             raise StoreUnavailable(
                 Reason.INVALID_STORE,
                 f"{StoreConfigError.code}: store secret {namespace}/{secret}: postgresDsn is not a postgresql:// URL",
             )
-        try:
-            checkpointer = open_store(dsn, redis_url)
-        except ValueError as e:  # an unknown scheme; the factory's message names the scheme only
-            raise StoreUnavailable(
-                Reason.INVALID_STORE,
-                f"{StoreConfigError.code}: store secret {namespace}/{secret}: postgresDsn is not a store URL "
-                f"({redact(str(e), _sensitive(dsn, redis_url))})",
-            ) from None
-        if entry is not None:
-            await entry.checkpointer.aclose()
-        self._stores[key] = _Entry(version, checkpointer, _sensitive(dsn, redis_url))
-        log.info("store for secret %s/%s opened (secret version %s)", namespace, secret, version)
-        return checkpointer
+        pool = self._pools.get(dsn)
+        if pool is None:
+            try:
+                pg = open_store(dsn, None)
+            except ValueError as e:  # an unknown scheme; the factory's message names the scheme only
+                raise StoreUnavailable(
+                    Reason.INVALID_STORE,
+                    f"{StoreConfigError.code}: store secret {namespace}/{secret}: postgresDsn is not a store URL "
+                    f"({redact(str(e), _sensitive(dsn, redis_url))})",
+                ) from None
+            pool = self._pools[dsn] = _Pool(pg, {None: pg})
+            log.info("store pool opened for secret %s/%s (%d pools)", namespace, secret, len(self._pools))
+            if self.listeners is not None:
+                self.listeners.open(dsn)
+        store = pool.stores.get(redis_url)
+        if store is None:
+            assert redis_url is not None
+            store = pool.stores[redis_url] = _SharedPool(pool.pg, redis_url=redis_url)
+            if self.listeners is not None:
+                self.listeners.open_redis(dsn, redis_url, store)
+        return _Resolved(view, dsn, store, _sensitive(dsn, redis_url))
+
+    async def sweep(self) -> int:
+        """Close the pools no live run has used for ``idle_seconds``; returns how many were closed."""
+        now = time.monotonic()
+        idle = [d for d, pool in self._pools.items() if not pool.users and now - pool.idle_since >= self.idle_seconds]
+        for dsn in idle:
+            await self._close(dsn)
+        return len(idle)
+
+    async def _close(self, dsn: str) -> None:
+        pool = self._pools.pop(dsn)
+        for key in [k for k, r in self._resolved.items() if r.dsn == dsn]:
+            del self._resolved[key]
+        if self.listeners is not None:
+            await self.listeners.close(dsn)
+        for redis_url, store in pool.stores.items():
+            if redis_url is not None:
+                with contextlib.suppress(Exception):
+                    await store.aclose()
+        await pool.pg.aclose()
+        log.info("store pool closed: no live run used it for %.0fs (%d left)", self.idle_seconds, len(self._pools))
 
     def explain(self, namespace: str, secret: str, error: BaseException) -> StoreProblem | str:
         """A failed store call as ``InvalidStore`` (configuration: no retry helps) or the outage's cause (str).
 
         Neither quotes the DSN or a password.
         """
-        entry = self._stores.get((namespace, secret))
+        entry = self._resolved.get((namespace, secret))
         secrets = entry.secrets if entry is not None else []
         chain: list[BaseException] = []
         cause: BaseException | None = error
@@ -154,6 +244,8 @@ class StoreRegistry:
             chain.append(cause)
             cause = cause.__cause__ or cause.__context__
         if isinstance(error, StoreConfigError) or any(type(e).__name__ in _CONFIG_ERRORS for e in chain):
+            # The credentials may have changed without a watch event reaching us: read the Secret again.
+            self.secrets.invalidate(namespace, secret)
             text = error.args[0] if isinstance(error, StoreConfigError) and error.args else type(error).__name__
             detail = redact(" ".join(str(text).split()), secrets)
             return StoreProblem(
@@ -164,6 +256,6 @@ class StoreRegistry:
         return f"{code}: " + redact(" ".join(str(text).split()), secrets)[:500]
 
     async def close(self) -> None:
-        for entry in self._stores.values():
-            await entry.checkpointer.aclose()
-        self._stores.clear()
+        for dsn in list(self._pools):
+            await self._close(dsn)
+        self._user_dsn.clear()

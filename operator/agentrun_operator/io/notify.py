@@ -1,0 +1,141 @@
+"""Progress from the stores themselves: one LISTEN connection per PostgreSQL store, Redis pub/sub as a fast path.
+
+A committed checkpoint NOTIFYs channel ``agentrun_progress`` with its thread
+id (migration 10 in ``agentrun/checkpoint/pg_schema.py``; the runner's stop
+check uses channel ``agentrun_stop``, same payload). The operator holds one
+dedicated connection per distinct DSN (``Listeners.open``, called when the
+store's pool opens) and hands each thread id to ``on_progress``; nothing is
+queried per run.
+
+A notification is a wake-up, not the data: the reconcile it triggers reads
+the progress. PostgreSQL delivers a notification only to sessions listening
+when it commits, so after every (re)connect ``on_resync(dsn)`` reconciles
+every live run of that store, which covers whatever was committed while no
+one listened (also the moments between the first reconciles and the first
+LISTEN). A connection that dies is seen at once (asyncpg's termination
+callback) or at the next ping (``PING_SECONDS``, for a peer that vanished
+without closing); reconnects back off up to ``MAX_BACKOFF`` seconds.
+
+Redis: when a store has a ``redisUrl``, the runner also publishes each step on
+``<prefix>:events:<thread>`` (``redis_cache.py``), including the steps of
+``durableCheckpointEveryStep: false`` runs that reach PostgreSQL only at their
+terminal points. One pattern subscription per Redis URL forwards those to
+``on_progress`` too. Pub/sub is at most once; PostgreSQL stays the record.
+
+HAZARD: NOTIFY serializes committing transactions that notify on one global
+queue lock in PostgreSQL; at the commit rates of agent steps (tens to hundreds
+per second per database) that is far from a bottleneck.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import asyncpg
+
+from agentrun.checkpoint.base import ControlStore
+
+log = logging.getLogger("agentrun_operator.notify")
+
+CHANNEL = "agentrun_progress"
+PING_SECONDS = 30.0
+MAX_BACKOFF = 30.0
+CONNECT_TIMEOUT = 10.0
+
+
+def _setter(event: asyncio.Event) -> Callable[[Any], None]:
+    return lambda _conn: event.set()
+
+
+class Listeners:
+    """The listening side of every open store; callbacks run on the event loop and must not block."""
+
+    def __init__(self, *, on_progress: Callable[[str], None], on_resync: Callable[[str], None]) -> None:
+        self.on_progress = on_progress
+        self.on_resync = on_resync
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._redis: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self.connected: dict[str, bool] = {}
+
+    def open(self, dsn: str) -> None:
+        if dsn not in self._tasks:
+            self._tasks[dsn] = asyncio.create_task(self._listen(dsn), name="agentrun-listen")
+
+    def open_redis(self, dsn: str, redis_url: str, store: ControlStore) -> None:
+        key = (dsn, redis_url)
+        events = getattr(store, "events", None)
+        if key not in self._redis and events is not None:
+            self._redis[key] = asyncio.create_task(self._subscribe(events), name="agentrun-subscribe")
+
+    async def close(self, dsn: str) -> None:
+        tasks = [self._tasks.pop(dsn)] if dsn in self._tasks else []
+        tasks += [self._redis.pop(key) for key in [k for k in self._redis if k[0] == dsn]]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self.connected.pop(dsn, None)
+
+    async def aclose(self) -> None:
+        for dsn in {*self._tasks, *(k[0] for k in self._redis)}:
+            await self.close(dsn)
+
+    def _notified(self, _conn: Any, _pid: int, _channel: str, payload: object) -> None:
+        if isinstance(payload, str) and payload:
+            self.on_progress(payload)
+
+    async def _listen(self, dsn: str) -> None:
+        backoff = 1.0
+        while True:
+            conn: asyncpg.Connection[Any] | None = None
+            try:
+                conn = await asyncpg.connect(
+                    dsn, timeout=CONNECT_TIMEOUT, server_settings={"application_name": "agentrun-operator-listen"}
+                )
+                lost = asyncio.Event()
+                conn.add_termination_listener(_setter(lost))
+                await conn.add_listener(CHANNEL, self._notified)
+                if not self.connected.get(dsn) and dsn in self.connected:
+                    log.warning("listening for store progress again; resyncing the runs of that store")
+                self.connected[dsn] = True
+                backoff = 1.0
+                self.on_resync(dsn)  # whatever committed while nobody listened
+                while not lost.is_set():
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(lost.wait(), PING_SECONDS)
+                    if not lost.is_set():
+                        await conn.fetchval("SELECT 1")
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                if self.connected.get(dsn, True):
+                    log.warning(
+                        "store progress listener lost (%s); reconnecting with backoff, runs of that store are "
+                        "resynced once it is back",
+                        type(e).__name__,
+                    )
+            finally:
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(conn.close(), 5)
+            self.connected[dsn] = False
+            await asyncio.sleep(backoff)
+            backoff = min(MAX_BACKOFF, backoff * 2)
+
+    async def _subscribe(self, events: Callable[..., Any]) -> None:
+        while True:
+            try:
+                async for event in events(None):
+                    thread = event.get("thread_id")
+                    if event.get("type") == "progress" and isinstance(thread, str) and thread:
+                        self.on_progress(thread)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                log.debug("Redis progress subscription failed (%s); retrying in %.0fs", e, MAX_BACKOFF)
+            await asyncio.sleep(MAX_BACKOFF)
