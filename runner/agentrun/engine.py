@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NoReturn, TypeVar
 
 from . import blocking, lifecycle
-from .checkpoint.base import Checkpoint, Checkpointer, RunStatus
+from .checkpoint.base import Checkpoint, Checkpointer, RunStatus, StopWatch
 from .checkpoint.memory import InMemoryCheckpointer
 from .config import RunConfig
 from .constants import END, START
@@ -177,14 +177,18 @@ class CompiledGraph:
             yield opened
             return
         run = opened
-        while run.current_node not in (None, END):
-            node = await self._node_to_run(run, writer, preemption)
-            outcome = await self._execute(node, run, writer, preemption=preemption)
-            if isinstance(outcome, _Paused):
-                await writer.pause(run, outcome.interrupts)
-                yield self._event("interrupt", run, cfg, node.name, values=True, interrupts=outcome.interrupts)
-                return
-            yield await self._advance(node, run, outcome, writer=writer)
+        stops = await self.checkpointer.watch_stops(cfg.thread_id)
+        try:
+            while run.current_node not in (None, END):
+                node = await self._node_to_run(run, writer, preemption, stops)
+                outcome = await self._execute(node, run, writer, preemption=preemption, stops=stops)
+                if isinstance(outcome, _Paused):
+                    await writer.pause(run, outcome.interrupts)
+                    yield self._event("interrupt", run, cfg, node.name, values=True, interrupts=outcome.interrupts)
+                    return
+                yield await self._advance(node, run, outcome, writer=writer)
+        finally:
+            await stops.aclose()
         if run.status != "completed":  # the turn reached END without a step (a graph from START to END)
             await writer.finish(run, "completed")
         yield self._event("end", run, cfg, None, values=True)
@@ -250,7 +254,7 @@ class CompiledGraph:
         await writer.persist(run, durable=True)
         return run
 
-    async def _node_to_run(self, run: Run, writer: RunWriter, preemption: Preemption | None) -> Node:
+    async def _node_to_run(self, run: Run, writer: RunWriter, preemption: Preemption | None, stops: StopWatch) -> Node:
         """The node to run next, unless the recursion limit, a preemption or a stop ends the run here."""
         cfg = writer.cfg
         name = run.current_node
@@ -265,18 +269,19 @@ class CompiledGraph:
         node = self.graph.nodes[name]
         if preemption is not None and preemption.requested:
             await writer.preempt(run)
-        # The store is asked between nodes at most every stop_poll_interval, and always before a call's
-        # first node: a fast step pays no round trip for it, and a stop still lands within the interval
-        # (while a node runs longer, its supervisor polls).
-        now = asyncio.get_running_loop().time()
-        if now - run.stop_checked_at >= cfg.stop_poll_interval:
-            run.stop_checked_at = now
+        # The store is asked before a call's first node, then when the store says a stop was requested
+        # (PostgreSQL: a notification), or at most every stop_poll_interval where it cannot say (SQLite,
+        # memory, a lost listener): a step pays no round trip for it. While a node runs, its supervisor
+        # asks the same watch.
+        if stops.due(asyncio.get_running_loop().time(), cfg.stop_poll_interval):
             reason = await stop_reason(self.checkpointer, cfg.thread_id, writer.log)
             if reason is not None:
                 await writer.stop(run, reason)
         return node
 
-    async def _execute(self, node: Node, run: Run, writer: RunWriter, *, preemption: Preemption | None) -> Any:
+    async def _execute(
+        self, node: Node, run: Run, writer: RunWriter, *, preemption: Preemption | None, stops: StopWatch
+    ) -> Any:
         """Run ``node`` under supervision; returns its update or ``_Paused``, and ends the run on anything else."""
         ctx = RunContext(
             config=writer.cfg,
@@ -292,7 +297,7 @@ class CompiledGraph:
         started = time.perf_counter()
         failed_before = run.counts.failed
         try:
-            update = await run_node(node, run.state, ctx, preemption=preemption)
+            update = await run_node(node, run.state, ctx, preemption=preemption, stops=stops)
         except Preempted:
             await writer.preempt(run)
         except StopRequested as stop:

@@ -48,8 +48,8 @@ class Run:
     # The next durable write also records the turn (``CheckpointWrite.record_turn``): set when a call
     # opens the run, so the turn record says "running" again once a resumed turn writes.
     record_turn: bool = False
-    # Loop time of the last stop check between nodes (the engine's; -inf: check before the first node).
-    stop_checked_at: float = float("-inf")
+    # Non-message channels updated since the last durable write (``CheckpointWrite.changed``).
+    changed: set[str] = field(default_factory=set)
 
     @classmethod
     def new(cls, schema: StateSchema) -> Run:
@@ -84,6 +84,8 @@ class Run:
         """Merge ``update`` into the state, noting durable messages it replaced in place."""
         before = self.messages
         self.state = schema.apply(self.state, update)
+        if update:
+            self.changed.update(k for k in update if k != MESSAGES)
         after = self.messages
         if after is before:
             return
@@ -139,6 +141,7 @@ class RunWriter:
             messages=pending,
             # A turn's first write, and its interrupted and terminal ones: not plain steps.
             record_turn=run.record_turn or run.status != "running",
+            changed=frozenset(run.changed),
         )
         thread_id = self.cfg.thread_id
         if not durable:
@@ -160,6 +163,7 @@ class RunWriter:
         CHECKPOINT_SECONDS.labels(self.checkpointer.backend).observe(time.perf_counter() - started)
         run.persisted_messages = len(messages)
         run.replaced.clear()
+        run.changed.clear()
         run.record_turn = False
 
     async def finish(self, run: Run, status: RunStatus) -> None:

@@ -3,9 +3,11 @@
 While a node runs, its supervisor wakes at least every
 ``RunConfig.stop_poll_interval`` (at most one second) and cancels the node
 when its deadline passed (``NodeTimeoutError`` ``NODE_TIMEOUT_001``), when
-the thread has a stop request (``StopRequested``) or when a preemption asks
-to end now (``Preempted``). Tool calls that completed before the
-cancellation are already in the ledger, so whoever resumes replays them.
+the thread has a stop request (``StopRequested``; the store is asked when
+the run's ``StopWatch`` says so: notified, or polling where the store cannot
+notify) or when a preemption asks to end now (``Preempted``). Tool calls
+that completed before the cancellation are already in the ledger, so
+whoever resumes replays them.
 
 Limit: cancellation is cooperative. A node that ignores it (a blocking call
 in async code) is abandoned after ``CANCEL_GRACE_SECONDS`` and may keep
@@ -18,7 +20,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from .checkpoint.base import Checkpointer
+from .checkpoint.base import Checkpointer, StopWatch
 from .context import CallScope, RunContext, RunLogger, current_run, current_scope
 from .errors import NodeTimeoutError, Preempted, StopRequested
 from .metrics import NODE_TIMEOUTS
@@ -51,7 +53,14 @@ async def stop_reason(checkpointer: Checkpointer, thread_id: str, log: RunLogger
         return None
 
 
-async def run_node(node: Node, state: dict[str, Any], ctx: RunContext, *, preemption: Preemption | None) -> Any:
+async def run_node(
+    node: Node,
+    state: dict[str, Any],
+    ctx: RunContext,
+    *,
+    preemption: Preemption | None,
+    stops: StopWatch | None = None,
+) -> Any:
     """Run ``node`` on a copy of ``state`` and return its update.
 
     Raises what the node raised, ``NodeTimeoutError``, ``StopRequested`` or
@@ -67,6 +76,7 @@ async def run_node(node: Node, state: dict[str, Any], ctx: RunContext, *, preemp
         return await node.call(node_input(state), ctx)
 
     task = asyncio.create_task(body(), name=f"agentrun:{cfg.thread_id}:{node.name}")
+    stops = stops or StopWatch()
     loop = asyncio.get_running_loop()
     deadline = None if cfg.node_timeout is None else loop.time() + cfg.node_timeout
     try:
@@ -89,6 +99,8 @@ async def run_node(node: Node, state: dict[str, Any], ctx: RunContext, *, preemp
                 log.info("preempted while node %s runs; cancelling it (completed tool calls are recorded)", node.name)
                 await cancel(task, log)
                 raise Preempted()
+            if not stops.due(loop.time(), cfg.stop_poll_interval):
+                continue
             reason = await stop_reason(ctx.checkpointer, cfg.thread_id, log)
             if reason is not None:
                 log.info("stop requested while node %s runs; cancelling it", node.name)

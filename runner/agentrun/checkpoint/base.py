@@ -41,6 +41,7 @@ Contract shared by all backends (the conformance suite in
 from __future__ import annotations
 
 import abc
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -91,6 +92,9 @@ class CheckpointWrite:
     # The engine sets it on a turn's first checkpoint and on interrupted and terminal ones only,
     # so plain steps do not pay for it.
     record_turn: bool = False
+    # The channels of ``values`` that changed since this run's last durable write (``None``: unknown,
+    # all of them). A store may write only these on top of its previous row (PostgreSQL does).
+    changed: frozenset[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -521,6 +525,40 @@ class ControlStore(Protocol):
         """What ``put_run_inputs`` recorded for exactly this run uid and attempt, or ``None``."""
 
 
+class StopWatch:
+    """When a run must ask its store for a stop request (``stop_requested``); this base polls.
+
+    A check is due at once (before a run's first node), then every
+    ``interval`` seconds (the run's ``stop_poll_interval``). A store that is
+    told of stop requests returns a subclass that is due when ``notify`` was
+    called and polls only while it cannot hear (``poll_interval``; PostgreSQL:
+    ``pg_listen``). ``notify`` only makes the next check due: the store stays
+    the truth.
+    """
+
+    def __init__(self) -> None:
+        self._notified = True
+        self._checked_at = -math.inf
+
+    def notify(self) -> None:
+        self._notified = True
+
+    def poll_interval(self, interval: float) -> float:
+        """Seconds between checks nobody asked for (``math.inf``: none)."""
+        return interval
+
+    def due(self, now: float, interval: float) -> bool:
+        """Whether to ask the store now (loop time ``now``); a ``True`` counts as the check."""
+        if self._notified or now - self._checked_at >= self.poll_interval(interval):
+            self._notified = False
+            self._checked_at = now
+            return True
+        return False
+
+    async def aclose(self) -> None:
+        """Stop watching (the run ended)."""
+
+
 class Checkpointer(StateStore, LedgerStore, ControlStore, abc.ABC):
     """A store with all three protocols: what the engine needs. Backends subclass it.
 
@@ -554,6 +592,13 @@ class Checkpointer(StateStore, LedgerStore, ControlStore, abc.ABC):
 
     async def cache_put(self, thread_id: str, write: CheckpointWrite, *, version: int) -> None:
         """Keep nothing: without a hot cache the next durable write carries every message since the last."""
+
+    async def watch_stops(self, thread_id: str) -> StopWatch:
+        """How the run of ``thread_id`` learns of stop requests: polling ``stop_requested``, by default.
+
+        PostgreSQL overrides it with a notification (``pg_listen``); SQLite and memory poll.
+        """
+        return StopWatch()
 
     async def aget_progress(self, thread_id: str) -> Progress | None:
         """Progress from the whole checkpoint (no owner, no incarnation); backends override it."""

@@ -48,6 +48,7 @@ from .base import (
     LedgerEntry,
     Progress,
     RunInputsRecord,
+    StopWatch,
     Turn,
 )
 from .redis_cache import RedisHotCache
@@ -279,6 +280,10 @@ class CachedStore(Checkpointer):
 
     async def stop_requested(self, thread_id: str) -> str | None:
         return await self.inner.stop_requested(thread_id)
+
+    async def watch_stops(self, thread_id: str) -> StopWatch:
+        """``inner``'s watch (PostgreSQL: a notification from the request's own transaction)."""
+        return await self.inner.watch_stops(thread_id)
 
     async def put_run_inputs(
         self,

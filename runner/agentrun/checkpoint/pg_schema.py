@@ -370,6 +370,120 @@ MIGRATIONS: list[Migration] = [
             FOR EACH ROW EXECUTE FUNCTION agentrun_notify_progress();
         """,
     ),
+    Migration(
+        "stop requests notify channel agentrun_stop; state rows that carry only the channels a step changed",
+        # Stop: a trigger, so every writer of a stop request (the runner's request_stop, the operator,
+        # the CLI, an older agentrun) notifies in the transaction that records it; PostgreSQL delivers
+        # the notification when it commits, to every session listening (pg_listen.StopListener).
+        # The payload is the thread id; a listener treats it as "ask the store", never as the request.
+        #
+        # State deltas: a row with base_version set holds in state_delta only the channels changed
+        # since the previous version; the state at its version is the row at base_version (a full
+        # snapshot, base_version NULL) with every delta after it up to this one applied in version
+        # order. Such a row's state_values is JSON null, so an agentrun older than this migration that
+        # reads it fails loudly instead of resuming from a partial state. The checkpoint function gains
+        # an overload taking the delta's base and the writer's incarnation of the thread; the old one
+        # stays for older runners during a rolling upgrade (they write full rows, which newer readers
+        # read as before). A delta lands only on the chain it continues: the latest row must belong to
+        # the same snapshot and the thread must be the incarnation the writer saw, else the outcome is
+        # 'rebase' and the writer sends a full snapshot instead.
+        """
+        CREATE FUNCTION agentrun_notify_stop() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            PERFORM pg_notify('agentrun_stop', NEW.thread_id::text);
+            RETURN NULL;
+        END
+        $$;
+        CREATE TRIGGER agentrun_stop_notify AFTER INSERT ON stop_requests
+            FOR EACH ROW EXECUTE FUNCTION agentrun_notify_stop();
+
+        ALTER TABLE states ADD COLUMN base_version BIGINT, ADD COLUMN state_delta JSON;
+
+        CREATE FUNCTION agentrun_put_checkpoint(
+            p_thread_id {thread_id_type}, p_expected BIGINT, p_attempt INTEGER, p_run_uid TEXT, p_write_id TEXT,
+            p_current_node TEXT, p_step INTEGER, p_status TEXT, p_values JSON, p_meta JSON, p_message_count INTEGER,
+            p_idx INTEGER[], p_message_ids TEXT[], p_bodies TEXT[],
+            p_turn_key TEXT, p_turn_run_uid TEXT, p_turn_status TEXT, p_turn_error JSON, p_turn_result JSON,
+            p_turn_tool_calls JSON, p_base_version BIGINT, p_incarnation TEXT,
+            OUT o_outcome TEXT, OUT o_version BIGINT, OUT o_incarnation TEXT, OUT o_created_at FLOAT8,
+            OUT o_owner_run_uid TEXT, OUT o_owner_attempt INTEGER
+        ) LANGUAGE plpgsql AS $$
+        DECLARE
+            v_tries INTEGER := 0;
+            v_current BIGINT;
+            v_chain BIGINT;
+        BEGIN
+            LOOP
+                SELECT t.incarnation::text INTO o_incarnation FROM threads t WHERE t.thread_id = p_thread_id
+                FOR UPDATE;
+                EXIT WHEN FOUND;
+                v_tries := v_tries + 1;
+                IF v_tries > 3 THEN
+                    o_outcome := 'vanished';
+                    RETURN;
+                END IF;
+                INSERT INTO threads (thread_id) VALUES (p_thread_id) ON CONFLICT (thread_id) DO NOTHING;
+            END LOOP;
+            SELECT a.run_uid, a.attempt INTO o_owner_run_uid, o_owner_attempt FROM attempts a
+            WHERE a.thread_id = p_thread_id;
+            -- base.check_fence: another run's uid, or an attempt older than the owner's.
+            IF o_owner_attempt IS NOT NULL AND (
+                (p_run_uid IS NOT NULL AND o_owner_run_uid IS NOT NULL AND p_run_uid <> o_owner_run_uid)
+                OR (p_attempt IS NOT NULL AND p_attempt < o_owner_attempt)
+            ) THEN
+                o_outcome := 'fenced';
+                RETURN;
+            END IF;
+            -- The latest row: the version to compare, and the snapshot its state is built on.
+            SELECT s.version, COALESCE(s.base_version, s.version) INTO v_current, v_chain FROM states s
+            WHERE s.thread_id = p_thread_id ORDER BY s.version DESC LIMIT 1;
+            v_current := COALESCE(v_current, 0);
+            IF v_current <> p_expected THEN
+                SELECT extract(epoch FROM s.created_at)::float8 INTO o_created_at FROM states s
+                WHERE s.thread_id = p_thread_id AND s.version = p_expected + 1 AND s.meta ->> 'write_id' = p_write_id;
+                IF FOUND THEN
+                    o_outcome := 'committed';
+                    o_version := p_expected + 1;
+                ELSE
+                    o_outcome := 'stale';
+                    o_version := v_current;
+                END IF;
+                RETURN;
+            END IF;
+            IF p_base_version IS NOT NULL
+               AND (v_chain IS DISTINCT FROM p_base_version OR o_incarnation IS DISTINCT FROM p_incarnation) THEN
+                o_outcome := 'rebase';
+                RETURN;
+            END IF;
+            o_version := v_current + 1;
+            INSERT INTO states (thread_id, version, current_node, step, status, state_values, state_delta, base_version,
+                                meta, message_count, attempt, run_uid)
+            VALUES (p_thread_id, o_version, p_current_node, p_step, p_status,
+                    CASE WHEN p_base_version IS NULL THEN p_values ELSE 'null'::json END,
+                    CASE WHEN p_base_version IS NULL THEN NULL ELSE p_values END,
+                    p_base_version, p_meta, p_message_count, p_attempt, p_run_uid)
+            RETURNING extract(epoch FROM created_at)::float8 INTO o_created_at;
+            IF cardinality(p_idx) > 0 THEN
+                -- An index below the stored count replaces a message (add_messages with a known id).
+                INSERT INTO messages (thread_id, idx, message_id, body, version)
+                SELECT p_thread_id, m.idx, m.message_id, m.body::json, o_version
+                FROM unnest(p_idx, p_message_ids, p_bodies) AS m (idx, message_id, body)
+                ON CONFLICT (thread_id, idx) DO UPDATE SET message_id = EXCLUDED.message_id, body = EXCLUDED.body,
+                    version = EXCLUDED.version;
+            END IF;
+            IF p_turn_key IS NOT NULL THEN
+                INSERT INTO turns (thread_id, request_key, run_uid, status, version, error, result, tool_calls)
+                VALUES (p_thread_id, p_turn_key, p_turn_run_uid, p_turn_status, o_version, p_turn_error,
+                        p_turn_result, p_turn_tool_calls)
+                ON CONFLICT (thread_id, request_key) DO UPDATE SET run_uid = EXCLUDED.run_uid,
+                    status = EXCLUDED.status, version = EXCLUDED.version, error = EXCLUDED.error,
+                    result = EXCLUDED.result, tool_calls = EXCLUDED.tool_calls, updated_at = now();
+            END IF;
+            o_outcome := 'ok';
+        END
+        $$;
+        """,
+    ),
 ]
 
 _CREATE_VERSION_TABLE = """

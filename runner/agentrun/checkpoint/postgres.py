@@ -13,6 +13,19 @@ guarantees (DESIGN.md section 2, "PostgreSQL rules" and "Fencing"):
   migration 8, autocommitted); ledger records and intents likewise
   (migration 9), and a connection goes back to the pool without a reset
   query (``_keep_session``).
+- State rows carry only what changed (migration 11): a row holds the
+  channels its step changed on top of the previous version, with a full
+  snapshot at least every ``snapshot_every`` rows and whenever the deltas
+  since the last one add up to its size, so an unchanged large channel is
+  not rewritten each step. Every row is still one versioned, fenced,
+  atomic write; ``aget`` folds the snapshot and its deltas in one snapshot
+  read and refuses a broken chain (``StorageError``) rather than return a
+  state that was never written. A delta goes only on top of a row this
+  store wrote itself (the server checks the chain and the incarnation);
+  anything else, and the first write of a process, is a snapshot.
+- Stop requests are heard, not polled: the request's transaction notifies
+  ``agentrun_stop`` (migration 11) and each store LISTENs on one connection
+  of its own while runs watch (``pg_listen``, which has the fallbacks).
 - The ledger (``tool_executions``) is insert-if-absent: the first recorded
   result stays authoritative; ``ledger_replace`` repairs a malformed row by
   compare-and-swap on its exact text. Ledger rows, intents, stop requests,
@@ -46,8 +59,8 @@ HAZARDS (what this store cannot promise, and what to do):
   (the runner exits 8, a disruption). Configuration errors (malformed DSN,
   authentication failed, database missing, permission denied) are not
   retried: ``StoreConfigError`` at once, naming the problem, never the DSN
-  or the password. ``stop_requested`` is polled every second, so it does not
-  wait: the next poll is its retry.
+  or the password. ``stop_requested`` does not wait: the next check is its
+  retry.
 - Retries keep every guarantee. A retried checkpoint write is a new
   transaction, locked, fenced and version-checked like the first. A write
   whose COMMIT was acknowledged to nobody (the connection died during it)
@@ -69,7 +82,14 @@ HAZARDS (what this store cannot promise, and what to do):
   last durable version: the non-durable steps run again (tool calls among
   them are durable before they run, so the ledger still holds their results).
 - Thread ids are at most 253 characters (``MAX_THREAD_ID_LENGTH``). Behind
-  PgBouncer in transaction mode, pass ``pool_options={"statement_cache_size": 0}``.
+  PgBouncer in transaction mode, pass ``pool_options={"statement_cache_size": 0}``
+  and ``listen_for_stops=False``.
+- A state channel changed without going through a node's update (a value a
+  node returned and keeps mutating from elsewhere) is not seen as changed,
+  so it is not rewritten until it is updated or the next snapshot; as in
+  LangGraph, a channel's value is what its last update wrote.
+- Rows written with deltas read as JSON ``null`` state to agentrun versions
+  older than migration 11: do not roll runners back past it on live threads.
 """
 
 from __future__ import annotations
@@ -82,6 +102,7 @@ import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -101,11 +122,13 @@ from .base import (
     Owner,
     Progress,
     RunInputsRecord,
+    StopWatch,
     Turn,
     check_fence,
     claim,
     turn_fields,
 )
+from .pg_listen import StopListener
 from .pg_schema import (
     MAX_THREAD_ID_LENGTH,
     MIGRATIONS,
@@ -133,10 +156,6 @@ _SHARE_THREAD = "SELECT incarnation::text FROM threads WHERE thread_id = $1 FOR 
 # Read in a statement after the lock is granted: in READ COMMITTED each statement takes a new
 # snapshot, so this sees whatever the transaction we waited for committed.
 _OWNER = "SELECT run_uid, attempt FROM attempts WHERE thread_id = $1"
-_WRITE_HEAD = """
-    SELECT a.run_uid, a.attempt, (SELECT COALESCE(MAX(version), 0) FROM states WHERE thread_id = $1) AS version
-    FROM (SELECT 1) one LEFT JOIN attempts a ON a.thread_id = $1
-"""
 _SEEN_RUN = "SELECT EXISTS (SELECT 1 FROM thread_runs WHERE thread_id = $1 AND run_uid = $2)"
 # The thread row is locked FOR UPDATE and base.claim() decided under it, so the row simply takes
 # the new owner (a new AgentRun's attempt may be lower than the previous run's).
@@ -152,30 +171,13 @@ _RECORD_RUN = """
 
 # -- SQL: state and messages ------------------------------------------------------------------
 
-_INSERT_STATE = """
-    INSERT INTO states (thread_id, version, current_node, step, status, state_values, meta, message_count, attempt,
-                        run_uid)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
-    RETURNING extract(epoch FROM created_at)::float8
-"""
-# Upsert by index: an index below the stored count replaces a message (add_messages with a known id).
-_PUT_MESSAGE = """
-    INSERT INTO messages (thread_id, idx, message_id, body, version) VALUES ($1, $2, $3, $4, $5)
-    ON CONFLICT (thread_id, idx) DO UPDATE SET message_id = EXCLUDED.message_id, body = EXCLUDED.body,
-        version = EXCLUDED.version
-"""
-# The whole checkpoint in one statement and one round trip, autocommitted (pg_schema migration 8:
-# lock FOR UPDATE, fence, version check, a retry's own row, state, messages, turn). The transaction
-# of _put_txn below is kept for the crash tests' ``in_checkpoint_txn`` fault point only.
+# The whole checkpoint in one statement and one round trip, autocommitted (pg_schema migrations 8 and 11:
+# lock FOR UPDATE, fence, version check, a retry's own row, state or its delta, messages, turn). Inside
+# an explicit transaction only for the crash tests' ``in_checkpoint_txn`` fault point.
 _PUT_CHECKPOINT = """
     SELECT o_outcome, o_version, o_incarnation, o_created_at, o_owner_run_uid, o_owner_attempt
     FROM agentrun_put_checkpoint($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18,
-                                 $19, $20)
-"""
-# A retried write's own row, found by the id its meta carries (the first try committed unacknowledged).
-_OWN_STATE = """
-    SELECT extract(epoch FROM created_at)::float8 FROM states
-    WHERE thread_id = $1 AND version = $2 AND meta ->> 'write_id' = $3
+                                 $19, $20, $21::bigint, $22::text)
 """
 # The cheap head of a thread: what a cache entry must match exactly to be served.
 _HEAD_VERSION = """
@@ -183,10 +185,17 @@ _HEAD_VERSION = """
            (SELECT MAX(version) FROM states s WHERE s.thread_id = t.thread_id) AS version
     FROM threads t WHERE t.thread_id = $1
 """
+# The latest row and, when it is a delta (migration 11), every row back to its snapshot, oldest first:
+# the state is the snapshot's values with each delta applied in version order (``_fold``).
 _LATEST = """
-    SELECT s.version, s.current_node, s.step, s.status, s.state_values, s.meta, s.message_count,
-           extract(epoch FROM s.created_at)::float8 AS created_at
-    FROM states s WHERE s.thread_id = $1 ORDER BY s.version DESC LIMIT 1
+    WITH latest AS (
+        SELECT version, base_version FROM states WHERE thread_id = $1 ORDER BY version DESC LIMIT 1
+    )
+    SELECT s.version, s.base_version, s.current_node, s.step, s.status, s.state_values, s.state_delta, s.meta,
+           s.message_count, extract(epoch FROM s.created_at)::float8 AS created_at
+    FROM latest l JOIN states s ON s.thread_id = $1 AND s.version BETWEEN COALESCE(l.base_version, l.version)
+                                                                      AND l.version
+    ORDER BY s.version
 """
 _MESSAGES = "SELECT body FROM messages WHERE thread_id = $1 AND idx < $2 ORDER BY idx"
 _PROGRESS = """
@@ -201,15 +210,6 @@ _PROGRESS = """
     WHERE t.thread_id = $1 ORDER BY s.version DESC LIMIT 1
 """
 
-# Upsert in the checkpoint's transaction (the thread row is locked FOR UPDATE): a turn is recorded at
-# its first checkpoint and again at each interrupted or terminal one; started_at stays the first write's.
-_PUT_TURN = """
-    INSERT INTO turns (thread_id, request_key, run_uid, status, version, error, result, tool_calls)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-    ON CONFLICT (thread_id, request_key) DO UPDATE SET run_uid = EXCLUDED.run_uid, status = EXCLUDED.status,
-        version = EXCLUDED.version, error = EXCLUDED.error, result = EXCLUDED.result,
-        tool_calls = EXCLUDED.tool_calls, updated_at = now()
-"""
 _GET_TURN = """
     SELECT run_uid, status, version, error, result, tool_calls,
            extract(epoch FROM started_at)::float8 AS started_at, extract(epoch FROM updated_at)::float8 AS updated_at
@@ -314,6 +314,12 @@ _CONFIG = (
 # While an outage lasts, calls are at most this far apart (the longest backoff, and the stop poll):
 # a failure after a longer quiet spell starts a new outage with a fresh bound.
 _OUTAGE_GAP = 10.0
+# create_pool's own arguments: what the stop listener's plain connection must not be given.
+_POOL_ONLY = frozenset(
+    {"min_size", "max_size", "max_queries", "max_inactive_connection_lifetime", "setup", "init", "reset"}
+)
+# How many threads' chains a store remembers (a delta needs its writer to remember the chain).
+_MAX_CHAINS = 10_000
 # The meta key of a checkpoint's write id (stripped when a checkpoint is read).
 _WRITE_ID = "write_id"
 _PASSWORD_IN_URL = re.compile(r"(://[^:/@\s]*:)([^@\s]*)(@)")
@@ -410,6 +416,46 @@ async def _lock_thread(conn: Connection, thread_id: str, lock_sql: str) -> str:
     raise StorageError(f"thread {thread_id!r} was deleted while being written, three times in a row")
 
 
+@dataclass(frozen=True)
+class _Chain:
+    """What this store last committed on a thread: where the next delta may go (``PgCheckpointer._delta``)."""
+
+    incarnation: str
+    version: int
+    base: int  # the snapshot's version
+    deltas: int  # delta rows since it
+    delta_bytes: int
+    snapshot_bytes: int
+
+
+class _Rebase(Exception):
+    """The delta's chain is not the thread's latest (another writer, a new incarnation): send a snapshot."""
+
+
+def _fold(thread_id: str, rows: list[asyncpg.Record]) -> dict[str, Any]:
+    """The state of the last of ``rows``: the snapshot (first row) with each delta after it applied in order.
+
+    Raises ``StorageError`` when the rows are not one unbroken chain, rather
+    than return a state that was never written.
+    """
+    first = rows[0]
+    last = rows[-1]
+    if first["base_version"] is not None or len(rows) != last["version"] - first["version"] + 1:
+        raise StorageError(
+            f"thread {thread_id!r}: the state of version {last['version']} is a delta whose chain back to "
+            f"its snapshot (version {last['base_version']}) is incomplete"
+        )
+    values: dict[str, Any] = json.loads(first["state_values"])
+    for row in rows[1:]:
+        if row["base_version"] != first["version"] or row["state_delta"] is None:
+            raise StorageError(
+                f"thread {thread_id!r}: version {row['version']} does not continue the snapshot of version "
+                f"{first['version']}"
+            )
+        values.update(json.loads(row["state_delta"]))
+    return values
+
+
 class PgCheckpointer(Checkpointer):
     """``PgCheckpointer("postgresql://user@host/db")``; with Redis: ``open_store(dsn, redis_url=...)``.
 
@@ -418,6 +464,12 @@ class PgCheckpointer(Checkpointer):
     chosen when the schema is first created.
     ``retry_timeout``: how long an outage may last before calls raise
     ``StoreUnavailableError`` (seconds; 0: one try, no backoff).
+    ``listen_for_stops``: runs hear of stop requests by ``LISTEN`` on a
+    connection of their own (``pg_listen``); ``False`` polls instead (behind
+    PgBouncer in transaction mode). ``stop_sweep_interval``: how often that
+    connection is checked (seconds).
+    ``snapshot_every``: a state row holds only the channels its step changed,
+    with a full snapshot at least every this many rows (0: always full).
     """
 
     backend = "postgres"
@@ -435,6 +487,9 @@ class PgCheckpointer(Checkpointer):
         idle_in_transaction_timeout: float = 60.0,
         retry_timeout: float = 60.0,
         pool_options: dict[str, Any] | None = None,
+        listen_for_stops: bool = True,
+        stop_sweep_interval: float = 10.0,
+        snapshot_every: int = 256,
     ) -> None:
         self.dsn = dsn
         self.retry_timeout = max(0.0, retry_timeout)
@@ -463,6 +518,12 @@ class PgCheckpointer(Checkpointer):
         # ledger_get calls waiting for this loop turn's one query, by thread: key -> its waiters.
         self._lookups: dict[str, dict[str, list[asyncio.Future[LedgerEntry | None]]]] = {}
         self._lookup_tasks: set[asyncio.Task[None]] = set()
+        self.listen_for_stops = listen_for_stops
+        self.stop_sweep_interval = stop_sweep_interval
+        self._stop_listener: StopListener | None = None
+        self.snapshot_every = max(0, snapshot_every)
+        # Per thread, what this store last committed (the chain a delta continues).
+        self._chains: dict[str, _Chain] = {}
 
     # -- plumbing ------------------------------------------------------------------------
 
@@ -613,6 +674,9 @@ class PgCheckpointer(Checkpointer):
         await self._call("setup", self._get_pool)
 
     async def aclose(self) -> None:
+        if self._stop_listener is not None:
+            listener, self._stop_listener = self._stop_listener, None
+            await listener.aclose()
         if self._pool is not None:
             pool, self._pool = self._pool, None
             try:
@@ -629,14 +693,15 @@ class PgCheckpointer(Checkpointer):
 
     @staticmethod
     async def _load_txn(conn: Connection, thread_id: str) -> Checkpoint | None:
-        row = await conn.fetchrow(_LATEST, thread_id)
-        if row is None:
+        rows = await conn.fetch(_LATEST, thread_id)
+        if not rows:
             return None
+        row = rows[-1]
         bodies = [r["body"] for r in await conn.fetch(_MESSAGES, thread_id, row["message_count"])]
         return Checkpoint(
             thread_id=thread_id,
             version=int(row["version"]),
-            values=json.loads(row["state_values"]),
+            values=_fold(thread_id, rows),
             messages=[Message.from_json(json.loads(body)) for body in bodies],
             current_node=row["current_node"],
             step=row["step"],
@@ -662,7 +727,6 @@ class PgCheckpointer(Checkpointer):
         run_uid: str | None = None,
     ) -> Commit:
         check_thread_id(thread_id)
-        values = _dumps(write.values, what="state")
         # The id lets a retry recognize its own row when the first try's COMMIT went unacknowledged.
         write_id = uuid.uuid4().hex
         meta = _dumps({**write.meta, _WRITE_ID: write_id}, what="run metadata")
@@ -680,12 +744,12 @@ class PgCheckpointer(Checkpointer):
                 _dumps(fields["tool_calls"], what="the turn's tool calls"),
             )
         )
-        if not armed("in_checkpoint_txn"):
-            arrays = (
-                [i for i, _, _ in bodies],
-                [mid for _, mid, _ in bodies],
-                [body for _, _, body in bodies],
-            )
+        # Taken out while the write is in flight: after any failure the next write is a snapshot.
+        chain = self._chains.pop(thread_id, None)
+        delta = self._delta(chain, write, expected_version)
+        while True:
+            values = delta if delta is not None else _dumps(write.values, what="state")
+            base = (chain.base, chain.incarnation) if delta is not None and chain is not None else (None, None)
             args = (
                 thread_id,
                 expected_version,
@@ -698,28 +762,60 @@ class PgCheckpointer(Checkpointer):
                 values,
                 meta,
                 write.message_count,
-                *arrays,
+                [i for i, _, _ in bodies],
+                [mid for _, mid, _ in bodies],
+                [body for _, _, body in bodies],
                 *(turn if turn is not None else (None,) * 6),
+                *base,
             )
-            return await self._call(
-                "checkpoint", lambda: self._put_one_statement(thread_id, args, expected_version, attempt, run_uid)
+            try:
+                commit = await self._call(
+                    "checkpoint",
+                    lambda args=args: self._put_one_statement(  # type: ignore[misc]
+                        thread_id, args, expected_version, attempt, run_uid
+                    ),
+                )
+            except _Rebase:
+                log.info("checkpoint of %s: the delta's chain moved on; writing a full snapshot", thread_id)
+                delta = None
+                continue
+            break
+        if len(self._chains) >= _MAX_CHAINS:
+            self._chains.clear()
+        if delta is not None and chain is not None:
+            self._chains[thread_id] = _Chain(
+                chain.incarnation,
+                commit.version,
+                chain.base,
+                chain.deltas + 1,
+                chain.delta_bytes + len(values),
+                chain.snapshot_bytes,
             )
-        return await self._write(
-            "checkpoint",
-            lambda conn: self._put_txn(
-                conn,
-                thread_id,
-                write,
-                values=values,
-                meta=meta,
-                bodies=bodies,
-                expected_version=expected_version,
-                attempt=attempt,
-                run_uid=run_uid,
-                write_id=write_id,
-                turn=turn,
-            ),
-        )
+        else:
+            self._chains[thread_id] = _Chain(commit.incarnation, commit.version, commit.version, 0, 0, len(values))
+        return commit
+
+    def _delta(self, chain: _Chain | None, write: CheckpointWrite, expected_version: int) -> str | None:
+        """The JSON of only the channels ``write`` changed, when it may go on top of ``chain``; else ``None``.
+
+        A snapshot instead when this store did not write the version the run
+        starts from, when every channel changed, after ``snapshot_every``
+        deltas, or once the deltas since the snapshot add up to its size: a
+        restore reads at most ``snapshot_every + 1`` rows and about twice the
+        state's size.
+        """
+        if (
+            chain is None
+            or write.changed is None
+            or chain.version != expected_version
+            or chain.deltas >= self.snapshot_every
+        ):
+            return None
+        changed = {k: v for k, v in write.values.items() if k in write.changed}
+        if len(changed) == len(write.values):
+            return None
+        text = _dumps(changed, what="state")
+        return text if chain.delta_bytes + len(text) <= chain.snapshot_bytes else None
 
     async def _put_one_statement(
         self, thread_id: str, args: tuple[Any, ...], expected_version: int, attempt: int | None, run_uid: str | None
@@ -728,7 +824,14 @@ class PgCheckpointer(Checkpointer):
         pool = await self._get_pool()
         async with pool.acquire() as conn:
             try:
-                row = await conn.fetchrow(_PUT_CHECKPOINT, *args)
+                if armed("in_checkpoint_txn"):
+                    # The crash tests' fault point: killed after the insert, before the commit.
+                    async with conn.transaction():
+                        row = await conn.fetchrow(_PUT_CHECKPOINT, *args)
+                        if row is not None and row["o_outcome"] == "ok":
+                            fault_point("in_checkpoint_txn", str(row["o_version"]))
+                else:
+                    row = await conn.fetchrow(_PUT_CHECKPOINT, *args)
             except asyncpg.UniqueViolationError as e:
                 # Unreachable while every writer takes the row lock; kept as the documented backstop.
                 raise StaleStateError(thread_id, expected_version, expected_version + 1) from e
@@ -745,60 +848,9 @@ class PgCheckpointer(Checkpointer):
             owner = Owner(row["o_owner_run_uid"], int(row["o_owner_attempt"]))
             check_fence(thread_id, owner, attempt=attempt, run_uid=run_uid)
             raise FencedError(f"thread {thread_id!r} is owned by another attempt; this attempt must stop")
+        if outcome == "rebase":
+            raise _Rebase()
         raise StorageError(f"thread {thread_id!r} was deleted while being written, three times in a row")
-
-    @staticmethod
-    async def _put_txn(
-        conn: Connection,
-        thread_id: str,
-        write: CheckpointWrite,
-        *,
-        values: str,
-        meta: str,
-        bodies: list[tuple[int, str | None, str]],
-        expected_version: int,
-        attempt: int | None,
-        run_uid: str | None,
-        write_id: str,
-        turn: tuple[str, str | None, str, str | None, str | None, str] | None = None,
-    ) -> Commit:
-        incarnation = await _lock_thread(conn, thread_id, _LOCK_THREAD)
-        head = await conn.fetchrow(_WRITE_HEAD, thread_id)
-        assert head is not None  # a join onto one constant row always returns one row
-        check_fence(thread_id, _owner(head), attempt=attempt, run_uid=run_uid)
-        current = int(head["version"])
-        if current != expected_version:
-            # A retry whose first try committed (the acknowledgement was lost): that commit is the answer.
-            committed_at = await conn.fetchval(_OWN_STATE, thread_id, expected_version + 1, write_id)
-            if committed_at is not None:
-                log.info("checkpoint version %d of %s had committed before the retry", expected_version + 1, thread_id)
-                return Commit(expected_version + 1, incarnation, float(committed_at))
-            raise StaleStateError(thread_id, expected_version, current)
-        version = current + 1
-        try:
-            created_at = await conn.fetchval(
-                _INSERT_STATE,
-                thread_id,
-                version,
-                write.current_node,
-                write.step,
-                write.status,
-                values,
-                meta,
-                write.message_count,
-                attempt,
-                run_uid,
-            )
-        except asyncpg.UniqueViolationError as e:
-            # Unreachable while every writer takes the row lock; kept as the documented backstop.
-            raise StaleStateError(thread_id, expected_version, version) from e
-        if bodies:
-            await conn.executemany(_PUT_MESSAGE, [(thread_id, i, mid, body, version) for i, mid, body in bodies])
-        if turn is not None:
-            key, turn_run_uid, status, error, result, tool_calls = turn
-            await conn.execute(_PUT_TURN, thread_id, key, turn_run_uid, status, version, error, result, tool_calls)
-        fault_point("in_checkpoint_txn", str(version))
-        return Commit(version, incarnation, float(created_at))
 
     async def aget_progress(self, thread_id: str) -> Progress | None:
         """Latest version, node, step, owner and outcome from one indexed query (no messages read)."""
@@ -1096,11 +1148,27 @@ class PgCheckpointer(Checkpointer):
         reason = await self._read("stop poll", lambda conn: conn.fetchval(_STOP_REQUESTED, thread_id), patient=False)
         return None if reason is None else str(reason)
 
+    async def watch_stops(self, thread_id: str) -> StopWatch:
+        """A watch due when a stop request for ``thread_id`` is notified (``pg_listen``), polling while unheard."""
+        if not self.listen_for_stops:
+            return StopWatch()
+        if self._stop_listener is None:
+            self._stop_listener = StopListener(self._connect_listener, sweep_interval=self.stop_sweep_interval)
+        return self._stop_listener.watch(thread_id)
+
+    async def _connect_listener(self) -> asyncpg.Connection[asyncpg.Record]:
+        """A connection of its own for LISTEN, with the pool's settings; raises what asyncpg raises."""
+        await self._get_pool()  # the schema (and its notifying trigger) exists before anyone listens
+        options = {k: v for k, v in self._pool_kwargs.items() if k not in _POOL_ONLY}
+        settings = {**options.pop("server_settings", {}), "application_name": "agentrun-stop-listener"}
+        return await asyncpg.connect(self.dsn, server_settings=settings, **options)
+
     async def clear_stop(self, thread_id: str) -> None:
         await self._write("stop acknowledgement", lambda conn: conn.execute(_CLEAR_STOP, thread_id))
 
     async def delete_thread(self, thread_id: str) -> None:
         """Delete the thread; states, messages, ledger, intents, stop request and owner go by cascade."""
+        self._chains.pop(thread_id, None)
         await self._write("thread deletion", lambda conn: conn.execute(_DELETE_THREAD, thread_id))
 
     async def list_threads(self) -> list[str]:

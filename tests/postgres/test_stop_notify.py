@@ -1,0 +1,199 @@
+"""Stop requests heard as notifications (migration 11, ``pg_listen``): fast stops without a query per interval.
+
+What is protected: a stop lands within the 2 s contract while a node runs
+and between fast steps, whoever writes the request (``request_stop``, raw
+SQL as an older operator would); a listening run does not ask the store
+between notifications; a lost listener connection falls back to polling
+and reconnects; ``listen_for_stops=False`` polls as before; a run shorter
+than ``stop_poll_interval`` opens no listener connection; nothing is left
+behind (no task, no connection) when the run ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, TypedDict
+
+import pytest
+
+from agentrun import END, START, RunStopped, StateGraph
+from agentrun.checkpoint.postgres import PgCheckpointer
+
+from .helpers import fetch, fetchval, wait_until
+
+LISTENER = "agentrun-stop-listener"
+
+
+class CountingPg(PgCheckpointer):
+    """Counts the runner's stop checks (each is a query on the pool)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.checks = 0
+
+    async def stop_requested(self, thread_id: str) -> str | None:
+        self.checks += 1
+        return await super().stop_requested(thread_id)
+
+
+class Counter(TypedDict, total=False):
+    n: int
+
+
+def looping_graph(delay: float, steps: int = 100_000) -> StateGraph:
+    """One node looping on itself every ``delay`` seconds: many fast steps."""
+
+    async def tick(state: Counter) -> dict[str, Any]:
+        await asyncio.sleep(delay)
+        return {"n": state.get("n", 0) + 1}
+
+    g = StateGraph(Counter)
+    g.add_node("tick", tick)
+    g.add_edge(START, "tick")
+    g.add_conditional_edges("tick", lambda s: END if s["n"] >= steps else "tick")
+    return g
+
+
+async def listeners(dsn: str) -> list[int]:
+    rows = await fetch(dsn, "SELECT pid FROM pg_stat_activity WHERE application_name = $1", LISTENER)
+    return [r["pid"] for r in rows]
+
+
+async def start(app: Any, thread: str, **config: Any) -> asyncio.Task[Any]:
+    config = {"thread_id": thread, "recursion_limit": 1_000_000, **config}
+    return asyncio.create_task(app.ainvoke({"n": 0}, config))
+
+
+async def stopped_within(task: asyncio.Task[Any], seconds: float) -> float:
+    """Seconds until ``task`` raised ``RunStopped``; fails if it did not within ``seconds``."""
+    started = time.monotonic()
+    with pytest.raises(RunStopped):
+        await asyncio.wait_for(task, seconds)
+    return time.monotonic() - started
+
+
+async def test_a_listening_run_asks_the_store_only_when_a_stop_is_notified(pg_dsn: str) -> None:
+    runner = CountingPg(pg_dsn)
+    operator = PgCheckpointer(pg_dsn, listen_for_stops=False)
+    try:
+        task = await start(looping_graph(0.005).compile(runner), "t")
+
+        async def listening() -> bool:
+            return bool(await listeners(pg_dsn))
+
+        await wait_until(listening, what="the runner to LISTEN for stop requests")
+        await asyncio.sleep(0.3)  # the listener's first sweep has run
+        before = runner.checks
+        await asyncio.sleep(3)
+        quiet = runner.checks - before
+        assert quiet == 0, f"a listening run asked the store {quiet} times in 3 s without a stop request"
+        await operator.request_stop("t", "operator")
+        took = await stopped_within(task, 2)
+        assert took < 1.0, f"a notified stop took {took:.2f}s"
+    finally:
+        await runner.aclose()
+        await operator.aclose()
+    assert not await listeners(pg_dsn), "the listener connection outlived the store"
+
+
+async def test_a_stop_written_by_raw_sql_notifies_a_run_inside_a_long_node(pg_dsn: str) -> None:
+    """The trigger notifies for any writer (an older operator, psql), and the node is cancelled."""
+    runner = CountingPg(pg_dsn)
+    try:
+        app = looping_graph(3600, steps=1).compile(runner)
+        task = await start(app, "t")
+
+        async def listening() -> bool:
+            return bool(await listeners(pg_dsn))
+
+        await wait_until(listening, what="the runner to LISTEN for stop requests")
+        await asyncio.sleep(0.3)
+        await fetch(pg_dsn, "INSERT INTO threads (thread_id) VALUES ('t') ON CONFLICT DO NOTHING")
+        await fetch(pg_dsn, "INSERT INTO stop_requests (thread_id, reason) VALUES ('t', 'psql')")
+        took = await stopped_within(task, 2)
+        assert took < 1.0, f"a stop inside a running node took {took:.2f}s"
+        state = await runner.aget("t")
+        assert state is not None and state.status == "stopped" and state.meta["stop_reason"] == "psql"
+        assert await runner.stop_requested("t") is None, "the stop request was not acknowledged"
+    finally:
+        await runner.aclose()
+
+
+async def test_a_lost_listener_falls_back_to_polling_and_listens_again(pg_dsn: str) -> None:
+    runner = CountingPg(pg_dsn)
+    try:
+        task = await start(looping_graph(0.005).compile(runner), "t")
+
+        async def listening() -> bool:
+            return bool(await listeners(pg_dsn))
+
+        await wait_until(listening, what="the runner to LISTEN for stop requests")
+        [pid] = await listeners(pg_dsn)
+        assert await fetchval(pg_dsn, "SELECT pg_terminate_backend($1)", pid)
+        # Requested while the listener is down: no notification reaches this run.
+        await fetch(pg_dsn, "INSERT INTO stop_requests (thread_id, reason) VALUES ('t', 'while down')")
+        took = await stopped_within(task, 2)
+        assert took < 2.0
+    finally:
+        await runner.aclose()
+
+    runner = CountingPg(pg_dsn)
+    try:
+        task = await start(looping_graph(0.005).compile(runner), "u")
+        await wait_until(listening, what="the first listener")
+        [first] = await listeners(pg_dsn)
+        await fetchval(pg_dsn, "SELECT pg_terminate_backend($1)", first)
+
+        async def relistening() -> bool:
+            pids = await listeners(pg_dsn)
+            return bool(pids) and pids != [first]
+
+        await wait_until(relistening, within=10, what="the listener to reconnect")
+        await asyncio.sleep(0.3)
+        before = runner.checks
+        await asyncio.sleep(2)
+        assert runner.checks - before == 0, "the run kept polling after the listener reconnected"
+        await runner.request_stop("u", "after reconnect")
+        await stopped_within(task, 2)
+    finally:
+        await runner.aclose()
+
+
+async def test_without_listening_a_run_polls_and_still_stops(pg_dsn: str) -> None:
+    runner = CountingPg(pg_dsn, listen_for_stops=False)
+    try:
+        task = await start(looping_graph(0.005).compile(runner), "t", stop_poll_interval=0.25)
+        await asyncio.sleep(1.5)
+        assert runner.checks >= 4, f"a polling run checked only {runner.checks} times in 1.5 s"
+        assert not await listeners(pg_dsn), "listen_for_stops=False opened a listener connection"
+        await runner.request_stop("t")
+        await stopped_within(task, 2)
+    finally:
+        await runner.aclose()
+
+
+async def test_a_short_run_opens_no_listener_and_leaves_nothing_running(pg_dsn: str) -> None:
+    runner = CountingPg(pg_dsn)
+    try:
+        values = await looping_graph(0.001, steps=20).compile(runner).ainvoke({"n": 0}, {"thread_id": "t"})
+        assert values["n"] == 20
+        assert runner.checks == 1, "a short run checks once, before its first node"
+        assert not await listeners(pg_dsn)
+        # A long one listens while it runs, and its connection closes when it ends.
+        app = looping_graph(0.005, steps=300).compile(runner)
+        task = await start(app, "long")
+
+        async def listening() -> bool:
+            return bool(await listeners(pg_dsn))
+
+        await wait_until(listening, what="the long run to LISTEN")
+        await asyncio.wait_for(task, 30)
+        assert not [t for t in asyncio.all_tasks() if t.get_name() == "agentrun:stop-listener" and not t.done()]
+
+        async def closed() -> bool:
+            return not await listeners(pg_dsn)
+
+        await wait_until(closed, within=5, what="the listener connection to close with the last run")
+    finally:
+        await runner.aclose()
