@@ -2,6 +2,8 @@
 
 - plain: ``NODES`` nodes in a chain, each appending an int to a list channel.
 - msg: the same chain, each node appending a ~200-byte assistant message.
+- big: the same chain over a state holding an unchanged ``BIG`` (~100 KB) channel,
+  each node bumping a counter: what a step costs when most of the state did not change.
 - tools: a scripted model that asks for 3 parallel tool calls ``ITERATIONS``
   times, then answers; a tool node runs them (agentrun: with the ledger and,
   for the side-effecting tool, an intent).
@@ -18,6 +20,7 @@ from typing import Annotated, Any, TypedDict
 NODES = 50
 ITERATIONS = 20
 BODY = "x" * 200  # the ~200-byte message of the msg shape
+BIG = "y" * 100_000  # the unchanged channel of the big shape
 
 
 def _append(i: int) -> Any:
@@ -49,6 +52,29 @@ def agentrun_plain_graph(nodes: int = NODES) -> Any:
 
 def agentrun_plain(checkpointer: Any, nodes: int = NODES) -> Any:
     return agentrun_plain_graph(nodes).compile(checkpointer)
+
+
+class BigState(TypedDict, total=False):
+    big: str
+    n: int
+
+
+def _bump(state: dict[str, Any]) -> dict[str, Any]:
+    return {"n": state["n"] + 1}
+
+
+def _big_graph(graph: Any, start: Any, end: Any, nodes: int) -> Any:
+    for i in range(nodes):
+        graph.add_node(f"n{i}", _bump)
+        graph.add_edge(start if i == 0 else f"n{i - 1}", f"n{i}")
+    graph.add_edge(f"n{nodes - 1}", end)
+    return graph
+
+
+def agentrun_big(checkpointer: Any, nodes: int = NODES) -> Any:
+    from agentrun import END, START, StateGraph
+
+    return _big_graph(StateGraph(BigState), START, END, nodes).compile(checkpointer)
 
 
 def agentrun_msg(checkpointer: Any, nodes: int = NODES) -> Any:
@@ -118,6 +144,12 @@ def langgraph_plain(saver: Any, nodes: int = NODES) -> Any:
         graph.add_edge(START if i == 0 else f"n{i - 1}", f"n{i}")
     graph.add_edge(f"n{nodes - 1}", END)
     return graph.compile(checkpointer=saver)
+
+
+def langgraph_big(saver: Any, nodes: int = NODES) -> Any:
+    from langgraph.graph import END, START, StateGraph
+
+    return _big_graph(StateGraph(BigState), START, END, nodes).compile(checkpointer=saver)
 
 
 def langgraph_msg(saver: Any, nodes: int = NODES) -> Any:

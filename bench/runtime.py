@@ -206,6 +206,25 @@ def agentrun_step_job(kind: str) -> Callable[[Params], Awaitable[dict[str, Any]]
     return job
 
 
+async def job_agentrun_big(p: Params) -> dict[str, Any]:
+    """The plain chain over a state whose ~100 KB channel no step changes (each node bumps a counter)."""
+    from bench.counting import Counter
+
+    from .graphs import BIG, agentrun_big
+
+    counter = Counter()
+    samples, trips, txns = [], [], []
+    async with agentrun_store("postgres", counter) as store:
+        app = agentrun_big(store, p.nodes)
+        await agentrun_run(app, {"big": BIG, "n": 0}, f"warm-{uuid.uuid4().hex}")
+        for _ in range(p.runs):
+            out = await agentrun_run(app, {"big": BIG, "n": 0}, f"big-{uuid.uuid4().hex}", counter=counter)
+            samples.append(out["ms"])
+            trips.append(out["round_trips"])
+            txns.append(out["transactions"])
+    return {"samples": samples, "round_trips_per_step": trips, "transactions_per_step": txns}
+
+
 def agentrun_msg_job(history: int) -> Callable[[Params], Awaitable[dict[str, Any]]]:
     async def job(p: Params) -> dict[str, Any]:
         from agentrun.messages import user
@@ -270,6 +289,18 @@ async def job_langgraph_step(p: Params) -> dict[str, Any]:
         await langgraph_run(app, {"items": []}, f"warm-{uuid.uuid4().hex}")
         for _ in range(p.runs):
             samples.append(await langgraph_run(app, {"items": []}, f"lgplain-{uuid.uuid4().hex}"))
+    return {"samples": samples}
+
+
+async def job_langgraph_big(p: Params) -> dict[str, Any]:
+    from .graphs import BIG, langgraph_big
+
+    samples = []
+    async with langgraph_saver() as saver:
+        app = langgraph_big(saver, p.nodes)
+        await langgraph_run(app, {"big": BIG, "n": 0}, f"warm-{uuid.uuid4().hex}")
+        for _ in range(p.runs):
+            samples.append(await langgraph_run(app, {"big": BIG, "n": 0}, f"lgbig-{uuid.uuid4().hex}"))
     return {"samples": samples}
 
 
@@ -370,6 +401,7 @@ def jobs(p: Params) -> dict[str, Callable[[Params], Awaitable[dict[str, Any]]]]:
         "agentrun_step_ms_sqlite": agentrun_step_job("sqlite"),
         "agentrun_step_ms_memory": agentrun_step_job("memory"),
         "agentrun_tool_iteration_ms": job_agentrun_tools,
+        "agentrun_step_ms_big_state": job_agentrun_big,
         "runner_cold_start_ms": job_cold_start,
     }
     for h in p.histories:
@@ -377,6 +409,7 @@ def jobs(p: Params) -> dict[str, Callable[[Params], Awaitable[dict[str, Any]]]]:
     if langgraph_available():
         table["langgraph_step_ms"] = job_langgraph_step
         table["langgraph_tool_iteration_ms"] = job_langgraph_tools
+        table["langgraph_step_ms_big_state"] = job_langgraph_big
         for h in p.histories:
             table[f"langgraph_step_ms_msg_h{h}"] = langgraph_msg_job(h)
     return table
@@ -391,6 +424,7 @@ BASELINE_JOBS = (
     "agentrun_step_ms_msg_h0",
     "agentrun_step_ms_msg_h1000",
     "agentrun_step_ms_msg_h10000",
+    "agentrun_step_ms_big_state",
 )
 
 
@@ -541,7 +575,12 @@ async def drive(
     with contextlib.suppress(OSError):
         report["meta"]["machine"]["loadavg_end"] = Path("/proc/loadavg").read_text().split()[:3]
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+    # Merged, not replaced: other benchmarks keep their own keys in the same file (bench/operator.py: "operator").
+    existing: dict[str, Any] = {}
+    if out.exists():
+        with contextlib.suppress(ValueError):
+            existing = json.loads(out.read_text())
+    out.write_text(json.dumps({**existing, **report}, indent=1, sort_keys=True) + "\n")
     return report
 
 
@@ -589,6 +628,8 @@ def build_report(raw: dict[str, list[dict[str, Any]]], *, rounds: int, baseline:
         "langgraph_h10000_over_h0": ("langgraph_step_ms_msg_h10000", "langgraph_step_ms_msg_h0"),
         "langgraph_msg_over_agentrun_msg_h0": ("langgraph_step_ms_msg_h0", "agentrun_step_ms_msg_h0"),
         "langgraph_msg_over_agentrun_msg_h10000": ("langgraph_step_ms_msg_h10000", "agentrun_step_ms_msg_h10000"),
+        "agentrun_big_state_over_step": ("agentrun_step_ms_big_state", "agentrun_step_ms"),
+        "langgraph_big_state_over_agentrun": ("langgraph_step_ms_big_state", "agentrun_step_ms_big_state"),
     }
     if baseline:
         for name in BASELINE_JOBS:
