@@ -206,6 +206,8 @@ class DevCluster:
             AGENTRUN_OPERATOR_POD_GRACE_SECONDS="10",
             AGENTRUN_OPERATOR_LOCAL_STORES="true",
         )
+        if not self.postgres_dsn:  # SQLite cannot notify the operator of progress: a resync every second shows it
+            env["AGENTRUN_OPERATOR_RESYNC_INTERVAL_SECONDS"] = "1"
         env.update(self.operator_env)
         with self.operator_log.open("ab") as log:
             self.operator = subprocess.Popen(

@@ -1,0 +1,238 @@
+"""``kubectl agentrun`` through the real kubectl binary against the emulated cluster and the real operator.
+
+kubectl discovers the plugin on PATH (the virtualenv's ``bin``, where
+``pip install`` put ``kubectl-agentrun``), exactly as a user's kubectl does;
+the plugin reads the AgentRun, its Events and its pods and patches the spec,
+with nothing but the kubeconfig. Runner pods are real processes on the
+kubelet stand-in, the store is the real PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from examples.support_agent import count_effects
+from kubesim import KUBECTL, EmulatedCluster, KubeletThread
+from tests.cluster.operator_harness import OperatorProcess, agentrun, apply, start_operator
+from tests.support.databases import create_database, drop_database
+
+pytestmark = pytest.mark.timeout(180)
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="module")
+def dsn() -> Iterator[str]:
+    database = asyncio.run(create_database())
+    try:
+        yield database
+    finally:
+        asyncio.run(drop_database(database))
+
+
+@pytest.fixture
+def operator(cluster: EmulatedCluster, kubelet: KubeletThread, dsn: str, tmp_path: Path) -> Iterator[OperatorProcess]:
+    secret = cluster.kubectl("create", "secret", "generic", "agentrun-store", f"--from-literal=postgresDsn={dsn}")
+    assert secret.returncode == 0, secret.stderr
+    process = start_operator(cluster, tmp_path)
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+def plugin_env(cluster: EmulatedCluster) -> dict[str, str]:
+    """The user's shell: KUBECONFIG set, the virtualenv's bin (with kubectl-agentrun) on PATH."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBE", "AGENTRUN_"))}
+    env["KUBECONFIG"] = str(cluster.kubeconfig)
+    env["PATH"] = os.pathsep.join([str(BIN), env.get("PATH", "/usr/bin:/bin")])
+    return env
+
+
+def agentrun_cli(cluster: EmulatedCluster, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """``kubectl agentrun ARGS``: the real kubectl, which finds the plugin on PATH."""
+    return subprocess.run(
+        [KUBECTL, "agentrun", *args], capture_output=True, text=True, env=plugin_env(cluster), timeout=timeout
+    )
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, f"kubectl agentrun failed ({result.returncode}): {result.stderr}{result.stdout}"
+    return result.stdout
+
+
+def status(cluster: EmulatedCluster, name: str) -> dict[str, Any]:
+    return (cluster.get("agentruns", name) or {}).get("status") or {}
+
+
+def wait_phase(cluster: EmulatedCluster, operator: OperatorProcess, name: str, phase: str, timeout: float = 60) -> Any:
+    try:
+        return cluster.wait_for(
+            lambda: (s := status(cluster, name)).get("phase") == phase and s,
+            timeout=timeout,
+            interval=0.1,
+            message=f"{name} in phase {phase}",
+        )
+    except AssertionError:
+        raise AssertionError(
+            f"{name} never reached {phase}: {status(cluster, name)}\noperator log:\n{operator.log()[-3000:]}"
+        ) from None
+
+
+def approval_run(name: str, effects: Path) -> dict[str, Any]:
+    """examples/approval.yaml, with the effects file in the test's folder."""
+    manifest = yaml.safe_load((ROOT / "examples" / "approval.yaml").read_text())
+    manifest["metadata"]["name"] = name
+    manifest["spec"]["threadId"] = name
+    manifest["spec"]["podTemplate"]["env"] = [{"name": "SUPPORT_EFFECTS_DB", "value": str(effects)}]
+    return dict(manifest)
+
+
+def test_kubectl_finds_the_plugin_on_path(cluster: EmulatedCluster) -> None:
+    plugins = subprocess.run(
+        [KUBECTL, "plugin", "list"], capture_output=True, text=True, env=plugin_env(cluster), timeout=30
+    )
+    assert str(BIN / "kubectl-agentrun") in plugins.stdout, plugins.stdout + plugins.stderr
+    assert "No AgentRuns" in ok(agentrun_cli(cluster, "list")) + agentrun_cli(cluster, "list").stderr
+
+
+def test_unknown_run_is_a_clear_error(cluster: EmulatedCluster) -> None:
+    for command in ("describe", "approve", "reject", "stop", "logs", "watch"):
+        result = agentrun_cli(cluster, command, "no-such-run")
+        assert result.returncode == 1, f"{command}: {result.stdout}{result.stderr}"
+        assert 'agentrun "no-such-run" not found in namespace "default"' in result.stderr, (command, result.stderr)
+        assert "Traceback" not in result.stderr
+
+
+def test_a_crash_and_a_replay_show_in_list_describe_logs_and_watch(
+    cluster: EmulatedCluster, kubelet: KubeletThread, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    effects = tmp_path / "effects.db"
+    manifest = agentrun(
+        "replayed",
+        thread="replayed",
+        effects=effects,
+        env={"SUPPORT_TOOL_DELAY": "0.2", "SUPPORT_TOOL_DELAY_SEND_RECEIPT": "4"},
+        restartPolicy={"maxRestarts": 3, "backoffSeconds": 1},
+    )
+    apply(cluster, manifest)
+    watch = subprocess.Popen(
+        [KUBECTL, "agentrun", "watch", "replayed"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=plugin_env(cluster),
+    )
+    try:
+        # The card is charged (and recorded); the receipt is still being sent: a SIGKILL now.
+        cluster.wait_for(lambda: count_effects(str(effects))["charges"] == 1, timeout=60, message="the charge")
+        time.sleep(0.3)
+        kubelet.kill("replayed-1")
+        wait_phase(cluster, operator, "replayed", "Succeeded", timeout=90)
+        out, err = watch.communicate(timeout=30)
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+            watch.wait()
+    assert watch.returncode == 0, f"watch must exit 0 on Succeeded: {out}{err}"
+    shown = out.splitlines()
+    assert any("Running" in line and "attempt=1" in line for line in shown), out
+    assert any("attempt=2" in line for line in shown), out
+    assert "Succeeded" in shown[-2] or "Succeeded" in shown[-1], out
+    assert len(shown) == len(set(shown)), f"watch printed identical lines: {out}"
+
+    listing = ok(agentrun_cli(cluster, "list")).splitlines()
+    assert listing[0].split() == ["NAME", "PHASE", "NODE", "VERSION", "ATTEMPT", "AGE", "WAITING"]
+    row = next(line.split() for line in listing if line.startswith("replayed "))
+    assert row[1:3] == ["Succeeded", "__end__"] and row[4] == "2", listing
+
+    described = ok(agentrun_cli(cluster, "describe", "replayed"))
+    attempts = described[described.index("Attempts:") : described.index("Events:")].splitlines()
+    assert len(attempts) == 4, f"two attempts and a header: {described}"
+    first, second = attempts[2].split(), attempts[3].split()
+    assert first[:2] == ["1", "replayed-1"] and "Crashed" in first and "137" in first, described
+    assert second[:2] == ["2", "replayed-2"] and "Completed" in second, described
+    assert "replayed from the ledger 2" in described, f"the replayed calls must show: {described}"
+    assert "BackOff" in described and "Completed" in described, "the run's Events must show"
+
+    logs = ok(agentrun_cli(cluster, "logs", "replayed"))
+    one, two = logs.split("==> attempt 2, pod replayed-2 <==")
+    assert one.startswith("==> attempt 1, pod replayed-1 <==")
+    assert "executed " in one and "(charge_card)" in one, f"attempt 1 ran the charge: {one}"
+    assert "replayed " in two and "(charge_card) from the ledger" in two, f"attempt 2 replayed it: {two}"
+    only = ok(agentrun_cli(cluster, "logs", "replayed", "--attempt", "2"))
+    assert only.startswith("==> attempt 2") and "attempt 1" not in only
+    missing = agentrun_cli(cluster, "logs", "replayed", "--attempt", "7")
+    assert missing.returncode == 1 and "has no attempt 7 (attempts: 1, 2)" in missing.stderr
+    assert count_effects(str(effects))["charges"] == 1
+
+
+def test_approve_resumes_an_interrupted_run_to_succeeded(
+    cluster: EmulatedCluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    effects = tmp_path / "effects.db"
+    apply(cluster, approval_run("refund", effects))
+    paused = wait_phase(cluster, operator, "refund", "Interrupted")
+    listing = ok(agentrun_cli(cluster, "list"))
+    assert "refund 49.99 for order 4821?" in listing, listing
+    described = ok(agentrun_cli(cluster, "describe", "refund"))
+    assert "Waiting for:  refund 49.99 for order 4821?" in described, described
+    assert paused["interrupt"]["id"] in described and '"amount_cents": 4999' in described, described
+
+    bad = agentrun_cli(cluster, "approve", "refund", "--value", "{amount: 10}")
+    assert bad.returncode == 1 and "--value is not JSON" in bad.stderr, bad.stderr
+    wrong = agentrun_cli(cluster, "approve", "refund", "--id", "nope")
+    assert wrong.returncode == 1 and "not nope" in wrong.stderr, wrong.stderr
+    assert status(cluster, "refund")["phase"] == "Interrupted", "a refused answer must not resume the run"
+
+    said = ok(agentrun_cli(cluster, "approve", "refund", "--value", '{"amount_cents": 2000}'))
+    assert "approved" in said
+    final = wait_phase(cluster, operator, "refund", "Succeeded")
+    assert final["result"]["message"] == "Your refund is on its way."
+    assert count_effects(str(effects))["refunds"] == 1
+    again = agentrun_cli(cluster, "approve", "refund")
+    assert again.returncode == 1, again.stdout
+    assert "agentrun refund is not waiting for approval: its phase is Succeeded" in again.stderr, again.stderr
+
+
+def test_reject_answers_false_and_the_run_declines(
+    cluster: EmulatedCluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    effects = tmp_path / "effects.db"
+    apply(cluster, approval_run("declined", effects))
+    wait_phase(cluster, operator, "declined", "Interrupted")
+    ok(agentrun_cli(cluster, "reject", "declined"))
+    final = wait_phase(cluster, operator, "declined", "Succeeded")
+    assert "not approved" in final["result"]["message"]
+    assert count_effects(str(effects))["refunds"] == 0, "a rejected refund must not be paid"
+    assert [a["outcome"] for a in final["attempts"]] == ["Interrupted", "Completed"], final["attempts"]
+
+
+def test_stop_ends_a_run_hung_in_a_tool(cluster: EmulatedCluster, operator: OperatorProcess, tmp_path: Path) -> None:
+    apply(cluster, agentrun("hung", thread="hung", effects=tmp_path / "e.db", env={"SUPPORT_TOOL_DELAY": "3600"}))
+    cluster.wait_for(
+        lambda: status(cluster, "hung").get("currentNode") == "tools", timeout=60, message="hung inside its tools"
+    )
+    time.sleep(0.5)
+    not_waiting = agentrun_cli(cluster, "approve", "hung")
+    assert not_waiting.returncode == 1 and "is not waiting for approval: its phase is Running" in not_waiting.stderr
+    said = ok(agentrun_cli(cluster, "stop", "hung"))
+    assert "stop requested" in said
+    final = wait_phase(cluster, operator, "hung", "Stopped", timeout=30)
+    assert final["reason"] == "Stopped", final
+    (attempt,) = final["attempts"]
+    assert attempt["outcome"] == "Stopped" and attempt["exitCode"] == 4, attempt
+    assert "exit 4 is no failure" in attempt.get("message", ""), "the pod must say why it ended with a non-zero code"
+    late = agentrun_cli(cluster, "stop", "hung")
+    assert late.returncode == 1 and "already ended (Stopped)" in late.stderr, late.stderr
