@@ -296,6 +296,7 @@ class CompiledGraph:
         )
         started = time.perf_counter()
         failed_before = run.counts.failed
+        writer.log.info("node %s started (step %d, version %d)", node.name, run.step, run.version)
         try:
             update = await run_node(node, run.state, ctx, preemption=preemption, stops=stops)
         except Preempted:
@@ -313,7 +314,9 @@ class CompiledGraph:
             if error is e:
                 raise
             raise error from e
-        STEP_SECONDS.labels(node.name).observe(time.perf_counter() - started)
+        elapsed = time.perf_counter() - started
+        STEP_SECONDS.labels(node.name).observe(elapsed)
+        writer.log.info("node %s finished in %.3fs (step %d)", node.name, elapsed, run.step)
         if writer.cfg.fail_on_tool_error and run.counts.failed > failed_before:
             await self._fail_on_tool_error(node, run, writer)
         return update
