@@ -102,3 +102,10 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
         await opened.close()
         if dsn is not None:
             await drop_database(dsn)
+
+
+# The emulated cluster as the cluster tier configures it (kubesim's pytest plugin gives ``cluster`` and
+# ``kubelet``): the AgentRun CRD, the runner images, pods that import this repository.
+from tests.cluster.conftest import kubesim_base_env, kubesim_crd_files, kubesim_known_images  # noqa: E402
+
+__all__ = ["Store", "kubesim_base_env", "kubesim_crd_files", "kubesim_known_images"]

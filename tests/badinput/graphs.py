@@ -60,3 +60,74 @@ def _build() -> Any:
 
 
 nasty_calls = _build()
+
+
+# --- a 10 MB tool result, and a tool failing with a 10 MB message ----------------------------------------------------
+
+BIG = 10 << 20
+
+
+@tool
+async def export_report() -> str:
+    return "r" * BIG
+
+
+@tool
+async def flaky_export() -> str:
+    raise RuntimeError("export failed: " + "e" * BIG)
+
+
+def _respond_big(messages: Sequence[Message]) -> Message:
+    if messages[-1].role == "user":
+        return assistant(
+            tool_calls=[
+                ToolCall(id="call_1", name="export_report", arguments="{}"),
+                ToolCall(id="call_2", name="flaky_export", arguments="{}"),
+            ]
+        )
+    # The worst case for status: the final answer repeats the whole 10 MB result.
+    report = next(m for m in messages if m.role == "tool" and m.name == "export_report")
+    return assistant(report.content)
+
+
+def _agent(model: ScriptedModel, tools: list[Any]) -> Any:
+    graph = StateGraph()
+    graph.add_node("model", model)
+    graph.add_node("tools", ToolNode(tools))
+    graph.add_edge(START, "model")
+    graph.add_conditional_edges("model", tools_condition, {"tools": "tools", END: END})
+    graph.add_edge("tools", "model")
+    return graph
+
+
+big_result = _agent(ScriptedModel(_respond_big), [export_report, flaky_export])
+
+
+# --- what a runner process could use to reach the Kubernetes API -----------------------------------------------------
+
+TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+@tool
+async def probe_kubernetes_api() -> dict[str, Any]:
+    """What a Kubernetes client library would find in this process: in-cluster config or a kubeconfig."""
+    import asyncio
+    import os
+    from pathlib import Path
+
+    await asyncio.sleep(float(os.environ.get("PROBE_HOLD_SECONDS", "0")))  # time for the test to look at the process
+    home = Path(os.environ.get("HOME", "/nonexistent"))
+    return {
+        "env": sorted(k for k in os.environ if k.startswith("KUBERNETES_") or k in ("KUBECONFIG", "KUBE_TOKEN")),
+        "token_files": sorted(p for p in (f"{TOKEN_DIR}/token", f"{TOKEN_DIR}/ca.crt") if Path(p).exists()),
+        "kubeconfig": (home / ".kube" / "config").exists(),
+    }
+
+
+def _respond_probe(messages: Sequence[Message]) -> Message:
+    if messages[-1].role == "user":
+        return assistant(tool_calls=[ToolCall(id="call_1", name="probe_kubernetes_api", arguments="{}")])
+    return assistant(messages[-1].content)
+
+
+kubernetes_probe = _agent(ScriptedModel(_respond_probe), [probe_kubernetes_api])
