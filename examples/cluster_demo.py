@@ -45,6 +45,7 @@ DSN = urlunsplit(urlsplit(ADMIN_DSN)._replace(path="/agentrun_demo"))  # the sam
 RUN = "support-order-4821"
 THREAD = "default/order-4821"
 CRD_FILES = (*sorted((ROOT / "crds").glob("*.yaml")), KOPF_PEERING_CRDS)
+BIN = str(Path(sys.executable).parent)  # kubectl-agentrun is installed next to this Python
 RUNNER_IMAGES = ("ghcr.io/agentrun/agentrun:*",)  # the operator's default image: the kubelet runs it from this venv
 
 
@@ -122,9 +123,12 @@ def banner(text: str) -> None:
 
 
 def kubectl(cluster: EmulatedCluster, *args: str, input: str | None = None, show: bool = True) -> str:
+    """The real kubectl; ``kubectl agentrun`` finds the plugin in this virtualenv's bin, as a user's shell would."""
     if show:
         print("$ kubectl " + " ".join(args), flush=True)
-    result = cluster.kubectl(*args, input=input)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBE")}
+    env.update(KUBECONFIG=str(cluster.kubeconfig), PATH=os.pathsep.join([BIN, os.environ.get("PATH", "")]))
+    result = subprocess.run(["kubectl", *args], input=input, capture_output=True, text=True, env=env, timeout=60)
     output = (result.stdout + result.stderr).rstrip()
     if show and output:
         print(output, flush=True)
@@ -159,6 +163,14 @@ def recorded_tools(thread: str) -> set[str]:
             await store.aclose()
 
     return asyncio.run(read())
+
+
+def backing_off(cluster: EmulatedCluster, name: str) -> str | None:
+    """The status message of a run waiting out its restart backoff (reason BackOff), else None."""
+    status = (cluster.get("agentruns", name) or {}).get("status") or {}
+    if status.get("reason") == "BackOff" or status.get("attempt", 1) > 1:
+        return str(status.get("message") or "restarted")
+    return None
 
 
 def phase(cluster: EmulatedCluster, name: str) -> str | None:
@@ -214,18 +226,22 @@ def main() -> int:
         kubectl(cluster, "apply", "-f", "-", input=yaml.safe_dump(manifest))
         wait(lambda: "charge_card" in recorded_tools(THREAD), 60, "charge_card to be recorded")
         kubelet.kill(f"{RUN}-1")
-        kubectl(cluster, "get", "ar")
 
         banner(f"3. The runner of pod {RUN}-1 was SIGKILLed right after charge_card was recorded")
         print(
             f"charges so far: {count_effects(str(effects))['charges']}; "
             f"ledger: {', '.join(sorted(recorded_tools(THREAD)))}"
         )
+        backoff = wait(lambda: backing_off(cluster, RUN), 60, "the operator to see the crash")
+        print(f"the operator counts a crash and waits out the restart backoff: {backoff}")
+        print("  (spec.restartPolicy.backoffSeconds, 5 s by default, doubling with each crash; evictions do not wait)")
+        kubectl(cluster, "get", "ar")
         wait(lambda: phase(cluster, RUN) == "Succeeded", 90, "the run to succeed")
 
         banner("4. The operator rescheduled it; the new pod resumed from the checkpoint")
         kubectl(cluster, "get", "ar", "-o", "wide")
         kubectl(cluster, "get", "pods")
+        kubectl(cluster, "agentrun", "describe", RUN)
         logs = kubelet.logs(f"{RUN}-2")
         for line in logs.splitlines():
             if "from the ledger" in line or "retrying with the same idempotency key" in line:
@@ -253,6 +269,11 @@ def main() -> int:
             else "\n\033[31mDEMO FAILED\033[0m"
         )
         show_metrics(operator.port, operator.metrics())
+        banner("7. Keep a cluster")
+        print("this demo's cluster stops with it. For one that stays up, with your own AgentRuns and graphs:")
+        print("  make cluster                                   # prints the export KUBECONFIG=... line")
+        print("  kubectl apply -f examples/approval.yaml        # in another terminal")
+        print("  kubectl agentrun watch refund-order-4821       # and: kubectl agentrun approve refund-order-4821")
         return 0 if ok else 1
     finally:
         if operator is not None:

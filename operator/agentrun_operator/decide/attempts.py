@@ -20,6 +20,7 @@ attempt's start is when its pod was created, not when its process started.
 
 from __future__ import annotations
 
+import signal
 from datetime import datetime
 from typing import cast
 
@@ -84,9 +85,19 @@ def _observed(entry: AttemptRecord, pod: PodView | None, outcome: Outcome, *, no
         if reason:
             out["reason"] = reason
         message = human(pod.termination_message) or (pod.waiting_message or "")
+        if outcome is Outcome.CRASHED and pod.exit_code is not None and pod.exit_code > 128:
+            # Killed by a signal: the runner wrote no line, and a log tail (FallbackToLogsOnError) is no reason.
+            message = f"killed by {_signal_name(pod.exit_code - 128)}"
         if message:
             out["message"] = message[:MESSAGE_LIMIT]
     return out
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return f"{signal.Signals(number).name} (signal {number})"
+    except ValueError:
+        return f"signal {number}"
 
 
 def _closed_by_run(entry: AttemptRecord, decision: Decision, *, now: datetime) -> AttemptRecord:
