@@ -109,13 +109,13 @@ TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 
 @tool
-async def probe_kubernetes_api() -> dict[str, Any]:
+def probe_kubernetes_api() -> dict[str, Any]:
     """What a Kubernetes client library would find in this process: in-cluster config or a kubeconfig."""
-    import asyncio
     import os
+    import time
     from pathlib import Path
 
-    await asyncio.sleep(float(os.environ.get("PROBE_HOLD_SECONDS", "0")))  # time for the test to look at the process
+    time.sleep(float(os.environ.get("PROBE_HOLD_SECONDS", "0")))  # time for the test to look at the process
     home = Path(os.environ.get("HOME", "/nonexistent"))
     return {
         "env": sorted(k for k in os.environ if k.startswith("KUBERNETES_") or k in ("KUBECONFIG", "KUBE_TOKEN")),

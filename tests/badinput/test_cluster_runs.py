@@ -158,7 +158,7 @@ def _final_answer(final: dict[str, Any]) -> str:
     return str(message)
 
 
-# --- namespaces --------------------------------------------------------------------------------------------------------
+# --- namespaces -------------------------------------------------------------------------------------------------------
 
 
 def test_a_run_cannot_read_or_resume_another_namespaces_thread(
@@ -207,7 +207,7 @@ def test_a_run_cannot_read_or_resume_another_namespaces_thread(
     assert a["interrupt"] == status(cluster, "ask")["interrupt"]
 
 
-# --- no secret anywhere -------------------------------------------------------------------------------------------------
+# --- no secret anywhere -----------------------------------------------------------------------------------------------
 
 
 @pytest.fixture
