@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: dashboard prometheus bench dev test test-unit test-integration test-postgres test-cluster test-chart lint demo demo-local e2e-kind deploy-manifests lock clean
+.PHONY: cluster dashboard prometheus bench dev test test-unit test-integration test-postgres test-cluster test-chart lint demo demo-local e2e-kind deploy-manifests lock clean
 
 $(STAMP): pyproject.toml kubesim/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -46,6 +46,9 @@ lint: $(STAMP)  ## ruff (lint and format), mypy --strict (product, kubesim and t
 demo: $(STAMP)  ## emulated cluster: kubectl apply, SIGKILL the runner mid-tool, rescheduled, charged once
 	bash scripts/services.sh
 	$(BIN)/python examples/cluster_demo.py
+
+cluster: $(STAMP)  ## a local cluster to keep: kubesim's API server on 127.0.0.1:6880 (AGENTRUN_DEV_PORT), the operator, runner pods as local processes (your PYTHONPATH), SQLite (AGENTRUN_DEV_POSTGRES_DSN for PostgreSQL); Ctrl-C stops it
+	$(BIN)/agentrun-dev
 
 demo-local: $(STAMP)  ## no cluster, no services: the support agent on SQLite, SIGKILL mid-tool, resume
 	$(BIN)/python examples/crash_resume_demo.py

@@ -1,0 +1,256 @@
+"""``make cluster`` (``agentrun-dev``): a local cluster a user keeps, started the way a user starts it.
+
+The test runs the real ``make cluster`` as a subprocess in its own process
+group (as a terminal would), uses the KUBECONFIG it prints with the real
+kubectl, runs a graph module that lives in a temporary folder on PYTHONPATH
+(no image, nothing in this repository), and presses Ctrl-C (SIGINT to the
+group): every process the cluster started must be gone, checked by pid.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kubesim import KUBECTL
+
+pytestmark = pytest.mark.timeout(180)
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+GRAPH = textwrap.dedent(
+    '''
+    """A user's own graph, outside the repository: greets, or sleeps when asked to (a run to interrupt)."""
+    import time
+
+    from agentrun import END, START, StateGraph, assistant
+
+
+    def greet(state):
+        text = state["messages"][-1].content
+        if text == "sleep":
+            time.sleep(3600)
+        return {"messages": [assistant(f"hello from {__name__}: {text}")]}
+
+
+    graph = StateGraph()
+    graph.add_node("greet", greet)
+    graph.add_edge(START, "greet")
+    graph.add_edge("greet", END)
+    app = graph.compile()
+    '''
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def descendants(root: int) -> set[int]:
+    """Every live process below ``root`` (from /proc), ``root`` included."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = {root}, [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+class DevCluster:
+    """``make cluster`` as a subprocess: its output read line by line, the group signalled as a terminal does."""
+
+    def __init__(self, workdir: Path, pythonpath: Path, port: int) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBE", "AGENTRUN_", "MAKE"))}
+        env.update(
+            AGENTRUN_DEV_PORT=str(port),
+            AGENTRUN_DEV_WORKDIR=str(workdir),
+            PYTHONPATH=str(pythonpath),
+            PATH=os.pathsep.join([str(BIN), env.get("PATH", "")]),
+        )
+        # -o: the virtualenv counts as installed (no pip run by a test, whatever pyproject.toml's timestamp).
+        self.proc = subprocess.Popen(
+            ["make", "--no-print-directory", "-o", ".venv/.installed", "cluster"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.output = ""
+        self._selector = selectors.DefaultSelector()
+        assert self.proc.stdout is not None
+        os.set_blocking(self.proc.stdout.fileno(), False)
+        self._selector.register(self.proc.stdout, selectors.EVENT_READ)
+
+    def read_until(self, pattern: str, timeout: float = 90) -> re.Match[str]:
+        deadline = time.monotonic() + timeout
+        while (match := re.search(pattern, self.output, re.MULTILINE)) is None:
+            if time.monotonic() > deadline or (self.proc.poll() is not None and not self._drain(0)):
+                raise AssertionError(f"make cluster never printed {pattern!r}; output so far:\n{self.output}")
+            self._drain(0.2)
+        return match
+
+    def _drain(self, timeout: float) -> bool:
+        got = False
+        for key, _ in self._selector.select(timeout):
+            data = key.fileobj.read()  # type: ignore[union-attr]
+            if data:
+                self.output += data.decode(errors="replace")
+                got = True
+        return got
+
+    def interrupt(self, timeout: float = 60) -> int:
+        os.killpg(self.proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the foreground group
+        code = self.proc.wait(timeout)
+        self._drain(0)
+        return code
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self._selector.close()
+        assert self.proc.stdout is not None
+        self.proc.stdout.close()
+
+
+@pytest.fixture
+def dev_cluster(tmp_path: Path) -> Iterator[tuple[DevCluster, Path]]:
+    graphs = tmp_path / "my-graphs"
+    graphs.mkdir()
+    (graphs / "my_greeter.py").write_text(GRAPH)
+    started = DevCluster(tmp_path / "dev", graphs, free_port())
+    try:
+        yield started, graphs
+    finally:
+        started.kill()
+
+
+def kubectl(kubeconfig: str, *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBE")}
+    env["KUBECONFIG"] = kubeconfig
+    return subprocess.run([KUBECTL, *args], input=input, capture_output=True, text=True, env=env, timeout=60)
+
+
+def run_manifest(name: str, text: str) -> str:
+    return yaml.safe_dump(
+        {
+            "apiVersion": "agentrun.dev/v1alpha1",
+            "kind": "AgentRun",
+            "metadata": {"name": name},
+            "spec": {
+                "graph": "my_greeter:app",
+                "threadId": name,
+                "input": {"messages": [{"role": "user", "content": text}]},
+            },
+        }
+    )
+
+
+def phase_of(kubeconfig: str, name: str) -> str:
+    return kubectl(kubeconfig, "get", "ar", name, "-o", "jsonpath={.status.phase}").stdout.strip()
+
+
+def wait_phase(kubeconfig: str, name: str, phase: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while (seen := phase_of(kubeconfig, name)) != phase:
+        if time.monotonic() > deadline:
+            described = kubectl(kubeconfig, "describe", "ar", name).stdout
+            raise AssertionError(f"{name} is {seen or 'without a phase'}, never {phase}:\n{described}")
+        time.sleep(0.2)
+
+
+def test_make_cluster_runs_a_users_graph_and_ctrl_c_leaves_no_process(
+    dev_cluster: tuple[DevCluster, Path], tmp_path: Path
+) -> None:
+    dev, _ = dev_cluster
+    dev.read_until(r"^starting the local cluster:.* - ready$")
+    kubeconfig = dev.read_until(r"^export KUBECONFIG=(\S+)$").group(1)
+    assert kubeconfig == str((tmp_path / "dev" / "kubeconfig").resolve())
+    examples = re.findall(r"^  (kubectl .+)$", dev.read_until(r"Ctrl-C stops").string, re.MULTILINE)
+    assert len(examples) == 3, f"three example commands: {dev.output}"
+
+    shown = kubectl(kubeconfig, "get", "agentruns")
+    assert shown.returncode == 0 and "No resources found" in shown.stderr, shown
+    applied = kubectl(kubeconfig, "apply", "-f", "-", input=run_manifest("hello", "hi"))
+    assert applied.returncode == 0, applied.stderr
+    wait_phase(kubeconfig, "hello", "Succeeded")
+    answer = kubectl(kubeconfig, "get", "ar", "hello", "-o", "jsonpath={.status.result.message}").stdout
+    assert answer == "hello from my_greeter: hi", "the graph module from the temporary folder must have run"
+
+    # A runner still running when Ctrl-C comes: it must go too.
+    assert kubectl(kubeconfig, "apply", "-f", "-", input=run_manifest("sleeper", "sleep")).returncode == 0
+    wait_phase(kubeconfig, "sleeper", "Running")
+    pids = descendants(dev.proc.pid)
+    runner = [p for p in pids if b"agentrun.runner" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    operator = [p for p in pids if b"agentrun_operator" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    assert runner and operator, f"the runner and the operator must be processes of make cluster: {pids}"
+
+    # make waits for agentrun-dev, then dies of the SIGINT itself (as after a Ctrl-C in a terminal).
+    assert dev.interrupt() in (0, 130, -signal.SIGINT), dev.output
+    assert "stopped." in dev.output, dev.output
+    left = sorted(p for p in pids if alive(p))
+    assert not left, f"processes left behind after Ctrl-C: {left}"
+
+
+def test_a_taken_port_is_a_clear_error(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [str(BIN / "agentrun-dev"), "--port", str(port), "--workdir", str(tmp_path / "dev")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert result.returncode == 2, result
+    assert f"port {port} on 127.0.0.1 is taken" in result.stderr and "AGENTRUN_DEV_PORT" in result.stderr
+    assert not (tmp_path / "dev").exists(), "nothing may start when the port is taken"
+
+
+def test_a_missing_kubectl_is_a_clear_error(tmp_path: Path) -> None:
+    env = {**os.environ, "PATH": str(tmp_path)}  # no kubectl anywhere on PATH
+    result = subprocess.run(
+        [sys.executable, "-m", "agentrun_operator.devcluster", "--port", str(free_port())],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert result.returncode == 2, result
+    assert "kubectl is not on PATH" in result.stderr, result.stderr
