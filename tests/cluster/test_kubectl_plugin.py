@@ -10,6 +10,7 @@ kubelet stand-in, the store is the real PostgreSQL.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -236,3 +237,48 @@ def test_stop_ends_a_run_hung_in_a_tool(cluster: EmulatedCluster, operator: Oper
     assert "exit 4 is no failure" in attempt.get("message", ""), "the pod must say why it ended with a non-zero code"
     late = agentrun_cli(cluster, "stop", "hung")
     assert late.returncode == 1 and "already ended (Stopped)" in late.stderr, late.stderr
+
+
+def watched(stream: str) -> list[dict[str, Any]]:
+    """The objects ``kubectl get -w -o json`` printed, in order."""
+    decoder, objects, at = json.JSONDecoder(), [], 0
+    while stream[at:].strip():
+        at += len(stream[at:]) - len(stream[at:].lstrip())
+        obj, at = decoder.raw_decode(stream, at)
+        objects.append(obj)
+    return objects
+
+
+def test_kubectl_get_w_prints_no_status_row_that_repeats_the_one_before(
+    cluster: EmulatedCluster, kubelet: KubeletThread, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    watch = subprocess.Popen(
+        [KUBECTL, "get", "ar", "--watch", "-o", "json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=plugin_env(cluster),
+    )
+    try:
+        time.sleep(1)  # the watch is open before the run exists, as a user's terminal would be
+        apply(cluster, agentrun("quiet", thread="quiet", effects=tmp_path / "e.db", env={"SUPPORT_TOOL_DELAY": "0.3"}))
+        wait_phase(cluster, operator, "quiet", "Succeeded")
+        time.sleep(1.5)
+    finally:
+        watch.terminate()
+        out, _ = watch.communicate(timeout=30)
+    objects = [o for o in watched(out) if o["metadata"]["name"] == "quiet"]
+    shown = [
+        tuple((o.get("status") or {}).get(k) for k in ("phase", "currentNode", "stateVersion", "attempt"))
+        for o in objects
+    ]
+    assert shown[-1][0] == "Succeeded", shown
+    first = next(i for i, row in enumerate(shown) if row[0])
+    assert all(row[0] for row in shown[first:]), f"a row without a phase after the first phase: {shown}"
+    for before, after, row_before, row_after in zip(objects, objects[1:], shown, shown[1:], strict=False):
+        was, now = before.get("status") or {}, after.get("status") or {}
+        if was != now:
+            changed = sorted(k for k in {**was, **now} if was.get(k) != now.get(k))
+            assert row_before != row_after, (
+                f"a status write changed only {changed}: kubectl get ar -w printed {row_after} again"
+            )
