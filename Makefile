@@ -32,10 +32,11 @@ test-cluster: $(STAMP) prometheus  ## the emulated cluster (kubesim's self-tests
 test-chart: $(STAMP)  ## the Helm chart (real Helm), deploy/ and the Dockerfile, without a cluster
 	$(BIN)/pytest -q tests/chart tests/e2e/test_manifests.py
 
-bench: $(STAMP)  ## what durability costs: agentrun vs LangGraph vs the PostgreSQL commit floor (bench/REPORT.md; BENCH_ARGS=--baseline REV)
+bench: $(STAMP)  ## what durability costs: agentrun vs LangGraph vs the PostgreSQL commit floor; then what the operator costs the cluster (bench/REPORT.md; BENCH_ARGS=--baseline REV, OPERATOR_BENCH_ARGS=--baseline REV)
 	bash scripts/services.sh
 	$(BIN)/python -m bench.runtime $(BENCH_ARGS)
 	$(BIN)/python -m bench.runtime profile
+	$(BIN)/python -m bench.operator $(OPERATOR_BENCH_ARGS)
 
 lint: $(STAMP)  ## ruff (lint and format), mypy --strict (product, kubesim and test support code), import layers
 	$(BIN)/ruff check runner operator kubesim tests examples bench

@@ -166,7 +166,7 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: 
             # Only a run the AgentRun watch has seen; not seen yet: its own create event reconciles it,
             # already gone: nothing to do for its pods. Retried by wakeups if it fails.
             if owner.get("kind") == "AgentRun" and owner.get("controller") and str(owner["uid"]) in bodies:
-                wakeups.kick(str(owner["uid"]))
+                await wakeups.now(str(owner["uid"]))
 
     @kopf.on.event("", "v1", "secrets", registry=registry)
     def on_secret(body: kopf.Body, type: str | None, **_: Any) -> None:  # kopf's kwarg name

@@ -9,10 +9,11 @@ queried per run.
 
 A notification is a wake-up, not the data: the reconcile it triggers reads
 the progress. PostgreSQL delivers a notification only to sessions listening
-when it commits, so after every (re)connect ``on_resync(dsn)`` reconciles
-every live run of that store, which covers whatever was committed while no
-one listened (also the moments between the first reconciles and the first
-LISTEN). A connection that dies is seen at once (asyncpg's termination
+when it commits: a reconcile reads progress only once the store's LISTEN is
+in place (``listening``: the first connect is waited for, briefly), and after
+an outage or a slow first connect ``on_resync(dsn)`` reconciles every live run
+of that store as soon as the LISTEN is back, which covers whatever was
+committed while no one listened. A connection that dies is seen at once (asyncpg's termination
 callback) or at the next ping (``PING_SECONDS``, for a peer that vanished
 without closing); reconnects back off up to ``MAX_BACKOFF`` seconds.
 
@@ -45,6 +46,7 @@ CHANNEL = "agentrun_progress"
 PING_SECONDS = 30.0
 MAX_BACKOFF = 30.0
 CONNECT_TIMEOUT = 10.0
+FIRST_LISTEN_WAIT = 2.0
 
 
 def _setter(event: asyncio.Event) -> Callable[[Any], None]:
@@ -59,11 +61,31 @@ class Listeners:
         self.on_resync = on_resync
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._redis: dict[tuple[str, str], asyncio.Task[None]] = {}
-        self.connected: dict[str, bool] = {}
+        self._ready: dict[str, asyncio.Event] = {}  # set while the store's LISTEN is in place
+        self._ever: set[str] = set()  # stores listened to at least once
+        self._gap: set[str] = set()  # stores whose progress may have been read while nobody listened
 
     def open(self, dsn: str) -> None:
         if dsn not in self._tasks:
+            self._ready[dsn] = asyncio.Event()
             self._tasks[dsn] = asyncio.create_task(self._listen(dsn), name="agentrun-listen")
+
+    async def listening(self, dsn: str) -> None:
+        """Call before reading a run's progress: a commit after the read must wake the run.
+
+        Listening: returns at once. The store's first LISTEN still connecting: waits for it (at most
+        ``FIRST_LISTEN_WAIT`` seconds), so the runs read first need no resync. Otherwise (an outage, a
+        first connect that is slow or failing) the store is marked: its runs are resynced once it is back.
+        """
+        ready = self._ready.get(dsn)
+        if ready is None or ready.is_set():
+            return
+        if dsn not in self._ever and dsn not in self._gap:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ready.wait(), FIRST_LISTEN_WAIT)
+            if ready.is_set():
+                return
+        self._gap.add(dsn)
 
     def open_redis(self, dsn: str, redis_url: str, store: ControlStore) -> None:
         key = (dsn, redis_url)
@@ -79,7 +101,9 @@ class Listeners:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        self.connected.pop(dsn, None)
+        self._ready.pop(dsn, None)
+        self._ever.discard(dsn)
+        self._gap.discard(dsn)
 
     async def aclose(self) -> None:
         for dsn in {*self._tasks, *(k[0] for k in self._redis)}:
@@ -100,11 +124,13 @@ class Listeners:
                 lost = asyncio.Event()
                 conn.add_termination_listener(_setter(lost))
                 await conn.add_listener(CHANNEL, self._notified)
-                if not self.connected.get(dsn) and dsn in self.connected:
-                    log.warning("listening for store progress again; resyncing the runs of that store")
-                self.connected[dsn] = True
+                self._ready[dsn].set()
+                self._ever.add(dsn)
                 backoff = 1.0
-                self.on_resync(dsn)  # whatever committed while nobody listened
+                if dsn in self._gap:  # whatever committed while nobody listened
+                    self._gap.discard(dsn)
+                    log.info("listening for store progress; resyncing the runs read while nobody listened")
+                    self.on_resync(dsn)
                 while not lost.is_set():
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(lost.wait(), PING_SECONDS)
@@ -112,8 +138,8 @@ class Listeners:
                         await conn.fetchval("SELECT 1")
             except asyncio.CancelledError:
                 raise
-            except Exception as e:
-                if self.connected.get(dsn, True):
+            except Exception as e:  # any failure: reconnect (the resync follows)
+                if dsn not in self._gap:
                     log.warning(
                         "store progress listener lost (%s); reconnecting with backoff, runs of that store are "
                         "resynced once it is back",
@@ -123,7 +149,8 @@ class Listeners:
                 if conn is not None:
                     with contextlib.suppress(Exception):
                         await asyncio.wait_for(conn.close(), 5)
-            self.connected[dsn] = False
+            self._ready[dsn].clear()
+            self._gap.add(dsn)
             await asyncio.sleep(backoff)
             backoff = min(MAX_BACKOFF, backoff * 2)
 

@@ -144,6 +144,8 @@ class StoreRegistry:
             self._resolved[key] = resolved
         if user is not None:
             self._bind(user, resolved.dsn)
+        if self.listeners is not None:
+            await self.listeners.listening(resolved.dsn)  # before the caller reads progress
         return resolved.store
 
     def dsn_of(self, user: str) -> str | None:

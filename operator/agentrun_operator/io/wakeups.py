@@ -144,6 +144,13 @@ class Wakeups:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    async def now(self, uid: str) -> None:
+        """Reconcile the run in the caller's task (a watch event's handler), with the retries of ``kick``."""
+        if uid in self._running or uid in self._queued:
+            self.kick(uid)
+            return
+        await self._reconcile(uid)
+
     async def _reconcile(self, uid: str) -> None:
         self._queued.discard(uid)
         self._running.add(uid)

@@ -1,0 +1,492 @@
+"""What the operator costs the cluster: API requests, database queries, CPU and memory per run, and its latencies.
+
+``make bench`` (``python -m bench.operator``) runs, on the emulated cluster
+(kubesim) with the real operator process and a private PostgreSQL database:
+
+1. quiet load: ``--runs`` (1,000) AgentRuns held Running by a kubelet stand-in
+   that reported their pods Running and went quiet (no runner processes, so
+   runner CPU does not blur the operator's). Over ``--window`` seconds:
+   ``operator_api_requests_per_run_per_s`` (every request the operator makes,
+   watches and the Lease included, counted by a proxy only it talks through),
+   ``operator_db_queries_per_run_per_s`` (transactions of the private database,
+   which only the operator uses here, from ``pg_stat_database``),
+   ``operator_cpu_percent`` (of one core, from /proc) and
+   ``operator_rss_mb_1000_runs`` (its resident memory at the end);
+2. burst: ``--burst`` (200) AgentRuns applied at once: ``burst_pods_created_s``,
+   seconds from the apply's return (the operator sees them with the watch
+   events the apply causes) until every pod exists;
+3. with runners (the kubelet stand-in running real runner processes of the current code, ``--active`` runs
+   of ``tests.cluster.scale_graphs:ticker``): ``status_lag_p95_s`` (a checkpoint's
+   commit time in PostgreSQL to the moment the AgentRun shows that
+   ``stateVersion``), ``stop_p95_s`` (``spec.stop`` patched to phase Stopped),
+   ``reschedule_p95_s`` (a SIGKILLed runner's pod reported terminated to the next
+   attempt's pod existing).
+
+``--baseline REV`` measures the operator of git revision REV the same way (a
+worktree; its runner code too) and stores it as ``before``. Results are merged
+into ``bench/results/latest.json`` under ``operator`` (the runtime benchmark's
+keys are kept). ``--quick`` (the smoke in tests/cluster) runs a few runs of each.
+"""
+
+# The driver blocks on purpose (it polls the API and the database while the operator works).
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import yaml
+
+from agentrun.checkpoint.postgres import PgCheckpointer
+from kubesim import KOPF_PEERING_CRDS, EmulatedCluster, KubeletThread, default_base_env, write_kubeconfig
+from tests.support.databases import create_database, drop_database
+from tests.support.kubeload import CountingProxy, RunningHolder
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+KNOWN_IMAGES = ("agentrun:test",)
+TICKER = "tests.cluster.scale_graphs:ticker"
+
+
+@dataclass(frozen=True)
+class Params:
+    runs: int = 1000
+    burst: int = 200
+    active: int = 8
+    window: float = 60.0
+    settle: float = 10.0
+
+    @classmethod
+    def quick(cls) -> Params:
+        return cls(runs=6, burst=5, active=2, window=3.0, settle=1.0)
+
+
+# --- the pieces -------------------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def emulated(workdir: Path, source: Path) -> Iterator[EmulatedCluster]:
+    crds = (*sorted((source / "crds").glob("*.yaml")), KOPF_PEERING_CRDS)
+    cluster = EmulatedCluster(workdir / "cluster", crd_files=crds).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+async def _migrated() -> str:
+    dsn = await create_database()
+    store = PgCheckpointer(dsn)  # migrated up front, as a store in use is: no run waits for the schema
+    try:
+        await store.setup()
+    finally:
+        await store.aclose()
+    return dsn
+
+
+@contextlib.contextmanager
+def database() -> Iterator[str]:
+    dsn = asyncio.run(_migrated())
+    try:
+        yield dsn
+    finally:
+        asyncio.run(drop_database(dsn))
+
+
+@dataclass
+class Operator:
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:] if self.log.exists() else ""
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start_operator(source: Path, kubeconfig: Path, workdir: Path, **env: str) -> Operator:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("KUBE", "AGENTRUN_"))}
+    environment.update(
+        KUBECONFIG=str(kubeconfig),
+        PYTHONPATH=os.pathsep.join(str(source / p) for p in ("operator", "runner", ".")),
+        AGENTRUN_OPERATOR_IDENTITY="bench",
+        AGENTRUN_OPERATOR_METRICS_PORT="0",
+        AGENTRUN_OPERATOR_LEASE_NAMESPACE="default",
+        AGENTRUN_OPERATOR_RUNNER_METRICS_PORT="0",
+        AGENTRUN_OPERATOR_DEFAULT_IMAGE="agentrun:test",
+        AGENTRUN_OPERATOR_LOG_FORMAT="text",
+        **env,
+    )
+    log = workdir / f"operator-{time.monotonic_ns()}.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agentrun_operator"],
+            env=environment,
+            cwd=source,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    return Operator(proc, log)
+
+
+def secret(cluster: EmulatedCluster, dsn: str) -> None:
+    result = cluster.kubectl("create", "secret", "generic", "agentrun-store", f"--from-literal=postgresDsn={dsn}")
+    assert result.returncode == 0, result.stderr
+
+
+def run(
+    name: str, *, graph: str = "examples.support_agent:app", env: dict[str, str] | None = None, **spec: Any
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "AgentRun",
+        "metadata": {"name": name},
+        "spec": {
+            "graph": graph,
+            "threadId": name,
+            "input": {"messages": [{"role": "user", "content": "charge my saved card for order 4821"}]},
+            "store": {"secretRef": {"name": "agentrun-store"}},
+            "podTemplate": {"env": [{"name": k, "value": v} for k, v in (env or {}).items()]},
+            **spec,
+        },
+    }
+
+
+def apply(cluster: EmulatedCluster, manifests: list[dict[str, Any]], chunk: int = 250) -> None:
+    for start in range(0, len(manifests), chunk):
+        listing = {"apiVersion": "v1", "kind": "List", "items": manifests[start : start + chunk]}
+        result = cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(listing))
+        assert result.returncode == 0, result.stderr
+
+
+def statuses(cluster: EmulatedCluster) -> dict[str, dict[str, Any]]:
+    return {r["metadata"]["name"]: r.get("status") or {} for r in cluster.list_objects("agentruns", "default")}
+
+
+def pod_names(cluster: EmulatedCluster) -> set[str]:
+    return {p["metadata"]["name"] for p in cluster.list_objects("pods", "default")}
+
+
+def wait(predicate: Any, *, timeout: float, what: str, operator: Operator, interval: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
+        time.sleep(interval)
+    raise RuntimeError(f"timed out waiting for {what}; operator log:\n{operator.tail()}")
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def proc_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+async def _xacts(dsn: str) -> int:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute("SELECT pg_stat_clear_snapshot()")
+        value = await conn.fetchval(
+            "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()"
+        )
+        return int(value)
+    finally:
+        await conn.close()
+
+
+def p95(samples: list[float]) -> float:
+    if not samples:
+        return float("nan")
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+
+
+# --- 1. quiet load ---------------------------------------------------------------------------------------------------
+
+
+def quiet_load(source: Path, p: Params, workdir: Path) -> dict[str, float]:
+    with database() as dsn, emulated(workdir, source) as cluster:
+        secret(cluster, dsn)
+        proxy = CountingProxy(cluster.url).start()
+        operator = start_operator(source, write_kubeconfig(workdir / "via-proxy", proxy.url), workdir)
+        holder = RunningHolder(cluster.url, interval=1.0).start()
+        try:
+            started = time.monotonic()
+            apply(cluster, [run(f"quiet-{i}") for i in range(p.runs)])
+            wait(
+                lambda: sum(s.get("phase") == "Running" for s in statuses(cluster).values()) >= p.runs,
+                timeout=max(120.0, p.runs * 0.6),
+                what=f"{p.runs} runs Running",
+                operator=operator,
+                interval=2.0,
+            )
+            print(f"  {p.runs} runs Running after {time.monotonic() - started:.0f}s", flush=True)
+            holder.stop()
+            time.sleep(p.settle)
+            pid = operator.proc.pid
+            xacts0, cpu0, t0 = asyncio.run(_xacts(dsn)), proc_cpu_seconds(pid), time.monotonic()
+            time.sleep(p.window)
+            xacts1, cpu1, t1 = asyncio.run(_xacts(dsn)), proc_cpu_seconds(pid), time.monotonic()
+            rss = proc_rss_mb(pid)
+            seen = proxy.count(t0, t1, watches=True)
+            elapsed = t1 - t0
+            # The two reads of pg_stat_database are transactions too: not the operator's.
+            queries = max(0, xacts1 - xacts0 - 2)
+            print(f"  requests in the window: {dict(seen)}", flush=True)
+            return {
+                "operator_api_requests_per_run_per_s": sum(seen.values()) / p.runs / elapsed,
+                "operator_db_queries_per_run_per_s": queries / p.runs / elapsed,
+                "operator_cpu_percent": 100.0 * (cpu1 - cpu0) / elapsed,
+                # Named for the full benchmark's 1,000 runs; with --runs N it is the RSS at N runs (quiet_runs).
+                "operator_rss_mb_1000_runs": rss,
+                "quiet_runs": float(p.runs),
+                "quiet_window_s": elapsed,
+            }
+        finally:
+            holder.stop()
+            operator.stop()
+            proxy.stop()
+
+
+# --- 2. burst --------------------------------------------------------------------------------------------------------
+
+
+def burst(source: Path, p: Params, workdir: Path) -> dict[str, float]:
+    with database() as dsn, emulated(workdir, source) as cluster:
+        secret(cluster, dsn)
+        operator = start_operator(source, cluster.kubeconfig, workdir)
+        try:
+            wait(
+                lambda: "leading as" in operator.log.read_text(errors="replace"),
+                timeout=60,
+                what="leader",
+                operator=operator,
+            )
+            time.sleep(1)
+            apply(cluster, [run(f"burst-{i}") for i in range(p.burst)], chunk=p.burst)
+            seen = time.monotonic()
+            wait(
+                lambda: len(pod_names(cluster)) >= p.burst,
+                timeout=300,
+                what="burst pods",
+                operator=operator,
+                interval=0.1,
+            )
+            return {"burst_pods_created_s": time.monotonic() - seen, "burst_runs": float(p.burst)}
+        finally:
+            operator.stop()
+
+
+# --- 3. with runners -------------------------------------------------------------------------------------------------
+
+
+async def _commits(dsn: str) -> list[tuple[str, int, float]]:
+    conn = await asyncpg.connect(dsn, server_settings={"search_path": "agentrun"})
+    try:
+        rows = await conn.fetch("SELECT thread_id, version, extract(epoch FROM created_at)::float8 AS at FROM states")
+        return [(r["thread_id"], int(r["version"]), float(r["at"])) for r in rows]
+    finally:
+        await conn.close()
+
+
+def active(source: Path, p: Params, workdir: Path) -> dict[str, float]:
+    with database() as dsn, emulated(workdir, source) as cluster:
+        secret(cluster, dsn)
+        kubelet = KubeletThread(
+            cluster.url, workdir / "kubelet", known_images=KNOWN_IMAGES, base_env=default_base_env([ROOT])
+        ).start()
+        operator = start_operator(source, cluster.kubeconfig, workdir)
+        try:
+            return {
+                **_status_lag(cluster, dsn, p, operator),
+                **_stops(cluster, p, operator),
+                **_reschedules(cluster, kubelet, p, operator),
+            }
+        finally:
+            operator.stop()
+            kubelet.stop()
+
+
+def _status_lag(cluster: EmulatedCluster, dsn: str, p: Params, operator: Operator) -> dict[str, float]:
+    names = [f"lag-{i}" for i in range(p.active)]
+    apply(cluster, [run(n, graph=TICKER, env={"TICKS": "8", "TICK_SECONDS": "1"}) for n in names])
+    shown: dict[tuple[str, int], float] = {}  # (thread, stateVersion) -> first seen (epoch)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        now = time.time()
+        current = statuses(cluster)
+        for name, s in current.items():
+            if s.get("stateVersion"):
+                shown.setdefault((f"default/{name}", int(s["stateVersion"])), now)
+        if all(current.get(n, {}).get("phase") == "Succeeded" for n in names):
+            break
+        time.sleep(0.05)
+    lags: list[float] = []
+    for thread, version, committed in asyncio.run(_commits(dsn)):
+        later = [at for (t, v), at in shown.items() if t == thread and v >= version]
+        if later and thread.startswith("default/lag-"):
+            lags.append(max(0.0, min(later) - committed))
+    return {"status_lag_p95_s": p95(lags), "status_lag_samples": float(len(lags))}
+
+
+def _stops(cluster: EmulatedCluster, p: Params, operator: Operator) -> dict[str, float]:
+    names = [f"stop-{i}" for i in range(p.active)]
+    apply(cluster, [run(n, graph=TICKER, env={"TICKS": "1000", "TICK_SECONDS": "1"}) for n in names])
+    wait(
+        lambda: all(statuses(cluster).get(n, {}).get("stateVersion") for n in names),
+        timeout=120,
+        what="stop runs stepping",
+        operator=operator,
+    )
+    asked: dict[str, float] = {}
+    for n in names:
+        asked[n] = time.monotonic()
+        assert cluster.kubectl("patch", "ar", n, "--type", "merge", "-p", '{"spec":{"stop":true}}').returncode == 0
+    done: dict[str, float] = {}
+    deadline = time.monotonic() + 60
+    while len(done) < len(names) and time.monotonic() < deadline:
+        for n, s in statuses(cluster).items():
+            if n in asked and n not in done and s.get("phase") == "Stopped":
+                done[n] = time.monotonic() - asked[n]
+        time.sleep(0.05)
+    return {"stop_p95_s": p95(list(done.values())), "stop_samples": float(len(done))}
+
+
+def _reschedules(cluster: EmulatedCluster, kubelet: KubeletThread, p: Params, operator: Operator) -> dict[str, float]:
+    names = [f"resched-{i}" for i in range(p.active)]
+    apply(
+        cluster,
+        [
+            run(
+                n,
+                graph=TICKER,
+                env={"TICKS": "1000", "TICK_SECONDS": "1"},
+                restartPolicy={"maxRestarts": 5, "backoffSeconds": 0},
+            )
+            for n in names
+        ],
+    )
+    wait(
+        lambda: all((statuses(cluster).get(n, {}).get("stateVersion") or 0) >= 2 for n in names),
+        timeout=120,
+        what="reschedule runs stepping",
+        operator=operator,
+    )
+    samples: list[float] = []
+    for n in names:
+        time.sleep(0.5)  # one at a time, on a machine that is not starting runners
+        kubelet.kill(f"{n}-1")
+        ended = wait(
+            lambda n=n: (
+                ((cluster.get("pods", f"{n}-1") or {}).get("status") or {}).get("phase") == "Failed"
+                and time.monotonic()
+            ),
+            timeout=30,
+            what=f"{n}-1 terminated",
+            operator=operator,
+            interval=0.01,
+        )
+        created = wait(
+            lambda n=n: cluster.get("pods", f"{n}-2") is not None and time.monotonic(),
+            timeout=30,
+            what=f"{n}-2 created",
+            operator=operator,
+            interval=0.01,
+        )
+        samples.append(created - ended)
+    for n in names:
+        cluster.kubectl("patch", "ar", n, "--type", "merge", "-p", '{"spec":{"stop":true}}')
+    return {"reschedule_p95_s": p95(samples), "reschedule_samples": float(len(samples))}
+
+
+# --- the driver ------------------------------------------------------------------------------------------------------
+
+
+def measure(source: Path, p: Params) -> dict[str, float]:
+    figures: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-operator-") as tmp:
+        work = Path(tmp)
+        for name, phase in (("quiet load", quiet_load), ("burst", burst), ("with runners", active)):
+            print(f"{source.name or source}: {name}", flush=True)
+            (work / name.replace(" ", "-")).mkdir()
+            figures.update(phase(source, p, work / name.replace(" ", "-")))
+    return {k: round(v, 4) for k, v in figures.items()}
+
+
+def merge(out: Path, section: dict[str, Any]) -> None:
+    """Write ``section`` as ``operator`` into ``out``, keeping every other key (the runtime benchmark's)."""
+    existing: dict[str, Any] = {}
+    if out.exists():
+        with contextlib.suppress(ValueError):
+            existing = json.loads(out.read_text())
+    existing["operator"] = section
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(existing, indent=2, sort_keys=True) + "\n")
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench.operator", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=Params.runs)
+    parser.add_argument("--burst", type=int, default=Params.burst)
+    parser.add_argument("--active", type=int, default=Params.active)
+    parser.add_argument("--window", type=float, default=Params.window)
+    parser.add_argument("--baseline", help="also measure the operator of this git revision (as 'before')")
+    parser.add_argument("--quick", action="store_true", help="the smoke: a few runs of each")
+    parser.add_argument("--out", type=Path, default=RESULTS / "latest.json")
+    args = parser.parse_args(argv)
+    p = Params.quick() if args.quick else Params(args.runs, args.burst, args.active, args.window)
+    section: dict[str, Any] = {
+        "meta": {
+            "when": datetime.now(UTC).isoformat(timespec="seconds"),
+            "commit": git("rev-parse", "--short", "HEAD"),
+            "params": p.__dict__,
+            "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        },
+        "figures": measure(ROOT, p),
+    }
+    if args.baseline:
+        worktree = Path(tempfile.mkdtemp(prefix="bench-operator-baseline-"))
+        git("worktree", "add", "--detach", str(worktree), args.baseline)
+        try:
+            section["before"] = measure(worktree, p)
+            section["meta"]["baseline"] = git("rev-parse", "--short", args.baseline)
+        finally:
+            git("worktree", "remove", "--force", str(worktree))
+    merge(args.out, section)
+    print(json.dumps(section, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

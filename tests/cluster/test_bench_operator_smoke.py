@@ -1,0 +1,47 @@
+"""The operator benchmark (``bench/operator.py``) runs end to end and produces every figure (``--quick``).
+
+A smoke, not a timed test: the figures' values are the benchmark's business (``make bench``); this only
+guards that each one is still measured and merged into the results file without losing other keys.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FIGURES = (
+    "operator_api_requests_per_run_per_s",
+    "operator_db_queries_per_run_per_s",
+    "operator_cpu_percent",
+    "operator_rss_mb_1000_runs",
+    "status_lag_p95_s",
+    "stop_p95_s",
+    "reschedule_p95_s",
+    "burst_pods_created_s",
+)
+
+pytestmark = pytest.mark.timeout(420)
+
+
+def test_the_operator_benchmark_produces_every_figure_and_keeps_the_runtime_keys(tmp_path: Path) -> None:
+    out = tmp_path / "latest.json"
+    out.write_text(json.dumps({"figures": {"runtime": 1}, "meta": {}}))
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.operator", "--quick", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    written = json.loads(out.read_text())
+    assert written["figures"] == {"runtime": 1}, "the runtime benchmark's keys were clobbered"
+    figures = written["operator"]["figures"]
+    missing = [k for k in FIGURES if not isinstance(figures.get(k), float | int) or not math.isfinite(figures[k])]
+    assert not missing, f"figures not produced: {missing} in {figures}"
