@@ -378,8 +378,8 @@ def _attempt_pods(kubectl: Kubectl, run: dict[str, Any]) -> dict[int, str]:
     return dict(sorted(pods.items()))
 
 
-def _print_logs(kubectl: Kubectl, pod: str, *, follow: bool) -> bool:
-    """The pod's log to stdout; False when the pod (and so its log) is gone."""
+def _print_logs(kubectl: Kubectl, pod: str, *, follow: bool, quiet: bool = False) -> str:
+    """The pod's log to stdout: ``"ok"``, ``"gone"`` (the pod and its log are gone) or ``"waiting"`` (not started)."""
     argv = kubectl.argv("logs", pod, *(["-f"] if follow else []))
     with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
         assert proc.stdout is not None and proc.stderr is not None
@@ -388,15 +388,16 @@ def _print_logs(kubectl: Kubectl, pod: str, *, follow: bool) -> bool:
             sys.stdout.flush()
         error = proc.stderr.read()
         proc.wait()
-    if proc.returncode != 0:
-        if "NotFound" in error or "not found" in error:
-            print(f"(pod {pod} no longer exists: its log is gone)")
-            return False
-        if "ContainerCreating" in error or "waiting to start" in error:
+    if proc.returncode == 0:
+        return "ok"
+    if "NotFound" in error or "not found" in error:
+        print(f"(pod {pod} no longer exists: its log is gone)")
+        return "gone"
+    if "ContainerCreating" in error or "waiting to start" in error or "PodInitializing" in error:
+        if not quiet:
             print(f"(pod {pod} has not started yet)")
-            return True
-        raise PluginError(error.strip() or f"kubectl logs {pod} failed")
-    return True
+        return "waiting"
+    raise PluginError(error.strip() or f"kubectl logs {pod} failed")
 
 
 def cmd_logs(kubectl: Kubectl, args: argparse.Namespace) -> int:
@@ -417,9 +418,11 @@ def cmd_logs(kubectl: Kubectl, args: argparse.Namespace) -> int:
         for attempt, pod in pods.items():
             if attempt in done:
                 continue
-            current = attempt == max(pods)
+            following = args.follow and attempt == max(pods)
             print(f"==> attempt {attempt}, pod {pod} <==", flush=True)
-            _print_logs(kubectl, pod, follow=args.follow and current)
+            # Following a pod that has not started yet: wait for it, or its whole log would be missed.
+            while _print_logs(kubectl, pod, follow=following, quiet=following) == "waiting" and following:
+                time.sleep(WATCH_POLL_SECONDS)
             done.add(attempt)
         if not args.follow or args.attempt is not None:
             return 0

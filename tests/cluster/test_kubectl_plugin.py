@@ -197,9 +197,26 @@ def test_approve_resumes_an_interrupted_run_to_succeeded(
     assert wrong.returncode == 1 and "not nope" in wrong.stderr, wrong.stderr
     assert status(cluster, "refund")["phase"] == "Interrupted", "a refused answer must not resume the run"
 
-    said = ok(agentrun_cli(cluster, "approve", "refund", "--value", '{"amount_cents": 2000}'))
-    assert "approved" in said
-    final = wait_phase(cluster, operator, "refund", "Succeeded")
+    follow = subprocess.Popen(
+        [KUBECTL, "agentrun", "logs", "refund", "-f"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=plugin_env(cluster),
+    )
+    try:
+        said = ok(agentrun_cli(cluster, "approve", "refund", "--value", '{"amount_cents": 2000}'))
+        assert "approved" in said
+        final = wait_phase(cluster, operator, "refund", "Succeeded")
+        followed, _ = follow.communicate(timeout=30)  # -f ends by itself once the run ended
+    finally:
+        if follow.poll() is None:
+            follow.kill()
+            follow.communicate()
+    assert follow.returncode == 0, followed
+    assert "==> attempt 1, pod refund-1 <==" in followed and "==> attempt 2, pod refund-2 <==" in followed
+    resumed = followed.split("==> attempt 2")[1]
+    assert "(refund) in " in resumed and "(lookup_order) from the ledger" in resumed, followed
     assert final["result"]["message"] == "Your refund is on its way."
     assert count_effects(str(effects))["refunds"] == 1
     again = agentrun_cli(cluster, "approve", "refund")
