@@ -197,3 +197,54 @@ async def test_a_short_run_opens_no_listener_and_leaves_nothing_running(pg_dsn: 
         await wait_until(closed, within=5, what="the listener connection to close with the last run")
     finally:
         await runner.aclose()
+
+
+class Blackhole:
+    """A TCP server that accepts and never answers: a PostgreSQL that hangs before the handshake."""
+
+    def __init__(self) -> None:
+        self.server: asyncio.Server | None = None
+        self.port = 0
+        self.accepted: list[asyncio.StreamWriter] = []
+
+    async def __aenter__(self) -> Blackhole:
+        self.server = await asyncio.start_server(lambda r, w: self.accepted.append(w), "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        for writer in self.accepted:
+            writer.close()
+        self.server.close()
+        await self.server.wait_closed()
+
+
+async def test_a_listener_that_cannot_connect_neither_delays_the_stop_nor_the_end_of_the_run(pg_dsn: str) -> None:
+    async with Blackhole() as hole:
+
+        class Hanging(CountingPg):
+            async def _connect_listener(self) -> Any:
+                import asyncpg
+
+                return await asyncpg.connect(f"postgresql://postgres@127.0.0.1:{hole.port}/x", timeout=30)
+
+        runner = Hanging(pg_dsn)
+        try:
+            task = await start(looping_graph(0.005).compile(runner), "t")
+            await asyncio.sleep(1.5)
+            assert runner.checks >= 2, "a run whose listener is not connected must poll"
+            await runner.request_stop("t", "while the listener hangs")
+            await stopped_within(task, 2)
+            started = time.monotonic()
+            values = (
+                await looping_graph(0.005, steps=150)
+                .compile(runner)
+                .ainvoke({"n": 0}, {"thread_id": "u", "recursion_limit": 1000})
+            )
+            assert values["n"] == 150
+            ended = time.monotonic() - started
+            # 150 steps of ~6 ms, plus at most the listener's 1 s grace: never the 30 s connect timeout.
+            assert ended < 5.0, f"the run's end waited {ended:.1f}s for a hanging listener"
+        finally:
+            await runner.aclose()

@@ -58,6 +58,8 @@ _PENDING = "SELECT thread_id::text FROM stop_requests WHERE thread_id = ANY($1::
 # How long a sweep may take before the connection is taken for dead.
 _SWEEP_TIMEOUT = 5.0
 _MIN_BACKOFF = 0.5
+# How long the end of the last run waits for the task to end by itself.
+_STOP_GRACE = 1.0
 _MAX_BACKOFF = 10.0
 
 
@@ -139,8 +141,13 @@ class StopListener:
             return
         self._stopping = True
         self._wake.set()
-        # Not cancelled: the task ends between two awaits of its own, never inside a query (asyncpg
-        # answers a cancelled query with a cancel request on a new connection).
+        # Not cancelled at once: the task ends between two awaits of its own, not inside a query
+        # (asyncpg answers a cancelled query with a cancel request on a new connection). Only a task
+        # still connecting after a second (PostgreSQL slow or down) is cancelled, so that the end of
+        # a run never waits for a connect timeout.
+        done, _ = await asyncio.wait({task}, timeout=_STOP_GRACE)
+        if not done:
+            task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         if self._task is task:
             self._task = None
