@@ -73,6 +73,22 @@ async def test_a_large_unchanged_channel_is_not_rewritten_each_step(pg_dsn: str)
     assert max(size for _, base, size in rows if base is not None) < 200
 
 
+async def test_steps_kept_only_in_the_cache_reach_the_next_durable_delta(pg_dsn: str) -> None:
+    """With durable_checkpoint_every_step false, the next durable write carries every channel changed since."""
+    checkpointer = PgCheckpointer(pg_dsn)
+    reader = PgCheckpointer(pg_dsn)
+    try:
+        app = graph().compile(checkpointer)
+        config = {"thread_id": "lazy", "durable_checkpoint_every_step": False}
+        values = await app.ainvoke({"n": 0}, config)
+        checkpoint = await reader.aget("lazy")
+    finally:
+        await checkpointer.aclose()
+        await reader.aclose()
+    assert checkpoint is not None and checkpoint.status == "completed"
+    assert checkpoint.values == values and values["n"] == STEPS and values["log"] == list(range(3, STEPS + 1, 3))
+
+
 async def test_restore_after_many_delta_rows_across_snapshots_is_exact(pg_dsn: str) -> None:
     """A seeded random walk over three channels; after every write a fresh store reads exactly that state."""
     rng = random.Random(4821)
