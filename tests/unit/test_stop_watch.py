@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from agentrun.checkpoint.base import StopWatch
 
 
@@ -43,3 +45,22 @@ def test_a_notification_makes_a_polling_watch_due_before_its_interval() -> None:
     assert watch.due(0.0, 1.0)
     watch.notify()
     assert watch.due(0.1, 1.0)
+
+
+def test_a_store_url_can_turn_listening_off_for_pgbouncer() -> None:
+    """``agentrun_listen=off`` in the store Secret's URL makes runner pods poll; asyncpg never sees it."""
+    from agentrun.checkpoint import from_url
+    from agentrun.checkpoint.postgres import PgCheckpointer
+
+    store = from_url("postgresql://u:pw@db:6432/app?agentrun_listen=off&sslmode=disable")
+    assert isinstance(store, PgCheckpointer) and not store.listen_for_stops
+    assert store.dsn == "postgresql://u:pw@db:6432/app?sslmode=disable"
+    store = from_url("postgresql://u:pw@db/app?sslmode=disable&agentrun_listen=false", retry_timeout=5)
+    assert isinstance(store, PgCheckpointer) and not store.listen_for_stops and store.retry_timeout == 5
+    assert store.dsn == "postgresql://u:pw@db/app?sslmode=disable"
+    default = from_url("postgresql://u:pw@db/app")
+    assert (
+        isinstance(default, PgCheckpointer) and default.listen_for_stops and default.dsn == "postgresql://u:pw@db/app"
+    )
+    with pytest.raises(ValueError, match="agentrun_listen"):
+        from_url("postgresql://db/app?agentrun_listen=maybe")

@@ -34,7 +34,11 @@ HAZARDS
   schema with the same thread id wakes this one up for nothing (one wasted
   check, never a wrong stop).
 - Behind PgBouncer in transaction mode LISTEN does not work (the session is
-  not kept): pass ``PgCheckpointer(listen_for_stops=False)`` to poll.
+  not kept): pass ``PgCheckpointer(listen_for_stops=False)``, or put
+  ``agentrun_listen=off`` in the store URL (runner pods: the store Secret),
+  to poll.
+- One more connection per process while a run lasts: size
+  ``max_connections`` (or the pooler) for two or more per runner pod.
 """
 
 from __future__ import annotations

@@ -83,7 +83,7 @@ HAZARDS (what this store cannot promise, and what to do):
   them are durable before they run, so the ledger still holds their results).
 - Thread ids are at most 253 characters (``MAX_THREAD_ID_LENGTH``). Behind
   PgBouncer in transaction mode, pass ``pool_options={"statement_cache_size": 0}``
-  and ``listen_for_stops=False``.
+  and ``listen_for_stops=False`` (or ``agentrun_listen=off`` in the store URL).
 - A state channel changed without going through a node's update (a value a
   node returned and keeps mutating from elsewhere) is not seen as changed,
   so it is not rewritten until it is updated or the next snapshot; as in
@@ -294,6 +294,10 @@ _TRANSIENT = (
     asyncpg.exceptions.SerializationError,
     asyncpg.exceptions.DeadlockDetectedError,
     asyncpg.InterfaceError,  # "connection is closed" and the like; ClientConfigurationError is caught first
+    # An idle pooled connection that got the server's "terminating connection" (a restart) is stuck
+    # consuming that error until its socket closes; a query on it meanwhile fails with "cannot switch
+    # to state 12; another operation (2) is in progress" (asyncpg issue 1069): a lost connection too.
+    asyncpg.exceptions.InternalClientError,
     OSError,  # refused, reset, unreachable, DNS not answering (a Service not ready yet)
     TimeoutError,  # connect timeout
 )
@@ -302,6 +306,7 @@ _CONNECTION_LOST = (
     asyncpg.exceptions.ConnectionDoesNotExistError,
     asyncpg.exceptions.AdminShutdownError,
     asyncpg.InterfaceError,
+    asyncpg.exceptions.InternalClientError,
     ConnectionResetError,
 )
 # Configuration errors: retrying cannot help; the message names the problem, never the secret.
