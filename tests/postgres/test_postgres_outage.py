@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
+from agentrun.checkpoint.postgres import PgCheckpointer
 from agentrun.contract import Env
 from examples.support_agent import count_effects
 
@@ -94,3 +95,37 @@ async def test_postgres_restarted_between_statements_the_run_continues_on_new_co
     assert "COMPLETED but could not be recorded" not in done.stderr
     assert (invocations(effects, "charge_card"), invocations(effects, "send_receipt")) == (1, 1)
     assert await fetchval(dsn, "SELECT count(*) FROM tool_executions WHERE thread_id = 't'") == 3
+
+
+async def test_ledger_records_sent_while_the_server_shuts_down_all_land_after_the_restart(
+    private_postgres: PrivatePostgres,
+) -> None:
+    """Idle pooled connections get the server's goodbye during a fast shutdown; a record sent on one of them
+    (asyncpg: "cannot switch to state 12; another operation (2) is in progress") is retried like any lost
+    connection, never dropped as "COMPLETED but could not be recorded" (found by the fault campaign, make chaos)."""
+    store = PgCheckpointer(private_postgres.dsn)
+    await store.setup()
+    try:
+        await store.register_attempt("t", 1, run_uid="u")
+        # Warm several pool connections, so idle ones are there when the server goes away.
+        await asyncio.gather(*(store.ledger_put("t", f"warm{i}", "x", i, attempt=1, run_uid="u") for i in range(8)))
+        outcomes: dict[int, str] = {}
+
+        async def record(i: int) -> None:
+            await asyncio.sleep(i * 0.01)
+            try:
+                await store.ledger_put("t", f"k{i}", "x", i, attempt=1, run_uid="u")
+                outcomes[i] = "recorded"
+            except Exception as e:  # the failure is what the test reports
+                outcomes[i] = f"{type(e).__name__}: {e}"
+
+        calls = [asyncio.create_task(record(i)) for i in range(40)]
+        await asyncio.to_thread(private_postgres.stop)
+        await asyncio.sleep(0.5)
+        await asyncio.to_thread(private_postgres.start)
+        await asyncio.gather(*calls)
+    finally:
+        await store.aclose()
+    failures = {i: outcome for i, outcome in outcomes.items() if outcome != "recorded"}
+    assert not failures, f"GUARANTEE BROKEN: ledger records lost across a PostgreSQL restart: {failures}"
+    assert await fetchval(private_postgres.dsn, "SELECT count(*) FROM agentrun.tool_executions") == 48

@@ -294,6 +294,10 @@ _TRANSIENT = (
     asyncpg.exceptions.SerializationError,
     asyncpg.exceptions.DeadlockDetectedError,
     asyncpg.InterfaceError,  # "connection is closed" and the like; ClientConfigurationError is caught first
+    # An idle pooled connection that got the server's "terminating connection" (a restart) is stuck
+    # consuming that error until its socket closes; a query on it meanwhile fails with "cannot switch
+    # to state 12; another operation (2) is in progress" (asyncpg issue 1069): a lost connection too.
+    asyncpg.exceptions.InternalClientError,
     OSError,  # refused, reset, unreachable, DNS not answering (a Service not ready yet)
     TimeoutError,  # connect timeout
 )
@@ -302,6 +306,7 @@ _CONNECTION_LOST = (
     asyncpg.exceptions.ConnectionDoesNotExistError,
     asyncpg.exceptions.AdminShutdownError,
     asyncpg.InterfaceError,
+    asyncpg.exceptions.InternalClientError,
     ConnectionResetError,
 )
 # Configuration errors: retrying cannot help; the message names the problem, never the secret.
