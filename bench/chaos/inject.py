@@ -1,0 +1,147 @@
+"""How each fault is done to the world: real signals to real processes, real server restarts.
+
+Runner faults go through kubesim's kubelet (``kill``, ``evict``, ``lose_node``), as a
+node would do them. Two need more than its public face, and reach into its pod
+records (``Kubelet.pods``), which is why they live here and not in kubesim:
+
+- ``partition``: the runner is frozen (SIGSTOP) and its node stops reporting (phase
+  Unknown, NodeLost) while the process stays alive: a network partition, where
+  ``lose_node`` kills the process. The kubelet forgets the process, so the operator's
+  force delete cannot reach it (a partitioned node never hears of it); the campaign
+  thaws it later (SIGCONT) and must kill it in the end.
+- ``pods_alive``: which runner processes are alive now, for the duplicate-pod watch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from kubesim import EmulatedCluster, KubeletThread
+
+from .world import NAMESPACE, World
+
+STRATEGIC = "application/strategic-merge-patch+json"
+
+
+@dataclass
+class Zombie:
+    """A partitioned runner: alive, frozen, out of the kubelet's reach."""
+
+    pod: str
+    process: subprocess.Popen[bytes]
+
+    def thaw(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGCONT)
+
+    def exit_code(self, timeout: float) -> int | None:
+        """The zombie's exit status once it ends by itself (the kubelet's waiter reaps it), else None."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.returncode is not None:
+                code = self.process.returncode
+                return 128 - code if code < 0 else code
+            time.sleep(0.1)
+        return None
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGCONT)
+            os.killpg(self.process.pid, signal.SIGKILL)
+
+
+def pods_alive(kubelet: KubeletThread) -> list[str]:
+    """Names of the pods whose runner process runs now (a partitioned one is not the kubelet's any more)."""
+    for _ in range(5):
+        try:
+            runtimes = list(kubelet.kubelet.pods.values())
+            break
+        except RuntimeError:  # the kubelet's loop added a pod while we copied
+            continue
+    else:
+        return []
+    return [r.name for r in runtimes if r.process is not None and r.exit_code is None and not r.lost]
+
+
+def pod_pid(kubelet: KubeletThread, pod: str) -> int | None:
+    try:
+        return kubelet.pid(pod, NAMESPACE)
+    except KeyError:
+        return None
+
+
+def partition(cluster: EmulatedCluster, kubelet: KubeletThread, pod: str) -> Zombie | None:
+    """SIGSTOP the pod's runner and make its node unreachable; None when it has no live process."""
+    runtime = kubelet.kubelet.runtime(pod, NAMESPACE)
+    process = runtime.process
+    if process is None or runtime.exit_code is not None:
+        return None
+    try:
+        os.killpg(process.pid, signal.SIGSTOP)
+    except ProcessLookupError:
+        return None
+    runtime.lost = True  # the kubelet neither reports this pod any more nor acts on its deletion
+    runtime.process = None
+    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    cluster.api(
+        "PATCH",
+        f"/api/v1/namespaces/{NAMESPACE}/pods/{pod}/status",
+        {
+            "status": {
+                "phase": "Unknown",
+                "reason": "NodeLost",
+                "message": f"Node {kubelet.kubelet.node_name} which was running pod {pod} is unresponsive",
+                "conditions": [
+                    {
+                        "type": "Ready",
+                        "status": "Unknown",
+                        "reason": "NodeLost",
+                        "lastTransitionTime": stamp,
+                        "lastProbeTime": None,
+                    }
+                ],
+            }
+        },
+        content_type=STRATEGIC,
+    )
+    return Zombie(pod, process)
+
+
+class Globals:
+    """The world-wide faults, one at a time each (two trials never restart PostgreSQL together)."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.postgres = threading.Lock()
+        self.redis = threading.Lock()
+        self.operator = threading.Lock()
+
+    def restart_postgres(self, down: float) -> str:
+        with self.postgres:
+            self.world.postgres.stop()
+            time.sleep(down)
+            self.world.postgres.start()
+        return f"PostgreSQL stopped (pg_ctl -m fast) for {down:.2f}s, then started"
+
+    def restart_redis(self, down: float) -> str:
+        with self.redis:
+            self.world.redis.stop()
+            time.sleep(down)
+            self.world.redis.start()
+        return f"redis-server shut down for {down:.2f}s, then started on the same port"
+
+    def kill_leader(self) -> str | None:
+        with self.operator:
+            leader = self.world.leader()
+            if leader is None:
+                return None
+            leader.proc.send_signal(signal.SIGKILL)
+            leader.proc.wait(timeout=30)
+            return f"SIGKILL to the leader {leader.identity} (the other replica takes the Lease; a new one replaces it)"
