@@ -44,7 +44,10 @@ log = logging.getLogger("agentrun_operator.notify")
 
 CHANNEL = "agentrun_progress"
 PING_SECONDS = 30.0
-MAX_BACKOFF = 30.0
+# Reconnects are cheap (one connection per store) and the resync after them is what ends an outage's
+# blind spot: retry often.
+MAX_BACKOFF = 5.0
+REDIS_RETRY = 30.0
 CONNECT_TIMEOUT = 10.0
 FIRST_LISTEN_WAIT = 2.0
 
@@ -164,5 +167,5 @@ class Listeners:
             except asyncio.CancelledError:
                 raise
             except Exception as e:
-                log.debug("Redis progress subscription failed (%s); retrying in %.0fs", e, MAX_BACKOFF)
-            await asyncio.sleep(MAX_BACKOFF)
+                log.debug("Redis progress subscription failed (%s); retrying in %.0fs", e, REDIS_RETRY)
+            await asyncio.sleep(REDIS_RETRY)
