@@ -93,9 +93,8 @@ def start_operator(cluster: EmulatedCluster) -> Operator:
         AGENTRUN_OPERATOR_METRICS_PORT=str(port),
         AGENTRUN_OPERATOR_LEASE_NAMESPACE="default",
         AGENTRUN_OPERATOR_RUNNER_METRICS_PORT="0",
-        # a snappy demo: a short lease, a fast reconcile loop, short grace periods
+        # a snappy demo: a short lease, short grace periods (the operator reacts to events, no loop to speed up)
         AGENTRUN_OPERATOR_LEASE_DURATION_SECONDS="3",
-        AGENTRUN_OPERATOR_RECONCILE_INTERVAL_SECONDS="0.5",
         AGENTRUN_OPERATOR_STOP_GRACE_SECONDS="15",
         AGENTRUN_OPERATOR_POD_GRACE_SECONDS="10",
     )
