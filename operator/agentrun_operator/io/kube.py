@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -33,6 +34,10 @@ from .kubeconfig import SA_DIR, ConfigError, SingleConfig
 
 MERGE_PATCH = "application/merge-patch+json"
 TIMEOUT_SECONDS = 30.0
+
+# httpx2 logs every request at INFO: a line per status patch and pod GET would drown the operator's own log.
+# The requests are counted in metrics.KUBE_REQUESTS instead; failures reach the caller as exceptions.
+logging.getLogger("httpx2").setLevel(logging.WARNING)
 
 
 class ApiError(Exception):
