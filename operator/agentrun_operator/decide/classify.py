@@ -62,6 +62,7 @@ class PodView:
     deletion_deadline: datetime | None = None
     created: datetime | None = None  # metadata.creationTimestamp (the image pull timeout counts from it)
     finished_at: datetime | None = None  # the runner container's terminated.finishedAt
+    unschedulable: bool = False  # the scheduler found no node for it (condition PodScheduled False)
 
     @classmethod
     def from_manifest(cls, pod: dict[str, Any]) -> PodView:
@@ -74,9 +75,12 @@ class PodView:
         terminated = state.get("terminated") or {}
         waiting = state.get("waiting") or {}
         disruption = None
+        unschedulable = False
         for condition in status.get("conditions") or []:
             if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":
                 disruption = condition.get("reason") or "DisruptionTarget"
+            if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+                unschedulable = True
         if status.get("reason") == "Evicted":
             disruption = disruption or "Evicted"
         return cls(
@@ -92,6 +96,7 @@ class PodView:
             deletion_deadline=parse_time(pod["metadata"].get("deletionTimestamp")),
             created=parse_time(pod["metadata"].get("creationTimestamp")),
             finished_at=parse_time(terminated.get("finishedAt")),
+            unschedulable=unschedulable,
         )
 
     def last_line(self) -> str:

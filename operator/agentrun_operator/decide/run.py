@@ -13,6 +13,8 @@ and applies the ``Decision``. The rules (DESIGN.md sections 3 and 4):
   ``BackoffLimitExceeded``;
 - ``spec.stop`` asks the runner through the store (phase Stopping); a runner
   that has not exited after the stop grace has its pod deleted (``ForcedStop``);
+  a pod still waiting for a node or its image has no runner to ask: it is
+  deleted and the run is Stopped at once (``StoppedBeforeStart``);
 - ``spec.resume`` answers an interrupt by starting the next attempt once per
   distinct answer;
 - a run whose store Secret is unusable ends Failed at once, unless it is
@@ -45,7 +47,7 @@ from .classify import LIVE, Outcome, PodView, classify
 from .decision import Decision, Limits, StoreProblem
 from .identity import RecordedTurn
 from .messages import human, reason_for
-from .podstart import image_pull_timed_out, start_error
+from .podstart import IMAGE_PULL, image_pull_timed_out, start_error
 from .reasons import CONFIG_ERRORS, TERMINAL, DisruptionReason, Phase, Reason
 from .spec import AgentRunSpec, InvalidSpec
 from .status import AgentRunStatus, InterruptInfo, StatusPatch, iso, parse_time
@@ -54,6 +56,15 @@ from .thread import ThreadPeer, blocker
 PAYLOAD_LIMIT = 1024
 # A pod's waiting reasons that say nothing worth a status write (and a row of kubectl get ar -w).
 ROUTINE_WAITS = frozenset({"ContainerCreating", "PodInitializing"})
+
+
+def _cannot_start(pod: PodView) -> str | None:
+    """What a pending pod waits for that keeps its runner from starting (a node, its image), or None."""
+    if pod.unschedulable:
+        return "a node (Unschedulable)"
+    if pod.waiting_reason in IMAGE_PULL:
+        return f"its image ({pod.waiting_reason})"
+    return None
 
 
 def backoff(restarts: int, base: float, cap: float) -> float:
@@ -330,6 +341,18 @@ class _Run:
             started = self.status.phase and self.status.started
             reason = Reason.STOPPED if started else Reason.STOPPED_BEFORE_START
             return self.finish(d, Phase.STOPPED, reason, "stopped by spec.stop")
+        pod = self.pod
+        if self.outcome is Outcome.PENDING and pod is not None and (waited := _cannot_start(pod)):
+            # No runner to ask: it cannot start before it has a node and its image, and waiting out the
+            # stop grace would end in a ForcedStop that blames a runner which never ran. A graceful
+            # delete, in case it starts meanwhile (the runner then drains on SIGTERM).
+            d.delete_pod = pod.name
+            return self.finish(
+                d,
+                Phase.STOPPED,
+                Reason.STOPPED_BEFORE_START,
+                f"stopped by spec.stop while pod {pod.name} waited for {waited}; the pod was deleted",
+            )
         requested = self.status.stop_requested_time
         if requested is None:
             d.request_stop = True

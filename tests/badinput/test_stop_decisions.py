@@ -1,0 +1,58 @@
+"""A stop while the runner pod waits for a node or its image (pure decisions; found by ``test_specs``).
+
+Such a pod has no runner to ask through the store: the operator used to wait
+out the stop grace and then force-delete it, reporting ``ForcedStop`` ("the
+runner did not stop within 15s") for a runner that never ran.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.unit.test_operator_decisions import (
+    LIMITS,
+    NOW,
+    PENDING,
+    STOPPED,
+    STOPPING,
+    applied,
+    decide,
+    later,
+    make_spec,
+    run_status,
+    view,
+    waiting,
+)
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize("reason", ["ErrImagePull", "ImagePullBackOff"])
+def test_a_stop_while_the_pod_waits_for_its_image_deletes_it_and_stops_at_once(reason: str) -> None:
+    pod = view(waiting(reason, 'Back-off pulling image "registry.invalid/unknown:1"'))
+    d = decide(make_spec(stop=True), run_status(PENDING), pod, None, NOW, LIMITS)
+    assert d.status["phase"] == STOPPED and d.status["reason"] == "StoppedBeforeStart", d.status
+    assert d.delete_pod == pod.name and d.delete_grace is None, "the pod must go, gracefully"
+    assert reason in d.status["message"] and "did not stop" not in d.status["message"]
+
+
+def test_a_stop_asked_while_creating_then_stuck_on_the_image_stops_without_waiting_out_the_grace() -> None:
+    spec = make_spec(stop=True)
+    first = decide(spec, run_status(PENDING), view(waiting("ContainerCreating", "")), None, NOW, LIMITS)
+    assert first.request_stop and first.status["phase"] == STOPPING, "a runner about to start is asked first"
+    status = applied(run_status(PENDING), first)
+    d = decide(spec, status, view(waiting("ImagePullBackOff", "back-off")), None, later(2), LIMITS)
+    assert d.status["phase"] == STOPPED and d.status["reason"] == "StoppedBeforeStart", d.status
+    assert d.clear_stop, "the stop request left in the store would end the thread's next turn at once"
+
+
+def test_a_stop_while_no_node_can_take_the_pod_deletes_it_and_stops_at_once() -> None:
+    pod_manifest = waiting("ContainerCreating", "")
+    pod_manifest["status"] = {
+        "phase": "Pending",
+        "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/1 nodes"}],
+    }
+    pod = view(pod_manifest)
+    d = decide(make_spec(stop=True), run_status(PENDING), pod, None, NOW, LIMITS)
+    assert d.status["phase"] == STOPPED and d.status["reason"] == "StoppedBeforeStart", d.status
+    assert d.delete_pod == pod.name and "Unschedulable" in d.status["message"]
