@@ -12,12 +12,14 @@ behind (no task, no connection) when the run ends.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from typing import Any, TypedDict
 
 import pytest
 
 from agentrun import END, START, RunStopped, StateGraph
+from agentrun.checkpoint.base import StopWatch
 from agentrun.checkpoint.postgres import PgCheckpointer
 
 from .helpers import fetch, fetchval, wait_until
@@ -248,3 +250,40 @@ async def test_a_listener_that_cannot_connect_neither_delays_the_stop_nor_the_en
             assert ended < 5.0, f"the run's end waited {ended:.1f}s for a hanging listener"
         finally:
             await runner.aclose()
+
+
+class Deaf(StopWatch):
+    """A store's watch that neither hears nor polls after the first check: only Redis can make it due."""
+
+    def poll_interval(self, interval: float) -> float:
+        return math.inf
+
+
+class DeafPg(CountingPg):
+    async def watch_stops(self, thread_id: str) -> StopWatch:
+        return Deaf()
+
+
+async def test_a_stop_published_on_redis_reaches_a_run_whose_store_cannot_tell_it(
+    pg_dsn: str, redis_prefix: str
+) -> None:
+    """The optional fast path: with an inner store that never tells nor polls, Redis alone ends the run."""
+    from agentrun.checkpoint.cached import CachedStore
+
+    from .conftest import redis_url
+
+    inner = DeafPg(pg_dsn, listen_for_stops=False)
+    runner = CachedStore(inner, redis_url=redis_url(), redis_prefix=redis_prefix)
+    operator = CachedStore(
+        PgCheckpointer(pg_dsn, listen_for_stops=False), redis_url=redis_url(), redis_prefix=redis_prefix
+    )
+    try:
+        task = await start(looping_graph(0.005).compile(runner), "t", stop_poll_interval=0.2)
+        await asyncio.sleep(1.0)  # past stop_poll_interval: subscribed
+        checks = inner.checks
+        await operator.request_stop("t", "redis")
+        await stopped_within(task, 5)
+        assert inner.checks == checks + 1, "a Redis message is one check of the store"
+    finally:
+        await runner.aclose()
+        await operator.aclose()

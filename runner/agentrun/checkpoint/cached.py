@@ -14,7 +14,8 @@ rules) only makes reads cheaper and news faster:
   ``durable=False`` when it is newer than ``inner``'s step of the same
   version and incarnation, and never understates ``inner``'s version.
 - Progress and stop requests are published (``events()``) for listeners
-  that want them at once rather than by polling.
+  that want them at once rather than by polling; a run also hears stops on
+  Redis (``redis_stops``), beside the inner store's own watch.
 
 HAZARDS
 - Redis down: every cache operation is a fast no-op or a miss, one warning
@@ -52,6 +53,7 @@ from .base import (
     Turn,
 )
 from .redis_cache import RedisHotCache
+from .redis_stops import RedisStops
 
 
 def _body(message: Message) -> str:
@@ -72,6 +74,7 @@ class CachedStore(Checkpointer):
         self.inner = inner
         self.backend = inner.backend
         self.cache = RedisHotCache(redis_url, prefix=redis_prefix, ttl=cache_ttl)
+        self._stops = RedisStops(self.cache)
         # Incarnation of each thread this process touched, so non-durable progress can carry it.
         self._incarnations: dict[str, str] = {}
 
@@ -85,6 +88,7 @@ class CachedStore(Checkpointer):
 
     async def aclose(self) -> None:
         try:
+            await self._stops.aclose()
             await self.cache.aclose()
         finally:
             await self.inner.aclose()
@@ -276,14 +280,14 @@ class CachedStore(Checkpointer):
     async def request_stop(self, thread_id: str, reason: str = "") -> None:
         """Record the request in ``inner`` (the truth the run polls), then announce it on Redis."""
         await self.inner.request_stop(thread_id, reason)
-        await self.cache.publish(thread_id, {"type": "stop", "thread_id": thread_id, "reason": reason})
+        await self.cache.publish_stop(thread_id, {"type": "stop", "thread_id": thread_id, "reason": reason})
 
     async def stop_requested(self, thread_id: str) -> str | None:
         return await self.inner.stop_requested(thread_id)
 
     async def watch_stops(self, thread_id: str) -> StopWatch:
-        """``inner``'s watch (PostgreSQL: a notification from the request's own transaction)."""
-        return await self.inner.watch_stops(thread_id)
+        """``inner``'s watch (PostgreSQL: a notification from the request's own transaction), also told by Redis."""
+        return self._stops.watch(thread_id, await self.inner.watch_stops(thread_id))
 
     async def put_run_inputs(
         self,

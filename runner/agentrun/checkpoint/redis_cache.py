@@ -8,6 +8,7 @@ Redis Cluster keeps them on one node):
 - ``<prefix>:{<thread>}:msgs``   list: the thread's message bodies
 - ``<prefix>:{<thread>}:progress`` hash: the newest progress event
 - channel ``<prefix>:events:<thread>``: progress and stop events as JSON
+- channel ``<prefix>:stop:<thread>``: stop events only (what runs subscribe to, ``redis_stops``)
 
 Rules that keep the cache from ever serving older state than PostgreSQL
 committed:
@@ -214,6 +215,10 @@ class RedisHotCache:
     def channel(self, thread_id: str) -> str:
         return f"{self.prefix}:events:{thread_id}"
 
+    def stop_channel(self, thread_id: str) -> str:
+        """Stops only (``redis_stops``): a run subscribed to it never receives its own progress."""
+        return f"{self.prefix}:stop:{thread_id}"
+
     # -- availability ----------------------------------------------------------------
 
     @property
@@ -403,6 +408,18 @@ class RedisHotCache:
 
         await self._guard("publish", call, None)
 
+    async def publish_stop(self, thread_id: str, event: dict[str, Any]) -> None:
+        """``event`` on the thread's events channel and on its stop channel, in one round trip."""
+
+        async def call() -> None:
+            payload = json.dumps(event)
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.publish(self.channel(thread_id), payload)
+                pipe.publish(self.stop_channel(thread_id), payload)
+                await pipe.execute()
+
+        await self._guard("publish", call, None)
+
     async def events(self, thread_id: str | None = None) -> AsyncIterator[dict[str, Any]]:
         """Progress and stop events of one thread, or of every thread with ``None``, as they are published.
 
@@ -426,7 +443,7 @@ class RedisHotCache:
                 if isinstance(event, dict):
                     yield event
         finally:
-            await pubsub.aclose()  # type: ignore[no-untyped-call]  # untyped in redis-py
+            await pubsub.aclose()
 
     async def aclose(self) -> None:
         await self.client.aclose()

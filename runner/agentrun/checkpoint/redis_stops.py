@@ -1,0 +1,131 @@
+"""Stop requests heard on Redis: ``CachedStore``'s optional fast path beside the inner store's own watch.
+
+``CachedStore.request_stop`` records the request in the inner store (on
+PostgreSQL its transaction notifies the LISTENing runs, ``pg_listen``), then
+publishes it on Redis: on the thread's events channel, for listeners of
+progress, and on ``<prefix>:stop:<thread>``. A run of a ``CachedStore``
+that lasts longer than ``stop_poll_interval`` is also told through one
+pattern subscription per store to those stop channels, so a stop reaches it
+at once even where the inner store cannot notify (SQLite,
+``listen_for_stops=False``, a LISTEN connection that is down), instead of at
+its next poll.
+
+- A message only makes the run's next check due: the inner store's stop
+  request stays the truth (a stop for the same thread id in another
+  environment sharing the prefix costs one check).
+- Redis down: the subscription fails, is tried again every ``_RETRY``
+  seconds while runs watch, and the runs rely on the inner store's watch
+  (notification or polling). Nothing is lost but speed.
+- Runs never ask for their own progress events: the stop channel carries
+  stops only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from .base import StopWatch
+from .redis_cache import RedisHotCache
+
+log = logging.getLogger("agentrun.checkpoint.redis")
+
+_ERRORS = (RedisError, OSError, TimeoutError)
+# Seconds between tries of a subscription that failed (Redis down).
+_RETRY = 5.0
+
+
+class RedisStopWatch(StopWatch):
+    """The inner store's watch, also made due by a stop published on Redis."""
+
+    def __init__(self, inner: StopWatch, stops: RedisStops, thread_id: str) -> None:
+        super().__init__()
+        self.inner = inner
+        self.stops = stops
+        self.thread_id = thread_id
+        self._since = asyncio.get_running_loop().time()
+
+    def notify(self) -> None:
+        self.inner.notify()
+
+    def due(self, now: float, interval: float) -> bool:
+        if now - self._since >= interval:
+            self.stops.start()  # a run that lasts: worth the subscription
+        return self.inner.due(now, interval)
+
+    async def aclose(self) -> None:
+        try:
+            await self.stops.unwatch(self)
+        finally:
+            await self.inner.aclose()
+
+
+class RedisStops:
+    """One ``PSUBSCRIBE <prefix>:stop:*`` per store while runs watch, dispatching to their watches."""
+
+    def __init__(self, cache: RedisHotCache) -> None:
+        self.cache = cache
+        self._watches: dict[str, set[RedisStopWatch]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._warned = False
+
+    def watch(self, thread_id: str, inner: StopWatch) -> RedisStopWatch:
+        watch = RedisStopWatch(inner, self, thread_id)
+        self._watches.setdefault(thread_id, set()).add(watch)
+        return watch
+
+    def start(self) -> None:
+        if self._watches and (self._task is None or self._task.done()):
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="agentrun:redis-stops")
+
+    async def unwatch(self, watch: RedisStopWatch) -> None:
+        watches = self._watches.get(watch.thread_id)
+        if watches is not None:
+            watches.discard(watch)
+            if not watches:
+                del self._watches[watch.thread_id]
+        if not self._watches:
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        """End the subscription (cancelled: a Redis read has nothing to cancel on the server)."""
+        self._watches.clear()
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    def _heard(self, message: dict[str, Any]) -> None:
+        channel = str(message.get("channel", ""))
+        thread_id = channel.removeprefix(self.cache.stop_channel(""))
+        for watch in self._watches.get(thread_id, ()):
+            watch.notify()
+
+    async def _run(self) -> None:
+        while True:
+            pubsub = self.cache.client.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.psubscribe(self.cache.stop_channel("*"))
+                if self._warned:
+                    self._warned = False
+                    log.warning("hearing stop requests on Redis again")
+                while True:
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                    if message is not None and message.get("type") == "pmessage":
+                        self._heard(message)
+            except _ERRORS as e:
+                if not self._warned:
+                    self._warned = True
+                    log.warning(
+                        "cannot hear stop requests on Redis (%s: %s); runs rely on the store's own watch, "
+                        "next try in %.0fs",
+                        type(e).__name__,
+                        e,
+                        _RETRY,
+                    )
+            finally:
+                await pubsub.aclose()
+            await asyncio.sleep(_RETRY)
