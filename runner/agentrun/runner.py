@@ -121,8 +121,12 @@ def plan(checkpoint: Checkpoint | None, settings: RunnerSettings) -> Plan:
     ours = checkpoint is not None and _ours(checkpoint, settings)
     if checkpoint is None or (not ours and checkpoint.status in ("completed", "stopped", "failed")):
         if settings.input is None:
+            # Said in the user's terms: an AgentRun sets spec.input; the variable is the operator's.
             return Plan(
-                "exit", exit_code=ExitCode.FAILED, reason=f"InputMissing: {Env.INPUT} is required to start a run"
+                "exit",
+                exit_code=ExitCode.FAILED,
+                reason=f"InputMissing: the thread has no run to continue, so a new one needs an input "
+                f"(spec.input of the AgentRun; {Env.INPUT} for the runner)",
             )
         return Plan("start", payload=settings.input)
     if not ours:
