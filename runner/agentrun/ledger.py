@@ -36,7 +36,7 @@ from typing import Any
 from .checkpoint.base import LedgerEntry
 from .context import RunContext
 from .errors import DeterminismError, FencedError, StoreUnavailableError
-from .messages import Message
+from .messages import Message, unicode_text
 from .metrics import LEDGER_HITS, LEDGER_READ_FAILURES, LEDGER_RECORD_FAILURES
 from .tools import Tool
 
@@ -72,6 +72,8 @@ class Recorded:
 def encode(result: Any, state: dict[str, Any] | None = None) -> dict[str, Any]:
     """The stored envelope; raises ``TypeError``/``ValueError`` if it is not JSON-serializable.
 
+    Text that is not Unicode (unpaired surrogates) is stored with U+FFFD in its place.
+
     Beyond DESIGN's ``{"__kind__", "value"}``: an optional ``"state"`` holds the
     channels the call changed (tools may mutate ``state``), so a replay restores
     them too instead of answering with the result alone.
@@ -82,7 +84,11 @@ def encode(result: Any, state: dict[str, Any] | None = None) -> dict[str, Any]:
         envelope = {"__kind__": RAW, "value": result}
     if state:
         envelope["state"] = state
-    json.dumps(envelope, allow_nan=False)
+    text = json.dumps(envelope, allow_nan=False, ensure_ascii=False)
+    if (valid := unicode_text(text)) is not text:
+        # Unpaired surrogates (see ``unicode_text``): no store takes them, so the record holds U+FFFD in
+        # their place, as the tool's result message does; a replay then shows the model what it saw.
+        envelope = json.loads(valid)
     return envelope
 
 

@@ -35,6 +35,20 @@ def new_message_id() -> str:
     return f"msg_{uuid.uuid4().hex}"
 
 
+def unicode_text(text: str) -> str:
+    """``text`` with each unpaired UTF-16 surrogate replaced by U+FFFD; ``text`` itself when it is valid.
+
+    Python strings may hold surrogates (``json.loads`` of a lone ``\\ud800`` escape, ``surrogateescape``
+    decoding); no UTF-8 encoder, and so no store, takes them. A pair written as two code units becomes
+    the one character it encodes. The same replacement as Go's ``encoding/json`` (the API server's).
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
+
+
 class ToolCall(BaseModel):
     """One call the model asked for. ``arguments`` is the raw JSON text the model wrote.
 

@@ -40,7 +40,7 @@ from .context import CallScope, RunContext, current_scope
 from .errors import DeterminismError, FencedError, GraphInterrupt, NodeTimeoutError, StoreUnavailableError, ToolError
 from .faults import fault_point
 from .interrupts import interrupt_in
-from .messages import Message, ToolCall, tool_message
+from .messages import Message, ToolCall, tool_message, unicode_text
 from .metrics import IN_DOUBT, TOOL_CALLS, TOOL_ERRORS, TOOL_TIMEOUTS
 from .state import MESSAGES, Replace, changed_fields, last_tool_request, snapshot_fields
 from .tools import Tool, ToolArgumentError, tool
@@ -56,10 +56,13 @@ def tools_condition(state: dict[str, Any]) -> str:
 
 
 def _result_message(result: Any, call: ToolCall, tool_name: str, key: str | None) -> Message:
+    # unicode_text: a result holding unpaired surrogates would fail every checkpoint of the run (the
+    # ledger records it the same way, so a replay shows the same text).
     if isinstance(result, Message):
-        return result.model_copy(update={"role": "tool", "tool_call_id": call.id, "name": tool_name})
+        update = {"role": "tool", "tool_call_id": call.id, "name": tool_name, "content": unicode_text(result.content)}
+        return result.model_copy(update=update)
     content = result if isinstance(result, str) else json.dumps(result, default=str, ensure_ascii=False)
-    message = tool_message(content, tool_call_id=call.id, name=tool_name)
+    message = tool_message(unicode_text(content), tool_call_id=call.id, name=tool_name)
     if key is not None:
         # The same id on every replay, so a replayed step produces the identical message.
         message.id = "msg_" + hashlib.sha256(f"result\x00{key}".encode()).hexdigest()[:32]
