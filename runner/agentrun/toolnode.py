@@ -85,12 +85,12 @@ UNKNOWN_TOOL_LABEL = "<unknown>"
 
 def _error_message(call: ToolCall, text: str, reason: str, *, known: bool = True) -> Message:
     TOOL_ERRORS.labels(call.name if known else UNKNOWN_TOOL_LABEL, reason).inc()
-    return tool_message(f"Error: {text}", tool_call_id=call.id, name=call.name, is_error=True)
+    return tool_message(f"Error: {unicode_text(text)}", tool_call_id=call.id, name=call.name, is_error=True)
 
 
 def _failed(ctx: RunContext, call: ToolCall, text: str, *, code: str, reason: str, known: bool = True) -> Message:
     """A failed call: counted (``ToolCounts.fail``, the last tool error) and told to the model as an error."""
-    ctx.counts.fail(call.name, code, text)
+    ctx.counts.fail(call.name, code, unicode_text(text))  # checkpointed: it must be storable text
     return _error_message(call, text, reason, known=known)
 
 

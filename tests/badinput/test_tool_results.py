@@ -86,3 +86,17 @@ async def test_without_a_crash_the_first_answer_is_the_same_as_the_replayed_one(
     assert tool_messages(values)["call_1"].content == '{"name": "x\ufffdy"}'
     state = await (await store.open()).aget("u")
     assert state is not None and state.status == "completed"
+
+
+async def test_a_tool_error_holding_an_unpaired_surrogate_is_a_tool_error_message_not_a_failed_run(
+    store: Store,
+) -> None:
+    @tool
+    async def fetch() -> str:
+        raise ValueError("upstream said \udc9f")
+
+    values = await app_for([fetch], [call("call_1", "fetch")], await store.open()).ainvoke("go", {"thread_id": "e"})
+    message = tool_messages(values)["call_1"]
+    assert message.is_error and message.content == "Error: ValueError: upstream said \ufffd"
+    state = await (await store.open()).aget("e")
+    assert state is not None and state.status == "completed", state and state.meta.get("error")
