@@ -252,3 +252,61 @@ def test_a_runner_process_answers_every_nasty_call_with_a_tool_error_and_exits_0
     assert len(results) == len(NASTY_ARGUMENTS)
     refused = [m for m in results if m.is_error]
     assert len(refused) == len(NASTY_ARGUMENTS), [m.content[:120] for m in results if not m.is_error]
+
+
+# --- whole assistant messages: odd names, missing and repeated call ids, many calls -----------------------------------
+
+# A model's text fields (names, ids) arrive through its adapter as valid Unicode; NUL is allowed.
+model_text = st.text(st.characters(exclude_categories=["Cs"]), max_size=30)
+call_names = st.sampled_from(NAMES) | model_text | st.sampled_from(["", "x" * 100_000, "lookup_order "])
+call_ids = st.none() | st.sampled_from(["", "call_1", "call_2"]) | model_text
+
+
+@settings(
+    max_examples=30,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(
+    calls=st.lists(
+        st.builds(lambda n, i, a: ToolCall(id=i, name=n, arguments=a), call_names, call_ids, WELL_FORMED | BAD),
+        min_size=1,
+        max_size=6,
+    )
+)
+async def test_any_assistant_message_gets_one_answer_per_call_and_the_run_completes(
+    store: Store, log_lines: list[logging.LogRecord], calls: list[ToolCall]
+) -> None:
+    global examples
+    examples += 1
+    thread = f"calls-{examples}"
+    log_lines.clear()
+    before = Counter(ran)
+    checkpointer = await store.connect()
+    try:
+
+        def respond(messages: list[Message]) -> Message:
+            return assistant(tool_calls=calls) if messages[-1].role == "user" else assistant("done")
+
+        app = tool_graph(TOOLS, ScriptedModel(respond)).compile(checkpointer)
+        shown = repr(calls)[:600]
+        try:
+            values = await app.ainvoke("go", {"thread_id": thread})
+        except Exception as e:
+            raise AssertionError(f"GUARANTEE BROKEN: an assistant message failed the run: {shown}: {e!r}") from e
+        results = [m for m in values["messages"] if m.role == "tool"]
+        assert [m.tool_call_id for m in results] == [c.id for c in calls], f"{shown}: one answer per call, in order"
+        ran_now = ran - before
+        for name in NAMES:
+            answered = sum(1 for m, c in zip(results, calls, strict=True) if c.name == name and not m.is_error)
+            assert ran_now[name] == answered, f"{shown}: {name} ran {ran_now[name]} times for {answered} answers"
+        for message, c in zip(results, calls, strict=True):
+            if c.name not in NAMES:
+                assert message.is_error and "unknown tool" in message.content and len(message.content) < 200_100
+        internal = [r.getMessage() for r in log_lines if "tool node failed" in r.getMessage()]
+        assert not internal, f"{shown}: the tool node itself failed: {internal}"
+        state = await checkpointer.aget(thread)
+        assert state is not None and state.status == "completed"
+    finally:
+        await checkpointer.aclose()
