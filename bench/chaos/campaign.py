@@ -27,7 +27,7 @@ from typing import Any
 from . import plan as p
 from .evidence import Evidence
 from .inject import Globals
-from .trial import PodWatch, Statuses, Trial
+from .trial import ABORT, Baselines, PodWatch, Statuses, Trial
 from .verdict import Verdict, failed, judge
 from .world import ROOT, World
 
@@ -93,6 +93,7 @@ def run(
     began = time.monotonic()
     world = World(scratch / "world")
     result = Result(concurrency=concurrency)
+    ABORT.clear()
     try:
         world.start()
         result.setup_seconds = round(time.monotonic() - began, 1)
@@ -100,19 +101,22 @@ def run(
         watch.start()
         statuses = Statuses(world)
         statuses.start()
+        (scratch / "trials").mkdir(parents=True, exist_ok=True)
+        baselines = Baselines(world, statuses, scratch / "trials")
         faults = Globals(world)
 
         def one(seed: int) -> tuple[Outcome, Trial | None]:
             trial = None
             try:
-                trial = Trial(world, faults, watch, statuses, p.plan(seed), scratch / "trials")
+                trial = Trial(world, faults, watch, statuses, baselines, p.plan(seed), scratch / "trials")
                 trial.workdir.mkdir(parents=True, exist_ok=True)
                 evidence = trial.run()
                 return Outcome(seed, evidence, judge(evidence)), trial
             except Exception as e:
                 return Outcome(seed, None, None, error=f"{type(e).__name__}: {e}"), trial
 
-        with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="trial") as pool:
+        pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="trial")
+        try:
             futures = [pool.submit(one, seed) for seed in seeds]
             for done, future in enumerate(as_completed(futures), 1):
                 outcome, trial = future.result()
@@ -130,6 +134,11 @@ def run(
                         f"[{done}/{len(seeds)} {time.monotonic() - began:6.1f}s] seed {outcome.seed} {state} "
                         f"{kinds or '-'} {figures or ''}{' ' + outcome.error if outcome.error else ''}"
                     )
+        except BaseException:
+            ABORT.set()  # interrupted: trials in flight stop waiting, the rest never start
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
         watch.stop()
         statuses.stop()
         result.operators_replaced = list(world.replaced)

@@ -82,7 +82,7 @@ def thread_rows(dsn: str, thread_id: str, *, timeout: float = 60) -> ThreadRows:
     while True:
         try:
             return asyncio.run(_read(dsn, thread_id))
-        except (TimeoutError, OSError, asyncpg.PostgresError):
+        except Exception:  # any store failure while it restarts (asyncpg's InternalClientError too): retry
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
@@ -101,7 +101,7 @@ def newest_written_attempt(dsn: str, thread_id: str) -> int:
     """The newest attempt that committed a state row on the thread (0 when none or unreadable now)."""
     try:
         return asyncio.run(_newest_attempt(dsn, thread_id))
-    except (TimeoutError, OSError, asyncpg.PostgresError):
+    except Exception:  # unreadable now (a restart): ask again later
         return 0
 
 

@@ -22,8 +22,9 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
-from kubesim import EmulatedCluster, KubeletThread
+from kubesim import ApiResponse, EmulatedCluster, KubeletThread
 
 from .world import NAMESPACE, World
 
@@ -77,8 +78,12 @@ def pod_pid(kubelet: KubeletThread, pod: str) -> int | None:
         return None
 
 
-def partition(cluster: EmulatedCluster, kubelet: KubeletThread, pod: str) -> Zombie | None:
-    """SIGSTOP the pod's runner and make its node unreachable; None when it has no live process."""
+def partition(kubelet: KubeletThread, pod: str) -> Zombie | None:
+    """SIGSTOP the pod's runner and take it out of the kubelet's hands; None when it has no live process.
+
+    The caller then reports the node unreachable (``node_unreachable``) and owns the zombie: it must
+    thaw or kill it whatever happens next.
+    """
     runtime = kubelet.kubelet.runtime(pod, NAMESPACE)
     process = runtime.process
     if process is None or runtime.exit_code is not None:
@@ -89,29 +94,43 @@ def partition(cluster: EmulatedCluster, kubelet: KubeletThread, pod: str) -> Zom
         return None
     runtime.lost = True  # the kubelet neither reports this pod any more nor acts on its deletion
     runtime.process = None
-    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    cluster.api(
-        "PATCH",
-        f"/api/v1/namespaces/{NAMESPACE}/pods/{pod}/status",
-        {
-            "status": {
-                "phase": "Unknown",
-                "reason": "NodeLost",
-                "message": f"Node {kubelet.kubelet.node_name} which was running pod {pod} is unresponsive",
-                "conditions": [
-                    {
-                        "type": "Ready",
-                        "status": "Unknown",
-                        "reason": "NodeLost",
-                        "lastTransitionTime": stamp,
-                        "lastProbeTime": None,
-                    }
-                ],
-            }
-        },
-        content_type=STRATEGIC,
-    )
     return Zombie(pod, process)
+
+
+def node_unreachable(cluster: EmulatedCluster, kubelet: KubeletThread, pod: str) -> None:
+    """The pod's status as the node lifecycle controller leaves it when its node stops reporting."""
+    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    body = {
+        "status": {
+            "phase": "Unknown",
+            "reason": "NodeLost",
+            "message": f"Node {kubelet.kubelet.node_name} which was running pod {pod} is unresponsive",
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "Unknown",
+                    "reason": "NodeLost",
+                    "lastTransitionTime": stamp,
+                    "lastProbeTime": None,
+                }
+            ],
+        }
+    }
+    call(cluster, "PATCH", f"/api/v1/namespaces/{NAMESPACE}/pods/{pod}/status", body, content_type=STRATEGIC)
+
+
+def call(
+    cluster: EmulatedCluster, method: str, path: str, body: Any, *, content_type: str = "application/json"
+) -> ApiResponse:
+    """One API request, retried while the loaded emulator does not answer in time (a 409 is an answer)."""
+    for attempt in range(5):
+        try:
+            return cluster.api(method, path, body, content_type=content_type, timeout=20)
+        except OSError:  # urllib's timeout and connection errors
+            if attempt == 4:
+                raise
+            time.sleep(1)
+    raise AssertionError("unreachable")
 
 
 class Globals:

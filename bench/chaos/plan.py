@@ -88,8 +88,9 @@ class Plan:
         return None
 
     def text(self) -> str:
+        """The user's message: the scenario (the same for every seed with the same ``approval``)."""
         ask = "charge my saved card for order 4821 and email me the receipt"
-        return ask + ("; a goodwill refund needs approval" if self.approval else "") + f" (trial {self.seed})"
+        return ask + ("; a goodwill refund needs approval" if self.approval else "")
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

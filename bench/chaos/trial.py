@@ -1,10 +1,14 @@
-"""One trial: the run under its faults and its uninterrupted baseline, side by side in one world.
+"""One trial: the run under its faults, judged against an uninterrupted run of its scenario.
 
-The trial ``t<seed>`` and its baseline ``b<seed>`` are two AgentRuns with the same
-graph and message on threads of their own; only the trial gets faults. The driver
-waits for each fault's anchor, adds the seeded delay, injects it, and answers the
-run's interrupt (``spec.resume``) whenever it is Interrupted, as a human would. The
-duplicate-pod watch (``PodWatch``) runs for the whole campaign.
+The trial is the AgentRun ``t<seed>``. A seed's scenario is its message (with or without
+the approval step) and nothing else the run's outcome depends on (tool timing changes
+when things happen, not what), so the uninterrupted run of a seed is the uninterrupted
+run of its scenario: ``Baselines`` runs one per scenario (``b-plain``, ``b-approval``)
+in the same world, with the same graph and message, and every trial of that scenario is
+compared with it. The driver waits for each fault's anchor, adds the seeded delay,
+injects it, and answers the run's interrupt (``spec.resume``) whenever it is
+Interrupted, as a human would. The duplicate-pod watch (``PodWatch``) and the status
+cache (``Statuses``) run for the whole campaign.
 """
 
 from __future__ import annotations
@@ -19,8 +23,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from . import plan as p
-from .evidence import Evidence, newest_written_attempt, read_effects, thread_rows
-from .inject import Globals, Zombie, partition, pods_alive
+from .evidence import Evidence, ThreadRows, newest_written_attempt, read_effects, thread_rows
+from .inject import Globals, Zombie, call, node_unreachable, partition, pods_alive
 from .world import NAMESPACE, STORE_SECRET, World
 
 T = TypeVar("T")
@@ -29,6 +33,8 @@ TERMINAL = ("Succeeded", "Failed", "Stopped")
 POLL = 0.3
 RUN_TIMEOUT = 240.0  # a trial that has not ended by then is not finished
 STUCK = 15.0
+# Set when the campaign is interrupted (Ctrl-C): every wait ends at once, so the world can be torn down.
+ABORT = threading.Event()
 
 
 def _attempt_of(pod: str) -> int:
@@ -90,6 +96,60 @@ class Statuses(threading.Thread):
         return self.latest.get(name, {})
 
 
+class Baselines:
+    """The uninterrupted run of each scenario, created on first use and driven to its end on a thread."""
+
+    def __init__(self, world: World, statuses: Statuses, workdir: Path) -> None:
+        self.world, self.statuses, self.workdir = world, statuses, workdir
+        self._lock = threading.Lock()
+        self._done: dict[bool, threading.Event] = {}
+        self._result: dict[bool, tuple[dict[str, Any], ThreadRows]] = {}
+
+    @staticmethod
+    def name(approval: bool) -> str:
+        return "b-approval" if approval else "b-plain"
+
+    def ensure(self, trial: p.Plan) -> None:
+        with self._lock:
+            if trial.approval in self._done:
+                return
+            self._done[trial.approval] = threading.Event()
+        name = self.name(trial.approval)
+        effects = self.workdir / f"{name}.effects"
+        response = call(self.world.cluster, "POST", AGENTRUNS, manifest(name, trial, effects, faults=False))
+        if response.status not in (201, 409):
+            raise RuntimeError(f"could not create {name}: {response}")
+        threading.Thread(target=self._drive, args=(trial.approval,), name=f"chaos-{name}", daemon=True).start()
+
+    def _drive(self, approval: bool) -> None:
+        name = self.name(approval)
+        deadline = time.monotonic() + RUN_TIMEOUT
+        resumed = False
+        state: dict[str, Any] = {}
+        while time.monotonic() < deadline and not ABORT.is_set():
+            state = self.statuses.of(name)
+            if state.get("phase") in TERMINAL:
+                break
+            if state.get("phase") == "Interrupted" and not resumed:
+                resumed = answer(self.world, name)
+            time.sleep(POLL)
+        final = dict((self.world.cluster.get("agentruns", name, NAMESPACE) or {}).get("status") or {})
+        self._result[approval] = (final, thread_rows(self.world.postgres.dsn, f"{NAMESPACE}/{name}"))
+        self._done[approval].set()
+
+    def result(self, approval: bool) -> tuple[dict[str, Any], ThreadRows]:
+        """The baseline's final status and rows (waits for its end)."""
+        self._done[approval].wait(RUN_TIMEOUT + 60)
+        return self._result.get(approval, ({}, ThreadRows(thread_id="", states=[], messages=[], ledger=[], intents=[])))
+
+
+def answer(world: World, name: str) -> bool:
+    """``spec.resume`` as a human would give it (the same answer in every trial and baseline)."""
+    body = {"spec": {"resume": {"value": {"approved": True, "by": "chaos"}}}}
+    response = call(world.cluster, "PATCH", f"{AGENTRUNS}/{name}", body, content_type="application/merge-patch+json")
+    return response.status == 200
+
+
 def manifest(name: str, trial: p.Plan, effects: Path, *, faults: bool) -> dict[str, Any]:
     env = [
         {"name": "CHAOS_EFFECTS", "value": str(effects)},
@@ -115,16 +175,25 @@ def manifest(name: str, trial: p.Plan, effects: Path, *, faults: bool) -> dict[s
 
 class Trial:
     def __init__(
-        self, world: World, faults: Globals, watch: PodWatch, statuses: Statuses, trial: p.Plan, workdir: Path
+        self,
+        world: World,
+        faults: Globals,
+        watch: PodWatch,
+        statuses: Statuses,
+        baselines: Baselines,
+        trial: p.Plan,
+        workdir: Path,
     ) -> None:
         self.world, self.globals, self.watch, self.statuses, self.plan = world, faults, watch, statuses, trial
-        self.name, self.baseline = f"t{trial.seed}", f"b{trial.seed}"
+        self.baselines = baselines
+        self.name, self.baseline = f"t{trial.seed}", Baselines.name(trial.approval)
         self.workdir = workdir
         self.effects = workdir / f"{self.name}.effects"
         self.baseline_effects = workdir / f"{self.baseline}.effects"
         self.resumed: dict[str, int] = {}  # run -> the attempt that resumes its interrupt
         self.injected: list[dict[str, Any]] = []
         self.zombies: list[dict[str, Any]] = []
+        self.frozen: list[Zombie] = []  # killed at the end whatever happened
         self.errors: list[str] = []
         self.started = time.monotonic()
 
@@ -146,23 +215,17 @@ class Trial:
         return self.status(name).get("phase") in TERMINAL
 
     def tick(self) -> None:
-        """Answer an interrupt as a human would: once per run (the graph interrupts once)."""
-        for name in (self.name, self.baseline):
-            if name in self.resumed:
-                continue
-            state = self.status(name)
-            if state.get("phase") == "Interrupted":
-                answer = {"spec": {"resume": {"value": {"approved": True, "by": "chaos"}}}}
-                response = self.world.cluster.api(
-                    "PATCH", f"{AGENTRUNS}/{name}", answer, content_type="application/merge-patch+json"
-                )
-                if response.status == 200:
-                    self.resumed[name] = int(state.get("attempt") or 0) + 1
+        """Answer the trial's interrupt as a human would: once (the graph interrupts once)."""
+        if self.name in self.resumed:
+            return
+        state = self.status(self.name)
+        if state.get("phase") == "Interrupted" and answer(self.world, self.name):
+            self.resumed[self.name] = int(state.get("attempt") or 0) + 1
 
     def wait(self, what: Callable[[], T | None], timeout: float) -> T | None:
         """``what()`` once truthy, ticking meanwhile; None on timeout or once the trial ended."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not ABORT.is_set():
             self.tick()
             found = what()
             if found:
@@ -239,8 +302,10 @@ class Trial:
                 kubelet.lose_node(pod, NAMESPACE)
                 record.update(hit=True, note="node lost: runner SIGKILLed, pod phase Unknown")
             elif fault.kind == p.FROZEN_RUNNER:
-                zombie = partition(self.world.cluster, kubelet, pod)
+                zombie = partition(kubelet, pod)
                 if zombie is not None:
+                    self.frozen.append(zombie)
+                    node_unreachable(self.world.cluster, kubelet, pod)
                     record.update(hit=True, note=self.thaw_after_successor(zombie))
             elif fault.kind == p.POSTGRES_RESTART:
                 record.update(hit=True, note=self.globals.restart_postgres(fault.down))
@@ -249,7 +314,7 @@ class Trial:
             elif fault.kind == p.OPERATOR_LEADER_KILL:
                 note = self.globals.kill_leader()
                 record.update(hit=note is not None, note=note or "no leader at that moment")
-        except (RuntimeError, KeyError) as e:  # the pod ended between the anchor and the blow
+        except (RuntimeError, KeyError, TimeoutError) as e:  # the pod ended between the anchor and the blow
             record["note"] = f"missed: {e}"
         return record
 
@@ -270,12 +335,21 @@ class Trial:
     # --- the trial -------------------------------------------------------------------------------
 
     def create(self) -> None:
-        for name, effects, faults in ((self.name, self.effects, True), (self.baseline, self.baseline_effects, False)):
-            response = self.world.cluster.api("POST", AGENTRUNS, manifest(name, self.plan, effects, faults=faults))
-            if response.status != 201:
-                raise RuntimeError(f"could not create {name}: {response}")
+        self.baselines.ensure(self.plan)
+        response = call(
+            self.world.cluster, "POST", AGENTRUNS, manifest(self.name, self.plan, self.effects, faults=True)
+        )
+        if response.status not in (201, 409):  # 409: a retried create that had landed
+            raise RuntimeError(f"could not create {self.name}: {response}")
 
     def run(self) -> Evidence:
+        try:
+            return self._run()
+        finally:
+            for zombie in self.frozen:
+                zombie.kill()
+
+    def _run(self) -> Evidence:
         self.create()
         min_attempt, offset = 1, 0
         for fault in self.plan.faults:
@@ -290,8 +364,7 @@ class Trial:
             if record["hit"] and fault.kind not in p.GLOBAL:
                 min_attempt = record["attempt"] + 1
             offset = len(read_effects(self.effects))
-        for name in (self.name, self.baseline):
-            self.wait_end(name)
+        self.wait_end(self.name)
         fired = self.fault_point_fired()
         if self.plan.fault_point:
             kind = next(f.kind for f in self.plan.faults if f.anchor == p.ANCHOR_POINT)
@@ -305,7 +378,7 @@ class Trial:
         human would have to answer again; counted as not finished)."""
         deadline = self.started + RUN_TIMEOUT
         stuck_since: float | None = None
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not ABORT.is_set():
             self.tick()
             state = self.status(name)
             if state.get("phase") in TERMINAL:
@@ -329,14 +402,15 @@ class Trial:
 
     def evidence(self, fired: bool) -> Evidence:
         dsn = self.world.postgres.dsn
+        baseline_status, baseline = self.baselines.result(self.plan.approval)
         return Evidence(
             seed=self.plan.seed,
             plan=self.plan.to_json(),
             injected=self.injected,
             trial=thread_rows(dsn, f"{NAMESPACE}/{self.name}"),
-            baseline=thread_rows(dsn, f"{NAMESPACE}/{self.baseline}"),
+            baseline=baseline,
             trial_status=self.final_status(self.name),
-            baseline_status=self.final_status(self.baseline),
+            baseline_status=baseline_status,
             effects=read_effects(self.effects),
             overlaps=self.watch.of(self.name),
             zombies=self.zombies,

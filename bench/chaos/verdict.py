@@ -165,6 +165,7 @@ def judge(evidence: Evidence) -> Verdict:
     why += reasons
     stale, reasons = stale_writes(trial)
     why += reasons
+    why += evidence["errors"]
     phase = evidence["trial_status"].get("phase")
     not_finished = int(phase != "Succeeded")
     if not_finished:

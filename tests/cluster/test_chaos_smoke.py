@@ -1,0 +1,70 @@
+"""The fault campaign's smoke (``make chaos`` in small): 21 seeded trials in one emulated cluster.
+
+Seeds 1 to 22 but 15 spread their first faults evenly over every kind (``bench.chaos.plan``):
+runner SIGKILLs inside a tool, inside the checkpoint transaction, between a tool's return and
+its ledger record, during an interrupt resume and during a SIGTERM drain; eviction; node loss;
+SIGKILL of the operator leader (two replicas); a PostgreSQL and a Redis restart (private
+servers); a runner frozen with SIGSTOP and thawed after its successor took over. Each trial is
+compared with an uninterrupted run of its seed. Guarantees: no recorded tool re-executed, no
+step lost, no stale write accepted, every run finished, no duplicate pod, no restart charged for
+infrastructure, final states equal to the baselines'. A failing trial keeps its evidence under
+``bench/results/chaos/<seed>/``; ``python -m bench.chaos replay <seed>`` reruns it alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from bench.chaos import campaign
+from bench.chaos.plan import KILL_DURING_RESUME, KINDS, plan
+from bench.chaos.verdict import LOSSES
+
+pytestmark = pytest.mark.timeout(300)
+
+SEEDS = [s for s in range(1, 23) if s != 15]
+# The one trial a known operator bug fails (bench/RELIABILITY.md, "What was not 0"): the answer to an
+# interrupt is lost when the attempt it started is SIGKILLed before its first checkpoint.
+RESUME_SEED = 4
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory: pytest.TempPathFactory) -> Iterator[campaign.Result]:
+    workdir = tmp_path_factory.mktemp("chaos")
+    yield campaign.run(SEEDS, concurrency=11, workdir=workdir, quiet=True)
+
+
+def _losses(outcome: campaign.Outcome) -> dict[str, int]:
+    assert outcome.verdict is not None, f"seed {outcome.seed}: the harness failed: {outcome.error}"
+    return {f: outcome.verdict["figures"][f] for f in LOSSES if outcome.verdict["figures"][f]}
+
+
+def test_the_smoke_seeds_cover_every_fault_kind() -> None:
+    assert {plan(s).faults[0].kind for s in SEEDS} >= set(KINDS)
+    assert plan(RESUME_SEED).faults[-1].kind == KILL_DURING_RESUME
+
+
+def test_no_fault_loses_a_recorded_tool_call_a_step_a_run_or_the_final_state(smoke: campaign.Result) -> None:
+    figures = campaign.summary(smoke)
+    print({k: v for k, v in figures.items() if isinstance(v, int)}, figures["faults_injected"])
+    broken = {o.seed: _losses(o) for o in smoke.outcomes if o.seed != RESUME_SEED and _losses(o)}
+    why = {o.seed: o.verdict["why"] for o in smoke.outcomes if o.seed in broken and o.verdict}
+    assert not broken, f"GUARANTEE BROKEN under faults: {broken}\n{why}\nevidence: bench/results/chaos/<seed>/"
+    landed = sum(figures["faults_injected"].values())
+    assert landed >= len(SEEDS), f"only {landed} faults landed in {len(SEEDS)} trials: {figures['faults_missed']}"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="operator bug: a crash of the attempt that resumes an interrupt, before its first checkpoint, "
+    "loses the answer (the run is Interrupted again and the same spec.resume is ignored)",
+)
+def test_a_crash_while_resuming_an_interrupt_keeps_the_answer(smoke: campaign.Result) -> None:
+    (outcome,) = [o for o in smoke.outcomes if o.seed == RESUME_SEED]
+    assert not _losses(outcome), f"seed {RESUME_SEED}: {outcome.verdict}"
+
+
+def test_a_seed_is_a_plan() -> None:
+    assert plan(7) == plan(7) and plan(7) != plan(8)
+    assert Path(campaign.FAILURES).name == "chaos"
