@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: cluster dashboard prometheus bench dev test test-unit test-integration test-postgres test-cluster test-chart lint demo demo-local e2e-kind deploy-manifests lock clean
+.PHONY: cluster dashboard prometheus bench chaos dev test test-unit test-integration test-postgres test-cluster test-chart lint demo demo-local e2e-kind deploy-manifests lock clean
 
 $(STAMP): pyproject.toml kubesim/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -37,6 +37,10 @@ bench: $(STAMP)  ## what durability costs: agentrun vs LangGraph vs the PostgreS
 	$(BIN)/python -m bench.runtime $(BENCH_ARGS)
 	$(BIN)/python -m bench.runtime profile
 	$(BIN)/python -m bench.operator $(OPERATOR_BENCH_ARGS)
+
+chaos: $(STAMP)  ## the seeded fault campaign: 220 trials, every fault kind, figures in bench/results/reliability.json and bench/RELIABILITY.md (CHAOS_ARGS: --trials N --first-seed S --concurrency C; replay: python -m bench.chaos replay SEED)
+	bash scripts/services.sh
+	$(BIN)/python -m bench.chaos run $(CHAOS_ARGS)
 
 lint: $(STAMP)  ## ruff (lint and format), mypy --strict (product, kubesim and test support code), import layers
 	$(BIN)/ruff check runner operator kubesim tests examples bench
