@@ -92,3 +92,32 @@ _metered.add_node(
 _metered.add_edge(START, "model")
 _metered.add_edge("model", END)
 metered_model = _metered
+
+
+@tool
+def sign_off(who: str) -> str:
+    """Ask ``who`` to sign off (one interrupt per call)."""
+    decision = interrupt({"who": who}, message=f"{who}: sign off?")
+    _record(f"sign_off:{who}:{json.dumps(decision)}")
+    return f"{who} said {decision}"
+
+
+def _two_sign_offs_model(messages: Sequence[Message]) -> Message:
+    if messages[-1].role == "user":
+        return assistant(
+            tool_calls=[
+                ToolCall(id="call_a", name="sign_off", arguments='{"who": "finance"}'),
+                ToolCall(id="call_b", name="sign_off", arguments='{"who": "legal"}'),
+            ]
+        )
+    return assistant("signed off")
+
+
+# Two parallel calls that interrupt at once: a run waiting on two interrupt ids.
+_two = StateGraph()
+_two.add_node("model", ScriptedModel(_two_sign_offs_model))
+_two.add_node("tools", ToolNode([sign_off]))
+_two.add_edge(START, "model")
+_two.add_conditional_edges("model", tools_condition, {"tools": "tools", END: END})
+_two.add_edge("tools", "model")
+two_sign_offs = _two

@@ -24,7 +24,7 @@ import yaml
 
 from examples.support_agent import count_effects
 from kubesim import KUBECTL, EmulatedCluster, KubeletThread
-from tests.cluster.operator_harness import OperatorProcess, agentrun, apply, start_operator
+from tests.cluster.operator_harness import OperatorProcess, agentrun, apply, executions, start_operator
 from tests.support.databases import create_database, drop_database
 
 pytestmark = pytest.mark.timeout(180)
@@ -299,3 +299,30 @@ def test_kubectl_get_w_prints_no_status_row_that_repeats_the_one_before(
             assert row_before != row_after, (
                 f"a status write changed only {changed}: kubectl get ar -w printed {row_after} again"
             )
+
+
+def test_a_run_waiting_on_two_interrupts_is_answered_by_id(
+    cluster: EmulatedCluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    effects = tmp_path / "effects.db"
+    apply(cluster, agentrun("two", thread="two", graph="tests.cluster.graphs:two_sign_offs", effects=effects))
+    paused = wait_phase(cluster, operator, "two", "Interrupted")
+    ids = paused["interrupt"]["ids"]
+    assert len(ids) == 2, paused
+    assert "2 interrupts:" in ok(agentrun_cli(cluster, "list"))
+    which = agentrun_cli(cluster, "approve", "two")
+    assert which.returncode == 1 and f"waits on 2 interrupts ({ids[0]}, {ids[1]})" in which.stderr, which.stderr
+    assert "--id ID" in which.stderr and "--all" in which.stderr
+    ok(agentrun_cli(cluster, "approve", "two", "--id", ids[0], "--value", '"yes"'))
+    # The answered call goes on; the other asks again, as the only interrupt left.
+    cluster.wait_for(
+        lambda: (s := status(cluster, "two")).get("phase") == "Interrupted" and s.get("attempt") == 2,
+        timeout=60,
+        message="two waiting again on the unanswered interrupt",
+    )
+    assert status(cluster, "two")["interrupt"]["ids"] == [ids[1]]
+    ok(agentrun_cli(cluster, "reject", "two"))
+    final = wait_phase(cluster, operator, "two", "Succeeded")
+    assert final["attempt"] == 3
+    done = executions(effects)
+    assert sorted(done) == ['sign_off:finance:"yes"', "sign_off:legal:false"], done
