@@ -40,7 +40,7 @@ from tests.cluster.operator_harness import (
     progress,
     start_operator,
 )
-from tests.cluster.test_operator import pods_of, status, wait_phase
+from tests.cluster.test_operator import status, wait_phase
 from tests.support.checkpointers import postgres_dsn
 from tests.support.databases import create_database, drop_database, with_database
 
@@ -242,9 +242,14 @@ def test_the_store_password_appears_in_no_log_event_status_or_metric(
     _secret(cluster, "agentrun-store", dsn)
     # The same canary on a port where nothing listens: the runner's and the operator's error paths.
     _secret(cluster, "down-store", dsn.replace(dsn.split("@", 1)[1].split("/", 1)[0], f"127.0.0.1:{free_port()}"))
+    # And on a database that does not exist: the configuration-error path (InvalidStore).
+    _secret(cluster, "no-db-store", dsn.rsplit("/", 1)[0] + "/no_such_database")
     process = start_operator(cluster, tmp_path)
     try:
         apply(cluster, agentrun("good", thread="good", effects=tmp_path / "g.db"))
+        no_db = agentrun("no-db", thread="no-db", effects=tmp_path / "n.db")
+        no_db["spec"]["store"] = {"secretRef": {"name": "no-db-store"}}
+        apply(cluster, no_db)
         down = agentrun(
             "down",
             thread="down",
@@ -256,12 +261,17 @@ def test_the_store_password_appears_in_no_log_event_status_or_metric(
         wait_phase(cluster, process, "good", "Succeeded", timeout=90)
         failed = wait_phase(cluster, process, "down", "Failed", timeout=90)
         assert failed["reason"] in ("StoreUnavailable", "InvalidStore"), failed
+        invalid = wait_phase(cluster, process, "no-db", "Failed", timeout=90)
+        assert invalid["reason"] == "InvalidStore", invalid
         metrics = process.metrics()
     finally:
         process.stop()
     seen = {
         "operator log": process.log(),
-        "runner pod logs": "\n".join(kubelet.logs(p) for p in pods_of(cluster, "good") + pods_of(cluster, "down")),
+        # Every pod's log file, deleted pods' too (the kubelet keeps them in its folder).
+        "runner pod logs": "\n".join(
+            p.read_text(errors="replace") for p in (tmp_path / "kubelet").rglob("*.log") if p.is_file()
+        ),
         "kubectl get events -A -o yaml": cluster.kubectl("get", "events", "-A", "-o", "yaml").stdout,
         "kubectl get agentruns -A -o yaml": cluster.kubectl("get", "agentruns", "-A", "-o", "yaml").stdout,
         "kubectl describe agentruns": cluster.kubectl("describe", "agentruns").stdout,
