@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: cluster dashboard prometheus bench chaos dev test test-unit test-integration test-postgres test-cluster test-chart lint demo demo-local e2e-kind deploy-manifests lock clean
+.PHONY: cluster dashboard prometheus bench chaos dev test test-unit test-integration test-postgres test-cluster test-badinput test-chart lint demo demo-local e2e-kind deploy-manifests lock clean
 
 $(STAMP): pyproject.toml kubesim/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,9 @@ test-postgres: $(STAMP)
 
 test-cluster: $(STAMP) prometheus  ## the emulated cluster (kubesim's self-tests, then agentrun's cluster tier)
 	$(BIN)/pytest -q kubesim/tests tests/cluster
+
+test-badinput: $(STAMP)  ## bad input (issue 13): fuzzed specs and tool arguments, damaged ledger rows, 10 MB results, secrets; needs PostgreSQL
+	$(BIN)/pytest -q tests/badinput
 
 test-chart: $(STAMP)  ## the Helm chart (real Helm), deploy/ and the Dockerfile, without a cluster
 	$(BIN)/pytest -q tests/chart tests/e2e/test_manifests.py
