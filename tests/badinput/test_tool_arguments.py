@@ -310,3 +310,52 @@ async def test_any_assistant_message_gets_one_answer_per_call_and_the_run_comple
         assert state is not None and state.status == "completed"
     finally:
         await checkpointer.aclose()
+
+
+# --- a real MCP server ------------------------------------------------------------------------------------------------
+
+
+async def test_nasty_arguments_to_a_real_mcp_server_are_tool_errors_and_the_session_survives(
+    subprocess_env: dict[str, str], tmp_path: Any
+) -> None:
+    """The MCP adapter's ``SchemaTool`` in front of a real server (the mcp SDK's FastMCP, over stdio)."""
+    from agentrun import InMemoryCheckpointer
+    from agentrun.integrations.mcp import MCPServer, amcp_tools
+
+    env = dict(subprocess_env, MCP_CHARGES_FILE=str(tmp_path / "c.jsonl"), MCP_PID_FILE=str(tmp_path / "p"))
+    server = MCPServer.stdio(sys.executable, "-m", "tests.support.mcp_server", "stdio", env=env, cwd=str(ROOT))
+    try:
+        tools = [t for t in await amcp_tools(server) if t.name == "lookup"]
+        nasty = [*NASTY_ARGUMENTS, json.dumps({"order_id": "é" * (1 << 20)}), '{"order_id": "4821"}']
+        calls = [ToolCall(id=f"call_{i}", name="lookup", arguments=a) for i, a in enumerate(nasty)]
+
+        def respond(messages: list[Message]) -> Message:
+            return assistant(tool_calls=calls) if messages[-1].role == "user" else assistant("done")
+
+        app = tool_graph(tools, ScriptedModel(respond)).compile(InMemoryCheckpointer())
+        values = await app.ainvoke("go", {"thread_id": "mcp"})
+        results = [m for m in values["messages"] if m.role == "tool"]
+        assert [m.tool_call_id for m in results] == [c.id for c in calls]
+        for arguments, message in zip(nasty, results, strict=True):
+            if _may_succeed(arguments):
+                continue  # the server decides (FastMCP ignores unknown fields)
+            assert message.is_error, f"{arguments[:120]!r} was not refused: {message.content[:200]!r}"
+        assert results[-1].content == "order 4821: 49.99 EUR", "a well-formed call among the nasty ones failed"
+        assert "é" * 100 in results[-2].content, "the 1 MiB argument did not reach the server whole"
+        # The session survived all of it: a new call on it works.
+        again = (
+            await tool_graph(tools, ScriptedModel(respond))
+            .compile(InMemoryCheckpointer())
+            .ainvoke("go", {"thread_id": "mcp-2"})
+        )
+        assert [m for m in again["messages"] if m.role == "tool"][-1].content == "order 4821: 49.99 EUR"
+    finally:
+        await server.aclose()
+
+
+def _may_succeed(arguments: str) -> bool:
+    try:
+        value = ToolCall(id="x", name="x", arguments=arguments).parsed_arguments()
+    except ValueError:
+        return False
+    return isinstance(value.get("order_id"), str)
