@@ -16,11 +16,14 @@ import json
 import logging
 from collections import Counter
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from agentrun import DeterminismError, tool
-from agentrun.ledger import decode, encode
+from agentrun.ledger import MalformedEntry, decode, encode
 from tests.badinput.conftest import Store
 from tests.unit.helpers import app_for, call, seed_tool_step, tool_messages
 
@@ -163,3 +166,72 @@ async def test_a_row_naming_another_tool_is_a_determinism_error_and_no_result_is
         line.startswith("ERROR") and "recorded by tool" in line for line in warnings
     ), f"the failure must be logged: {warnings}"
     assert all('"status": "old"' not in m.content for m in state.messages), "another tool's result was handed out"
+
+
+# --- any damage at all ------------------------------------------------------------------------------------------------
+
+storable = st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\x00"), max_size=80)
+envelope_text = st.builds(
+    lambda value, cut: json.dumps({"__kind__": "raw", "value": value})[:cut],
+    storable,
+    st.integers(0, 120),
+)
+any_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | storable,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(storable, inner, max_size=3),
+    max_leaves=8,
+).map(json.dumps)
+damaged_text = st.one_of(storable, envelope_text, any_json)
+rounds = 0
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(text=damaged_text)
+async def test_whatever_the_row_holds_the_call_replays_a_valid_record_or_runs_again_and_says_so(
+    store: Store, warnings: list[str], text: str
+) -> None:
+    global rounds
+    rounds += 1
+    thread = f"default/any-{rounds}"
+    warnings.clear()
+    checkpointer = await store.connect()
+    try:
+        request = await seed_tool_step(checkpointer, thread, [call("call_1", "lookup_order", order_id="4821")])
+        key = f"{request.id}:call_1"
+        assert await checkpointer.ledger_put(thread, key, "lookup_order", encode({"order": "4821"}))
+        column = "result_text" if store.kind == "postgres" else "result"
+        await store.sql(
+            f"UPDATE tool_executions SET {column} = $3 WHERE thread_id = $1 AND tool_call_id = $2".replace(
+                "$3", "$3" if store.kind == "postgres" else "?3"
+            ),
+            thread,
+            key,
+            text,
+        )
+        try:
+            expected: Any = decode(json.loads(text)).result
+        except (ValueError, MalformedEntry):
+            expected = MISSING
+        before = ran["lookup_order"]
+        values = await app_for([lookup_order, check_stock], [], checkpointer).ainvoke(None, {"thread_id": thread})
+        reran = ran["lookup_order"] - before
+        content = tool_messages(values)["call_1"].content
+        if expected is MISSING:
+            assert reran == 1, f"GUARANTEE BROKEN: the damaged row {text!r} was used or skipped, not re-run"
+            assert any("malformed" in line and key in line for line in warnings), f"no warning for {text!r}"
+            assert '"status": "fresh"' in content
+        else:
+            assert reran == 0, f"a well-formed record {text!r} was not replayed"
+            assert content == (expected if isinstance(expected, str) else json.dumps(expected, ensure_ascii=False))
+        state = await checkpointer.aget(thread)
+        assert state is not None and state.status == "completed"
+    finally:
+        await checkpointer.aclose()
+
+
+MISSING = object()
