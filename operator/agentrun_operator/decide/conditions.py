@@ -121,13 +121,14 @@ def status_patch(
     conditions: Mapping[str, tuple[bool, str, str]] | None = None,
 ) -> StatusPatch:
     """What to write for a decision's ``desired`` status: the changes, ``observedGeneration``, and conditions
-    (the phase's on a phase change, plus ``conditions``: type -> (status, reason, message)); empty when
-    nothing changed, or only what may wait (``deferrable``)."""
+    (the phase's on a phase change, plus ``conditions``: type -> (status, reason, message)). The caller
+    asks ``deferrable`` whether it may wait (and when it is due: ``QUIET_SECONDS`` after the mirrored
+    checkpoint), so that a quiet run still gets it written."""
     patch = changed(current.wire(), {**desired, "observedGeneration": generation})
     if "phase" in patch:
         with_conditions(current, patch, now=now, generation=generation)
     with_extra_conditions(current, patch, conditions or {}, now=now, generation=generation)
-    return StatusPatch() if deferrable(current, patch, now=now) else patch
+    return patch
 
 
 def deferrable(current: AgentRunStatus, patch: StatusPatch, *, now: datetime) -> bool:
