@@ -79,13 +79,18 @@ async def run_node(
     stops = stops or StopWatch()
     loop = asyncio.get_running_loop()
     deadline = None if cfg.node_timeout is None else loop.time() + cfg.node_timeout
+    # Armed once the node outlived its first wake (a fast node pays nothing for it): a notified stop
+    # then wakes the supervisor at once instead of at its next wake.
+    heard: asyncio.Future[None] | None = None
     try:
         while True:
             wait = cfg.stop_poll_interval
             if deadline is not None:
                 wait = max(0.0, min(wait, deadline - loop.time()))
-            done, _ = await asyncio.wait({task}, timeout=wait)
-            if done:
+            done, _ = await asyncio.wait(
+                {task} if heard is None else {task, heard}, timeout=wait, return_when=asyncio.FIRST_COMPLETED
+            )
+            if task in done:
                 return task.result()
             if deadline is not None and loop.time() >= deadline:
                 await cancel(task, log)
@@ -99,7 +104,10 @@ async def run_node(
                 log.info("preempted while node %s runs; cancelling it (completed tool calls are recorded)", node.name)
                 await cancel(task, log)
                 raise Preempted()
-            if not stops.due(loop.time(), cfg.stop_poll_interval):
+            due = stops.due(loop.time(), cfg.stop_poll_interval)
+            if heard is None or heard.done():  # after due() took the notification, not before
+                heard = asyncio.ensure_future(stops.heard())
+            if not due:
                 continue
             reason = await stop_reason(ctx.checkpointer, cfg.thread_id, log)
             if reason is not None:
@@ -107,6 +115,9 @@ async def run_node(
                 await cancel(task, log)
                 raise StopRequested(reason)
     finally:
+        if heard is not None and not heard.done():
+            heard.cancel()
+            await asyncio.gather(heard, return_exceptions=True)
         if not task.done():
             await cancel(task, log)
 

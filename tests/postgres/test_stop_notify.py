@@ -122,6 +122,37 @@ async def test_a_stop_written_by_raw_sql_notifies_a_run_inside_a_long_node(pg_ds
         await runner.aclose()
 
 
+async def test_a_notified_stop_wakes_the_supervisor_of_a_long_node_at_once(pg_dsn: str) -> None:
+    """Not at its next wake (every stop_poll_interval): five stops inside a node, their median well under it."""
+    runner = CountingPg(pg_dsn)
+    operator = PgCheckpointer(pg_dsn, listen_for_stops=False)
+    took = []
+    try:
+        app = looping_graph(3600, steps=1).compile(runner)
+        for i in range(5):
+            task = await start(app, f"t{i}", stop_poll_interval=1.0)
+
+            async def listening() -> bool:
+                return bool(await listeners(pg_dsn))
+
+            await wait_until(listening, what="the runner to LISTEN for stop requests")
+            await asyncio.sleep(0.3)
+            took.append(await _stop_now(operator, f"t{i}", task))
+    finally:
+        await runner.aclose()
+        await operator.aclose()
+    took.sort()
+    assert took[2] < 0.25, f"stops inside a node took {[round(t, 3) for t in took]}s: the supervisor polled"
+
+
+async def _stop_now(operator: PgCheckpointer, thread: str, task: asyncio.Task[Any]) -> float:
+    sent = time.monotonic()
+    await operator.request_stop(thread)
+    with pytest.raises(RunStopped):
+        await asyncio.wait_for(task, 5)
+    return time.monotonic() - sent
+
+
 async def test_a_lost_listener_falls_back_to_polling_and_listens_again(pg_dsn: str) -> None:
     runner = CountingPg(pg_dsn)
     try:

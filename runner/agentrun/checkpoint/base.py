@@ -41,6 +41,7 @@ Contract shared by all backends (the conformance suite in
 from __future__ import annotations
 
 import abc
+import asyncio
 import math
 import time
 from dataclasses import dataclass, field
@@ -539,9 +540,19 @@ class StopWatch:
     def __init__(self) -> None:
         self._notified = True
         self._checked_at = -math.inf
+        self._heard: asyncio.Event | None = None
 
     def notify(self) -> None:
         self._notified = True
+        if self._heard is not None:
+            self._heard.set()
+
+    async def heard(self) -> None:
+        """Return once a notification is pending (at once if one is): what a node's supervisor waits on."""
+        if self._heard is None:
+            self._heard = asyncio.Event()
+        if not self._notified:
+            await self._heard.wait()
 
     def poll_interval(self, interval: float) -> float:
         """Seconds between checks nobody asked for (``math.inf``: none)."""
@@ -551,6 +562,8 @@ class StopWatch:
         """Whether to ask the store now (loop time ``now``); a ``True`` counts as the check."""
         if self._notified or now - self._checked_at >= self.poll_interval(interval):
             self._notified = False
+            if self._heard is not None:
+                self._heard.clear()
             self._checked_at = now
             return True
         return False

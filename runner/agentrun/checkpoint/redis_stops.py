@@ -51,6 +51,9 @@ class RedisStopWatch(StopWatch):
     def notify(self) -> None:
         self.inner.notify()
 
+    async def heard(self) -> None:
+        await self.inner.heard()
+
     def due(self, now: float, interval: float) -> bool:
         if now - self._since >= interval:
             self.stops.start()  # a run that lasts: worth the subscription
