@@ -193,6 +193,10 @@ def summary(result: Result) -> dict[str, Any]:
                     "kept": outcome.kept,
                 }
             )
+    thawed: Counter[str] = Counter()
+    for outcome in result.outcomes:
+        for zombie in outcome.evidence["zombies"] if outcome.evidence is not None else []:
+            thawed[str(zombie["exit_code"])] += 1
     seeds = [o.seed for o in result.outcomes]
     return {
         "trials": len(result.outcomes),
@@ -200,6 +204,8 @@ def summary(result: Result) -> dict[str, Any]:
         **{f: figures[f] for f in FIGURES},
         "faults_missed": missed,
         "window_reexecutions_by_fault_in_trial": dict(sorted(window_by_kind.items())),
+        # Exit codes of the frozen runners once thawed: 7 (FENCED) when their next write was refused.
+        "frozen_runner_exit_codes": dict(sorted(thawed.items())),
         "failed_trials": [o.seed for o in result.outcomes if o.kept],
         "harness_errors": harness_errors,
         "campaign": {

@@ -158,7 +158,10 @@ class Globals:
 
     def kill_leader(self) -> str | None:
         with self.operator:
-            leader = self.world.leader()
+            # Right after another trial's kill the Lease is in transit (up to its 5 s): wait for the next leader.
+            deadline = time.monotonic() + 15
+            while (leader := self.world.leader()) is None and time.monotonic() < deadline:
+                time.sleep(0.2)
             if leader is None:
                 return None
             leader.proc.send_signal(signal.SIGKILL)

@@ -110,7 +110,7 @@ def _fault(kind: str, rng: random.Random, *, approval: bool, tool_seconds: float
         return Fault(kind, ANCHOR_RESUMED, round(rng.uniform(0.0, 2.0), 3))
     if kind == KILL_DURING_DRAIN:
         return Fault(
-            kind, ANCHOR_TOOL, round(rng.uniform(0, tool_seconds), 3), tool=tool, drain=round(rng.uniform(0, 1.0), 3)
+            kind, ANCHOR_TOOL, round(rng.uniform(0, tool_seconds), 3), tool=tool, drain=round(rng.uniform(0, 0.6), 3)
         )
     if kind == EVICTION:
         grace = rng.choice((None, 1, 2))

@@ -10,8 +10,8 @@ Definitions, one per figure (``bench/RELIABILITY.md`` says them for users):
   between a side effect and its record; a frozen runner that thaws mid-call is in it
   too). Reported, not a failure.
 - ``steps_lost``: steps a resumed run did again although their checkpoint had
-  committed (the step counter of a later state row goes back), plus steps the trial
-  has fewer than its baseline.
+  committed (the step counter of a later state row goes back), plus, for a finished
+  trial, steps it has fewer than its baseline.
 - ``stale_writes_accepted``: rows (state, ledger, intent) written by an attempt after a
   newer attempt of the run had already written: fencing should have refused them.
 - ``run_not_finished``: the trial did not end Succeeded.
@@ -119,7 +119,7 @@ def reexecutions(evidence: Evidence) -> tuple[int, int, list[str]]:
     return recorded, window, why
 
 
-def steps_lost(trial: ThreadRows, baseline: ThreadRows) -> tuple[int, list[str]]:
+def steps_lost(trial: ThreadRows, baseline: ThreadRows, *, finished: bool) -> tuple[int, list[str]]:
     lost, why = 0, []
     highest = -1
     previous: tuple[str, int] | None = None
@@ -134,7 +134,7 @@ def steps_lost(trial: ThreadRows, baseline: ThreadRows) -> tuple[int, list[str]]
         previous = here
     final_trial = max((s["step"] for s in trial["states"]), default=0)
     final_base = max((s["step"] for s in baseline["states"]), default=0)
-    if final_trial < final_base:
+    if finished and final_trial < final_base:  # an unfinished run is counted in runs_not_finished
         lost += final_base - final_trial
         why.append(f"the trial's last step is {final_trial}, its baseline's {final_base}")
     return lost, why
@@ -161,13 +161,13 @@ def judge(evidence: Evidence) -> Verdict:
     trial, baseline = evidence["trial"], evidence["baseline"]
     recorded, window, reasons = reexecutions(evidence)
     why += reasons
-    lost, reasons = steps_lost(trial, baseline)
+    phase = evidence["trial_status"].get("phase")
+    not_finished = int(phase != "Succeeded")
+    lost, reasons = steps_lost(trial, baseline, finished=not not_finished)
     why += reasons
     stale, reasons = stale_writes(trial)
     why += reasons
     why += evidence["errors"]
-    phase = evidence["trial_status"].get("phase")
-    not_finished = int(phase != "Succeeded")
     if not_finished:
         why.append(
             f"the trial ended {phase} ({evidence['trial_status'].get('reason')}: "
