@@ -57,6 +57,7 @@ async def run(settings: OperatorSettings) -> int:
     kube = KubeClient.from_environment()
     stores = StoreRegistry(SecretCache(kube), idle_seconds=settings.store_idle_seconds)
     stop = asyncio.Event()
+    stores.local_stores = settings.local_stores
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)

@@ -22,6 +22,9 @@ class OperatorSettings(BaseSettings):
     runner_command: Annotated[list[str], NoDecode] = ["python", "-m", "agentrun.runner"]
     image_pull_policy: str = "IfNotPresent"
     log_format: str = "text"
+    # The runner pods' log format (AGENTRUN_LOG_FORMAT in their environment): "text" or "json" (a JSON object
+    # per line, with thread_id and attempt as fields); empty: the same as log_format.
+    runner_log_format: str = ""
     metrics_port: int = 8080
     # Leader election (coordination.k8s.io Lease).
     leader_election: bool = True
@@ -58,6 +61,9 @@ class OperatorSettings(BaseSettings):
     # Image prefixes spec.image must start with (comma-separated or JSON list), e.g.
     # "ghcr.io/acme/,registry.internal/agents/"; empty: any image (the default image is always allowed).
     allowed_image_prefixes: Annotated[list[str], NoDecode] = []
+    # Accept a store Secret whose postgresDsn is a sqlite:/// URL: for a one-machine cluster only (agentrun-dev,
+    # make cluster), where the operator and every runner share one filesystem. Off: PostgreSQL only.
+    local_stores: bool = False
 
     @field_validator("namespaces", "runner_command", "allowed_image_prefixes", mode="before")
     @classmethod

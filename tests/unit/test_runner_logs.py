@@ -73,9 +73,14 @@ def test_a_failure_keeps_its_termination_message_as_it_was(code: int) -> None:
     assert explained(code, "NODE_ERROR_001: boom") == "NODE_ERROR_001: boom"
 
 
-@pytest.mark.parametrize(("operator", "expected"), [("text", None), ("json", "json")])
-def test_runner_pods_log_json_lines_when_the_operator_is_configured_so(operator: str, expected: str | None) -> None:
-    settings = OperatorSettings(log_format=operator)
+@pytest.mark.parametrize(
+    ("operator", "runner", "expected"),
+    [("text", "", None), ("json", "", "json"), ("json", "text", None), ("text", "json", "json")],
+)
+def test_runner_pods_log_json_lines_when_the_operator_is_configured_so(
+    operator: str, runner: str, expected: str | None
+) -> None:
+    settings = OperatorSettings(log_format=operator, runner_log_format=runner)
     spec = parse_spec({"graph": "examples.support_agent:app", "threadId": "t"})
     pod = build_pod(RunRef("ns", "run", "uid"), spec, attempt=1, settings=settings)
     env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}

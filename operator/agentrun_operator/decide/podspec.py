@@ -94,8 +94,9 @@ def build_pod(
         metrics_port=settings.runner_metrics_port,
     )
     env: list[dict[str, Any]] = [*inputs.to_env()]
-    if settings.log_format != "text":  # runners log as their operator does (text, the runner's default, or json)
-        env.append({"name": Env.LOG_FORMAT.value, "value": settings.log_format})
+    log_format = settings.runner_log_format or settings.log_format  # by default, as their operator logs
+    if log_format != "text":  # text is the runner's default: the pod spec stays as it was
+        env.append({"name": Env.LOG_FORMAT.value, "value": log_format})
     for variable, key in STORE_SECRET_KEYS.items():
         ref: dict[str, Any] = {"name": secret, "key": key}
         if variable is not Env.POSTGRES_DSN:

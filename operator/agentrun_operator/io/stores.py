@@ -110,6 +110,10 @@ class _Resolved:
     secrets: list[str]  # what no message may quote
 
 
+# A store URL one machine shares (settings.local_stores: agentrun-dev's single-machine cluster).
+LOCAL_STORE = "sqlite:///"
+
+
 class StoreRegistry:
     """The stores the operator talks to: one PostgreSQL pool per distinct DSN, whatever Secrets name it.
 
@@ -117,6 +121,9 @@ class StoreRegistry:
     is told when a pool opens and closes, to LISTEN for its progress (``io/notify.py``). A pool no live
     run has used for ``idle_seconds`` is closed by ``sweep`` (its listener too).
     """
+
+    # Set from settings.local_stores: a sqlite:/// postgresDsn is accepted too.
+    local_stores = False
 
     def __init__(
         self, secrets: SecretCache, *, idle_seconds: float = 300.0, listeners: Listeners | None = None
@@ -184,7 +191,8 @@ class StoreRegistry:
             raise StoreUnavailable(
                 Reason.STORE_SECRET_INVALID, f"store secret {namespace}/{secret} is not valid base64 text"
             ) from None
-        if not dsn.startswith(("postgresql://", "postgres://")):
+        local = self.local_stores and dsn.startswith(LOCAL_STORE)
+        if not dsn.startswith(("postgresql://", "postgres://")) and not local:
             # The factory would take a bare string for a SQLite path: no pod on another node could share it.
             raise StoreUnavailable(
                 Reason.INVALID_STORE,
@@ -202,7 +210,7 @@ class StoreRegistry:
                 ) from None
             pool = self._pools[dsn] = _Pool(pg, {None: pg})
             log.info("store pool opened for secret %s/%s (%d pools)", namespace, secret, len(self._pools))
-            if self.listeners is not None:
+            if self.listeners is not None and not local:  # SQLite cannot notify: the resync finds its progress
                 self.listeners.open(dsn)
         store = pool.stores.get(redis_url)
         if store is None:
