@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from agentrun import END, START, Message, StateGraph, ToolCall, ToolNode, assistant, tool, tools_condition
+from agentrun import END, START, Message, StateGraph, ToolCall, ToolNode, assistant, interrupt, tool, tools_condition
 from agentrun.models import ScriptedModel
 
 # Arguments a model has been seen to write, or could: each must be refused with a tool error message.
@@ -131,3 +131,22 @@ def _respond_probe(messages: Sequence[Message]) -> Message:
 
 
 kubernetes_probe = _agent(ScriptedModel(_respond_probe), [probe_kubernetes_api])
+
+
+# --- a 10 MB interrupt ------------------------------------------------------------------------------------------------
+
+
+def _ask_big(state: dict[str, Any]) -> dict[str, Any]:
+    answer = interrupt({"document": "d" * BIG, "question": "sign?"}, message="sign this: " + "m" * BIG)
+    return {"messages": [assistant(f"answered {str(answer)[:40]}")]}
+
+
+def _build_big_interrupt() -> Any:
+    graph = StateGraph()
+    graph.add_node("ask", _ask_big)
+    graph.add_edge(START, "ask")
+    graph.add_edge("ask", END)
+    return graph
+
+
+big_interrupt = _build_big_interrupt()

@@ -105,6 +105,22 @@ def test_a_10_mb_result_error_and_answer_leave_the_agentrun_small(
     assert asyncio.run(answer()) >= BIG, "the 10 MB result was not recorded whole"
 
 
+def test_a_10_mb_interrupt_leaves_the_agentrun_small_and_can_be_answered(
+    cluster: EmulatedCluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    graph = "tests.badinput.graphs:big_interrupt"
+    apply(cluster, agentrun("sign", thread="sign", graph=graph, effects=tmp_path / "e.db"))
+    asked = wait_phase(cluster, operator, "sign", "Interrupted", timeout=90)
+    size = len(json.dumps(cluster.get("agentruns", "sign")))
+    print(f"AgentRun waiting on a 10 MB interrupt: {size} bytes; interrupt {len(json.dumps(asked['interrupt']))}")
+    assert size < 16 << 10, f"GUARANTEE BROKEN: the AgentRun grew to {size} bytes: {json.dumps(asked)[:2000]}"
+    assert asked["interrupt"]["message"].startswith("sign this: mmm")
+    patched = cluster.kubectl("patch", "ar", "sign", "--type", "merge", "-p", '{"spec":{"resume":{"value":"yes"}}}')
+    assert patched.returncode == 0, patched.stderr
+    done = wait_phase(cluster, operator, "sign", "Succeeded", timeout=90)
+    assert done["result"]["message"] == "answered yes" and len(json.dumps(cluster.get("agentruns", "sign"))) < 16 << 10
+
+
 # --- runner pods and the Kubernetes API -------------------------------------------------------------------------------
 
 

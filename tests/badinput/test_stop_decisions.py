@@ -1,14 +1,21 @@
-"""A stop while the runner pod waits for a node or its image (pure decisions; found by ``test_specs``).
+"""Operator decisions on bad input (pure; found by ``test_specs`` and ``test_cluster_runs``).
 
-Such a pod has no runner to ask through the store: the operator used to wait
-out the stop grace and then force-delete it, reporting ``ForcedStop`` ("the
-runner did not stop within 15s") for a runner that never ran.
+- a stop while the runner pod waits for a node or its image: such a pod has
+  no runner to ask through the store; the operator used to wait out the stop
+  grace and then force-delete it, reporting ``ForcedStop`` ("the runner did
+  not stop within 15s") for a runner that never ran;
+- an interrupt message of 10 MB: it went whole into status, and every status
+  patch then failed 413 (over the API server's request limit), the run stuck
+  Running for good.
 """
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from agentrun_operator.decide.run import PAYLOAD_LIMIT
 from tests.unit.test_operator_decisions import (
     LIMITS,
     NOW,
@@ -17,9 +24,11 @@ from tests.unit.test_operator_decisions import (
     STOPPING,
     applied,
     decide,
+    interrupted_progress,
     later,
     make_spec,
     run_status,
+    terminated,
     view,
     waiting,
 )
@@ -56,3 +65,14 @@ def test_a_stop_while_no_node_can_take_the_pod_deletes_it_and_stops_at_once() ->
     d = decide(make_spec(stop=True), run_status(PENDING), pod, None, NOW, LIMITS)
     assert d.status["phase"] == STOPPED and d.status["reason"] == "StoppedBeforeStart", d.status
     assert d.delete_pod == pod.name and "Unschedulable" in d.status["message"]
+
+
+def test_an_interrupt_message_of_10_mb_is_truncated_in_status_like_its_payload() -> None:
+    """Found by ``test_cluster_runs``: the whole message went into status and every patch failed 413."""
+    big = "m" * (10 << 20)
+    ask = {"id": "i1", "message": big, "payload": {"document": big}}
+    d = decide(make_spec(), run_status(), view(terminated(3)), interrupted_progress(ask), NOW, LIMITS)
+    assert d.status["phase"] == "Interrupted", d.status
+    assert len(d.status["interrupt"]["message"]) <= PAYLOAD_LIMIT + 20
+    assert len(d.status["message"]) <= PAYLOAD_LIMIT + 20
+    assert len(json.dumps(d.status)) < 16 << 10

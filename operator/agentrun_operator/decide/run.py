@@ -99,9 +99,13 @@ def _interrupt_status(progress: Progress | None) -> InterruptInfo | None:
     if progress is None or not progress.interrupts:
         return None
     first = progress.interrupts[0]
+    # Truncated like the payload: the message is the graph's text, as large as it likes, and it also
+    # becomes status.message and the conditions' messages; an object over the API server's request
+    # limit could never be patched again (413), leaving the run Running for good.
+    message = str(first.get("message") or "")
     return {
         "id": first.get("id"),
-        "message": first.get("message") or "",
+        "message": message if len(message) <= PAYLOAD_LIMIT else message[:PAYLOAD_LIMIT] + "…(truncated)",
         "payload": truncate_payload(first.get("payload")),
         "ids": [i.get("id") for i in progress.interrupts],
     }
