@@ -14,6 +14,7 @@ command that replays it alone.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 import tempfile
@@ -77,10 +78,13 @@ def keep_failure(world: World, outcome: Outcome, trial: Trial | None, into: Path
         for effects in (trial.effects, trial.baseline_effects):
             if effects.exists():
                 shutil.copy(effects, folder / effects.name)
-    for operator in world.operators:
-        if operator.log_path.exists():
-            data = operator.log_path.read_bytes()[-LOG_TAIL:]
-            (folder / operator.log_path.name).write_bytes(data)
+    if trial is not None:  # the operators' lines about this run only (a campaign's logs are long)
+        mentions = re.compile(rf"(?<![\w-]){re.escape(trial.name)}(?!\w)")
+        for operator in world.operators:
+            if operator.log_path.exists():
+                lines = operator.log_path.read_text(errors="replace").splitlines(keepends=True)
+                kept = "".join(line for line in lines if mentions.search(line))[-LOG_TAIL:]
+                (folder / operator.log_path.name).write_text(kept)
     (folder / "REPLAY").write_text(f"python -m bench.chaos replay {outcome.seed}\n")
     return str(folder.relative_to(ROOT)) if folder.is_relative_to(ROOT) else str(folder)
 

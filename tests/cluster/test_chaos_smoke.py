@@ -7,8 +7,8 @@ SIGKILL of the operator leader (two replicas); a PostgreSQL and a Redis restart 
 servers); a runner frozen with SIGSTOP and thawed after its successor took over. Each trial is
 compared with an uninterrupted run of its seed. Guarantees: no recorded tool re-executed, no
 step lost, no stale write accepted, every run finished, no duplicate pod, no restart charged for
-infrastructure, final states equal to the baselines'. A failing trial keeps its evidence under
-``bench/results/chaos/<seed>/``; ``python -m bench.chaos replay <seed>`` reruns it alone.
+infrastructure, final states equal to the baselines'. A failing trial keeps its evidence in the
+test's temporary folder (the failure names it); ``python -m bench.chaos replay <seed>`` reruns it alone.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ RESUME_SEED = 4
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory: pytest.TempPathFactory) -> Iterator[campaign.Result]:
     workdir = tmp_path_factory.mktemp("chaos")
-    yield campaign.run(SEEDS, concurrency=11, workdir=workdir, quiet=True)
+    # A failed trial's evidence goes to the test's temporary folder (named in the failure), not the checkout.
+    yield campaign.run(SEEDS, concurrency=11, workdir=workdir, failures=workdir / "kept", quiet=True)
 
 
 def _losses(outcome: campaign.Outcome) -> dict[str, int]:
@@ -50,7 +51,8 @@ def test_no_fault_loses_a_recorded_tool_call_a_step_a_run_or_the_final_state(smo
     print({k: v for k, v in figures.items() if isinstance(v, int)}, figures["faults_injected"])
     broken = {o.seed: _losses(o) for o in smoke.outcomes if o.seed != RESUME_SEED and _losses(o)}
     why = {o.seed: o.verdict["why"] for o in smoke.outcomes if o.seed in broken and o.verdict}
-    assert not broken, f"GUARANTEE BROKEN under faults: {broken}\n{why}\nevidence: bench/results/chaos/<seed>/"
+    kept = {o.seed: o.kept for o in smoke.outcomes if o.seed in broken}
+    assert not broken, f"GUARANTEE BROKEN under faults: {broken}\n{why}\nevidence: {kept}"
     landed = sum(figures["faults_injected"].values())
     assert landed >= len(SEEDS), f"only {landed} faults landed in {len(SEEDS)} trials: {figures['faults_missed']}"
 
