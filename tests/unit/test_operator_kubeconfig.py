@@ -65,7 +65,7 @@ def test_a_bare_plugin_name_stays_a_path_lookup(tmp_path: Path) -> None:
     )
     config = kubeconfig.load_kubeconfig(path)
     assert config.user is not None and config.user.exec is not None and config.user.exec.command == "aws"
-    assert isinstance(kubeconfig.auth_for(config.user), kubeconfig.ExecPlugin)
+    assert isinstance(kubeconfig.credentials_for(config.user), kubeconfig.ExecPlugin)
 
 
 def test_an_unknown_exec_api_version_or_context_is_refused_at_start(tmp_path: Path) -> None:
@@ -80,7 +80,7 @@ def test_an_unknown_exec_api_version_or_context_is_refused_at_start(tmp_path: Pa
     )
     config = kubeconfig.load_kubeconfig(path)
     with pytest.raises(kubeconfig.ConfigError, match=r"apiVersion 'example\.com/v9'"):
-        kubeconfig.auth_for(config.user)
+        kubeconfig.credentials_for(config.user)
     with pytest.raises(kubeconfig.ConfigError, match="Context 'other' not found"):
         kubeconfig.load_kubeconfig(path, context="other")
 
@@ -99,7 +99,9 @@ async def test_kopfs_login_gets_data_over_a_path_as_kubectl_does(tmp_path: Path)
         },
     )  # fmt: skip
     config = kubeconfig.load_kubeconfig(path)
-    info = await kubeconfig.connection_info(config, kubeconfig.auth_for(config.user), trust_env=False, refresh=False)
+    info = await kubeconfig.connection_info(
+        config, kubeconfig.credentials_for(config.user), trust_env=False, refresh=False
+    )
     assert (info.ca_path, info.ca_data) == (None, "Q0E=")  # kopf refuses a ConnectionInfo with both
     assert (info.private_key_path, info.private_key_data, info.token) == (None, "S0VZ", "t")
     assert info.default_namespace is None and info.server == "https://k"

@@ -6,14 +6,16 @@ namespace. Otherwise the kubeconfig files ``KUBECONFIG`` lists (``:``-separated,
 merged: the first file to name a cluster, user or context wins, the first
 ``current-context`` wins, missing files are skipped), else ``~/.kube/config``.
 
-Parsing, TLS and static or token-file credentials are lightkube's: a token file
-(the service account's) is re-read when the API answers 401, so the kubelet's
-rotated tokens are picked up; decoded ``*-data`` certificates and keys live in
-temporary files (mode 0600) only while the SSL context loads them. Exec
-credential plugins (``aws eks get-token``, ``gke-gcloud-auth-plugin``,
-``kubelogin``) run here instead (``ExecPlugin``): one run serves every
-concurrent request until the credential's ``expirationTimestamp`` or a 401, and
-kopf logs in with the same token (``connection_info``).
+Parsing (kubeconfig and in-cluster) and the TLS context are lightkube's:
+decoded ``*-data`` certificates and keys live in temporary files (mode 0600)
+only while the SSL context loads them. The ``Authorization`` header is made
+here (``Credentials``), for the operator's aiohttp client and kopf's login
+alike: a token file (the service account's) is re-read every minute and at
+once after a 401, so the kubelet's rotated tokens are picked up; an exec
+credential plugin (``aws eks get-token``, ``gke-gcloud-auth-plugin``,
+``kubelogin``) runs once for every concurrent request until the credential's
+``expirationTimestamp`` or a 401, and kopf logs in with the same token
+(``connection_info``).
 
 Limits: a plugin that answers with a client certificate instead of a token, the
 removed ``auth-provider`` plugins, ``proxy-url`` and ``tls-server-name`` are not
@@ -25,17 +27,18 @@ the API answers 401, which a rotated-out token gets once it expires.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
-from collections.abc import AsyncGenerator, Generator
+import ssl
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import httpx2 as httpx
 import kopf
 import yaml
-from lightkube.config.client_adapter import user_auth
+from lightkube.config.client_adapter import verify_cluster
 from lightkube.config.kubeconfig import KubeConfig, SingleConfig
 from lightkube.config.models import User, UserExec
 from lightkube.core.exceptions import ConfigError
@@ -47,9 +50,18 @@ EXEC_API_VERSIONS = (
     "client.authentication.k8s.io/v1beta1",
     "client.authentication.k8s.io/v1alpha1",
 )
-EXEC_TIMEOUT_SECONDS = 60.0  # a plugin that hangs (an IdP that does not answer) must not stall every request
+EXEC_TIMEOUT_SECONDS = 60.0
+TOKEN_FILE_REREAD_SECONDS = 60.0  # a plugin that hangs (an IdP that does not answer) must not stall every request
 
-__all__ = ["ConfigError", "ExecPlugin", "SingleConfig", "connection_info", "load", "load_kubeconfig"]
+__all__ = [
+    "ConfigError",
+    "Credentials",
+    "SingleConfig",
+    "connection_info",
+    "credentials_for",
+    "load",
+    "load_kubeconfig",
+]
 
 
 def load(*, service_account: Path = SA_DIR) -> SingleConfig:
@@ -116,14 +128,73 @@ def _absolute(section: str, entry: dict[str, Any], base: Path) -> dict[str, Any]
     return {**entry, key: body}
 
 
-class ExecPlugin(httpx.Auth):
+class Credentials:
+    """What the client sends as ``Authorization``: a static token, a token file, an exec plugin, or none.
+
+    ``header()`` gives the current value; after a 401, ``header(stale=refused)`` gives a fresh one (the token
+    file read anew, the plugin run anew) or the same when there is none to be had (the caller gives up).
+    Raises ``ConfigError`` when a credential cannot be had at all.
+    """
+
+    async def header(self, *, stale: str | None = None) -> str | None:
+        return None
+
+    async def bearer_token(self, *, refresh: bool) -> str | None:
+        """The bearer token itself (kopf's login); ``refresh``: the last one was refused."""
+        return None
+
+    expiration: datetime | None = None
+
+
+class StaticToken(Credentials):
+    def __init__(self, value: str) -> None:
+        self.value = value
+
+    async def header(self, *, stale: str | None = None) -> str | None:
+        return f"Bearer {self.value}"
+
+    async def bearer_token(self, *, refresh: bool) -> str | None:
+        return self.value
+
+
+class BasicAuth(Credentials):
+    def __init__(self, username: str, password: str) -> None:
+        self.value = "Basic " + base64.b64encode(f"{username}:{password}".encode()).decode()
+
+    async def header(self, *, stale: str | None = None) -> str | None:
+        return self.value
+
+
+class TokenFile(Credentials):
+    """A token file (the service account's, projected and rotated by the kubelet).
+
+    Read at the first request, again after ``TOKEN_FILE_REREAD_SECONDS`` (client-go's period) and at once
+    when the API answers 401: the kubelet rewrites the file well before the old token expires.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._value: str | None = None
+        self._read_at = 0.0
+
+    async def header(self, *, stale: str | None = None) -> str | None:
+        now = time.monotonic()
+        if self._value is None or stale is not None or now - self._read_at >= TOKEN_FILE_REREAD_SECONDS:
+            self._value, self._read_at = _read_token(self.path), now
+        return f"Bearer {self._value}"
+
+    async def bearer_token(self, *, refresh: bool) -> str | None:
+        return _read_token(self.path)
+
+
+class ExecPlugin(Credentials):
     """Bearer tokens from a kubeconfig ``exec`` credential plugin, as client-go runs one.
 
     The plugin gets the process environment plus the kubeconfig's ``env`` and ``KUBERNETES_EXEC_INFO``, no
     stdin (never interactive) and ``EXEC_TIMEOUT_SECONDS``. Its token is cached until its
     ``expirationTimestamp`` (none: until the API answers 401); of many requests that need a new token at
-    once, one runs the plugin and the others wait for it. A request answered 401 is sent once more with a
-    fresh token. Raises ``ConfigError`` when the plugin fails or answers without a token.
+    once, one runs the plugin and the others wait for it. Raises ``ConfigError`` when the plugin fails or
+    answers without a token.
     """
 
     def __init__(self, spec: UserExec) -> None:
@@ -184,23 +255,37 @@ class ExecPlugin(httpx.Auth):
         expiry = status.get("expirationTimestamp")
         return token, datetime.fromisoformat(expiry.replace("Z", "+00:00")) if expiry else None
 
-    def sync_auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
-        raise RuntimeError("ExecPlugin serves the async client only")
+    async def header(self, *, stale: str | None = None) -> str | None:
+        refused = stale.removeprefix("Bearer ") if stale else None
+        return f"Bearer {await self.get_token(stale=refused)}"
 
-    async def async_auth_flow(self, request: httpx.Request) -> AsyncGenerator[httpx.Request, httpx.Response]:
-        token = await self.get_token()
-        request.headers["Authorization"] = f"Bearer {token}"
-        response = yield request
-        if response.status_code == 401:  # revoked, or expired without saying so: one more try with a new token
-            request.headers["Authorization"] = f"Bearer {await self.get_token(stale=token)}"
-            yield request
+    async def bearer_token(self, *, refresh: bool) -> str | None:
+        return await self.get_token(stale=self.token if refresh else None)
 
 
-def auth_for(user: User | None) -> httpx.Auth | None:
-    """The request authentication of ``user``: ``ExecPlugin`` for exec, lightkube's for the rest."""
-    if user is not None and user.exec is not None and user.token is None and user.token_file is None:
+def credentials_for(user: User | None) -> Credentials:
+    """``user``'s credentials, in lightkube's order: token file, token, exec plugin, basic auth, none.
+
+    Raises ``ConfigError`` for what is not supported (the removed ``auth-provider`` plugins).
+    """
+    if user is None:
+        return Credentials()
+    if user.token_file is not None:
+        return TokenFile(user.token_file)
+    if user.token is not None:
+        return StaticToken(user.token)
+    if user.exec is not None:
         return ExecPlugin(user.exec)
-    return user_auth(user)
+    if user.username and user.password:
+        return BasicAuth(user.username, user.password)
+    if user.auth_provider:
+        raise ConfigError("auth-provider credentials (removed in Kubernetes 1.26) are not supported: use exec")
+    return Credentials()
+
+
+def ssl_context(config: SingleConfig) -> ssl.SSLContext:
+    """The TLS context of ``config`` (CA, client certificate), built by lightkube."""
+    return verify_cluster(config.cluster, config.user or User(), config.abs_file, trust_env=False)
 
 
 def _path(config: SingleConfig, path: str | None, *, unless: str | None) -> str | None:
@@ -209,13 +294,13 @@ def _path(config: SingleConfig, path: str | None, *, unless: str | None) -> str 
 
 def _read_token(path: str) -> str:
     try:
-        return Path(path).read_text().strip()  # a few hundred bytes, and only at a kopf login
+        return Path(path).read_text().strip()  # a few hundred bytes, once a minute
     except OSError as e:
         raise ConfigError(f"token file {path}: {e}") from e
 
 
 async def connection_info(
-    config: SingleConfig, auth: httpx.Auth | None, *, trust_env: bool, refresh: bool
+    config: SingleConfig, credentials: Credentials, *, trust_env: bool, refresh: bool
 ) -> kopf.ConnectionInfo:
     """kopf's login for ``config``: the same server, TLS material and identity as the operator's client.
 
@@ -223,12 +308,7 @@ async def connection_info(
     file anew and run the exec plugin anew rather than hand back what was refused.
     """
     cluster, user = config.cluster, config.user or User()
-    token, expiration = user.token, None
-    if user.token_file is not None:
-        token = _read_token(user.token_file)
-    elif isinstance(auth, ExecPlugin):
-        token = await auth.get_token(stale=auth.token if refresh else None)
-        expiration = auth.expiration
+    token = await credentials.bearer_token(refresh=refresh)
     return kopf.ConnectionInfo(
         server=cluster.server,
         # Where a kubeconfig gives both a path and data, the data wins (as in kubectl and lightkube).
@@ -244,5 +324,5 @@ async def connection_info(
         token=token,
         default_namespace=config.context.namespace,
         trust_env=trust_env,
-        expiration=expiration,
+        expiration=credentials.expiration,
     )
