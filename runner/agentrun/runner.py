@@ -306,11 +306,19 @@ def _termination(settings: RunnerSettings | None, line: str) -> None:
         pass  # not in a pod, or a read-only path: the store, the exit code and the last log line still tell
 
 
+# What a kubelet keeps of the log for ``FallbackToLogsOnError``: the last 80 lines, at most 2048 bytes.
+FALLBACK_LOG_BYTES = 2048
+
+
 def _last_words(code: int, line: str) -> None:
-    """The termination message as the process's last stderr line: no timestamp, no logger prefix."""
+    """The termination message as the process's last stderr line: no timestamp, no logger prefix.
+
+    Short enough for the kubelet's fallback to keep all of it: it keeps the END of the log, so a longer
+    line would reach the operator without its start, the error code the reason is read from.
+    """
     if code != ExitCode.COMPLETED and line:
         logging.shutdown()  # flush the handlers first, so nothing of theirs comes after this line
-        print(line, file=sys.stderr, flush=True)
+        print(_one_line(line, FALLBACK_LOG_BYTES - 48), file=sys.stderr, flush=True)
 
 
 def main() -> int:

@@ -150,3 +150,21 @@ def _build_big_interrupt() -> Any:
 
 
 big_interrupt = _build_big_interrupt()
+
+
+# --- a node failing with a 10 MB message ------------------------------------------------------------------------------
+
+
+def _fail_big(state: dict[str, Any]) -> dict[str, Any]:
+    raise RuntimeError("the report could not be built: " + "f" * BIG)
+
+
+def _build_big_failure() -> Any:
+    graph = StateGraph()
+    graph.add_node("build", _fail_big)
+    graph.add_edge(START, "build")
+    graph.add_edge("build", END)
+    return graph
+
+
+big_failure = _build_big_failure()

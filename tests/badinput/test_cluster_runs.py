@@ -121,6 +121,19 @@ def test_a_10_mb_interrupt_leaves_the_agentrun_small_and_can_be_answered(
     assert done["result"]["message"] == "answered yes" and len(json.dumps(cluster.get("agentruns", "sign"))) < 16 << 10
 
 
+def test_a_node_failing_with_a_10_mb_message_fails_the_run_with_a_small_status(
+    cluster: EmulatedCluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    apply(cluster, agentrun("boom", thread="boom", graph="tests.badinput.graphs:big_failure", effects=tmp_path / "e"))
+    failed = wait_phase(cluster, operator, "boom", "Failed", timeout=90)
+    size = len(json.dumps(cluster.get("agentruns", "boom")))
+    print(f"AgentRun failed with a 10 MB message: {size} bytes; message {failed['message'][:120]!r}")
+    assert size < 16 << 10, f"GUARANTEE BROKEN: the AgentRun grew to {size} bytes"
+    # The kubelet's FallbackToLogsOnError keeps the last 2048 bytes of the log: the runner's last line must
+    # fit, or the code and the start of the message are lost (they were).
+    assert failed["message"].startswith("NODE_ERROR_001: ") and "the report could not be built" in failed["message"]
+
+
 # --- runner pods and the Kubernetes API -------------------------------------------------------------------------------
 
 
