@@ -66,7 +66,7 @@ import aiohttp
 from ..config import parse_timeout
 from ..context import current_run
 from ..errors import ModelError
-from ..messages import Message, ToolCall, assistant, coerce_message
+from ..messages import Message, ToolCall, assistant, coerce_message, unicode_text
 from ..metrics import MODEL_ERRORS
 from ..state import MESSAGES
 from ..tools import Tool, tool
@@ -349,7 +349,9 @@ class OpenAIChatModel:
         if not isinstance(raw_calls, list):
             raise bad("choices[0].message.tool_calls is not a list")
         calls = [_tool_call(raw, i, bad) for i, raw in enumerate(raw_calls)]
-        reply = assistant(content, calls)
+        # A reply cut inside a character decodes to an unpaired surrogate ("\ud83d"), which no store and
+        # no request body can hold: replaced by U+FFFD here, as an API server's JSON decoder does.
+        reply = assistant(unicode_text(content), calls)
         record_usage(self.model, body.get("usage"))
         finish = choice.get("finish_reason")
         if finish == "length":
@@ -386,7 +388,9 @@ def _tool_call(raw: Any, index: int, bad: Callable[[str], ModelError]) -> ToolCa
         arguments = json.dumps(arguments, ensure_ascii=False)
     call_id = raw.get("id")
     return ToolCall(
-        id=call_id if isinstance(call_id, str) and call_id else None, name=function["name"], arguments=arguments
+        id=unicode_text(call_id) if isinstance(call_id, str) and call_id else None,
+        name=unicode_text(function["name"]),
+        arguments=unicode_text(arguments),  # an escaped surrogate stays escaped: the tool node refuses it
     )
 
 
