@@ -81,10 +81,11 @@ def test_a_10_mb_result_error_and_answer_leave_the_agentrun_small(
     final = wait_phase(cluster, operator, "big", "Succeeded", timeout=120)
     run = cluster.get("agentruns", "big")
     size = len(json.dumps(run))
-    events = [e for e in cluster.list_objects("events", "default") if e.get("involvedObject", {}).get("name") == "big"]
+    events = _events(cluster, "big")
     print(f"AgentRun after a 10 MB result: {size} bytes; status {len(json.dumps(final))} bytes; {len(events)} events")
     assert size < 16 << 10, f"GUARANTEE BROKEN: the AgentRun grew to {size} bytes: {json.dumps(final)[:2000]}"
     assert all(len(json.dumps(e)) < 4 << 10 for e in events), "an event carries the payload"
+    assert events, "no events were captured"
     assert final["toolCalls"]["executed"] == 1 and final["toolCalls"]["failed"] == 1, final["toolCalls"]
     shown = cluster.kubectl("get", "ar", "big", "-o", "yaml")
     assert shown.returncode == 0 and len(shown.stdout) < 16 << 10
@@ -114,6 +115,7 @@ def test_a_10_mb_interrupt_leaves_the_agentrun_small_and_can_be_answered(
     size = len(json.dumps(cluster.get("agentruns", "sign")))
     print(f"AgentRun waiting on a 10 MB interrupt: {size} bytes; interrupt {len(json.dumps(asked['interrupt']))}")
     assert size < 16 << 10, f"GUARANTEE BROKEN: the AgentRun grew to {size} bytes: {json.dumps(asked)[:2000]}"
+    assert all(len(json.dumps(e)) < 4 << 10 for e in _events(cluster, "sign")), "an event carries the message"
     assert asked["interrupt"]["message"].startswith("sign this: mmm")
     patched = cluster.kubectl("patch", "ar", "sign", "--type", "merge", "-p", '{"spec":{"resume":{"value":"yes"}}}')
     assert patched.returncode == 0, patched.stderr
@@ -129,9 +131,14 @@ def test_a_node_failing_with_a_10_mb_message_fails_the_run_with_a_small_status(
     size = len(json.dumps(cluster.get("agentruns", "boom")))
     print(f"AgentRun failed with a 10 MB message: {size} bytes; message {failed['message'][:120]!r}")
     assert size < 16 << 10, f"GUARANTEE BROKEN: the AgentRun grew to {size} bytes"
+    assert all(len(json.dumps(e)) < 4 << 10 for e in _events(cluster, "boom")), "an event carries the message"
     # The kubelet's FallbackToLogsOnError keeps the last 2048 bytes of the log: the runner's last line must
     # fit, or the code and the start of the message are lost (they were).
     assert failed["message"].startswith("NODE_ERROR_001: ") and "the report could not be built" in failed["message"]
+
+
+def _events(cluster: EmulatedCluster, name: str) -> list[dict[str, Any]]:
+    return [e for e in cluster.list_objects("events", "default") if e.get("involvedObject", {}).get("name") == name]
 
 
 # --- runner pods and the Kubernetes API -------------------------------------------------------------------------------
