@@ -346,3 +346,34 @@ def test_a_spec_the_schema_refuses_is_refused_with_the_schemas_message(
         assert word in message, f"the refusal of {where}={change!r} does not say {word!r}: {message[:1000]}"
     assert cluster.get("agentruns", "refused") is None, "a refused spec was stored"
     assert operator.proc.poll() is None
+
+
+# (field, new value, the CEL rule's message): updates the schema's transition rules refuse.
+UPDATES: list[tuple[str, Any, str]] = [
+    ("threadId", "another-thread", "threadId is immutable"),
+    ("graph", "examples.support_agent:graph", "graph is immutable"),
+    ("userId", "someone-else", "userId is immutable"),
+    ("stop", False, "stop cannot be undone"),
+]
+
+
+@settings(max_examples=12, **SETTINGS)  # type: ignore[arg-type]
+@given(update=st.sampled_from(UPDATES), with_retry=st.booleans())
+def test_an_update_the_schema_refuses_is_refused_with_the_rules_message(
+    cluster: EmulatedCluster, operator: OperatorProcess, update: tuple[str, Any, str], with_retry: bool
+) -> None:
+    """With or without a valid change beside it (``spec.retry``): the whole update is refused."""
+    where, value, words = update
+    if cluster.get("agentruns", "fixed") is None:
+        spec = {"graph": "examples.support_agent:app", "threadId": "fixed", "userId": "u1", "stop": True}
+        body = {"apiVersion": "agentrun.dev/v1alpha1", "kind": "AgentRun", "metadata": {"name": "fixed"}, "spec": spec}
+        assert cluster.api("POST", PATH, body).status == 201
+    before = cluster.get("agentruns", "fixed")
+    assert before is not None
+    patch = {"spec": {where: value, **({"retry": 1} if with_retry else {})}}
+    response = cluster.api("PATCH", f"{PATH}/fixed", patch, content_type="application/merge-patch+json")
+    assert response.status == 422, f"the API accepted {patch}: {response}"
+    assert words in response.body["message"], response.body["message"]
+    after = cluster.get("agentruns", "fixed")
+    assert after is not None and after["spec"] == before["spec"], "a refused update changed the spec"
+    assert operator.proc.poll() is None
