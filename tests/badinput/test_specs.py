@@ -5,7 +5,8 @@ the same examples every time; no shrinking, so a failure costs one run):
 
 - a spec the CRD schema refuses is refused by the API server with the
   schema's own message (the field path and, for a CEL rule, the rule's
-  message), and nothing of it is stored or reaches the operator;
+  message), and nothing of it is stored or reaches the operator; so is an
+  update its transition rules refuse (immutable fields, a one-way stop);
 - every spec the schema accepts ends in a phase with a reason: on its own
   (Succeeded, Failed, Stopped, or waiting with a reason: Interrupted,
   Pending) or, for a run that waits, once it is stopped; meanwhile the
