@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -135,6 +136,15 @@ def test_a_node_failing_with_a_10_mb_message_fails_the_run_with_a_small_status(
     # The kubelet's FallbackToLogsOnError keeps the last 2048 bytes of the log: the runner's last line must
     # fit, or the code and the start of the message are lost (they were).
     assert failed["message"].startswith("NODE_ERROR_001: ") and "the report could not be built" in failed["message"]
+
+
+def _scrape(url: str) -> str:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            body: bytes = response.read()
+            return body.decode()
+    except OSError:
+        return ""
 
 
 def _events(cluster: EmulatedCluster, name: str) -> list[dict[str, Any]]:
@@ -280,9 +290,14 @@ def test_the_store_password_appears_in_no_log_event_status_or_metric(
     _secret(cluster, "down-store", dsn.replace(dsn.split("@", 1)[1].split("/", 1)[0], f"127.0.0.1:{free_port()}"))
     # And on a database that does not exist: the configuration-error path (InvalidStore).
     _secret(cluster, "no-db-store", dsn.rsplit("/", 1)[0] + "/no_such_database")
-    process = start_operator(cluster, tmp_path)
+    runner_port = free_port()  # the one runner that reaches the store serves /metrics here while it runs
+    process = start_operator(cluster, tmp_path, AGENTRUN_OPERATOR_RUNNER_METRICS_PORT=str(runner_port))
+    runner_metrics = ""
     try:
-        apply(cluster, agentrun("good", thread="good", effects=tmp_path / "g.db"))
+        apply(cluster, agentrun("good", thread="good", effects=tmp_path / "g.db", env={"SUPPORT_TOOL_DELAY": "3"}))
+        runner_metrics = cluster.wait_for(
+            lambda: _scrape(f"http://127.0.0.1:{runner_port}/metrics"), timeout=60, message="the runner's /metrics"
+        )
         no_db = agentrun("no-db", thread="no-db", effects=tmp_path / "n.db")
         no_db["spec"]["store"] = {"secretRef": {"name": "no-db-store"}}
         apply(cluster, no_db)
@@ -313,8 +328,10 @@ def test_the_store_password_appears_in_no_log_event_status_or_metric(
         "kubectl describe agentruns": cluster.kubectl("describe", "agentruns").stdout,
         "kubectl get pods -A -o yaml": cluster.kubectl("get", "pods", "-A", "-o", "yaml").stdout,
         "operator /metrics": metrics,
+        "runner /metrics": runner_metrics,
     }
     assert "AGENTRUN_POSTGRES_DSN" in seen["kubectl get pods -A -o yaml"], "the pods were not captured"
+    assert "agentrun_" in runner_metrics, "the runner's metrics were not captured"
     assert seen["runner pod logs"].strip(), "the runner logs were not captured"
     for where, text in seen.items():
         assert password not in text, f"SECRET LEAKED: the store password appears in the {where}"
