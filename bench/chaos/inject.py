@@ -43,19 +43,19 @@ class Zombie:
             os.killpg(self.process.pid, signal.SIGCONT)
 
     def exit_code(self, timeout: float) -> int | None:
-        """The zombie's exit status once it ends by itself (the kubelet's waiter reaps it), else None."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.returncode is not None:
-                code = self.process.returncode
-                return 128 - code if code < 0 else code
-            time.sleep(0.1)
-        return None
+        """The zombie's exit status once it ends by itself, else None (Popen.wait: safe beside the kubelet's)."""
+        try:
+            code = self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        return 128 - code if code < 0 else code
 
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGCONT)
             os.killpg(self.process.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(10)  # reaped here too: the kubelet no longer waits for it
 
 
 def pods_alive(kubelet: KubeletThread) -> list[str]:
@@ -86,7 +86,7 @@ def partition(kubelet: KubeletThread, pod: str) -> Zombie | None:
     """
     runtime = kubelet.kubelet.runtime(pod, NAMESPACE)
     process = runtime.process
-    if process is None or runtime.exit_code is not None:
+    if process is None or runtime.exit_code is not None or not _waited_for(kubelet, pod):
         return None
     try:
         os.killpg(process.pid, signal.SIGSTOP)
@@ -95,6 +95,22 @@ def partition(kubelet: KubeletThread, pod: str) -> Zombie | None:
     runtime.lost = True  # the kubelet neither reports this pod any more nor acts on its deletion
     runtime.process = None
     return Zombie(pod, process)
+
+
+def _waited_for(kubelet: KubeletThread, pod: str) -> bool:
+    """Whether the kubelet has reported the container running, and so waits on the process: only then may
+    the process be taken from it (its pod worker reads ``runtime.process`` once more, right after that report)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        runtime = kubelet.kubelet.runtime(pod, NAMESPACE)
+        if runtime.exit_code is not None or runtime.process is None:
+            return False
+        statuses = (runtime.pod.get("status") or {}).get("containerStatuses") or [{}]
+        if "running" in (statuses[0].get("state") or {}):
+            time.sleep(0.3)  # the report is in the API; the worker now evaluates process.wait
+            return runtime.exit_code is None
+        time.sleep(0.1)
+    return False
 
 
 def node_unreachable(cluster: EmulatedCluster, kubelet: KubeletThread, pod: str) -> None:

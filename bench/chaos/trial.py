@@ -224,7 +224,7 @@ class Trial:
 
     def wait(self, what: Callable[[], T | None], timeout: float) -> T | None:
         """``what()`` once truthy, ticking meanwhile; None on timeout or once the trial ended."""
-        deadline = time.monotonic() + timeout
+        deadline = min(time.monotonic() + timeout, self.started + RUN_TIMEOUT)
         while time.monotonic() < deadline and not ABORT.is_set():
             self.tick()
             found = what()
@@ -322,14 +322,23 @@ class Trial:
         """Wait until a newer attempt wrote a checkpoint (or the run ended), then SIGCONT the frozen runner."""
         attempt = _attempt_of(zombie.pod)
         thread = f"{NAMESPACE}/{self.name}"
-        took_over = self.wait(lambda: newest_written_attempt(self.world.postgres.dsn, thread) > attempt, 60)
+
+        def successor_acted() -> str | None:
+            if newest_written_attempt(self.world.postgres.dsn, thread) > attempt:
+                return "after its successor wrote a checkpoint"
+            state = self.status(self.name)
+            if int(state.get("attempt") or 0) > attempt and state.get("phase") == "Interrupted":
+                return "after its successor ended Interrupted"  # it had nothing to write
+            return None
+
+        took_over = self.wait(successor_acted, 60)
         thawed = time.time()
         zombie.thaw()
         code = zombie.exit_code(30)
         if code is None:
             zombie.kill()
         self.zombies.append({"pod": zombie.pod, "attempt": attempt, "thawed_at": thawed, "exit_code": code})
-        successor = "after its successor wrote a checkpoint" if took_over else "after the run ended"
+        successor = took_over or "after the run ended (or 60 s)"
         return f"SIGSTOP + node unreachable; SIGCONT {successor}; the thawed runner exited {code}"
 
     # --- the trial -------------------------------------------------------------------------------
