@@ -50,7 +50,9 @@ FAULTS: dict[str, tuple[str, str]] = {
     p.KILL_DURING_DRAIN: (
         "SIGTERM to the runner inside a tool, then SIGKILL a random 0 to 0.6 s into its drain (before it "
         "reaches its safe point, unless the drain is quicker: then no SIGKILL and the fault counts as missed)",
-        "a crash, as above; a drain that finished exits 6 (a disruption)",
+        "a crash, as above; a drain that finished exits 6 (a disruption). A bare SIGTERM that reaches a "
+        "runner in its last moments, after its handler is gone, kills it (exit 143): without a pod "
+        "deletion the operator rightly sees a crash, so the campaign counts it as one of its crashes",
     ),
     p.EVICTION: (
         "the Eviction API on the runner pod at a random moment (grace period: the pod's, 1 s or 2 s): "
@@ -288,9 +290,13 @@ def markdown(figures: dict[str, Any]) -> str:
     if exits:
         listed = ", ".join(f"exit {code}: {n}" for code, n in exits.items())
         out += [
-            f"Frozen runners, once thawed after their successor took over: {listed} (7 is FENCED: the thawed "
-            "runner's next write was refused and it stopped; 0 would be a runner that had nothing left to "
-            "write).",
+            f"Frozen runners, once thawed after their successor took over: {listed}. 7 is FENCED: the thawed "
+            "runner's next write was refused and it stopped. 5 is a runner frozen before it had read its "
+            "inputs: writing the successor's inputs pruned the older attempts' (`put_run_inputs`), so it "
+            "stops with `RUNNER_INPUT_001` having written nothing (harmless, but its message blames a deleted "
+            "thread or a bug, and FENCED would say what happened). 0 is a runner frozen after its last "
+            "write, with nothing left to do. `stale_writes_accepted` above is what matters: no thawed runner "
+            "wrote anything.",
             "",
         ]
     replaced = c.get("operator_replicas_replaced") or []

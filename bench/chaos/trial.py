@@ -294,7 +294,14 @@ class Trial:
                     kubelet.kill(pod, signal.SIGKILL, NAMESPACE)
                     record.update(hit=True, note=f"SIGTERM, SIGKILL {fault.drain:.2f}s into the drain")
                 else:
-                    record["note"] = f"SIGTERM; the drain ended (exit 6) within {fault.drain:.2f}s, no SIGKILL"
+                    code = kubelet.kubelet.runtime(pod, NAMESPACE).exit_code
+                    record["note"] = f"SIGTERM; the runner ended (exit {code}) within {fault.drain:.2f}s, no SIGKILL"
+                    if code == 128 + signal.SIGTERM:
+                        # The SIGTERM came as the runner was exiting, after its handler was gone (its last
+                        # line was written): it died of the signal. Sent without a pod deletion, the operator
+                        # cannot tell it from a crash, so it is the campaign's crash, charged like one.
+                        record["crashed"] = True
+                        record["note"] += ": killed by the SIGTERM itself, in its last moments"
             elif fault.kind == p.EVICTION:
                 kubelet.evict(pod, NAMESPACE, grace_period=fault.grace)
                 record.update(hit=True, note=f"Eviction API, grace {fault.grace if fault.grace is not None else 'pod'}")

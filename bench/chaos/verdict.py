@@ -18,8 +18,9 @@ Definitions, one per figure (``bench/RELIABILITY.md`` says them for users):
 - ``duplicate_pods``: two runner processes of the run alive at once (a partitioned,
   frozen runner excluded: the operator replaces it on purpose, fencing covers it).
 - ``restarts_charged_for_infrastructure``: ``status.restarts`` beyond the runner crashes
-  the campaign caused (a SIGKILL of a runner is a crash and is charged; an eviction, a
-  lost node, a store or operator restart never are).
+  the campaign caused (a SIGKILL of a runner is a crash and is charged, and so is a runner
+  killed by the campaign's bare SIGTERM as it was exiting; an eviction, a lost node, a
+  store or operator restart never are).
 - ``final_state_mismatch``: the trial's final messages, tool results or state version
   progression (node, step, status of each version) differ from its uninterrupted
   baseline's.
@@ -173,7 +174,7 @@ def judge(evidence: Evidence) -> Verdict:
             f"the trial ended {phase} ({evidence['trial_status'].get('reason')}: "
             f"{evidence['trial_status'].get('message')})"
         )
-    crashes = sum(1 for f in evidence["injected"] if f["kind"] in RUNNER_CRASHES and f["hit"])
+    crashes = sum(1 for f in evidence["injected"] if (f["kind"] in RUNNER_CRASHES and f["hit"]) or f.get("crashed"))
     restarts = int(evidence["trial_status"].get("restarts") or 0)
     charged = max(0, restarts - crashes)
     if charged:
