@@ -294,10 +294,9 @@ def markdown(figures: dict[str, Any]) -> str:
             "runner's next write was refused and it stopped. 5 is a runner frozen before it had read its "
             "inputs: writing the successor's inputs pruned the older attempts' (`put_run_inputs`), so it "
             "stops with `RUNNER_INPUT_001` having written nothing (harmless, but its message blames a deleted "
-            "thread or a bug, and FENCED would say what happened). 0 and 3 are runners that, thawed, found the "
-            "thread completed or waiting for an answer and had nothing to write (a registration of an older "
-            "attempt does not take the thread back; only writes are refused). `stale_writes_accepted` above "
-            "is what matters: no thawed runner wrote anything.",
+            "thread or a bug, and FENCED would say what happened). 0 and 3 are runners frozen after they "
+            "registered that, thawed, read the thread completed or waiting for an answer and had nothing to "
+            "write. `stale_writes_accepted` above is what matters: no thawed runner wrote anything.",
             "",
         ]
     replaced = c.get("operator_replicas_replaced") or []
