@@ -137,27 +137,35 @@ FIGURE_TEXT: dict[str, tuple[str, str]] = {
 # Known causes of a figure that is not 0: a reason's marker -> what it is (written by a person, kept here).
 FINDINGS: dict[str, str] = {
     "is Interrupted again after its answer": (
-        "**Bug (operator and runner): an answer is lost when the attempt it started dies before its first "
-        "checkpoint.** `spec.resume` starts attempt N+1 with the answer, written to `run_inputs` for that "
-        "attempt only. When that runner is SIGKILLed before it checkpoints (the answer then is in no "
-        "checkpoint), or its pod is evicted or its node lost, the operator's next attempt (`decide/run.py`: "
-        "the backoff and the disruption paths call `start(d, attempt + 1)` without `resume`) writes the "
-        "inputs of attempt N+2 without it and "
-        "prunes attempt N+1's row (`put_run_inputs`); that runner finds the thread still interrupted and "
-        "exits 3, the run is Interrupted again, and the same `spec.resume` starts nothing (its digest is "
-        "already `status.resumeDigest`): a human must send a *different* answer. A "
-        "`runner_sigkill_during_interrupt_resume` trial hits it whenever the kill lands before the resumed "
-        "runner's first checkpoint, which is most of the time: starting a runner takes longer than most of "
-        "the 0 to 2 s delays; so does a frozen resuming runner replaced after its node was lost. Not fixed "
-        "here, as the fix spans two places: "
-        "the restart should carry its predecessor's answer on (read the previous attempt's `run_inputs` "
-        "before writing the next), and the runner must apply a carried answer only while its interrupt "
-        "ids are the ones pending (today `lifecycle._resume_values` binds a value to the single pending "
-        "interrupt whatever id it was given for, so a carried answer could answer a newer interrupt). "
-        "Replay: `python -m bench.chaos replay 4`; the smoke keeps it as a strict xfail "
-        "(`tests/cluster/test_chaos_smoke.py`)."
+        "**An answer to an interrupt lost with the attempt it started** (the bug below, fixed in "
+        "`decide/answers.py`): if this shows again, the fix does not cover the case."
     ),
 }
+
+# Bugs this campaign found, and their fixes (kept in RELIABILITY.md whatever the figures).
+FIXED: tuple[str, ...] = (
+    "**An answer to an interrupt was lost when the attempt it started died before its first checkpoint** "
+    "(operator). `spec.resume` starts one attempt with the answer, kept in the store for that attempt "
+    "only. When that runner was SIGKILLed, evicted or lost with its node before it checkpointed (the "
+    "answer was then in no checkpoint), the next attempt (`decide/run.py`: the backoff and disruption "
+    "paths) started without it and pruned the record; that runner found the thread still interrupted and "
+    "exited 3, and the same `spec.resume` started nothing (its digest was already "
+    "`status.resumeDigest`): the run waited for an answer it had been given. Nearly every "
+    "`runner_sigkill_during_interrupt_resume` trial hit it (19 of 220 trials in the campaigns before the "
+    "fix), because a runner takes longer to start than most of the 0 to 2 s delays. Fixed: the next "
+    "attempt carries its predecessor's answer on while the thread waits on exactly the interrupts it "
+    "answers, never on another one (`operator/agentrun_operator/decide/answers.py`, read in "
+    "`io/reconcile.py` before the next attempt's inputs are written; `tests/unit/test_operator_answers.py`). "
+    "Replay: `python -m bench.chaos replay 4`.",
+    "**A ledger record sent while PostgreSQL shut down was dropped, not retried** (runner store). An idle "
+    "pooled connection that had received the server's goodbye failed the next statement with asyncpg's "
+    '`InternalClientError` ("cannot switch to state 12; another operation (2) is in progress"), which the '
+    'store did not count as a lost connection: the record failed at once and the runner logged "COMPLETED '
+    'but could not be recorded" (a replay of that step would have run the tool again). Seen in '
+    "`unrecorded_tool_calls` of a baseline during another trial's PostgreSQL restart. Fixed: it is retried "
+    "like any lost connection (`runner/agentrun/checkpoint/postgres.py`; "
+    "`tests/postgres/test_postgres_outage.py`).",
+)
 
 
 def _git() -> dict[str, Any]:
@@ -276,6 +284,9 @@ def markdown(figures: dict[str, Any]) -> str:
     ]
     findings = _findings(figures)
     out += findings or ["Nothing: every loss figure is 0.", ""]
+    out += ["## Found by this campaign, and fixed", ""]
+    out += [f"- {text}" for text in FIXED]
+    out.append("")
     window = figures.get("window_reexecutions_by_fault_in_trial") or {}
     if window:
         listed = ", ".join(f"{k} {v}" for k, v in window.items())

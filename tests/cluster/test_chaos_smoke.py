@@ -1,6 +1,6 @@
-"""The fault campaign's smoke (``make chaos`` in small): 20 seeded trials in one emulated cluster.
+"""The fault campaign's smoke (``make chaos`` in small): 22 seeded trials in one emulated cluster.
 
-Seeds 1 to 22 but 14 and 15 spread their first faults over every kind (``bench.chaos.plan``):
+Seeds 1 to 22 spread their first faults over every kind, twice (``bench.chaos.plan``):
 runner SIGKILLs inside a tool, inside the checkpoint transaction, between a tool's return and
 its ledger record, during an interrupt resume and during a SIGTERM drain; eviction; node loss;
 SIGKILL of the operator leader (two replicas); a PostgreSQL and a Redis restart (private
@@ -23,12 +23,7 @@ from bench.chaos.verdict import LOSSES
 
 pytestmark = pytest.mark.timeout(300)
 
-# Seeds 14 and 15 are left out: each can (15 always does) crash or lose the attempt that resumes an
-# interrupt before its first checkpoint, which the known bug below turns into a stuck run.
-SEEDS = [s for s in range(1, 23) if s not in (14, 15)]
-# The one trial a known operator bug fails (bench/RELIABILITY.md, "What was not 0"): the answer to an
-# interrupt is lost when the attempt it started is SIGKILLed before its first checkpoint.
-RESUME_SEED = 4
+SEEDS = list(range(1, 23))
 
 
 @pytest.fixture(scope="module")
@@ -45,28 +40,18 @@ def _losses(outcome: campaign.Outcome) -> dict[str, int]:
 
 def test_the_smoke_seeds_cover_every_fault_kind() -> None:
     assert {plan(s).faults[0].kind for s in SEEDS} >= set(KINDS)
-    assert plan(RESUME_SEED).faults[-1].kind == KILL_DURING_RESUME
+    assert sum(any(f.kind == KILL_DURING_RESUME for f in plan(s).faults) for s in SEEDS) >= 2
 
 
 def test_no_fault_loses_a_recorded_tool_call_a_step_a_run_or_the_final_state(smoke: campaign.Result) -> None:
     figures = campaign.summary(smoke)
     print({k: v for k, v in figures.items() if isinstance(v, int)}, figures["faults_injected"])
-    broken = {o.seed: _losses(o) for o in smoke.outcomes if o.seed != RESUME_SEED and _losses(o)}
+    broken = {o.seed: _losses(o) for o in smoke.outcomes if _losses(o)}
     why = {o.seed: o.verdict["why"] for o in smoke.outcomes if o.seed in broken and o.verdict}
     kept = {o.seed: o.kept for o in smoke.outcomes if o.seed in broken}
     assert not broken, f"GUARANTEE BROKEN under faults: {broken}\n{why}\nevidence: {kept}"
     landed = sum(figures["faults_injected"].values())
     assert landed >= len(SEEDS), f"only {landed} faults landed in {len(SEEDS)} trials: {figures['faults_missed']}"
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="operator bug: a crash of the attempt that resumes an interrupt, before its first checkpoint, "
-    "loses the answer (the run is Interrupted again and the same spec.resume is ignored)",
-)
-def test_a_crash_while_resuming_an_interrupt_keeps_the_answer(smoke: campaign.Result) -> None:
-    (outcome,) = [o for o in smoke.outcomes if o.seed == RESUME_SEED]
-    assert not _losses(outcome), f"seed {RESUME_SEED}: {outcome.verdict}"
 
 
 def test_a_seed_is_a_plan() -> None:

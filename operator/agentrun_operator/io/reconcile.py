@@ -40,7 +40,7 @@ from typing import Any
 
 from agentrun.checkpoint.base import ControlStore, Progress
 
-from ..decide import jobparity, outage
+from ..decide import answers, jobparity, outage
 from ..decide.classify import Outcome, PodView, classify
 from ..decide.conditions import QUIET_SECONDS, deferrable, status_patch
 from ..decide.decision import Decision, Limits, StoreProblem
@@ -296,16 +296,19 @@ class Reconciler:
         if decision.create_attempt:
             if store is None:
                 raise RuntimeError(f"no store to write the inputs of attempt {decision.create_attempt} to")
+            resume = decision.resume
+            if resume is None and decision.create_attempt > 1:
+                resume = await self._carried_answer(ref, store, thread, decision.create_attempt)
             # Before the pod exists, so the runner always finds them; an upsert, so a retried reconcile is fine.
             await store.put_run_inputs(
-                thread, run_uid=ref.uid, attempt=decision.create_attempt, input=spec.input, resume=decision.resume
+                thread, run_uid=ref.uid, attempt=decision.create_attempt, input=spec.input, resume=resume
             )
             manifest = build_pod(
                 ref,
                 spec,
                 attempt=decision.create_attempt,
                 settings=self.settings,
-                resume=decision.resume,
+                resume=resume,
                 inputs_in_store=True,
             )
             pod = manifest["metadata"]["name"]
@@ -321,6 +324,35 @@ class Reconciler:
             self._pod_created[ref.uid] = time.monotonic()
             if decision.reschedule_reason is not None:
                 metrics.RESCHEDULES.labels(reason=decision.reschedule_reason, namespace=namespace).inc()
+
+    async def _carried_answer(
+        self, ref: RunRef, store: ControlStore, thread: str, attempt: int
+    ) -> dict[str, Any] | None:
+        """The answer the previous attempt started with and never checkpointed (``decide.answers``), or None.
+
+        Read before this attempt's inputs are written, which drops the older attempts' records; a retried
+        reconcile finds the answer in this attempt's own record instead.
+        """
+        try:
+            for source in (attempt, attempt - 1):
+                record = await store.aget_run_inputs(thread, run_uid=ref.uid, attempt=source)
+                if record is not None and record.resume:
+                    carried = answers.carried_answer(record.resume, await store.aget_progress(thread))
+                    if carried is not None:
+                        log.warning(
+                            "[%s/%s] attempt %d ended before checkpointing its answer to the interrupt; "
+                            "attempt %d resumes with the same answer",
+                            ref.namespace,
+                            ref.name,
+                            attempt - 1,
+                            attempt,
+                        )
+                    return carried
+                if record is not None:
+                    return None
+        except Exception as e:  # the store is down: the attempt starts without it, as before
+            log.warning("[%s/%s] cannot read the previous attempt's answer: %s", ref.namespace, ref.name, e)
+        return None
 
     async def _write(self, run: dict[str, Any], status: AgentRunStatus, decision: Decision, now: datetime) -> None:
         meta = run["metadata"]
