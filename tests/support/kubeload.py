@@ -105,13 +105,13 @@ class CountingProxy:
                 reason=upstream.reason,
                 headers={k: v for k, v in upstream.headers.items() if k.lower() not in HOP_HEADERS},
             )
-            await response.prepare(request)
-            try:
+            try:  # the client may hang up at any moment (a watch it stops, an operator that exits)
+                await response.prepare(request)
                 async for chunk in upstream.content.iter_any():
                     await response.write(chunk)
+                await response.write_eof()
             except (ConnectionResetError, aiohttp.ClientError):
-                return response
-            await response.write_eof()
+                pass
             return response
 
 
