@@ -75,3 +75,31 @@ async def test_a_created_pod_is_assumed_until_its_watch_event_and_read_once_past
     assert seen is not None and seen.phase == "Pending" and api.gets == 0
     pods._assumed[("shop", "run-1")] = (seen, 0.0)  # the window has passed with no watch event
     assert await pods.get("shop", "run-1") is None and api.gets == 1, "past the window the API decides"
+
+
+async def test_secrets_naming_one_dsn_share_one_pool_and_an_idle_pool_is_closed() -> None:
+    from agentrun_operator.io.stores import StoreRegistry
+
+    dsn = "postgresql://agentrun@db:5432/shared"
+    api = _Api(
+        {
+            "team-a": _secret("team-a", "1", dsn=dsn),
+            "team-b": _secret("team-b", "1", dsn=dsn),
+            "other": _secret("other", "1", dsn="postgresql://agentrun@db:5432/other"),
+        }
+    )
+    registry = StoreRegistry(SecretCache(api), idle_seconds=0.0)  # type: ignore[arg-type]
+    try:
+        a = await registry.get("shop", "team-a", user="run-a")
+        b = await registry.get("shop", "team-b", user="run-b")
+        c = await registry.get("shop", "other", user="run-c")
+        assert a is b, "two Secrets naming one DSN must share one pool"
+        assert c is not a and len(registry._pools) == 2
+        assert registry.users_of(dsn) == {"run-a", "run-b"}
+        registry.release("run-a")
+        assert await registry.sweep() == 0, "a pool a live run still uses was closed"
+        registry.release("run-b")
+        assert await registry.sweep() == 1 and set(registry._pools) == {"postgresql://agentrun@db:5432/other"}
+        assert await registry.get("shop", "team-a", user="run-a") is not a, "a closed pool was handed out again"
+    finally:
+        await registry.close()
