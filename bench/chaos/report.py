@@ -307,7 +307,8 @@ def markdown(figures: dict[str, Any]) -> str:
             "stops with `RUNNER_INPUT_001` having written nothing (harmless, but its message blames a deleted "
             "thread or a bug, and FENCED would say what happened). 0 and 3 are runners frozen after they "
             "registered that, thawed, read the thread completed or waiting for an answer and had nothing to "
-            "write. `stale_writes_accepted` above is what matters: no thawed runner wrote anything.",
+            "write. None is a runner still running 30 s after its thaw, then SIGKILLed by the campaign. "
+            "`stale_writes_accepted` above is what matters: no thawed runner wrote anything.",
             "",
         ]
     replaced = c.get("operator_replicas_replaced") or []
