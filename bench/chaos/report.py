@@ -312,10 +312,11 @@ def markdown(figures: dict[str, Any]) -> str:
             "",
         ]
     replaced = c.get("operator_replicas_replaced") or []
+    killed = sum(1 for r in replaced if r.endswith("exited -9"))
     out += [
-        f"Operator replicas replaced during the campaign: {len(replaced)} (SIGKILLed leaders, and replicas "
-        "that stepped down because they could not renew the Lease within its 5 s on the loaded machine; a "
-        "replica that loses the Lease exits by design and its Deployment starts another).",
+        f"Operator replicas replaced during the campaign: {len(replaced)}: {killed} SIGKILLed leaders and "
+        f"{len(replaced) - killed} replicas that ended by themselves (a replica that cannot renew the Lease "
+        "within its 5 s, on a loaded machine, steps down and exits by design; its Deployment starts another).",
         "",
         "## Replaying a trial",
         "",
