@@ -1,6 +1,6 @@
 """``python -m bench.chaos``: the seeded fault campaign (``make chaos``), one trial's replay.
 
-    python -m bench.chaos [run] [--trials 220] [--first-seed 1] [--concurrency 12]
+    python -m bench.chaos [run] [--trials 220] [--first-seed 1] [--concurrency 14]
     python -m bench.chaos replay SEED [SEED ...]
 
 ``run`` writes ``bench/results/reliability.json`` and ``bench/RELIABILITY.md`` (``--no-write``:
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     for command in (parser, runner):
         command.add_argument("--trials", type=int, default=220)
         command.add_argument("--first-seed", type=int, default=1)
-        command.add_argument("--concurrency", type=int, default=12)
+        command.add_argument("--concurrency", type=int, default=14)
         command.add_argument("--no-write", action="store_true", help="print the figures, write no file")
     args = parser.parse_args(argv)
 
