@@ -100,7 +100,7 @@ FIGURE_TEXT: dict[str, tuple[str, str]] = {
     "steps_lost": (
         "0",
         "steps done again although their checkpoint had committed (the step of a later state version goes "
-        "back), plus steps the trial has fewer than its baseline",
+        "back), plus, for a trial that finished, steps it has fewer than its baseline",
     ),
     "stale_writes_accepted": (
         "0",
