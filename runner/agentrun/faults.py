@@ -35,7 +35,7 @@ from .contract import Env
 
 _SPEC = os.environ.get(Env.FAULT_POINT, "")
 _ARMED, _AT, _ATTEMPT = _SPEC.rpartition("@") if "@" in _SPEC else (_SPEC, "", "")
-if _ATTEMPT and _ATTEMPT != os.environ.get(Env.ATTEMPT, "1"):
+if _ATTEMPT and os.environ.get(Env.ATTEMPT, "1") != _ATTEMPT:
     _ARMED = ""  # armed for another attempt of the run
 _POINT, _, _DETAIL = _ARMED.partition(":")
 

@@ -76,7 +76,8 @@ def test_cluster_rbac_is_exactly_what_the_operator_calls() -> None:
         ("agentrun.dev", "agentruns/status", "patch"),
         ("agentrun.dev", "agentruns/finalizers", "update"),  # blockOwnerDeletion on runner pods
         *{("", "pods", v) for v in ("get", "list", "watch", "create", "delete")},
-        ("", "secrets", "get"),
+        # the SecretCache: read once per (namespace, name), kept current by a watch.
+        *{("", "secrets", v) for v in ("get", "list", "watch")},
         ("", "events", "create"),
         *{("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("list", "watch")},  # kopf observation
     }, "the operator's ClusterRole changed: widen it only for a call the code makes"
