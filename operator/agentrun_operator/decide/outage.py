@@ -100,11 +100,13 @@ def guard(
     a pod about to be created is held back (the operator cannot write the attempt's inputs, and the
     pod would only exit 8); past the outage timeout the run fails ``StoreUnavailable`` instead.
     """
-    if status.phase in TERMINAL or d.status.get("phase") in TERMINAL:
+    if status.phase in TERMINAL:
         return d
-    if store_down is None:
+    if store_down is None:  # also when this decision ends the run: its last status says the store is back
         if CONDITION not in d.conditions:
             mark_up(d, status, pod_running=pod_running)
+        return d
+    if d.status.get("phase") in TERMINAL:
         return d
     down = Outage.of(status, now=now, timeout=timeout)
     if d.create_attempt is None:

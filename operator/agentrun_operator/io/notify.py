@@ -153,6 +153,10 @@ class Listeners:
                     with contextlib.suppress(Exception):
                         await asyncio.wait_for(conn.close(), 5)
             self._ready[dsn].clear()
+            if dsn not in self._gap and dsn in self._ever:
+                # The store just went away: reconcile its runs now so their StoreAvailable condition
+                # shows the outage while it lasts, not only the resync once it is back.
+                self.on_resync(dsn)
             self._gap.add(dsn)
             await asyncio.sleep(backoff)
             backoff = min(MAX_BACKOFF, backoff * 2)
