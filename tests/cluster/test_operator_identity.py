@@ -19,11 +19,10 @@ import pytest
 
 from kubesim import EmulatedCluster, KubeletThread
 from tests.cluster import test_operator as shared
-from tests.cluster.operator_harness import OperatorProcess, agentrun, apply, progress
+from tests.cluster.operator_harness import OperatorProcess, agentrun, apply, pods_of, progress, wait_node, wait_phase
 
 # The operator tests' fixtures (a database per module, the store Secret, the operator process).
 dsn, store, operator = shared.dsn, shared.store, shared.operator
-pods_of, wait_node, wait_phase = shared.pods_of, shared.wait_node, shared.wait_phase
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -67,6 +66,20 @@ def patch_spec(cluster: EmulatedCluster, name: str, spec: dict[str, Any]) -> Non
     assert patched.returncode == 0, patched.stderr
 
 
+def tool_calls_counted(operator: OperatorProcess) -> float:
+    """``agentrun_operator_tool_calls_total`` of namespace default, every outcome (this operator process's)."""
+    samples = [
+        line
+        for line in operator.metrics().splitlines()
+        if line.startswith("agentrun_operator_tool_calls_total{") and 'namespace="default"' in line
+    ]
+    return sum(float(line.rsplit(" ", 1)[1]) for line in samples)
+
+
+def counted_in_status(status: dict[str, Any]) -> int:
+    return sum(int(value) for value in (status.get("toolCalls") or {}).values())
+
+
 def _reapplied_is_already_completed(
     cluster: EmulatedCluster, operator: OperatorProcess, manifest: dict[str, Any], effects: Path
 ) -> dict[str, Any]:
@@ -76,6 +89,9 @@ def _reapplied_is_already_completed(
     assert first["reason"] == "Completed" and first["result"]["digest"].startswith("sha256:"), first
     assert invocations(effects, "charge_card") == 1
     first_uid = cluster.get("agentruns", name)["metadata"]["uid"]  # type: ignore[index]
+    calls = counted_in_status(first)
+    assert calls > 0, first
+    cluster.wait_for(lambda: tool_calls_counted(operator) == calls, timeout=10, message="the first run's calls counted")
     delete_run(cluster, name)
 
     apply(cluster, manifest)  # what a GitOps re-sync, or a person "retrying", does
@@ -84,6 +100,9 @@ def _reapplied_is_already_completed(
     assert invocations(effects, "charge_card") == 1, "GUARANTEE BROKEN: re-applying the same request charged again"
     assert pods_ever(cluster, f"{name}-1") == 1 and not second.get("podName"), "the answered request got a pod"
     assert second["result"] == first["result"] and second["stateVersion"] == first["stateVersion"]
+    assert second["toolCalls"] == first["toolCalls"], "the answered request shows the recorded turn's calls"
+    time.sleep(0.5)  # the metric grows right after the status write the test just saw
+    assert tool_calls_counted(operator) == calls, "GUARANTEE BROKEN: the metric counted the recorded turn's calls twice"
     uid = cluster.get("agentruns", name)["metadata"]["uid"]  # type: ignore[index]
     [event] = [e for e in events_of(cluster, name, uid) if e["reason"] == "AlreadyCompleted"]
     assert first_uid in event["message"], f"the Event must name the earlier run: {event['message']}"
@@ -104,7 +123,7 @@ def test_an_explicit_request_id_is_the_identity_and_a_new_one_is_a_new_turn(
 ) -> None:
     effects = tmp_path / "effects.db"
     manifest = agentrun("order-7002", thread="t-7002", effects=effects, requestId="charge-7002")
-    _reapplied_is_already_completed(cluster, operator, manifest, effects)
+    answered = _reapplied_is_already_completed(cluster, operator, manifest, effects)
 
     renamed = agentrun("order-7002-again", thread="t-7002", effects=effects, requestId="charge-7002")
     apply(cluster, renamed)  # another name, the same request: still answered from the store
@@ -115,6 +134,9 @@ def test_an_explicit_request_id_is_the_identity_and_a_new_one_is_a_new_turn(
     final = wait_phase(cluster, operator, "order-7002-next", "Succeeded")
     assert final["reason"] == "Completed" and final["attempt"] == 1, "a new requestId must start a new turn"
     assert invocations(effects, "charge_card") == 2, "the new turn's charge ran once"
+    # Each turn's calls counted once: the new turn's status never carried the previous turn's counts.
+    both = counted_in_status(answered) + counted_in_status(final)
+    cluster.wait_for(lambda: tool_calls_counted(operator) == both, timeout=10, message=f"{both} tool calls counted")
 
 
 def test_spec_retry_resumes_a_failed_turn_replaying_completed_calls(

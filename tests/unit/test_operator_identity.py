@@ -286,7 +286,34 @@ def test_no_tool_errors_no_condition() -> None:
 def test_the_previous_turns_failures_are_not_this_runs() -> None:
     d = decide(make_spec(), run_status(), pod=running(), store=failing(request_key="shop/earlier/xyz"))
     assert "ToolErrors" not in d.conditions and d.tool_failures == {}
-    assert "failed" not in d.status["toolCalls"], "the thread's previous turn leaked into this run's counters"
+    assert "failed" not in d.status.get("toolCalls", {}), "the thread's previous turn leaked into this run's counters"
+
+
+def test_a_new_turn_on_the_thread_shows_none_of_the_previous_turns_tool_calls() -> None:
+    # A second AgentRun on the thread whose pod has not checkpointed yet: the thread's latest turn is the earlier one.
+    earlier = progress(request_key="shop/earlier/xyz", tool_calls={"executed": 3, "replayed": 2})
+    d = decide(make_spec(), run_status(), pod=running(), store=earlier)
+    assert "toolCalls" not in d.status, (
+        f"GUARANTEE BROKEN: the previous turn's calls show (and are counted) as this run's: {d.status.get('toolCalls')}"
+    )
+    own = decide(make_spec(), run_status(), pod=running(), store=progress(request_key=KEY, tool_calls={"executed": 1}))
+    assert own.status["toolCalls"] == {"executed": 1, "replayed": 0}, "this run's own turn is mirrored"
+
+
+def test_an_already_completed_request_shows_the_recorded_counts_and_counts_nothing_again() -> None:
+    usage = {"m": {"tokens": {"prompt": 100, "completion": 20}, "requests": {"ok": 1}}}
+    counts = {"executed": 3, "replayed": 0, "failed": 1}
+    # The re-applied request is the thread's latest turn: the store's progress is that turn's.
+    latest = progress(
+        request_key=KEY, status="completed", tool_calls=counts, model_usage=usage, last_tool_error=LAST_ERROR
+    )
+    d = decide(make_spec(), store=latest, recorded=turn("completed", tool_calls=counts))
+    assert d.status["reason"] == Reason.ALREADY_COMPLETED
+    assert d.status["toolCalls"] == {"executed": 3, "replayed": 0, "failed": 1}, "the recorded turn's counts, once"
+    assert d.recorded_counts, "GUARANTEE BROKEN: the metrics would count the earlier run's calls a second time"
+    assert "modelUsage" not in d.status, "the earlier run's model usage is not this run's (its operator counted it)"
+    assert d.tool_failures == {} and not [e for e in d.events if e.reason == Reason.TOOL_ERROR]
+    assert d.conditions["ToolErrors"][0], "the recorded failures still show"
 
 
 def test_a_succeeded_run_gets_its_result() -> None:

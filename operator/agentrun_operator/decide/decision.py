@@ -51,6 +51,9 @@ class Decision:
     conditions: dict[str, tuple[bool, str, str]] = field(default_factory=dict)
     # Failed tool calls newly seen this reconcile, by tool (the metric's input; see ``toolerrors``).
     tool_failures: dict[str, int] = field(default_factory=dict)
+    # ``status.toolCalls`` copies a turn another run recorded (``AlreadyCompleted``): that run's operator
+    # counted its calls, so the metrics must not count them again for this run.
+    recorded_counts: bool = False
 
     def phase(self, phase: Phase, reason: Reason, message: str, *, warning: bool = False) -> Decision:
         self.status["phase"] = phase

@@ -14,9 +14,10 @@ needs a new ``requestId``, a new input or a new AgentRun name.
 Before the FIRST pod of a run the operator reads the key's turn
 (``ControlStore.aget_turn``):
 
-- completed: phase Succeeded, reason ``AlreadyCompleted``, ``status.result``
-  and ``stateVersion`` from the turn, an Event naming the earlier run and
-  when it completed; no pod;
+- completed: phase Succeeded, reason ``AlreadyCompleted``, ``status.result``,
+  ``stateVersion`` and ``toolCalls`` from the turn (shown, not counted again
+  in the metrics: the earlier run's operator did), an Event naming the
+  earlier run and when it completed; no pod;
 - failed or stopped: the recorded outcome (Failed with the recorded error's
   reason and message, or Stopped); no pod. ``spec.retry`` re-opens it, and
   a re-opened run skips this check: its pod resumes the failed turn;
@@ -119,6 +120,7 @@ def recorded_outcome(turn: RecordedTurn | None, *, run_uid: str, retried: bool, 
     d = Decision()
     d.status["stateVersion"] = turn.version
     d.status["toolCalls"] = tool_call_counts(turn.tool_calls)
+    d.recorded_counts = True
     d.status["completionTime"] = iso(now)
     if failed := d.status["toolCalls"].get("failed"):
         # The earlier run's failures: shown, not counted again (its own Events and metric did that).

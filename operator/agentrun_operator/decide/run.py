@@ -80,17 +80,13 @@ def truncate_payload(payload: Any) -> Any:
 
 
 def mirror(progress: Progress | None) -> StatusPatch:
-    """Status fields copied from the store."""
+    """Where the thread is, copied from the store (its turn's counters: ``identity.mirror_turn``)."""
     if progress is None:
         return StatusPatch()
     return StatusPatch(
         stateVersion=progress.version,
         currentNode=progress.current_node,
         step=progress.step,
-        toolCalls={
-            "executed": int(progress.tool_calls.get("executed", 0)),
-            "replayed": int(progress.tool_calls.get("replayed", 0)),
-        },
         lastCheckpointTime=iso(datetime.fromtimestamp(progress.updated_at, UTC)),
     )
 
@@ -212,8 +208,9 @@ def _decide(
             turn, run_uid=run.uid if run is not None else "", retried=spec.retry > 0, now=now
         )
         if answered is not None:
-            answered.status = cast(StatusPatch, {**d.status, **answered.status})
-            answered.conditions = {**d.conditions, **answered.conditions}
+            # The thread's position only: the recorded turn's counters and result come with ``answered``,
+            # and the latest turn's usage and failures (maybe that same turn's) are the earlier run's.
+            answered.status = cast(StatusPatch, {**mirror(progress), **answered.status})
             return answered
         waits_for = blocker(run, peers) if run is not None else None
         if waits_for is not None:

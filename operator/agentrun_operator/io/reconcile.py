@@ -377,7 +377,7 @@ class Reconciler:
         self._written[ref.uid] = dict(written.get("status") or {})
         for tool, count in decision.tool_failures.items():  # once written, so a retried reconcile never recounts
             metrics.tool_failed(tool, count)
-        if (calls := decision.status.get("toolCalls")) is not None:
+        if (calls := decision.status.get("toolCalls")) is not None and not decision.recorded_counts:
             metrics.tool_calls_seen(ref.namespace, dict(status.tool_calls or {}), dict(calls))
         if (usage := decision.status.get("modelUsage")) is not None:  # the same baseline rule (decide.usage)
             metrics.model_usage_seen(ref.namespace, list(status.model_usage or []), list(usage))
