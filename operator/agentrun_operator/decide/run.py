@@ -140,46 +140,6 @@ def decide(
     (``identity``: a request already answered is not run again). The decision also carries the attempt
     history (``attempts.track``).
     """
-    d = _decide(
-        spec=spec,
-        status=status,
-        pod=pod,
-        progress=progress,
-        now=now,
-        limits=limits,
-        store_problem=store_problem,
-        run=run,
-        peers=peers,
-        request_key=request_key,
-        turn=turn,
-    )
-    if status.phase not in TERMINAL or d.status or d.create_attempt is not None:  # an ended run stays as it is
-        outcome = classify(pod) if status.attempt else Outcome.GONE
-        attempts.track(
-            d, status=status, pod=pod, outcome=outcome, now=now, run_name=run.name if run is not None else None
-        )
-    return d
-
-
-def _decide(
-    *,
-    spec: AgentRunSpec,
-    status: AgentRunStatus,
-    pod: PodView | None,
-    progress: Progress | None,
-    now: datetime,
-    limits: Limits,
-    store_problem: StoreProblem | None = None,
-    run: ThreadPeer | None = None,
-    peers: Sequence[ThreadPeer] = (),
-    request_key: str = "",
-    turn: RecordedTurn | None = None,
-) -> Decision:
-    retrying = jobparity.retry_requested(spec.retry, status) and not spec.stop
-    if status.phase in TERMINAL and not retrying:
-        return Decision()
-    if store_problem is not None and not spec.stop:
-        return Decision().phase(Phase.FAILED, store_problem.reason, store_problem.message, warning=True)
     ctx = _Run(
         spec=spec,
         status=status,
@@ -188,9 +148,30 @@ def _decide(
         progress=progress,
         now=now,
         limits=limits,
+        store_problem=store_problem,
+        on_thread=run,
+        peers=peers,
+        request_key=request_key,
+        turn=turn,
     )
+    d = _decide(ctx)
+    if status.phase not in TERMINAL or d.status or d.create_attempt is not None:  # an ended run stays as it is
+        attempts.track(
+            d, status=status, pod=pod, outcome=ctx.outcome, now=now, run_name=run.name if run is not None else None
+        )
+    return d
+
+
+def _decide(ctx: _Run) -> Decision:
+    """The rules, each ending in an early return; ``decide`` adds the attempt history to whichever returned."""
+    spec, status, progress, now, run = ctx.spec, ctx.status, ctx.progress, ctx.now, ctx.on_thread
+    retrying = jobparity.retry_requested(spec.retry, status) and not spec.stop
+    if status.phase in TERMINAL and not retrying:
+        return Decision()
+    if ctx.store_problem is not None and not spec.stop:
+        return Decision().phase(Phase.FAILED, ctx.store_problem.reason, ctx.store_problem.message, warning=True)
     d = Decision(status=mirror(progress))
-    identity.mirror_turn(d, status=status, progress=progress, request_key=request_key)
+    identity.mirror_turn(d, status=status, progress=progress, request_key=ctx.request_key)
 
     if retrying:
         ctx.reopen(d)
@@ -205,14 +186,14 @@ def _decide(
 
     if not status.phase or not status.started:
         answered = identity.recorded_outcome(
-            turn, run_uid=run.uid if run is not None else "", retried=spec.retry > 0, now=now
+            ctx.turn, run_uid=run.uid if run is not None else "", retried=spec.retry > 0, now=now
         )
         if answered is not None:
             # The thread's position only: the recorded turn's counters and result come with ``answered``,
             # and the latest turn's usage and failures (maybe that same turn's) are the earlier run's.
             answered.status = cast(StatusPatch, {**mirror(progress), **answered.status})
             return answered
-        waits_for = blocker(run, peers) if run is not None else None
+        waits_for = blocker(run, ctx.peers) if run is not None else None
         if waits_for is not None:
             return d.phase(
                 Phase.PENDING,
@@ -241,7 +222,7 @@ def _decide(
 
 @dataclass(frozen=True)
 class _Run:
-    """The inputs of one ``decide`` call, so each rule reads them by name."""
+    """The inputs of one ``decide`` call, so each rule reads them by name (``on_thread``: its ``run``)."""
 
     spec: AgentRunSpec
     status: AgentRunStatus
@@ -250,6 +231,11 @@ class _Run:
     progress: Progress | None
     now: datetime
     limits: Limits
+    store_problem: StoreProblem | None
+    on_thread: ThreadPeer | None
+    peers: Sequence[ThreadPeer]
+    request_key: str
+    turn: RecordedTurn | None
 
     @property
     def attempt(self) -> int:
