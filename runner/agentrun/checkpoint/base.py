@@ -572,6 +572,40 @@ class StopWatch:
         """Stop watching (the run ended)."""
 
 
+class WatchedThreads:
+    """The runs' watches by thread id, for a store that hears stop requests (``pg_listen``, ``redis_stops``).
+
+    What it hears names a thread; ``notify`` makes each of that thread's
+    watches due. Empty when no run watches: the hearing then ends.
+    """
+
+    def __init__(self) -> None:
+        self._by_thread: dict[str, set[StopWatch]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._by_thread)
+
+    def add(self, thread_id: str, watch: StopWatch) -> None:
+        self._by_thread.setdefault(thread_id, set()).add(watch)
+
+    def remove(self, thread_id: str, watch: StopWatch) -> None:
+        watches = self._by_thread.get(thread_id)
+        if watches is not None:
+            watches.discard(watch)
+            if not watches:
+                del self._by_thread[thread_id]
+
+    def notify(self, thread_id: str) -> None:
+        for watch in self._by_thread.get(thread_id, ()):
+            watch.notify()
+
+    def threads(self) -> list[str]:
+        return list(self._by_thread)
+
+    def clear(self) -> None:
+        self._by_thread.clear()
+
+
 class Checkpointer(StateStore, LedgerStore, ControlStore, abc.ABC):
     """A store with all three protocols: what the engine needs. Backends subclass it.
 

@@ -52,7 +52,7 @@ from typing import Any
 
 import asyncpg
 
-from .base import StopWatch
+from .base import StopWatch, WatchedThreads
 
 log = logging.getLogger("agentrun.checkpoint.postgres")
 
@@ -95,7 +95,7 @@ class StopListener:
         self._connect = connect
         self.sweep_interval = sweep_interval
         self._conn: asyncpg.Connection[Any] | None = None
-        self._watches: dict[str, set[PgStopWatch]] = {}
+        self._watches = WatchedThreads()
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._stopping = False
@@ -109,7 +109,7 @@ class StopListener:
     def watch(self, thread_id: str) -> PgStopWatch:
         """A watch on ``thread_id``, due at once (the check before a run's first node), then when told."""
         watch = PgStopWatch(self, thread_id)
-        self._watches.setdefault(thread_id, set()).add(watch)
+        self._watches.add(thread_id, watch)
         return watch
 
     def start(self) -> None:
@@ -120,11 +120,7 @@ class StopListener:
 
     async def unwatch(self, watch: PgStopWatch) -> None:
         """Forget ``watch``; with the last one the task ends and the connection closes."""
-        watches = self._watches.get(watch.thread_id)
-        if watches is not None:
-            watches.discard(watch)
-            if not watches:
-                del self._watches[watch.thread_id]
+        self._watches.remove(watch.thread_id, watch)
         if not self._watches:
             await self.aclose()
 
@@ -159,8 +155,7 @@ class StopListener:
     # -- the task -------------------------------------------------------------------------
 
     def _notified(self, _conn: object, _pid: int, _channel: str, thread_id: str) -> None:
-        for watch in self._watches.get(thread_id, ()):
-            watch.notify()
+        self._watches.notify(thread_id)
 
     def _lost(self, _conn: object) -> None:
         self._wake.set()  # reconnect now; meanwhile the watches poll (``listening`` is false)
@@ -220,10 +215,9 @@ class StopListener:
         conn = self._conn
         if conn is None or not self._watches:
             return
-        rows = await conn.fetch(_PENDING, list(self._watches), timeout=_SWEEP_TIMEOUT)
+        rows = await conn.fetch(_PENDING, self._watches.threads(), timeout=_SWEEP_TIMEOUT)
         for row in rows:
-            for watch in self._watches.get(row[0], ()):
-                watch.notify()
+            self._watches.notify(row[0])
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None

@@ -28,7 +28,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from .base import StopWatch
+from .base import StopWatch, WatchedThreads
 from .redis_cache import RedisHotCache
 
 log = logging.getLogger("agentrun.checkpoint.redis")
@@ -71,13 +71,13 @@ class RedisStops:
 
     def __init__(self, cache: RedisHotCache) -> None:
         self.cache = cache
-        self._watches: dict[str, set[RedisStopWatch]] = {}
+        self._watches = WatchedThreads()
         self._task: asyncio.Task[None] | None = None
         self._warned = False
 
     def watch(self, thread_id: str, inner: StopWatch) -> RedisStopWatch:
         watch = RedisStopWatch(inner, self, thread_id)
-        self._watches.setdefault(thread_id, set()).add(watch)
+        self._watches.add(thread_id, watch)
         return watch
 
     def start(self) -> None:
@@ -85,11 +85,7 @@ class RedisStops:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="agentrun:redis-stops")
 
     async def unwatch(self, watch: RedisStopWatch) -> None:
-        watches = self._watches.get(watch.thread_id)
-        if watches is not None:
-            watches.discard(watch)
-            if not watches:
-                del self._watches[watch.thread_id]
+        self._watches.remove(watch.thread_id, watch)
         if not self._watches:
             await self.aclose()
 
@@ -103,9 +99,7 @@ class RedisStops:
 
     def _heard(self, message: dict[str, Any]) -> None:
         channel = str(message.get("channel", ""))
-        thread_id = channel.removeprefix(self.cache.stop_channel(""))
-        for watch in self._watches.get(thread_id, ()):
-            watch.notify()
+        self._watches.notify(channel.removeprefix(self.cache.stop_channel("")))
 
     async def _run(self) -> None:
         while True:
