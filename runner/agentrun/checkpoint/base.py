@@ -44,6 +44,7 @@ import abc
 import asyncio
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -199,24 +200,65 @@ class Progress:
     model_usage: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_checkpoint(cls, checkpoint: Checkpoint) -> Progress:
-        meta = checkpoint.meta
+    def from_meta(
+        cls,
+        meta: Mapping[str, Any],
+        *,
+        thread_id: str,
+        version: int,
+        current_node: str | None,
+        step: int,
+        status: RunStatus,
+        updated_at: float,
+        attempt: int | None = None,
+        run_uid: str | None = None,
+        incarnation: str | None = None,
+    ) -> Progress:
+        """The progress of a state row from its meta (all of it, or only its ``PROGRESS_META`` keys)."""
         return cls(
+            thread_id=thread_id,
+            version=version,
+            current_node=current_node,
+            step=step,
+            status=status,
+            updated_at=updated_at,
+            attempt=attempt,
+            run_uid=run_uid,
+            incarnation=incarnation,
+            error=meta.get("error"),
+            stop_reason=meta.get("stop_reason"),
+            tool_calls=dict(meta.get("tool_calls") or {}),
+            interrupts=list(meta.get("interrupts") or []),
+            request_key=meta.get("request_key"),
+            result=meta.get("result") if status == "completed" else None,
+            last_tool_error=meta.get("last_tool_error"),
+            model_usage=dict(meta.get("model_usage") or {}),
+        )
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint: Checkpoint) -> Progress:
+        return cls.from_meta(
+            checkpoint.meta,
             thread_id=checkpoint.thread_id,
             version=checkpoint.version,
             current_node=checkpoint.current_node,
             step=checkpoint.step,
             status=checkpoint.status,
             updated_at=checkpoint.created_at,
-            error=meta.get("error"),
-            stop_reason=meta.get("stop_reason"),
-            tool_calls=dict(meta.get("tool_calls") or {}),
-            interrupts=list(meta.get("interrupts") or []),
-            request_key=meta.get("request_key"),
-            result=meta.get("result") if checkpoint.status == "completed" else None,
-            last_tool_error=meta.get("last_tool_error"),
-            model_usage=dict(meta.get("model_usage") or {}),
         )
+
+
+# The meta keys ``Progress.from_meta`` reads: what a backend selects when it reads progress without the whole meta.
+PROGRESS_META = (
+    "error",
+    "stop_reason",
+    "tool_calls",
+    "interrupts",
+    "request_key",
+    "result",
+    "last_tool_error",
+    "model_usage",
+)
 
 
 @dataclass(frozen=True)

@@ -112,6 +112,7 @@ from ..errors import FencedError, StaleStateError, StorageError, StoreConfigErro
 from ..faults import armed, fault_point
 from ..messages import Message
 from .base import (
+    PROGRESS_META,
     Checkpoint,
     Checkpointer,
     CheckpointWrite,
@@ -201,9 +202,9 @@ _MESSAGES = "SELECT body FROM messages WHERE thread_id = $1 AND idx < $2 ORDER B
 _PROGRESS = """
     SELECT t.incarnation::text AS incarnation, s.version, s.current_node, s.step, s.status,
            extract(epoch FROM s.created_at)::float8 AS updated_at,
-           s.meta -> 'error' AS error, s.meta ->> 'stop_reason' AS stop_reason,
+           s.meta -> 'error' AS error, s.meta -> 'stop_reason' AS stop_reason,
            s.meta -> 'tool_calls' AS tool_calls, s.meta -> 'interrupts' AS interrupts,
-           s.meta ->> 'request_key' AS request_key, s.meta -> 'result' AS result,
+           s.meta -> 'request_key' AS request_key, s.meta -> 'result' AS result,
            s.meta -> 'last_tool_error' AS last_tool_error, s.meta -> 'model_usage' AS model_usage,
            a.attempt, a.run_uid
     FROM threads t LEFT JOIN attempts a ON a.thread_id = t.thread_id JOIN states s ON s.thread_id = t.thread_id
@@ -862,7 +863,8 @@ class PgCheckpointer(Checkpointer):
         row = await self._read("progress", lambda conn: conn.fetchrow(_PROGRESS, thread_id))
         if row is None:
             return None
-        return Progress(
+        return Progress.from_meta(
+            {key: _loads(row[key]) for key in PROGRESS_META},  # each a JSON value of the meta (_PROGRESS)
             thread_id=thread_id,
             version=int(row["version"]),
             current_node=row["current_node"],
@@ -872,14 +874,6 @@ class PgCheckpointer(Checkpointer):
             attempt=row["attempt"],
             run_uid=row["run_uid"],
             incarnation=row["incarnation"],
-            error=_loads(row["error"]),
-            stop_reason=row["stop_reason"],
-            tool_calls=_loads(row["tool_calls"]) or {},
-            interrupts=_loads(row["interrupts"]) or [],
-            request_key=row["request_key"],
-            result=_loads(row["result"]) if row["status"] == "completed" else None,
-            last_tool_error=_loads(row["last_tool_error"]),
-            model_usage=_loads(row["model_usage"]) or {},
         )
 
     async def aget_turn(self, thread_id: str, request_key: str) -> Turn | None:
