@@ -17,19 +17,17 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import yaml
 
+from agentrun_operator import launch
+from agentrun_operator.launch import OperatorProcess
 from kubesim import KOPF_PEERING_CRDS, EmulatedCluster, KubeletThread, default_base_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,61 +47,16 @@ BIN = str(Path(sys.executable).parent)  # kubectl-agentrun is installed next to 
 RUNNER_IMAGES = ("ghcr.io/agentrun/agentrun:*",)  # the operator's default image: the kubelet runs it from this venv
 
 
-@dataclass
-class Operator:
-    """The real operator (``python -m agentrun_operator``) as a process of this demo."""
-
-    proc: subprocess.Popen[bytes]
-    log_path: Path
-    port: int
-
-    def _get(self, path: str) -> str | None:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=2) as response:
-                body: bytes = response.read()
-                return body.decode()
-        except OSError:
-            return None
-
-    def role(self) -> str | None:
-        return self._get("/readyz")
-
-    def metrics(self) -> str:
-        return self._get("/metrics") or ""
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
-def start_operator(cluster: EmulatedCluster) -> Operator:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    environment = {k: v for k, v in os.environ.items() if not k.startswith(("KUBE", "AGENTRUN_"))}
-    environment.update(
-        KUBECONFIG=str(cluster.kubeconfig),
-        PYTHONPATH=str(ROOT),
-        AGENTRUN_OPERATOR_IDENTITY="demo-operator",
-        AGENTRUN_OPERATOR_METRICS_PORT=str(port),
-        AGENTRUN_OPERATOR_LEASE_NAMESPACE="default",
-        AGENTRUN_OPERATOR_RUNNER_METRICS_PORT="0",
-        # a snappy demo: a short lease, short grace periods (the operator reacts to events, no loop to speed up)
-        AGENTRUN_OPERATOR_LEASE_DURATION_SECONDS="3",
-        AGENTRUN_OPERATOR_STOP_GRACE_SECONDS="15",
-        AGENTRUN_OPERATOR_POD_GRACE_SECONDS="10",
+def start_operator(cluster: EmulatedCluster) -> OperatorProcess:
+    """The real operator, with a snappy lease and grace periods (it reacts to events: no loop to speed up)."""
+    return launch.start_operator(
+        cluster.kubeconfig,
+        identity="demo-operator",
+        log_path=WORK / "operator.log",
+        settings={"lease_duration_seconds": 3, "stop_grace_seconds": 15, "pod_grace_seconds": 10},
+        env={"PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
     )
-    log_path = WORK / "operator.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "agentrun_operator"], env=environment, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
-        )
-    return Operator(proc, log_path, port)
 
 
 def progress(thread: str) -> Progress | None:

@@ -35,11 +35,11 @@ import socket
 import subprocess
 import sys
 import threading
-import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .launch import OperatorNotReady, OperatorProcess, start_operator
 
 DEFAULT_PORT = 6880
 STORE_SECRET = "agentrun-store"
@@ -58,12 +58,6 @@ def _port_free(host: str, port: int) -> bool:
         except OSError:
             return False
     return True
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 class Progress:
@@ -91,11 +85,9 @@ class DevCluster:
     host: str = "127.0.0.1"
     postgres_dsn: str | None = None
     pythonpath: list[str] = field(default_factory=list)
-    operator_env: dict[str, str] = field(default_factory=dict)
     cluster: Any = None
     kubelet: Any = None
-    operator: subprocess.Popen[bytes] | None = None
-    metrics_port: int = 0
+    operator: OperatorProcess | None = None
 
     @property
     def kubeconfig(self) -> Path:
@@ -154,8 +146,11 @@ class DevCluster:
         self._setup_store()
         self._store_secret()
         say("store" + (" (PostgreSQL)" if self.postgres_dsn else " (SQLite)"))
-        self._start_operator()
-        self._wait_for_operator()
+        operator = self._start_operator()
+        try:
+            operator.wait_until_leader()
+        except OperatorNotReady as e:
+            raise DevClusterError(str(e)) from None
         say("operator")
 
     def _kubectl(self, *args: str) -> subprocess.CompletedProcess[str]:
@@ -191,70 +186,36 @@ class DevCluster:
         if done.returncode != 0:
             raise DevClusterError(f"could not create the store Secret: {done.stderr.strip()}")
 
-    def _start_operator(self) -> None:
-        self.metrics_port = _free_port(self.host)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBE", "AGENTRUN_"))}
-        env.update(
-            KUBECONFIG=str(self.kubeconfig),
-            AGENTRUN_OPERATOR_METRICS_PORT=str(self.metrics_port),
-            AGENTRUN_OPERATOR_LEASE_NAMESPACE="default",
-            AGENTRUN_OPERATOR_IDENTITY="agentrun-dev",
-            AGENTRUN_OPERATOR_DEFAULT_IMAGE=DEFAULT_IMAGE,
-            # Several runners share this machine's ports; their metrics would collide.
-            AGENTRUN_OPERATOR_RUNNER_METRICS_PORT="0",
-            AGENTRUN_OPERATOR_RUNNER_RESOURCES="{}",
-            AGENTRUN_OPERATOR_POD_GRACE_SECONDS="10",
-            AGENTRUN_OPERATOR_LOCAL_STORES="true",
-        )
+    def _start_operator(self) -> OperatorProcess:
+        settings: dict[str, object] = {
+            "default_image": DEFAULT_IMAGE,
+            "runner_resources": {},
+            "pod_grace_seconds": 10,
+            "local_stores": True,
+        }
         if not self.postgres_dsn:  # SQLite cannot notify the operator of progress: a resync every second shows it
-            env["AGENTRUN_OPERATOR_RESYNC_INTERVAL_SECONDS"] = "1"
-        env.update(self.operator_env)
-        with self.operator_log.open("ab") as log:
-            self.operator = subprocess.Popen(
-                [sys.executable, "-m", "agentrun_operator"],
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # Ctrl-C in the terminal reaches us only; we stop it in order
-            )
-
-    def _wait_for_operator(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        url = f"http://{self.host}:{self.metrics_port}/readyz"
-        while time.monotonic() < deadline:
-            if self.operator is not None and self.operator.poll() is not None:
-                raise DevClusterError(
-                    f"the operator exited with code {self.operator.returncode}; its log: {self.operator_log}"
-                )
-            try:
-                with urllib.request.urlopen(url, timeout=2) as response:
-                    if response.read().decode().strip() == "leader":
-                        return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise DevClusterError(f"the operator did not become ready in {timeout:g}s; its log: {self.operator_log}")
+            settings["resync_interval_seconds"] = 1
+        self.operator = start_operator(
+            self.kubeconfig, identity="agentrun-dev", log_path=self.operator_log, settings=settings
+        )
+        return self.operator
 
     def stop(self) -> None:
         """Stop the operator, then the pods (SIGTERM, then SIGKILL after their grace), then the API server."""
-        if self.operator is not None and self.operator.poll() is None:
-            self.operator.send_signal(signal.SIGTERM)
-            try:
-                self.operator.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.operator.kill()
-                self.operator.wait()
+        if self.operator is not None:
+            self.operator.stop()
         if self.kubelet is not None:
             self.kubelet.stop()
         if self.cluster is not None:
             self.cluster.stop()
 
     def banner(self) -> str:
+        metrics_port = self.operator.port if self.operator is not None else 0
         store = "PostgreSQL (AGENTRUN_DEV_POSTGRES_DSN)" if self.postgres_dsn else f"SQLite {self.store_url}"
         return "\n".join(
             [
                 f"API server  {self.cluster.url}   store {store}",
-                f"operator    metrics http://{self.host}:{self.metrics_port}/metrics, log {self.operator_log}",
+                f"operator    metrics http://{self.host}:{metrics_port}/metrics, log {self.operator_log}",
                 f"pods        run here with {sys.executable}; PYTHONPATH={os.pathsep.join(self.pythonpath)}",
                 "",
                 "In another terminal:",
@@ -304,8 +265,8 @@ def main(argv: list[str] | None = None) -> int:
         progress.done()
         print(dev.banner(), flush=True)
         while not stop.wait(1):
-            if dev.operator is not None and dev.operator.poll() is not None:
-                print(f"agentrun-dev: the operator exited ({dev.operator.returncode}); see {dev.operator_log}")
+            if dev.operator is not None and dev.operator.proc.poll() is not None:
+                print(f"agentrun-dev: the operator exited ({dev.operator.proc.returncode}); see {dev.operator_log}")
                 return 1
         print("\nstopping the local cluster...", flush=True)
         return 0

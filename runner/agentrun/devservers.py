@@ -1,0 +1,155 @@
+"""Private servers for tests and benchmarks: a PostgreSQL and a redis-server of one's own, on free ports.
+
+A test or a fault campaign that stops, kills or restarts the store must not touch the machine's shared
+servers: these run from a temporary directory on a free 127.0.0.1 port and are gone after ``destroy()``
+(PostgreSQL) or ``stop()``/``kill()`` (Redis). Not used by the runtime itself.
+
+HAZARD: PostgreSQL runs with ``fsync=off`` and Redis without persistence; a restart here is a clean stop
+and start (``pg_ctl -m fast``, Redis SHUTDOWN), never a power cut.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on now (another process may take it before the caller binds it)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for_port(port: int, timeout: float, process: subprocess.Popen[bytes] | None = None) -> None:
+    """Returns once 127.0.0.1:``port`` accepts; raises ``RuntimeError`` after ``timeout`` or if ``process`` ends."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            if time.monotonic() > deadline or (process is not None and process.poll() is not None):
+                raise RuntimeError(f"nothing listens on 127.0.0.1:{port}") from None
+            time.sleep(0.05)
+
+
+def pg_bin(name: str) -> str:
+    """A PostgreSQL program (``initdb``, ``pg_ctl``, ``psql``): Debian's newest version, else from PATH."""
+    found = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"))
+    if found:
+        return str(found[-1])
+    on_path = shutil.which(name)
+    if on_path is None:
+        raise RuntimeError(f"{name} not found under /usr/lib/postgresql/*/bin or on PATH")
+    return on_path
+
+
+class PrivatePostgres:
+    """A throwaway PostgreSQL cluster (initdb in a temporary directory, a free port) to stop and start at will.
+
+    ``settings`` are extra server settings (``-c name=value``); ``timeout`` bounds each ``pg_ctl`` call.
+    PostgreSQL refuses to run as root, so as root the server runs as the ``postgres`` OS user.
+    """
+
+    def __init__(self, *, settings: Mapping[str, str] = {}, timeout: int = 30, prefix: str = "agentrun-pg-") -> None:
+        self.port = free_port()
+        self.root = Path(tempfile.mkdtemp(prefix=prefix))
+        self.data = self.root / "data"
+        self.log = self.root / "server.log"
+        self.settings = dict(settings)
+        self.timeout = timeout
+        self._as_user: list[str] = []
+        if os.geteuid() == 0:
+            shutil.chown(self.root, user="postgres")
+            self._as_user = ["runuser", "-u", "postgres", "--"]
+
+    @property
+    def dsn(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _run(self, *cmd: str) -> None:
+        subprocess.run([*self._as_user, *cmd], check=True, capture_output=True, timeout=60)
+
+    def init(self) -> None:
+        self._run(pg_bin("initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8")
+
+    def start(self) -> None:
+        options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off"
+        options += "".join(f" -c {name}={value}" for name, value in self.settings.items())
+        pg_ctl = pg_bin("pg_ctl")
+        self._run(
+            pg_ctl, "-D", str(self.data), "-l", str(self.log), "-o", options, "-w", "-t", str(self.timeout), "start"
+        )
+
+    def stop(self) -> None:
+        # fast: every client disconnected, open transactions rolled back, a clean shutdown.
+        self._run(pg_bin("pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "-t", str(self.timeout), "stop")
+
+    def sql(self, statement: str) -> None:
+        """Run ``statement`` with psql as the superuser, over TCP."""
+        psql = [pg_bin("psql"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "-d", "postgres"]
+        subprocess.run([*psql, "-v", "ON_ERROR_STOP=1", "-c", statement], check=True, capture_output=True, timeout=30)
+
+    def destroy(self) -> None:
+        """Stop it at once if it runs, and remove its files."""
+        if (self.data / "postmaster.pid").exists():
+            with contextlib.suppress(subprocess.CalledProcessError):
+                self._run(pg_bin("pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop")
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[PrivatePostgres]:
+        """Initialised and started for the ``with`` block; destroyed after it."""
+        try:
+            self.init()
+            self.start()
+            yield self
+        finally:
+            self.destroy()
+
+
+class PrivateRedis:
+    """A redis-server without persistence, in ``root``; ``stop()`` and ``start()`` keep its port."""
+
+    def __init__(self, root: Path) -> None:
+        self.port = free_port()
+        self.root = root
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        argv = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        self.process = subprocess.Popen(
+            [*argv, "--dir", str(self.root)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        wait_for_port(self.port, 10, self.process)
+
+    def stop(self) -> None:
+        """SIGTERM: redis-server shuts down (nothing to save), SIGKILL after 10 s."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def kill(self) -> None:
+        """SIGKILL: the server is gone mid-whatever, as a crash leaves it."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(timeout=10)
