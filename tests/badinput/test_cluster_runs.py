@@ -30,6 +30,7 @@ from typing import Any
 import asyncpg
 import pytest
 
+from agentrun.devservers import free_port
 from kubesim import EmulatedCluster, KubeletThread
 from tests.badinput.graphs import BIG, TOKEN_DIR
 from tests.cluster.operator_harness import (
@@ -37,20 +38,17 @@ from tests.cluster.operator_harness import (
     agentrun,
     apply,
     executions,
-    free_port,
     progress,
+    run_events,
     start_operator,
+    status,
+    store_secret,
+    wait_phase,
 )
-from tests.cluster.test_operator import status, wait_phase
 from tests.support.checkpointers import postgres_dsn
 from tests.support.databases import create_database, drop_database, with_database
 
 pytestmark = [pytest.mark.cluster, pytest.mark.postgres, pytest.mark.timeout(240)]
-
-
-def _secret(cluster: EmulatedCluster, name: str, dsn: str, namespace: str = "default") -> None:
-    made = cluster.kubectl("create", "secret", "generic", name, "-n", namespace, f"--from-literal=postgresDsn={dsn}")
-    assert made.returncode == 0, made.stderr
 
 
 @pytest.fixture
@@ -64,7 +62,7 @@ def dsn() -> Iterator[str]:
 
 @pytest.fixture
 def operator(cluster: EmulatedCluster, kubelet: KubeletThread, dsn: str, tmp_path: Path) -> Iterator[OperatorProcess]:
-    _secret(cluster, "agentrun-store", dsn)
+    store_secret(cluster, dsn)
     process = start_operator(cluster, tmp_path)
     try:
         yield process
@@ -82,7 +80,7 @@ def test_a_10_mb_result_error_and_answer_leave_the_agentrun_small(
     final = wait_phase(cluster, operator, "big", "Succeeded", timeout=120)
     run = cluster.get("agentruns", "big")
     size = len(json.dumps(run))
-    events = _events(cluster, "big")
+    events = run_events(cluster, "big")
     print(f"AgentRun after a 10 MB result: {size} bytes; status {len(json.dumps(final))} bytes; {len(events)} events")
     assert size < 16 << 10, f"GUARANTEE BROKEN: the AgentRun grew to {size} bytes: {json.dumps(final)[:2000]}"
     assert all(len(json.dumps(e)) < 4 << 10 for e in events), "an event carries the payload"
@@ -116,7 +114,7 @@ def test_a_10_mb_interrupt_leaves_the_agentrun_small_and_can_be_answered(
     size = len(json.dumps(cluster.get("agentruns", "sign")))
     print(f"AgentRun waiting on a 10 MB interrupt: {size} bytes; interrupt {len(json.dumps(asked['interrupt']))}")
     assert size < 16 << 10, f"GUARANTEE BROKEN: the AgentRun grew to {size} bytes: {json.dumps(asked)[:2000]}"
-    assert all(len(json.dumps(e)) < 4 << 10 for e in _events(cluster, "sign")), "an event carries the message"
+    assert all(len(json.dumps(e)) < 4 << 10 for e in run_events(cluster, "sign")), "an event carries the message"
     assert asked["interrupt"]["message"].startswith("sign this: mmm")
     patched = cluster.kubectl("patch", "ar", "sign", "--type", "merge", "-p", '{"spec":{"resume":{"value":"yes"}}}')
     assert patched.returncode == 0, patched.stderr
@@ -132,7 +130,7 @@ def test_a_node_failing_with_a_10_mb_message_fails_the_run_with_a_small_status(
     size = len(json.dumps(cluster.get("agentruns", "boom")))
     print(f"AgentRun failed with a 10 MB message: {size} bytes; message {failed['message'][:120]!r}")
     assert size < 16 << 10, f"GUARANTEE BROKEN: the AgentRun grew to {size} bytes"
-    assert all(len(json.dumps(e)) < 4 << 10 for e in _events(cluster, "boom")), "an event carries the message"
+    assert all(len(json.dumps(e)) < 4 << 10 for e in run_events(cluster, "boom")), "an event carries the message"
     # The kubelet's FallbackToLogsOnError keeps the last 2048 bytes of the log: the runner's last line must
     # fit, or the code and the start of the message are lost (they were).
     assert failed["message"].startswith("NODE_ERROR_001: ") and "the report could not be built" in failed["message"]
@@ -145,10 +143,6 @@ def _scrape(url: str) -> str:
             return body.decode()
     except OSError:
         return ""
-
-
-def _events(cluster: EmulatedCluster, name: str) -> list[dict[str, Any]]:
-    return [e for e in cluster.list_objects("events", "default") if e.get("involvedObject", {}).get("name") == name]
 
 
 # --- runner pods and the Kubernetes API -------------------------------------------------------------------------------
@@ -212,7 +206,7 @@ def test_a_run_cannot_read_or_resume_another_namespaces_thread(
 ) -> None:
     """Same threadId, same database (the worst case): team-b's run sees and resumes only its own thread."""
     assert cluster.kubectl("create", "namespace", "team-b").returncode == 0
-    _secret(cluster, "agentrun-store", dsn, namespace="team-b")
+    store_secret(cluster, dsn, namespace="team-b")
     secret_text = f"order 4821 for the CEO, card ending {uuid.uuid4().hex[:6]}"
     graph = "tests.cluster.graphs:approval"
     apply(cluster, agentrun("ask", thread="shared", graph=graph, effects=tmp_path / "a.db", text=secret_text))
@@ -285,11 +279,12 @@ def test_the_store_password_appears_in_no_log_event_status_or_metric(
 ) -> None:
     dsn, password = canary_dsn
     kubelet.kubelet.base_env["AGENTRUN_STORE_RETRY_SECONDS"] = "2"
-    _secret(cluster, "agentrun-store", dsn)
+    store_secret(cluster, dsn)
     # The same canary on a port where nothing listens: the runner's and the operator's error paths.
-    _secret(cluster, "down-store", dsn.replace(dsn.split("@", 1)[1].split("/", 1)[0], f"127.0.0.1:{free_port()}"))
+    down_dsn = dsn.replace(dsn.split("@", 1)[1].split("/", 1)[0], f"127.0.0.1:{free_port()}")
+    store_secret(cluster, down_dsn, "down-store")
     # And on a database that does not exist: the configuration-error path (InvalidStore).
-    _secret(cluster, "no-db-store", dsn.rsplit("/", 1)[0] + "/no_such_database")
+    store_secret(cluster, dsn.rsplit("/", 1)[0] + "/no_such_database", "no-db-store")
     runner_port = free_port()  # the one runner that reaches the store serves /metrics here while it runs
     process = start_operator(cluster, tmp_path, AGENTRUN_OPERATOR_RUNNER_METRICS_PORT=str(runner_port))
     runner_metrics = ""

@@ -34,8 +34,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from kubesim import EmulatedCluster, KubeletThread
-from tests.cluster.operator_harness import OperatorProcess, agentrun, apply, start_operator
-from tests.cluster.test_operator import status
+from tests.cluster.operator_harness import OperatorProcess, agentrun, apply, start_operator, status, store_secret
 from tests.support.databases import create_database, drop_database
 
 pytestmark = [pytest.mark.cluster, pytest.mark.postgres, pytest.mark.timeout(300)]
@@ -56,8 +55,7 @@ def operator(cluster: EmulatedCluster, kubelet: KubeletThread, tmp_path: Path) -
     import asyncio
 
     dsn = asyncio.run(create_database())
-    made = cluster.kubectl("create", "secret", "generic", "agentrun-store", f"--from-literal=postgresDsn={dsn}")
-    assert made.returncode == 0, made.stderr
+    store_secret(cluster, dsn)
     # The harness's 3 s lease gives up leadership (and exits) when a renewal waits behind a burst of work on
     # this shared 2-core machine; this test is about specs, not takeover time (io/leader.py names the hazard).
     process = start_operator(cluster, tmp_path, AGENTRUN_OPERATOR_LEASE_DURATION_SECONDS="15")

@@ -3,14 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import socket
-import subprocess
-import sys
+import json
 import time
-import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,77 +12,99 @@ import yaml
 
 from agentrun.checkpoint.base import Progress
 from agentrun.checkpoint.postgres import PgCheckpointer
+from agentrun_operator import launch
+from agentrun_operator.launch import OperatorProcess
 from kubesim import EmulatedCluster
 
 ROOT = Path(__file__).resolve().parents[2]
+__all__ = ["OperatorProcess"]
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class OperatorProcess:
-    proc: subprocess.Popen[bytes]
-    log_path: Path
-    port: int
-    identity: str
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def role(self) -> str | None:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=2) as response:
-                body: bytes = response.read()
-                return body.decode()
-        except OSError:
-            return None
-
-    def metrics(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=2) as response:
-            body: bytes = response.read()
-            return body.decode()
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            self.proc.wait(timeout=30)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+# Snappy tests: a short lease and short grace periods (the operator reacts to events, no loop to speed up).
+TEST_SETTINGS = {
+    "lease_duration_seconds": 3,
+    "stop_grace_seconds": 15,
+    "pod_grace_seconds": 10,
+    "default_image": "agentrun:test",
+}
 
 
 def start_operator(cluster: EmulatedCluster, workdir: Path, identity: str = "op-1", **env: str) -> OperatorProcess:
-    port = free_port()
-    log_path = workdir / f"operator-{identity}-{time.monotonic_ns()}.log"
-    environment = {k: v for k, v in os.environ.items() if not k.startswith(("KUBE", "AGENTRUN_"))}
-    environment.update(
-        KUBECONFIG=str(cluster.kubeconfig),
-        PYTHONPATH=str(ROOT),
-        AGENTRUN_OPERATOR_IDENTITY=identity,
-        AGENTRUN_OPERATOR_METRICS_PORT=str(port),
-        AGENTRUN_OPERATOR_LEASE_NAMESPACE="default",
-        AGENTRUN_OPERATOR_LEASE_DURATION_SECONDS="3",
-        AGENTRUN_OPERATOR_STOP_GRACE_SECONDS="15",
-        AGENTRUN_OPERATOR_POD_GRACE_SECONDS="10",
-        AGENTRUN_OPERATOR_RUNNER_METRICS_PORT="0",
-        AGENTRUN_OPERATOR_DEFAULT_IMAGE="agentrun:test",
+    """The operator against ``cluster`` (or ``KUBECONFIG=...``), ``AGENTRUN_OPERATOR_*`` variables in ``env``."""
+    kubeconfig = Path(env.pop("KUBECONFIG", cluster.kubeconfig))
+    return launch.start_operator(
+        kubeconfig,
+        identity=identity,
+        log_path=workdir / f"operator-{identity}-{time.monotonic_ns()}.log",
+        settings=TEST_SETTINGS,
+        env={"PYTHONPATH": str(ROOT), **env},
+        cwd=ROOT,
     )
-    environment.update(env)
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "agentrun_operator"], env=environment, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
+
+
+def store_secret(cluster: EmulatedCluster, dsn: str, name: str = "agentrun-store", namespace: str = "default") -> None:
+    """The Secret an AgentRun's ``spec.store.secretRef`` names: ``postgresDsn`` only."""
+    made = cluster.kubectl("create", "secret", "generic", name, "-n", namespace, f"--from-literal=postgresDsn={dsn}")
+    assert made.returncode == 0, made.stderr
+
+
+def status(cluster: EmulatedCluster, name: str, namespace: str = "default") -> dict[str, Any]:
+    run = cluster.get("agentruns", name, namespace)
+    return (run or {}).get("status") or {}
+
+
+def run_events(cluster: EmulatedCluster, name: str) -> list[dict[str, Any]]:
+    """The Events about object ``name`` in namespace default."""
+    return [e for e in cluster.list_objects("events", "default") if e.get("involvedObject", {}).get("name") == name]
+
+
+def wait_phase(
+    cluster: EmulatedCluster,
+    operator: OperatorProcess,
+    name: str,
+    phase: str,
+    *,
+    timeout: float = 60,
+    interval: float = 0.1,
+    namespace: str = "default",
+) -> dict[str, Any]:
+    """The run's status once it is in ``phase``; fails with the status and the operator's log tail."""
+
+    def reached() -> dict[str, Any] | None:
+        now = status(cluster, name, namespace)
+        return now if now.get("phase") == phase else None
+
+    try:
+        return cluster.wait_for(
+            reached,
+            timeout=timeout,
+            interval=interval,
+            message=f"{name} in phase {phase}",
         )
-    return OperatorProcess(proc, log_path, port, identity)
+    except AssertionError:
+        raise AssertionError(
+            f"{name} never reached {phase}; status: {json.dumps(status(cluster, name, namespace))}\n"
+            f"operator log (tail):\n{operator.log()[-4000:]}"
+        ) from None
+
+
+def pods_of(cluster: EmulatedCluster, run: str) -> list[str]:
+    """The names of the run's pods now, in namespace default."""
+    return sorted(
+        p["metadata"]["name"]
+        for p in cluster.list_objects("pods", "default")
+        if p["metadata"].get("labels", {}).get("agentrun.dev/run") == run
+    )
+
+
+def wait_node(dsn: str, thread: str, node: str, timeout: float = 30) -> None:
+    """Returns once the thread runs ``node`` (its store progress says so)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        seen = progress(dsn, thread)
+        if seen is not None and seen.current_node == node and seen.status == "running":
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"thread {thread} never reached node {node}")
 
 
 def agentrun(

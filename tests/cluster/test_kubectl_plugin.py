@@ -24,7 +24,16 @@ import yaml
 
 from examples.support_agent import count_effects
 from kubesim import KUBECTL, EmulatedCluster, KubeletThread
-from tests.cluster.operator_harness import OperatorProcess, agentrun, apply, executions, start_operator
+from tests.cluster.operator_harness import (
+    OperatorProcess,
+    agentrun,
+    apply,
+    executions,
+    start_operator,
+    status,
+    store_secret,
+    wait_phase,
+)
 from tests.support.databases import create_database, drop_database
 
 pytestmark = pytest.mark.timeout(180)
@@ -44,8 +53,7 @@ def dsn() -> Iterator[str]:
 
 @pytest.fixture
 def operator(cluster: EmulatedCluster, kubelet: KubeletThread, dsn: str, tmp_path: Path) -> Iterator[OperatorProcess]:
-    secret = cluster.kubectl("create", "secret", "generic", "agentrun-store", f"--from-literal=postgresDsn={dsn}")
-    assert secret.returncode == 0, secret.stderr
+    store_secret(cluster, dsn)
     process = start_operator(cluster, tmp_path)
     try:
         yield process
@@ -71,24 +79,6 @@ def agentrun_cli(cluster: EmulatedCluster, *args: str, timeout: float = 60) -> s
 def ok(result: subprocess.CompletedProcess[str]) -> str:
     assert result.returncode == 0, f"kubectl agentrun failed ({result.returncode}): {result.stderr}{result.stdout}"
     return result.stdout
-
-
-def status(cluster: EmulatedCluster, name: str) -> dict[str, Any]:
-    return (cluster.get("agentruns", name) or {}).get("status") or {}
-
-
-def wait_phase(cluster: EmulatedCluster, operator: OperatorProcess, name: str, phase: str, timeout: float = 60) -> Any:
-    try:
-        return cluster.wait_for(
-            lambda: (s := status(cluster, name)).get("phase") == phase and s,
-            timeout=timeout,
-            interval=0.1,
-            message=f"{name} in phase {phase}",
-        )
-    except AssertionError:
-        raise AssertionError(
-            f"{name} never reached {phase}: {status(cluster, name)}\noperator log:\n{operator.log()[-3000:]}"
-        ) from None
 
 
 def approval_run(name: str, effects: Path) -> dict[str, Any]:

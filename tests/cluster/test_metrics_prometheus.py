@@ -34,14 +34,16 @@ from typing import Any
 import pytest
 import yaml
 
+from agentrun.devservers import free_port
 from kubesim import EmulatedCluster, KubeletThread
 from tests.cluster.operator_harness import (
     OperatorProcess,
     agentrun,
     apply,
-    free_port,
-    progress,
     start_operator,
+    store_secret,
+    wait_node,
+    wait_phase,
 )
 from tests.support.databases import create_database, drop_database
 
@@ -83,8 +85,7 @@ class Prometheus:
 def store(cluster: EmulatedCluster) -> Iterator[str]:
     dsn = asyncio.run(create_database())
     try:
-        made = cluster.kubectl("create", "secret", "generic", "agentrun-store", f"--from-literal=postgresDsn={dsn}")
-        assert made.returncode == 0, made.stderr
+        store_secret(cluster, dsn)
         yield dsn
     finally:
         asyncio.run(drop_database(dsn))
@@ -202,28 +203,6 @@ def model_endpoint() -> Iterator[str]:
         thread.join(timeout=5)
 
 
-def phase(cluster: EmulatedCluster, name: str) -> str | None:
-    run = cluster.get("agentruns", name, NAMESPACE) or {}
-    return (run.get("status") or {}).get("phase")
-
-
-def wait(cluster: EmulatedCluster, operator: OperatorProcess, name: str, want: str, timeout: float = 40) -> None:
-    try:
-        cluster.wait_for(lambda: phase(cluster, name) == want, timeout=timeout, interval=0.1, message=f"{name} {want}")
-    except AssertionError:
-        raise AssertionError(f"{name} never reached {want}\n{operator.log()[-3000:]}") from None
-
-
-def wait_node(dsn: str, thread: str, node: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        seen = progress(dsn, thread)
-        if seen is not None and seen.current_node == node and seen.status == "running":
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"thread {thread} never reached node {node}")
-
-
 def wait_value(prom: Prometheus, expr: str, want: float, timeout: float = 15) -> float:
     deadline = time.monotonic() + timeout
     seen: float | None = None
@@ -278,7 +257,7 @@ def test_every_dashboard_panel_answers_from_a_real_prometheus_after_a_crash_repl
     wait_node(store, "default/crash", "tools")
     time.sleep(1.0)
     kubelet.kill("crash-1")
-    wait(cluster, operator, "approval", "Interrupted")
+    wait_phase(cluster, operator, "approval", "Interrupted", timeout=40)
     resumed = cluster.kubectl(
         "patch",
         "ar",
@@ -300,13 +279,13 @@ def test_every_dashboard_panel_answers_from_a_real_prometheus_after_a_crash_repl
             env={"CLUSTER_MODEL_URL": model_endpoint},
         ),
     )
-    wait(cluster, operator, "crash", "Succeeded")
-    wait(cluster, operator, "approval", "Succeeded")
-    wait(cluster, operator, "model", "Succeeded")
+    wait_phase(cluster, operator, "crash", "Succeeded", timeout=40)
+    wait_phase(cluster, operator, "approval", "Succeeded", timeout=40)
+    wait_phase(cluster, operator, "model", "Succeeded", timeout=40)
     assert ChatCompletions.served == [503, 200], "the adapter must retry the 503 once and get the completion"
     stopped = cluster.kubectl("patch", "ar", "hung", "--type", "merge", "-p", '{"spec":{"stop":true}}')
     assert stopped.returncode == 0, stopped.stderr
-    wait(cluster, operator, "hung", "Stopped", timeout=30)
+    wait_phase(cluster, operator, "hung", "Stopped", timeout=30)
 
     # What happened, as Prometheus saw it (waiting for the scrape after the last transition).
     assert wait_value(prometheus, 'sum(agentrun_operator_runs{phase="Stopped"})', 1) == 1

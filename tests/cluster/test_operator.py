@@ -26,8 +26,12 @@ from tests.cluster.operator_harness import (
     agentrun,
     apply,
     executions,
+    pods_of,
     progress,
     start_operator,
+    status,
+    wait_node,
+    wait_phase,
 )
 from tests.support.databases import create_database, drop_database
 
@@ -60,52 +64,6 @@ def operator(cluster: EmulatedCluster, kubelet: KubeletThread, store: str, tmp_p
         yield process
     finally:
         process.stop()
-
-
-def status(cluster: EmulatedCluster, name: str, namespace: str = "default") -> dict[str, Any]:
-    run = cluster.get("agentruns", name, namespace)
-    return (run or {}).get("status") or {}
-
-
-def wait_phase(
-    cluster: EmulatedCluster,
-    operator: OperatorProcess,
-    name: str,
-    phase: str,
-    *,
-    timeout: float = 60,
-    namespace: str = "default",
-) -> dict[str, Any]:
-    try:
-        return cluster.wait_for(
-            lambda: (s := status(cluster, name, namespace)).get("phase") == phase and s,
-            timeout=timeout,
-            interval=0.1,
-            message=f"{name} in phase {phase}",
-        )
-    except AssertionError:
-        raise AssertionError(
-            f"{name} never reached {phase}; status: {json.dumps(status(cluster, name, namespace))}\n"
-            f"operator log (tail):\n{operator.log()[-4000:]}"
-        ) from None
-
-
-def wait_node(dsn: str, thread: str, node: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        seen = progress(dsn, thread)
-        if seen is not None and seen.current_node == node and seen.status == "running":
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"thread {thread} never reached node {node}")
-
-
-def pods_of(cluster: EmulatedCluster, run: str) -> list[str]:
-    return sorted(
-        p["metadata"]["name"]
-        for p in cluster.list_objects("pods", "default")
-        if p["metadata"].get("labels", {}).get("agentrun.dev/run") == run
-    )
 
 
 def test_kubectl_apply_runs_to_succeeded_and_status_mirrors_the_store(

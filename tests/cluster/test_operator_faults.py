@@ -1,7 +1,7 @@
 """The operator under infrastructure faults and bad input (issue 8), on the emulated cluster.
 
 Real operator process, real runner processes, real kubectl, real PostgreSQL. The store outages run
-against a PRIVATE PostgreSQL server (``tests.postgres.conftest.PrivatePostgres``: its own data
+against a PRIVATE PostgreSQL server (``agentrun.devservers.PrivatePostgres``: its own data
 directory and port) that the test stops and starts, so no other test's database ever goes away.
 
 Guarantees: a PostgreSQL restart mid-run costs no restart budget and re-executes no tool; a store
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,22 +23,27 @@ from typing import Any
 import pytest
 import yaml
 
+from agentrun.devservers import PrivatePostgres
 from examples.support_agent import count_effects
 from kubesim import EmulatedCluster, KubeletThread
-from tests.cluster.operator_harness import OperatorProcess, agentrun, apply, executions, start_operator
-from tests.cluster.test_operator import pods_of, status, wait_phase
-from tests.postgres.conftest import PrivatePostgres, _pg_bin
+from tests.cluster.operator_harness import (
+    OperatorProcess,
+    agentrun,
+    apply,
+    executions,
+    pods_of,
+    run_events,
+    start_operator,
+    status,
+    store_secret,
+    wait_phase,
+)
 from tests.support.databases import create_database, drop_database
 
 pytestmark = pytest.mark.timeout(240)
 
 PASSWORD = "Hunter2-S3cret-Pw"
 MIB = 1 << 20
-
-
-def _secret(cluster: EmulatedCluster, name: str, dsn: str, namespace: str = "default") -> None:
-    made = cluster.kubectl("create", "secret", "generic", name, "-n", namespace, f"--from-literal=postgresDsn={dsn}")
-    assert made.returncode == 0, made.stderr
 
 
 def _store(manifest: dict[str, Any], secret: str) -> dict[str, Any]:
@@ -51,23 +55,14 @@ def _conditions(state: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {c["type"]: c for c in state.get("conditions") or []}
 
 
-def _events(cluster: EmulatedCluster, name: str) -> list[dict[str, Any]]:
-    return [e for e in cluster.list_objects("events", "default") if e.get("involvedObject", {}).get("name") == name]
-
-
 def _runner_logs(tmp_path: Path) -> str:
     return "\n".join(p.read_text(errors="replace") for p in tmp_path.rglob("*.log") if p.is_file())
 
 
 @pytest.fixture
 def private_pg() -> Iterator[PrivatePostgres]:
-    server = PrivatePostgres()
-    try:
-        server.init()
-        server.start()
+    with PrivatePostgres().running() as server:
         yield server
-    finally:
-        server.destroy()
 
 
 @pytest.fixture
@@ -99,7 +94,7 @@ def test_postgres_restarted_mid_run_under_20_runs_costs_no_restart_and_reruns_no
     cluster: EmulatedCluster, kubelet: KubeletThread, private_pg: PrivatePostgres, tmp_path: Path
 ) -> None:
     """RESTARTS a private PostgreSQL while 20 runs are inside their tools (the runners ride it out)."""
-    _secret(cluster, "agentrun-store", private_pg.dsn)
+    store_secret(cluster, private_pg.dsn)
     process = start_operator(cluster, tmp_path)  # runners keep their default 60 s retry bound
     names = [f"pg-{i:02d}" for i in range(20)]
     try:
@@ -157,7 +152,7 @@ def test_store_down_past_the_timeout_fails_store_unavailable_without_spending_re
     tmp_path: Path,
 ) -> None:
     """STOPS a private PostgreSQL mid-run for good: exit 8, backoff, then Failed past a 6 s timeout."""
-    _secret(cluster, "agentrun-store", private_pg.dsn)
+    store_secret(cluster, private_pg.dsn)
     manifest = agentrun(
         "outage",
         thread="outage",
@@ -189,8 +184,7 @@ def _password_postgres(server: PrivatePostgres) -> str:
     hba.write_text("host all app 127.0.0.1/32 scram-sha-256\n" + hba.read_text())
     server.stop()
     server.start()
-    psql = [_pg_bin("psql"), "-h", "127.0.0.1", "-p", str(server.port), "-U", "postgres", "-d", "postgres"]
-    subprocess.run([*psql, "-c", f"CREATE ROLE app LOGIN PASSWORD '{PASSWORD}'"], check=True, capture_output=True)
+    server.sql(f"CREATE ROLE app LOGIN PASSWORD '{PASSWORD}'")
     return f"postgresql://app:{PASSWORD}@127.0.0.1:{server.port}/postgres"
 
 
@@ -209,7 +203,7 @@ def test_a_broken_store_fails_invalid_store_at_once_and_the_password_appears_now
         "wrong-password": good.replace(PASSWORD, PASSWORD + "-wrong"),
         "missing-database": good.replace("/postgres", "/no_such_database"),
     }[broken]
-    _secret(cluster, "broken-store", dsn)
+    store_secret(cluster, dsn, "broken-store")
     apply(cluster, _store(agentrun(broken, thread=broken, effects=tmp_path / "e.db"), "broken-store"))
     final = wait_phase(cluster, operator, broken, "Failed", timeout=60)
     assert final["reason"] == "InvalidStore", final
@@ -219,7 +213,7 @@ def test_a_broken_store_fails_invalid_store_at_once_and_the_password_appears_now
     assert len(pods_of(cluster, broken)) <= 1, "a configuration error must not be retried"
     seen = {
         "status": json.dumps(status(cluster, broken)),
-        "events": json.dumps(_events(cluster, broken)),
+        "events": json.dumps(run_events(cluster, broken)),
         "operator log": operator.log(),
         "runner logs": _runner_logs(tmp_path / "kubelet"),
     }
@@ -234,7 +228,7 @@ def test_a_broken_store_fails_invalid_store_at_once_and_the_password_appears_now
 def test_a_one_mib_input_and_a_one_mib_resume_value_run_to_succeeded(
     cluster: EmulatedCluster, kubelet: KubeletThread, operator: OperatorProcess, shared_dsn: str, tmp_path: Path
 ) -> None:
-    _secret(cluster, "agentrun-store", shared_dsn)
+    store_secret(cluster, shared_dsn)
     big = agentrun(
         "big-input",
         thread="big-input",
@@ -270,7 +264,7 @@ def test_a_one_mib_input_and_a_one_mib_resume_value_run_to_succeeded(
 def test_a_pod_that_cannot_start_fails_with_the_kubelet_reason_without_retrying(
     cluster: EmulatedCluster, kubelet: KubeletThread, operator: OperatorProcess, shared_dsn: str, tmp_path: Path
 ) -> None:
-    _secret(cluster, "agentrun-store", shared_dsn)
+    store_secret(cluster, shared_dsn)
     # One environment string over Linux's 128 KiB limit: exec fails (E2BIG), the kubelet reports StartError.
     apply(cluster, agentrun("no-start", thread="no-start", effects=tmp_path / "e.db", env={"HUGE": "z" * (200 << 10)}))
     final = wait_phase(cluster, operator, "no-start", "Failed", timeout=60)
@@ -288,7 +282,7 @@ def test_a_pod_that_cannot_start_fails_with_the_kubelet_reason_without_retrying(
 def test_an_unlabelled_secret_is_refused_before_any_pod_and_a_labelled_one_works(
     cluster: EmulatedCluster, kubelet: KubeletThread, operator: OperatorProcess, shared_dsn: str, tmp_path: Path
 ) -> None:
-    _secret(cluster, "agentrun-store", shared_dsn)
+    store_secret(cluster, shared_dsn)
     made = cluster.kubectl("create", "secret", "generic", "api-key", "--from-literal=token=tok-123")
     assert made.returncode == 0, made.stderr
 
@@ -303,7 +297,7 @@ def test_an_unlabelled_secret_is_refused_before_any_pod_and_a_labelled_one_works
     refused = wait_phase(cluster, operator, "sneaky", "Failed", timeout=30)
     assert refused["reason"] == "InvalidSpec" and "default/api-key" in refused["message"], refused
     assert 'agentrun.dev/runner-access="true"' in refused["message"], "the message must say how to allow it"
-    apply(cluster, referencing("store-thief", "agentrun-store"))
+    apply(cluster, referencing("store-thief"))
     thief = wait_phase(cluster, operator, "store-thief", "Failed", timeout=30)
     assert thief["reason"] == "InvalidSpec" and "store Secret" in thief["message"], thief
     assert pods_of(cluster, "sneaky") == [] and pods_of(cluster, "store-thief") == [], "GUARANTEE BROKEN: a pod"
@@ -324,7 +318,7 @@ def _nested(levels: int) -> str:
 def test_hostile_objects_fail_invalid_spec_and_do_not_disturb_ten_other_runs(
     cluster: EmulatedCluster, kubelet: KubeletThread, operator: OperatorProcess, shared_dsn: str, tmp_path: Path
 ) -> None:
-    _secret(cluster, "agentrun-store", shared_dsn)
+    store_secret(cluster, shared_dsn)
     path = "/apis/agentrun.dev/v1alpha1/namespaces/default/agentruns"
     hostile = {
         "deep": f'{{"messages": [{{"role": "user", "content": "hi"}}], "nested": {_nested(10_000 - 10)}}}',

@@ -12,23 +12,15 @@ Isolation: every test gets a fresh database (``pg_dsn``), created on the
 server at ``AGENTRUN_TEST_POSTGRES_DSN`` and dropped afterwards, and a Redis
 key prefix of its own (``redis_prefix``) whose keys are deleted afterwards.
 Tests that kill or restart a server start a private one (``private_redis``,
-``private_postgres``) on a free port in a temporary directory.
+``private_postgres``, from ``agentrun.devservers``) on a free port in a temporary directory.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import shutil
-import signal
-import socket
-import subprocess
-import tempfile
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -37,6 +29,7 @@ import redis.asyncio as aioredis
 from agentrun.checkpoint import Checkpointer
 from agentrun.checkpoint.cached import CachedStore
 from agentrun.checkpoint.postgres import PgCheckpointer
+from agentrun.devservers import PrivatePostgres, PrivateRedis
 from tests.support.checkpointers import Backend
 from tests.support.databases import create_database, drop_database
 
@@ -47,12 +40,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def redis_url() -> str:
     return os.environ.get(REDIS_URL_ENV, DEFAULT_REDIS_URL)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 _REDIS_FIXTURES = frozenset({"cached", "backend", "redis_prefix", "module_redis_prefix", "private_redis"})
@@ -177,119 +164,19 @@ async def backend(tmp_path: Path, pg_dsn: str, redis_prefix: str) -> AsyncIterat
 # -- private servers that tests may kill ---------------------------------------------------------
 
 
-@dataclass
-class PrivateRedis:
-    port: int
-    process: subprocess.Popen[bytes]
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait(timeout=10)
-
-
 @pytest.fixture
 def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
     """A redis-server of this test alone, on a free port, without persistence; killed afterwards."""
-    port = free_port()
-    process = subprocess.Popen(
-        [
-            "redis-server",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(tmp_path),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    server = PrivateRedis(port, process)
+    server = PrivateRedis(tmp_path)
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                    break
-            except OSError:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise RuntimeError(f"private redis-server did not start on port {port}") from None
-                time.sleep(0.05)
+        server.start()
         yield server
     finally:
         server.kill()
 
 
-def _pg_bin(name: str) -> str:
-    found = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"))
-    if found:
-        return str(found[-1])
-    on_path = shutil.which(name)
-    if on_path is None:
-        raise RuntimeError(f"{name} not found under /usr/lib/postgresql/*/bin or on PATH")
-    return on_path
-
-
-class PrivatePostgres:
-    """A throwaway PostgreSQL cluster (initdb in a temp dir, a free port) that a test may stop and start.
-
-    PostgreSQL refuses to run as root, so when the tests run as root the
-    server runs as the ``postgres`` OS user.
-    """
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.root = Path(tempfile.mkdtemp(prefix="agentrun-pg-"))
-        self.data = self.root / "data"
-        self.log = self.root / "server.log"
-        self._as_user: list[str] = []
-        if os.geteuid() == 0:
-            shutil.chown(self.root, user="postgres")
-            self._as_user = ["runuser", "-u", "postgres", "--"]
-
-    @property
-    def dsn(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
-
-    def _run(self, *cmd: str) -> None:
-        subprocess.run([*self._as_user, *cmd], check=True, capture_output=True, timeout=60)
-
-    def init(self) -> None:
-        self._run(_pg_bin("initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8")
-
-    def start(self) -> None:
-        options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off"
-        self._run(
-            _pg_bin("pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-o", options, "-w", "-t", "30", "start"
-        )
-
-    def stop(self) -> None:
-        # fast: disconnect every client, roll back their transactions, shut down cleanly.
-        self._run(_pg_bin("pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "-t", "30", "stop")
-
-    def destroy(self) -> None:
-        if (self.data / "postmaster.pid").exists():
-            with contextlib.suppress(subprocess.CalledProcessError):
-                self._run(_pg_bin("pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop")
-        shutil.rmtree(self.root, ignore_errors=True)
-
-
 @pytest.fixture
 def private_postgres() -> Iterator[PrivatePostgres]:
     """A running private PostgreSQL; destroyed (stopped, files removed) afterwards."""
-    server = PrivatePostgres()
-    try:
-        server.init()
-        server.start()
+    with PrivatePostgres().running() as server:
         yield server
-    finally:
-        server.destroy()

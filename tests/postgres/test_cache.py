@@ -15,11 +15,12 @@ import redis.asyncio as aioredis
 from agentrun import END, START, StaleStateError, StateGraph
 from agentrun.checkpoint.cached import CachedStore
 from agentrun.checkpoint.postgres import PgCheckpointer
+from agentrun.devservers import PrivateRedis
 from agentrun.messages import assistant, user
 from agentrun.metrics import CACHE_ERRORS, CACHE_READS
 from tests.support.checkpointers import write
 
-from .conftest import PrivateRedis, cached_store, redis_url
+from .conftest import cached_store, redis_url
 from .helpers import REQUEST, drive, driver_args, fetch, invocations, spawn, wait_for_line
 
 

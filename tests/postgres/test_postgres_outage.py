@@ -12,9 +12,9 @@ import asyncio
 
 from agentrun.checkpoint.postgres import PgCheckpointer
 from agentrun.contract import Env
+from agentrun.devservers import PrivatePostgres
 from examples.support_agent import count_effects
 
-from .conftest import PrivatePostgres
 from .helpers import REQUEST, drive, driver_args, fetch, fetchval, finish, invocations, spawn, wait_for_line, wait_until
 
 EXIT_STORAGE = 9

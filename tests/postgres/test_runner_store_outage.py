@@ -17,8 +17,6 @@ scripts use it), never the shared one other tests run against.
 from __future__ import annotations
 
 import asyncio
-import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,9 +25,9 @@ import asyncpg
 import pytest
 
 from agentrun.contract import Env, ExitCode
+from agentrun.devservers import PrivatePostgres, free_port
 from tests.conftest import ROOT
 
-from .conftest import PrivatePostgres, free_port
 from .helpers import fetch, fetchval, invocations, wait_until
 
 THREAD = "default/order-4821"
@@ -178,37 +176,11 @@ def password_postgres() -> PrivatePostgres:
         rules = hba.read_text()
         hba.write_text("host all app 127.0.0.1/32 scram-sha-256\n" + rules)
         server.start()
-        subprocess.run(
-            [
-                *_psql(server),
-                "-c",
-                f"CREATE ROLE app LOGIN PASSWORD '{PASSWORD}'",
-            ],
-            check=True,
-            capture_output=True,
-            timeout=30,
-        )
+        server.sql(f"CREATE ROLE app LOGIN PASSWORD '{PASSWORD}'")
     except BaseException:
         server.destroy()
         raise
     return server
-
-
-def _psql(server: PrivatePostgres) -> list[str]:
-    psql = shutil.which("psql") or sorted(Path("/usr/lib/postgresql").glob("*/bin/psql"))[-1]
-    return [
-        str(psql),
-        "-h",
-        "127.0.0.1",
-        "-p",
-        str(server.port),
-        "-U",
-        "postgres",
-        "-d",
-        "postgres",
-        "-v",
-        "ON_ERROR_STOP=1",
-    ]
 
 
 async def run_to_exit(env: dict[str, str], within: float = 30) -> tuple[int, str, str, float]:
