@@ -187,7 +187,10 @@ def test_watch_namespaces_grants_roles_there_and_nothing_cluster_wide(
 ) -> None:
     r = rendering(name)
     namespaces = COMBINATIONS[name]["watchNamespaces"]
-    assert not r.all("ClusterRole") and not r.all("ClusterRoleBinding"), "no cluster-wide grant when namespaced"
+    # The user roles (aggregated into view/edit/admin) grant nothing by themselves; the operator gets nothing
+    # cluster-wide.
+    assert [o["metadata"]["name"] for o in r.all("ClusterRole")] == USER_ROLES
+    assert not r.all("ClusterRoleBinding"), "no cluster-wide grant when namespaced"
     for namespace in namespaces:
         role = r.find("Role", OPERATOR, namespace)
         assert grants(role["rules"]) == NAMESPACED_GRANTS, f"Role in {namespace}"
@@ -219,6 +222,40 @@ def test_leader_election_rbac_is_one_lease_in_the_release_namespace(name: str, m
     binding = r.find("RoleBinding", f"{OPERATOR}-leader-election", NAMESPACE)
     assert binding["roleRef"]["kind"] == "Role"
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": OPERATOR, "namespace": NAMESPACE}]
+
+
+USER_ROLES = [f"{RELEASE}-view", f"{RELEASE}-edit"]
+AGGREGATE = "rbac.authorization.k8s.io/aggregate-to-"
+
+
+@pytest.mark.parametrize("name", ["default", "namespaced"])
+def test_user_roles_fold_agentruns_into_view_edit_and_admin(name: str) -> None:
+    r = rendering(name)
+    view, edit = (r.find("ClusterRole", role) for role in USER_ROLES)
+    aggregated = {
+        role: {
+            k.removeprefix(AGGREGATE)
+            for k, v in o["metadata"]["labels"].items()
+            if k.startswith(AGGREGATE) and v == "true"
+        }
+        for role, o in zip(USER_ROLES, (view, edit), strict=True)
+    }
+    assert aggregated == {USER_ROLES[0]: {"view", "edit", "admin"}, USER_ROLES[1]: {"edit", "admin"}}
+    # view: what `kubectl get ar` and `kubectl agentrun list|describe|logs|watch` read (pods, pods/log and events
+    # come with the built-in view role); edit: what apply, delete and `kubectl agentrun approve|reject|stop` write.
+    assert grants(view["rules"]) == {
+        ("agentrun.dev", resource, verb)
+        for resource in ("agentruns", "agentruns/status")
+        for verb in ("get", "list", "watch")
+    }
+    assert grants(edit["rules"]) == {
+        ("agentrun.dev", "agentruns", verb) for verb in ("create", "update", "patch", "delete", "deletecollection")
+    }, "status stays the operator's: no user role writes agentruns/status"
+
+
+def test_user_roles_can_be_left_out(chart: helm_python.Chart) -> None:
+    rendered = chart.render(values={"rbac": {"aggregateToDefaultRoles": False}}, name=RELEASE, namespace=NAMESPACE)
+    assert not any(path.endswith("userroles.yaml") and text.strip() for path, text in rendered.items())
 
 
 def test_rbac_create_false_renders_no_rbac(chart: helm_python.Chart) -> None:

@@ -45,6 +45,14 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 
+{{- define "agentrun.userRoleLabels" -}}
+app.kubernetes.io/name: agentrun
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: rbac
+app.kubernetes.io/part-of: agentrun
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
 {{/* Labels of a dev store part; call with (dict "root" $ "name" "postgres"). */}}
 {{- define "agentrun.devStoreSelectorLabels" -}}
 app.kubernetes.io/name: {{ .name }}
