@@ -297,7 +297,7 @@ def test_an_unlabelled_secret_is_refused_before_any_pod_and_a_labelled_one_works
     refused = wait_phase(cluster, operator, "sneaky", "Failed", timeout=30)
     assert refused["reason"] == "InvalidSpec" and "default/api-key" in refused["message"], refused
     assert 'agentrun.dev/runner-access="true"' in refused["message"], "the message must say how to allow it"
-    apply(cluster, referencing("store-thief"))
+    apply(cluster, referencing("store-thief", "agentrun-store"))
     thief = wait_phase(cluster, operator, "store-thief", "Failed", timeout=30)
     assert thief["reason"] == "InvalidSpec" and "store Secret" in thief["message"], thief
     assert pods_of(cluster, "sneaky") == [] and pods_of(cluster, "store-thief") == [], "GUARANTEE BROKEN: a pod"

@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from kubesim import EmulatedCluster, KubeletThread, write_kubeconfig
-from tests.cluster.operator_harness import OperatorProcess, agentrun, progress, start_operator
+from tests.cluster.operator_harness import OperatorProcess, agentrun, progress, start_operator, status, wait_phase
 from tests.support.databases import create_database, drop_database
 from tests.support.kubeload import CountingProxy, RunningHolder
 
@@ -77,10 +77,6 @@ def phases(cluster: EmulatedCluster) -> dict[str, str]:
         r["metadata"]["name"]: (r.get("status") or {}).get("phase", "")
         for r in cluster.list_objects("agentruns", "default")
     }
-
-
-def status(cluster: EmulatedCluster, name: str) -> dict[str, Any]:
-    return (cluster.get("agentruns", name) or {}).get("status") or {}
 
 
 def operator_pods(cluster: EmulatedCluster) -> dict[str, list[str]]:
@@ -175,9 +171,7 @@ def test_progress_reaches_status_within_a_second_with_the_resync_at_an_hour(
             f"GUARANTEE BROKEN: a checkpoint reached status.stateVersion {max(lags):.2f}s after it was committed "
             "with no periodic reconcile (LISTEN/NOTIFY must wake the run)"
         )
-        final = cluster.wait_for(
-            lambda: (s := status(cluster, "ticks")).get("phase") == "Succeeded" and s, timeout=60, message="Succeeded"
-        )
+        final = wait_phase(cluster, operator, "ticks", "Succeeded", timeout=60, interval=0.05)
         assert final["stateVersion"] == progress(store, "default/ticks").version  # type: ignore[union-attr]
     finally:
         operator.stop()
@@ -230,20 +224,13 @@ def test_the_stop_grace_ends_on_time_with_the_resync_at_an_hour(
             env={"TICKS": "100", "TICK_SECONDS": "1"},
         )
         cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(run))
-        cluster.wait_for(lambda: status(cluster, "frozen").get("phase") == "Running", timeout=60, message="Running")
+        wait_phase(cluster, operator, "frozen", "Running", timeout=60, interval=0.05)
         kubelet.pause("frozen-1")  # SIGSTOP: it can no longer see the stop request
         patch = json.dumps({"spec": {"stop": True}})
         assert cluster.kubectl("patch", "ar", "frozen", "--type", "merge", "-p", patch).returncode == 0
-        cluster.wait_for(
-            lambda: status(cluster, "frozen").get("phase") == "Stopping", timeout=10, interval=0.05, message="Stopping"
-        )
+        wait_phase(cluster, operator, "frozen", "Stopping", timeout=10, interval=0.05)
         stopping = time.monotonic()
-        final = cluster.wait_for(
-            lambda: (s := status(cluster, "frozen")).get("phase") == "Stopped" and s,
-            timeout=30,
-            interval=0.05,
-            message="Stopped",
-        )
+        final = wait_phase(cluster, operator, "frozen", "Stopped", timeout=30, interval=0.05)
         waited = time.monotonic() - stopping
         print(f"stop grace 3s: force-stopped after {waited:.2f}s")
         assert final["reason"] == "ForcedStop", final
