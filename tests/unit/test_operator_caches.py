@@ -103,3 +103,32 @@ async def test_secrets_naming_one_dsn_share_one_pool_and_an_idle_pool_is_closed(
         assert await registry.get("shop", "team-a", user="run-a") is not a, "a closed pool was handed out again"
     finally:
         await registry.close()
+
+
+async def test_a_secret_with_a_redis_url_gets_a_redis_cache_over_the_shared_pool() -> None:
+    from agentrun.checkpoint.cached import CachedStore
+    from agentrun_operator.io.stores import StoreRegistry
+
+    dsn = "postgresql://agentrun@db:5432/shared"
+    cached = _secret("cached", "1", dsn=dsn)
+    cached["data"]["redisUrl"] = base64.b64encode(b"redis://127.0.0.1:6379/0").decode()
+    api = _Api({"plain": _secret("plain", "1", dsn=dsn), "cached": cached})
+    registry = StoreRegistry(SecretCache(api), idle_seconds=0.0)  # type: ignore[arg-type]
+    try:
+        plain = await registry.get("shop", "plain", user="run-a")
+        store = await registry.get("shop", "cached", user="run-b")
+        assert isinstance(store, CachedStore) and store.inner is plain, "the Redis cache must share the DSN's pool"
+        assert await registry.get("shop", "cached", user="run-b") is store
+    finally:
+        await registry.close()
+    assert not registry._pools
+
+
+def test_the_operator_loads_redis_only_for_a_store_with_a_redis_url() -> None:
+    # About 7 MB of the operator's memory (bench/operator.py: operator_rss_mb_1000_runs): most stores have none.
+    import subprocess
+    import sys
+
+    code = "import sys, agentrun_operator.__main__; print('redis' in sys.modules)"
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert found.stdout.strip() == "False", "importing the operator loaded redis"

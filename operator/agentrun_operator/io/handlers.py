@@ -11,7 +11,7 @@ pub/sub), when one of its deadlines is due, and by a slow jittered resync
 
 Three in-memory indexes fed by kopf's watches (no API call per reconcile):
 ``agentrun_threads`` maps (namespace, threadId) to the runs on that thread
-(the thread rule's input), ``agentrun_bodies`` maps a run's uid to its latest
+(the thread rule's input), ``agentrun_bodies`` maps a run's uid to what a reconcile reads of its latest
 body (so a pod event or a wake-up reconciles its run without reading it back),
 ``agentrun_pods`` holds the operator's pods (the reconcile's pod cache). The
 Secret watch keeps the Secrets runs use current (``io/caches.py``). When a run
@@ -21,7 +21,6 @@ ends or is deleted, the runs waiting for its thread are reconciled at once.
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -38,14 +37,14 @@ from .caches import PodKey
 from .diffbase import DigestedDiffBaseStorage
 from .expiry import expire
 from .notify import Listeners
-from .reconcile import Reconciler, thread_peer
+from .reconcile import Reconciler, run_view, thread_peer
 from .wakeups import Wakeups
 
 log = logging.getLogger("agentrun_operator.handlers")
 
 ThreadKey = tuple[str, str]
 Threads = kopf.Index[ThreadKey, ThreadPeer]  # (namespace, threadId) -> the runs on that thread
-Bodies = kopf.Index[str, dict[str, Any]]  # uid -> the run's latest body
+Bodies = kopf.Index[str, dict[str, Any]]  # uid -> the run's latest body, as reconcile.run_view keeps it
 
 
 def _thread_of(body: Mapping[str, Any]) -> ThreadKey | None:
@@ -74,19 +73,22 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: 
         # no KUBECONFIG list and assume https://kubernetes.default.svc in a pod.
         return await reconciler.kube.connection_info(trust_env=settings.networking.trust_env)
 
+    # The indexes are async: kopf runs a sync handler in a thread, a hop per watch event for nothing here.
     @kopf.index(**runs, id="agentrun_threads")  # the id is the kwarg name handlers receive it by
-    def agentrun_threads(body: kopf.Body, **_: Any) -> dict[ThreadKey, ThreadPeer]:
+    async def agentrun_threads(body: kopf.Body, **_: Any) -> dict[ThreadKey, ThreadPeer]:
         key = _thread_of(body)
         return {key: thread_peer(body)} if key is not None else {}
 
+    # Only what a reconcile reads (reconcile.run_view), sharing kopf's decoded spec and status rather than
+    # copying them: kopf never changes a body it decoded, and the reconcile works on its own deep copy.
     @kopf.index(**runs, id="agentrun_bodies")
-    def agentrun_bodies(body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
-        return {str(body.metadata.uid): copy.deepcopy(dict(body))}
+    async def agentrun_bodies(body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
+        return {str(body.metadata.uid): run_view(body)}
 
     # The reconcile's pod cache (io/caches.py): kopf starts no handler before this index holds its first
     # listing, so a pod that exists is never taken for a missing one after a restart or a leader change.
     @kopf.index("", "v1", "pods", labels=dict(MANAGED_BY), registry=registry, id="agentrun_pods")
-    def agentrun_pods(body: kopf.Body, **_: Any) -> dict[PodKey, PodView]:
+    async def agentrun_pods(body: kopf.Body, **_: Any) -> dict[PodKey, PodView]:
         return {(str(body.metadata.namespace), str(body.metadata.name)): PodView.from_manifest(dict(body))}
 
     indices: dict[str, Any] = {}  # kopf's index objects (live views), for the reconciles started by wakeups

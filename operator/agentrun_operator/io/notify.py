@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -71,7 +72,10 @@ class Listeners:
     def open(self, dsn: str) -> None:
         if dsn not in self._tasks:
             self._ready[dsn] = asyncio.Event()
-            self._tasks[dsn] = asyncio.create_task(self._listen(dsn), name="agentrun-listen")
+            # An empty context, not the opening reconcile's: that holds kopf's cause (a whole body) (wakeups.py).
+            self._tasks[dsn] = asyncio.create_task(
+                self._listen(dsn), name="agentrun-listen", context=contextvars.Context()
+            )
 
     async def listening(self, dsn: str) -> None:
         """Call before reading a run's progress: a commit after the read must wake the run.
@@ -94,7 +98,9 @@ class Listeners:
         key = (dsn, redis_url)
         events = getattr(store, "events", None)
         if key not in self._redis and events is not None:
-            self._redis[key] = asyncio.create_task(self._subscribe(events), name="agentrun-subscribe")
+            self._redis[key] = asyncio.create_task(
+                self._subscribe(events), name="agentrun-subscribe", context=contextvars.Context()
+            )
 
     async def close(self, dsn: str) -> None:
         tasks = [self._tasks.pop(dsn)] if dsn in self._tasks else []

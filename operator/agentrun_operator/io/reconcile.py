@@ -64,6 +64,19 @@ from .wakeups import Wakeups
 log = logging.getLogger("agentrun_operator")
 
 
+# What a reconcile reads of a run's metadata. Not its annotations (kubectl's last-applied copy of the manifest,
+# kopf's diff base), finalizers, managedFields or resourceVersion: together larger than the rest of the body.
+RUN_METADATA = ("name", "namespace", "uid", "generation", "creationTimestamp", "deletionTimestamp")
+
+
+def run_view(body: Mapping[str, Any]) -> dict[str, Any]:
+    """What a reconcile reads of a run's body: its identity, spec and status (not copied: read-only here)."""
+    meta = body["metadata"]
+    view = {key: body[key] for key in ("apiVersion", "kind", "spec", "status") if key in body}
+    view["metadata"] = {key: meta[key] for key in RUN_METADATA if key in meta}
+    return view
+
+
 def thread_peer(body: Mapping[str, Any], status: Mapping[str, Any] | None = None) -> ThreadPeer:
     """This AgentRun as its thread's other runs see it (``status`` overrides the body's)."""
     meta = body["metadata"]
@@ -155,7 +168,7 @@ class Reconciler:
 
         Returns the run's status afterwards, so the caller can tell whether it ended.
         """
-        run = copy.deepcopy(dict(body))
+        run = copy.deepcopy(run_view(body))
         uid = str(run["metadata"]["uid"])
         lock = self._locks.setdefault(uid, asyncio.Lock())
         async with lock:

@@ -18,12 +18,11 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 from urllib.parse import quote, unquote, urlsplit
 
 from agentrun import checkpoint
 from agentrun.checkpoint.base import Checkpointer, ControlStore
-from agentrun.checkpoint.cached import CachedStore
 from agentrun.errors import AgentRunError, StoreConfigError, StoreUnavailableError
 
 from ..decide.decision import StoreProblem
@@ -31,6 +30,8 @@ from ..decide.reasons import Reason
 from .caches import SecretCache, SecretView
 
 if TYPE_CHECKING:
+    from agentrun.checkpoint.cached import CachedStore
+
     from .notify import Listeners
 
 log = logging.getLogger("agentrun_operator.store")
@@ -85,11 +86,15 @@ class StoreUnavailable(Exception):
         self.problem = StoreProblem(reason=reason, message=message)
 
 
-class _SharedPool(CachedStore):
-    """A store's Redis cache over a PostgreSQL pool shared with other Secrets: closing it keeps the pool."""
+def _cached(pg: Checkpointer, redis_url: str) -> ControlStore:
+    """A store's Redis cache over a PostgreSQL pool shared with other Secrets (closed by ``_close``).
 
-    async def aclose(self) -> None:
-        await self.cache.aclose()
+    Imported here rather than at the top: redis costs the operator about 7 MB, loaded only once a store
+    Secret has a ``redisUrl``.
+    """
+    from agentrun.checkpoint.cached import CachedStore
+
+    return CachedStore(pg, redis_url=redis_url)
 
 
 @dataclass
@@ -215,7 +220,7 @@ class StoreRegistry:
         store = pool.stores.get(redis_url)
         if store is None:
             assert redis_url is not None
-            store = pool.stores[redis_url] = _SharedPool(pool.pg, redis_url=redis_url)
+            store = pool.stores[redis_url] = _cached(pool.pg, redis_url)
             if self.listeners is not None:
                 self.listeners.open_redis(dsn, redis_url, store)
         return _Resolved(view, dsn, store, _sensitive(dsn, redis_url))
@@ -237,7 +242,7 @@ class StoreRegistry:
         for redis_url, store in pool.stores.items():
             if redis_url is not None:
                 with contextlib.suppress(Exception):
-                    await store.aclose()
+                    await cast("CachedStore", store).cache.aclose()  # its cache only: the pool is shared
         await pool.pg.aclose()
         log.info("store pool closed: no live run used it for %.0fs (%d left)", self.idle_seconds, len(self._pools))
 
