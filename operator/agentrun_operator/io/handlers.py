@@ -21,8 +21,9 @@ ends or is deleted, the runs waiting for its thread are reconciled at once.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from typing import Any
 
 import kopf
@@ -50,6 +51,17 @@ Bodies = kopf.Index[str, dict[str, Any]]  # uid -> the run's latest body, as rec
 def _thread_of(body: Mapping[str, Any]) -> ThreadKey | None:
     thread = (body.get("spec") or {}).get("threadId")
     return (str(body["metadata"]["namespace"]), str(thread)) if thread else None
+
+
+async def detached(work: Coroutine[Any, Any, None]) -> None:
+    """Run ``work`` in an empty context and wait for it (its errors and cancellation are the caller's).
+
+    Not in the kopf handler's context: that holds kopf's cause (the watch event and the whole body), and
+    every timer and connection the reconcile starts copies it (the kube client's 30 s request timeout stays
+    in the loop's heap after its request, cancelled), keeping hundreds of bodies alive while runs start in
+    bulk: a peak of memory the process never gives back.
+    """
+    await asyncio.create_task(work, context=contextvars.Context())
 
 
 def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: OperatorSettings) -> None:
@@ -159,7 +171,7 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: 
     @kopf.on.resume(**runs, backoff=2)
     @kopf.on.update(**runs, field="spec", backoff=2)
     async def on_change(body: kopf.Body, **kwargs: Any) -> None:
-        await reconcile(body, *bind(kwargs))
+        await detached(reconcile(body, *bind(kwargs)))
 
     @kopf.on.event("", "v1", "pods", labels=dict(MANAGED_BY), registry=registry)
     async def on_pod(body: kopf.Body, **kwargs: Any) -> None:
@@ -168,7 +180,7 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: 
             # Only a run the AgentRun watch has seen; not seen yet: its own create event reconciles it,
             # already gone: nothing to do for its pods. Retried by wakeups if it fails.
             if owner.get("kind") == "AgentRun" and owner.get("controller") and str(owner["uid"]) in bodies:
-                await wakeups.now(str(owner["uid"]))
+                await detached(wakeups.now(str(owner["uid"])))
 
     @kopf.on.event("", "v1", "secrets", registry=registry)
     def on_secret(body: kopf.Body, type: str | None, **_: Any) -> None:  # kopf's kwarg name
@@ -177,7 +189,9 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: 
 
     @kopf.on.delete(**runs, backoff=2)
     async def on_delete(body: kopf.Body, **kwargs: Any) -> None:
-        threads, bodies = bind(kwargs)
+        await detached(deleted(body, *bind(kwargs)))
+
+    async def deleted(body: kopf.Body, threads: Threads, bodies: Bodies) -> None:
         await reconciler.delete_pods(str(body.metadata.namespace), str(body.metadata.name))
         reconciler.forget(str(body.metadata.uid))
         log.info(
