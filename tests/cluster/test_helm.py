@@ -131,7 +131,10 @@ def test_helm_install_with_namespaced_rbac_network_policies_and_the_dev_store(
     values = {"watchNamespaces": ["default"], "networkPolicy": {"enabled": True}, "devStore": {"enabled": True}}
     objects = manifest_objects(install(helm, values))
     kinds = {o["kind"] for o in objects}
-    assert {"Role", "RoleBinding", "NetworkPolicy", "Secret"} <= kinds and "ClusterRole" not in kinds, kinds
+    assert {"Role", "RoleBinding", "NetworkPolicy", "Secret"} <= kinds and "ClusterRoleBinding" not in kinds, kinds
+    # Cluster-wide only the user roles aggregated into view/edit/admin, which grant nothing by themselves.
+    cluster_roles = sorted(o["metadata"]["name"] for o in objects if o["kind"] == "ClusterRole")
+    assert cluster_roles == ["agentrun-edit", "agentrun-view"], cluster_roles
     missing = [describe(o) for o in objects if stored(bare_cluster, o) is None]
     assert missing == [], f"helm install did not create: {missing}"
 
