@@ -283,6 +283,9 @@ def test_every_dashboard_panel_answers_from_a_real_prometheus_after_a_crash_repl
     wait_phase(cluster, operator, "approval", "Succeeded", timeout=40)
     wait_phase(cluster, operator, "model", "Succeeded", timeout=40)
     assert ChatCompletions.served == [503, 200], "the adapter must retry the 503 once and get the completion"
+    # The rate() panels need the long runner scraped at least twice before it stops (one scrape gives up == 1
+    # but no rate; under load a 1 s scrape can time out).
+    wait_value(prometheus, 'sum_over_time(up{job="agentrun-runners"}[5m])', 3, timeout=30)
     stopped = cluster.kubectl("patch", "ar", "hung", "--type", "merge", "-p", '{"spec":{"stop":true}}')
     assert stopped.returncode == 0, stopped.stderr
     wait_phase(cluster, operator, "hung", "Stopped", timeout=30)
