@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from agentrun.devservers import free_port
 from kubesim import KUBECTL
 
 pytestmark = pytest.mark.timeout(180)
@@ -53,12 +54,6 @@ GRAPH = textwrap.dedent(
     app = graph.compile()
     '''
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def descendants(root: int) -> set[int]:

@@ -26,18 +26,13 @@ from typing import Any
 import pytest
 
 from agentrun import InMemoryCheckpointer, RunStopped
+from agentrun.devservers import free_port
 from agentrun.engine import CompiledGraph
 from agentrun.integrations.mcp import MCPServer, amcp_tools
 from agentrun.metrics import TOOL_TIMEOUTS
 from tests.unit.helpers import call, calling_model, tool_graph, tool_messages
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def charges(path: Path) -> list[dict[str, Any]]:
