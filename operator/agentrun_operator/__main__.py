@@ -91,6 +91,14 @@ async def run(settings: OperatorSettings) -> int:
         registry = kopf.OperatorRegistry()
         register(registry, Reconciler(kube, settings, stores), settings)
         kopf_stop = asyncio.Event()
+
+        @kopf.on.cleanup(registry=registry)
+        def raise_stop_flag(**_: object) -> None:
+            # On SIGTERM kopf's own signal handler wins (it replaces ours) and its task waiting for this flag
+            # stays pending: kopf would then wait 5 s for it as a hung task before returning. Raised here, the
+            # operator exits in well under a second (rolling updates, every test's teardown).
+            kopf_stop.set()
+
         operator = asyncio.create_task(
             kopf.operator(
                 registry=registry,

@@ -362,6 +362,8 @@ def test_a_gracefully_stopped_leader_hands_over_at_once(
             one.stop()  # SIGTERM: kopf shuts down, then the lease is released, not left to expire
             exited = time.monotonic()
             assert one.proc.returncode == 0, one.log()[-3000:]
+            # Not kopf's 5 s wait for a task left pending (its waiter on our stop flag, __main__.py).
+            assert exited - signalled < 3, f"SIGTERM to exit took {exited - signalled:.1f}s"
             cluster.wait_for(lambda: two.role() == "leader", timeout=10, message="op-2 takes over")
             handover = time.monotonic() - exited
             print(f"graceful handover: {exited - signalled:.1f}s to shut down, {handover:.1f}s to take over")

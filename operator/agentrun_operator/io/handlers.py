@@ -163,9 +163,12 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: 
 
     @kopf.on.cleanup(registry=registry)
     async def stop_waking(**_: Any) -> None:
+        # Everything this registry started ends here, before kopf returns: kopf waits up to 5 s for any task
+        # still alive after its own shutdown (the store listeners' LISTEN loops would be).
         for task in sweeping:
             task.cancel()
         await wakeups.aclose()
+        await reconciler.stores.close()
 
     @kopf.on.create(**runs, backoff=2)
     @kopf.on.resume(**runs, backoff=2)

@@ -230,10 +230,10 @@ class StoreRegistry:
         now = time.monotonic()
         idle = [d for d, pool in self._pools.items() if not pool.users and now - pool.idle_since >= self.idle_seconds]
         for dsn in idle:
-            await self._close(dsn)
+            await self._close(dsn, f"no live run used it for {self.idle_seconds:.0f}s")
         return len(idle)
 
-    async def _close(self, dsn: str) -> None:
+    async def _close(self, dsn: str, why: str) -> None:
         pool = self._pools.pop(dsn)
         for key in [k for k, r in self._resolved.items() if r.dsn == dsn]:
             del self._resolved[key]
@@ -244,7 +244,7 @@ class StoreRegistry:
                 with contextlib.suppress(Exception):
                     await cast("CachedStore", store).cache.aclose()  # its cache only: the pool is shared
         await pool.pg.aclose()
-        log.info("store pool closed: no live run used it for %.0fs (%d left)", self.idle_seconds, len(self._pools))
+        log.info("store pool closed: %s (%d left)", why, len(self._pools))
 
     def explain(self, namespace: str, secret: str, error: BaseException) -> StoreProblem | str:
         """A failed store call as ``InvalidStore`` (configuration: no retry helps) or the outage's cause (str).
@@ -271,6 +271,7 @@ class StoreRegistry:
         return f"{code}: " + redact(" ".join(str(text).split()), secrets)[:500]
 
     async def close(self) -> None:
+        """Close every pool and its listeners; idempotent (the operator's shutdown calls it twice)."""
         for dsn in list(self._pools):
-            await self._close(dsn)
+            await self._close(dsn, "the operator is stopping")
         self._user_dsn.clear()
