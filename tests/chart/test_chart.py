@@ -39,8 +39,8 @@ OPERATOR = f"{RELEASE}-operator"
 # The operator's rules on namespaced resources, each from a call in its code (the reasons are
 # in templates/_helpers.tpl and deploy/README.md). A wider grant must change this on purpose.
 NAMESPACED_GRANTS = {
-    # kopf: watch + metadata patches (finalizer, progress annotations); the reconciler: get.
-    *{("agentrun.dev", "agentruns", v) for v in ("get", "list", "watch", "patch")},
+    # kopf: watch (no finalizer, no annotations); the reconciler: get; spec.ttlSecondsAfterFinished: delete.
+    *{("agentrun.dev", "agentruns", v) for v in ("get", "list", "watch", "delete")},
     ("agentrun.dev", "agentruns/status", "patch"),  # the only writer of status, merge patches
     ("agentrun.dev", "agentruns/finalizers", "update"),  # blockOwnerDeletion on runner pods
     *{("", "pods", v) for v in ("get", "list", "watch", "create", "delete")},

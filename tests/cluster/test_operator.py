@@ -243,6 +243,25 @@ def test_kubectl_delete_removes_pods_and_keeps_thread_data(
     assert progress(store, "default/doomed") is not None, "deleting the AgentRun must keep the thread's data"
 
 
+def test_an_agentrun_is_deleted_at_once_even_with_no_operator_running(
+    cluster: EmulatedCluster, kubelet: KubeletThread, store: str, tmp_path: Path
+) -> None:
+    # No finalizer: an uninstalled (or down) operator never holds a deletion; owner references remove the pods.
+    one = start_operator(cluster, tmp_path)
+    try:
+        apply(
+            cluster, agentrun("orphan", thread="orphan", effects=tmp_path / "e.db", env={"SUPPORT_TOOL_DELAY": "3600"})
+        )
+        wait_node(store, "default/orphan", "tools")
+    finally:
+        one.stop()
+    deleted = cluster.kubectl("delete", "ar", "orphan", "--wait=true", "--timeout=10s")
+    assert deleted.returncode == 0, deleted.stderr
+    assert cluster.get("agentruns", "orphan") is None
+    cluster.wait_for(lambda: not pods_of(cluster, "orphan"), timeout=30, message="the pods garbage collected")
+    assert progress(store, "default/orphan") is not None, "deleting the AgentRun must keep the thread's data"
+
+
 def test_same_thread_id_in_two_namespaces_is_two_threads(
     cluster: EmulatedCluster, operator: OperatorProcess, store: str, tmp_path: Path
 ) -> None:
@@ -389,7 +408,8 @@ def test_an_operator_watching_one_namespace_leaves_the_others_alone(
         apply(cluster, agentrun("theirs", thread="theirs", effects=tmp_path / "b.db"))
         wait_phase(cluster, scoped, "mine", "Succeeded", namespace="team-a")
         time.sleep(1)
-        assert status(cluster, "theirs") == {}, "a run outside the watched namespaces was touched"
+        # The CRD's default only (no reason: no operator wrote it).
+        assert status(cluster, "theirs") == {"phase": "Pending"}, "a run outside the watched namespaces was touched"
         assert pods_of(cluster, "theirs") == []
     finally:
         scoped.stop()

@@ -222,3 +222,26 @@ def test_ttl_seconds_after_finished_deletes_the_run_and_keeps_the_thread(
     cluster.wait_for(lambda: cluster.get("agentruns", "brief") is None, timeout=20, message="brief deleted by its ttl")
     stored = progress(store, "default/t-brief")
     assert stored is not None and stored.status == "completed", "the ttl must never delete the thread's data"
+
+
+def test_a_run_reapplied_while_its_deleted_predecessors_pod_terminates_gets_its_own_pod(
+    cluster: EmulatedCluster, operator: OperatorProcess, store: str, tmp_path: Path
+) -> None:
+    effects = tmp_path / "effects.db"
+    apply(cluster, agentrun("again", thread="again", effects=effects, env={"SUPPORT_TOOL_DELAY_CHARGE_CARD": "3600"}))
+    wait_node(store, "default/again", "tools")
+    deleted = cluster.kubectl("delete", "ar", "again", "--wait=false")
+    assert deleted.returncode == 0, deleted.stderr
+    # No finalizer: the AgentRun goes at once; its pod terminates for its grace period (the runner is in a tool).
+    cluster.wait_for(lambda: cluster.get("agentruns", "again") is None, timeout=5, message="the AgentRun deleted")
+    old = cluster.get("pods", "again-1")
+    assert old is not None and old["metadata"].get("deletionTimestamp"), "the old pod should still be terminating"
+
+    apply(cluster, agentrun("again", thread="again", effects=effects))  # the same request, at once
+    final = wait_phase(cluster, operator, "again", "Succeeded", timeout=90)
+    uid = cluster.get("agentruns", "again")["metadata"]["uid"]  # type: ignore[index]
+    pod = cluster.get("pods", final["podName"])
+    assert pod is not None and pod["metadata"]["uid"] != old["metadata"]["uid"], "the old pod was adopted"
+    assert [o["uid"] for o in pod["metadata"]["ownerReferences"]] == [uid]
+    assert "still belongs to an earlier AgentRun again" in operator.log()
+    assert invocations(effects, "charge_card") == 1

@@ -72,7 +72,7 @@ def test_cluster_rbac_is_exactly_what_the_operator_calls() -> None:
     assert not any("resourceNames" in rule for rule in rules)
     assert granted == {
         # kopf: watch + metadata patches; the reconciler: get.
-        *{("agentrun.dev", "agentruns", v) for v in ("get", "list", "watch", "patch")},
+        *{("agentrun.dev", "agentruns", v) for v in ("get", "list", "watch", "delete")},
         ("agentrun.dev", "agentruns/status", "patch"),
         ("agentrun.dev", "agentruns/finalizers", "update"),  # blockOwnerDeletion on runner pods
         *{("", "pods", v) for v in ("get", "list", "watch", "create", "delete")},

@@ -164,6 +164,8 @@ def run_status(phase: str = RUNNING, attempt: int = 1, **fields: Any) -> dict[st
         "disruptions": 0,
         "startTime": iso(STARTED),
         "podName": pod_name(RUN, attempt),
+        # The operator writes every phase with a reason; a Pending without one is the CRD's default.
+        **({"reason": "PodCreated"} if phase == PENDING else {}),
         **fields,
     }
 
@@ -389,8 +391,9 @@ def test_truncate_payload_accepts_non_json_values() -> None:
 # --- decide: start, running, outcomes ---------------------------------------------------------------------------------
 
 
-def test_new_run_creates_attempt_one_pod_and_is_pending() -> None:
-    d = decide(make_spec(), {}, None, None, NOW, LIMITS)
+@pytest.mark.parametrize("fresh", [{}, {"phase": PENDING}], ids=["no status", "the CRD's default"])
+def test_new_run_creates_attempt_one_pod_and_is_pending(fresh: dict[str, Any]) -> None:
+    d = decide(make_spec(), fresh, None, None, NOW, LIMITS)
     assert d.create_attempt == 1, "a new AgentRun did not get its first pod"
     assert d.resume is None
     assert d.status["phase"] == PENDING and d.status["attempt"] == 1

@@ -25,7 +25,6 @@ from agentrun_operator.decide.podspec import RunRef, build_pod
 from agentrun_operator.decide.reasons import Phase, Reason
 from agentrun_operator.decide.spec import InvalidSpec, parse_spec
 from agentrun_operator.decide.status import AgentRunStatus, iso
-from agentrun_operator.io.diffbase import digest
 from agentrun_operator.io.stores import StoreRegistry, redact
 from agentrun_operator.settings import OperatorSettings
 from tests.unit.test_operator_decisions import (
@@ -435,9 +434,3 @@ def test_hostile_problem_names_the_path() -> None:
     assert hostile.problem({"input": {"messages": [{"content": "a\x00"}]}}) == (
         "spec.input.messages[0].content: contains a NUL character (\\u0000), which the store's JSON cannot hold"
     )
-
-
-def test_diffbase_digest_is_stable_and_small() -> None:
-    big = {"messages": [{"content": "x" * (1 << 20)}]}
-    assert digest(big) == digest(json.loads(json.dumps(big))) and len(digest(big)) < 80
-    assert digest({"a": 1, "b": 2}) == digest({"b": 2, "a": 1})

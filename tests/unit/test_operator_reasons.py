@@ -57,3 +57,10 @@ def test_the_status_reads_back_as_written_and_absent_fields_stay_absent() -> Non
     assert AgentRunStatus.parse({"attempt": "many", "phase": "Running"}).wire() == {"phase": "Running"}, (
         "a field that does not parse reads as unset instead of wedging the run"
     )
+
+
+def test_the_crd_default_status_reads_as_a_run_the_operator_has_not_seen() -> None:
+    schema = status_schema()
+    assert schema["default"] == {} and schema["properties"]["phase"]["default"] == "Pending"
+    assert AgentRunStatus.parse({"phase": "Pending"}).phase is None, "the API server's default is not a decision"
+    assert AgentRunStatus.parse({"phase": "Pending", "reason": "PodCreated"}).phase == "Pending"

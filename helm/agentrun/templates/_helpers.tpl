@@ -93,13 +93,13 @@ line of why per rule; tests/chart asserts this list, so a wider grant changes a 
 purpose.
 */}}
 {{- define "agentrun.namespacedRules" -}}
-# kopf watches AgentRuns (list, watch) and merge-patches their metadata (finalizer, progress
-# annotations: kopf's storage is configured as annotations, so kopf never writes status);
-# the reconciler re-reads each run under its lock (get). No update: nothing PUTs an
-# AgentRun, and the operator never creates or deletes one.
+# kopf watches AgentRuns (list, watch; no finalizer, no annotations: the operator never
+# writes an AgentRun's metadata or spec); the reconciler re-reads each run under its lock
+# (get); a finished run past spec.ttlSecondsAfterFinished is deleted (delete). No create,
+# patch or update.
 - apiGroups: [agentrun.dev]
   resources: [agentruns]
-  verbs: [get, list, watch, patch]
+  verbs: [get, list, watch, delete]
 # The operator is the only writer of AgentRun status, always as a merge patch.
 - apiGroups: [agentrun.dev]
   resources: [agentruns/status]

@@ -15,7 +15,8 @@ on (kept in kmock's ``objects`` store, one history entry per write):
   without one is a 422; a JSON-patch ``test`` failure is a 422.
 - Status subresource: writes to the main resource ignore ``status``, writes to
   ``/status`` ignore everything else.
-- Custom resources: defaulting, pruning, ``fieldValidation`` (Strict -> 400,
+- Custom resources: defaulting (also of ``status`` on create, as upstream's
+  read-time defaulting shows it), pruning, ``fieldValidation`` (Strict -> 400,
   Warn -> ``Warning`` header, Ignore), schema validation (422) and the CRD's
   CEL rules (``x-kubernetes-validations``, transition rules on updates; see
   ``celrules``).
@@ -216,6 +217,11 @@ class Registry:
         warnings = self._admit_schema(rdef, obj, field_validation, name)
         if rdef.custom and "status" in rdef.subresources:
             obj.pop("status", None)
+            if rdef.schema is not None:
+                # The request's status is dropped, but a default for ``status`` (``default: {}``) still shows:
+                # upstream defaults again on every read from etcd; the emulator stores the defaulted object
+                # instead (the same reads, except that a default changed later does not reach older objects).
+                crd_schema.apply_defaults(obj, rdef.schema)
         if not rdef.custom:
             admission.prepare_create(rdef.kind, obj)
         errors = admission.name_errors(rdef.kind, name, label=rdef.kind == "Namespace")

@@ -127,6 +127,9 @@ class AgentRunStatus(BaseModel):
     def parse(cls, raw: Any) -> AgentRunStatus:
         """From the API's ``.status`` (absent, empty or partial); a field that does not parse reads as unset."""
         data = dict(raw or {})
+        if data.get("phase") == Phase.PENDING and not data.get("reason"):
+            # The CRD's default (every phase the operator writes comes with a reason): not seen yet.
+            del data["phase"]
         while True:
             try:
                 return cls.model_validate(data)

@@ -4,7 +4,7 @@ Called from the periodic timer for runs at rest (the timer already visits
 every run; a run not yet due costs no API call). The delete carries a uid
 precondition, so a run re-created under the same name meanwhile is never
 deleted in its predecessor's place. Deleting an AgentRun removes its pods
-(``handlers.on_delete``) and keeps its thread data in the store.
+(``handlers.on_run``, on its DELETED event) and keeps its thread data in the store.
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
 Registered on an explicit registry (``register``) rather than at import, so
 the operator process, the tests and any embedding build their own.
 
-Event-driven, as a Job controller is: a run is reconciled when its spec
-changes (create, resume, update), when one of its pods changes (the pod
+Event-driven, as a Job controller is: a run is reconciled when it is first
+seen (created, or listed after a restart), when its spec changes (a new
+generation), when one of its pods changes (the pod
 watch), when its store commits a step (``io/notify.py``: LISTEN/NOTIFY, Redis
 pub/sub), when one of its deadlines is due, and by a slow jittered resync
 (``io/wakeups.py``). No timer visits every run every second.
@@ -35,10 +36,9 @@ from ..decide.run import at_rest
 from ..decide.thread import ThreadPeer
 from ..settings import OperatorSettings
 from .caches import PodKey
-from .diffbase import DigestedDiffBaseStorage
 from .expiry import expire
 from .notify import Listeners
-from .reconcile import Reconciler, run_view, thread_peer
+from .reconcile import Reconciler, controller_uid, run_view, thread_peer
 from .wakeups import Wakeups
 
 log = logging.getLogger("agentrun_operator.handlers")
@@ -69,12 +69,6 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: 
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-        settings.persistence.finalizer = "agentrun.dev/finalizer"
-        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="agentrun.dev")
-        # Digests of spec.input/spec.resume, not the values: the annotation stays small (io/diffbase.py).
-        settings.persistence.diffbase_storage = DigestedDiffBaseStorage(
-            prefix="agentrun.dev", key="last-handled-configuration"
-        )
         settings.posting.enabled = False  # we post our own Events, one per transition
         settings.peering.standalone = True  # leadership comes from our Lease, not kopf peering
         settings.networking.error_backoffs = [1, 2, 5, 10]
@@ -170,32 +164,45 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: 
         await wakeups.aclose()
         await reconciler.stores.close()
 
-    @kopf.on.create(**runs, backoff=2)
-    @kopf.on.resume(**runs, backoff=2)
-    @kopf.on.update(**runs, field="spec", backoff=2)
-    async def on_change(body: kopf.Body, **kwargs: Any) -> None:
-        await detached(reconcile(body, *bind(kwargs)))
+    # Which generation of each run was last handed to a reconcile (and whether it was being deleted): a
+    # watch event that changes neither is the echo of a status patch, or a metadata change.
+    handled: dict[str, tuple[int | None, bool]] = {}
+
+    # Every AgentRun event, rather than kopf's create/update/resume/delete handlers: those need kopf's
+    # finalizer and its annotations (progress, last-handled-configuration), two metadata writes per run
+    # that `kubectl get ar -w` printed as rows without a change, and a finalizer that holds every AgentRun
+    # hostage once the operator is uninstalled. Deletion needs no finalizer: the runner pods are owned
+    # (garbage collected), the thread data is kept, and a missed DELETED leaves nothing to clean up here.
+    @kopf.on.event(**runs)
+    async def on_run(body: kopf.Body, type: str | None, **kwargs: Any) -> None:  # kopf's kwarg name
+        threads, bodies = bind(kwargs)
+        uid = str(body.metadata.uid)
+        if type == "DELETED":
+            handled.pop(uid, None)
+            await detached(deleted(body, threads, bodies))
+            return
+        seen = (body.metadata.get("generation"), bool(body.metadata.get("deletionTimestamp")))
+        if handled.get(uid) == seen:
+            return
+        handled[uid] = seen  # first seen (created, or listed after a restart), or its spec changed
+        await detached(wakeups.now(uid))  # the body the index holds now; retried by wakeups if it fails
 
     @kopf.on.event("", "v1", "pods", labels=dict(MANAGED_BY), registry=registry)
     async def on_pod(body: kopf.Body, **kwargs: Any) -> None:
         _, bodies = bind(kwargs)
-        for owner in body.metadata.get("ownerReferences") or []:
-            # Only a run the AgentRun watch has seen; not seen yet: its own create event reconciles it,
-            # already gone: nothing to do for its pods. Retried by wakeups if it fails.
-            if owner.get("kind") == "AgentRun" and owner.get("controller") and str(owner["uid"]) in bodies:
-                await detached(wakeups.now(str(owner["uid"])))
+        # Only a run the AgentRun watch has seen; not seen yet: its own event reconciles it, already gone:
+        # nothing to do for its pods. Retried by wakeups if it fails.
+        owner = controller_uid(body)
+        if owner is not None and owner in bodies:
+            await detached(wakeups.now(owner))
 
     @kopf.on.event("", "v1", "secrets", registry=registry)
     def on_secret(body: kopf.Body, type: str | None, **_: Any) -> None:  # kopf's kwarg name
         # Keeps the Secrets runs use current (io/caches.py); any other Secret is ignored, nothing is kept of it.
         reconciler.stores.secrets.observe(type, body)
 
-    @kopf.on.delete(**runs, backoff=2)
-    async def on_delete(body: kopf.Body, **kwargs: Any) -> None:
-        await detached(deleted(body, *bind(kwargs)))
-
     async def deleted(body: kopf.Body, threads: Threads, bodies: Bodies) -> None:
-        await reconciler.delete_pods(str(body.metadata.namespace), str(body.metadata.name))
+        await reconciler.delete_pods(str(body.metadata.namespace), str(body.metadata.name), str(body.metadata.uid))
         reconciler.forget(str(body.metadata.uid))
         log.info(
             "[%s/%s] deleted: its pods are removed, its thread data is kept",

@@ -91,6 +91,18 @@ def thread_peer(body: Mapping[str, Any], status: Mapping[str, Any] | None = None
     )
 
 
+class PodNameTaken(RuntimeError):
+    """The attempt's pod name is held by a pod of another run (a deleted one of the same name); retried."""
+
+
+def controller_uid(pod: Mapping[str, Any] | None) -> str | None:
+    """The uid of the AgentRun that controls ``pod`` (its controller ownerReference), if any."""
+    for owner in ((pod or {}).get("metadata") or {}).get("ownerReferences") or []:
+        if owner.get("kind") == "AgentRun" and owner.get("controller"):
+            return str(owner.get("uid"))
+    return None
+
+
 class Reconciler:
     def __init__(
         self,
@@ -329,8 +341,16 @@ class Reconciler:
                 created = await self.kube.create(pod_path(namespace), manifest)
                 log.info("[%s/%s] created pod %s", namespace, name, pod)
             except Conflict:
-                log.info("[%s/%s] pod %s already exists; adopting it", namespace, name, pod)
-                created = await self.kube.get(pod_path(namespace, pod))  # rare: a retried create
+                created = await self.kube.get(pod_path(namespace, pod))
+                owner = controller_uid(created)
+                if owner != ref.uid:
+                    # A deleted AgentRun of the same name whose pod is still terminating: retried (wakeups)
+                    # until the name is free, never adopted (its runner is another run's, draining).
+                    raise PodNameTaken(
+                        f"pod {pod} still belongs to an earlier AgentRun {name} (uid {owner}), which was deleted;"
+                        f" attempt {decision.create_attempt} starts once that pod is gone"
+                    ) from None
+                log.info("[%s/%s] pod %s already exists; adopting it", namespace, name, pod)  # a retried create
             # Until the pod watch reports it: the next reconcile must not take it for a missing pod.
             self.pods.assume(namespace, created or manifest)
             decision.status["podName"] = pod
@@ -454,10 +474,15 @@ class Reconciler:
         except Exception as e:  # events are best effort; status is the record
             log.debug("event %s for %s not posted: %s", reason, meta["name"], e)
 
-    async def delete_pods(self, namespace: str, name: str) -> None:
-        """On AgentRun deletion: remove its pods now (owner references would, eventually); keep thread data."""
+    async def delete_pods(self, namespace: str, name: str, uid: str) -> None:
+        """On AgentRun deletion: remove its pods now (owner references would, eventually); keep thread data.
+
+        Only the pods of that run (by owner uid): a run re-applied under the same name may have pods already.
+        """
         selector = {"labelSelector": f"{RUN_LABEL}={label_value(name)}"}
         listing = await self.kube.request("GET", pod_path(namespace), params=selector)
         for pod in listing.get("items") or []:
+            if controller_uid(pod) != uid:
+                continue
             path = pod_path(namespace, pod["metadata"]["name"])
             await self.kube.delete(path, grace_seconds=self.settings.pod_grace_seconds)

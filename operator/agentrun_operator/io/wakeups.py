@@ -1,8 +1,9 @@
 """When a run is reconciled besides its own watch events: store progress, due deadlines, a slow resync, retries.
 
-kopf calls the reconcile for a spec change (create, resume, update) and the
-pod watch for a pod event; everything else comes through here, one asyncio
-timer per run at most (no task per run, no polling):
+The AgentRun watch starts the reconcile of a run first seen or of a new
+generation of its spec, and the pod watch one for a pod event
+(``io/handlers.py``), both through ``now``; everything else comes through
+here, one asyncio timer per run at most (no task per run, no polling):
 
 - ``progress(thread)``: the store committed a step of that thread
   (``io/notify.py``). The first one after a quiet spell reconciles at once;
