@@ -65,7 +65,7 @@ log = logging.getLogger("agentrun_operator")
 
 
 # What a reconcile reads of a run's metadata. Not its annotations (kubectl's last-applied copy of the manifest,
-# kopf's diff base), finalizers, managedFields or resourceVersion: together larger than the rest of the body.
+# other tools' annotations), finalizers, managedFields or resourceVersion: together larger than the rest of the body.
 RUN_METADATA = ("name", "namespace", "uid", "generation", "creationTimestamp", "deletionTimestamp")
 
 
