@@ -188,8 +188,12 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: 
         await detached(wakeups.now(uid))  # the body the index holds now; retried by wakeups if it fails
 
     @kopf.on.event("", "v1", "pods", labels=dict(MANAGED_BY), registry=registry)
-    async def on_pod(body: kopf.Body, **kwargs: Any) -> None:
+    async def on_pod(body: kopf.Body, type: str | None, **kwargs: Any) -> None:  # kopf's kwarg name
         _, bodies = bind(kwargs)
+        if type == "DELETED":
+            waiting = reconciler.name_waiters.pop((str(body.metadata.namespace), str(body.metadata.name)), None)
+            if waiting is not None and waiting in bodies:  # its pod name is free now
+                wakeups.kick(waiting)
         # Only a run the AgentRun watch has seen; not seen yet: its own event reconciles it, already gone:
         # nothing to do for its pods. Retried by wakeups if it fails.
         owner = controller_uid(body)

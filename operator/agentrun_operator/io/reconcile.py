@@ -132,8 +132,13 @@ class Reconciler:
         self.phases: dict[str, str] = {}
         self._namespace: dict[str, str] = {}  # uid -> namespace, for the runs-by-phase gauge
         self._pod_created: dict[str, float] = {}
+        # (namespace, pod) -> the run waiting for that name, held by a deleted run's terminating pod: its
+        # deletion event reconciles the waiting run at once (io/handlers.py), rather than its next retry.
+        self.name_waiters: dict[tuple[str, str], str] = {}
 
     def forget(self, uid: str) -> None:
+        for key in [k for k, waiting in self.name_waiters.items() if waiting == uid]:
+            del self.name_waiters[key]
         if self.wakeups is not None:
             self.wakeups.forget(uid)
         self.stores.release(uid)
@@ -344,6 +349,7 @@ class Reconciler:
                 created = await self.kube.get(pod_path(namespace, pod))
                 owner = controller_uid(created)
                 if owner != ref.uid:
+                    self.name_waiters[(namespace, pod)] = ref.uid
                     # A deleted AgentRun of the same name whose pod is still terminating: retried (wakeups)
                     # until the name is free, never adopted (its runner is another run's, draining).
                     raise PodNameTaken(
