@@ -40,7 +40,14 @@ precedence — and replaces the request semantics with the real server's:
   presents another token gets the real server's 401 ``Unauthorized`` Status,
   and so does one with no credentials when ``anonymous_auth`` is off (as
   ``--anonymous-auth=false``); with it on, such a request is let through as
-  the anonymous user (no RBAC follows). Off by default: every request is allowed.
+  the anonymous user. Off by default: every request is allowed.
+- RBAC authorization, opt-in (``authorization``, ``token_users``; ``rbac``
+  says how): each request is checked against the stored ClusterRoles, Roles
+  and their bindings for the user its bearer token maps to, and a denied one
+  gets the real server's 403 ``Forbidden`` Status. kubesim's own kubeconfig
+  token, and by default a request with no credentials (what kubectl sends
+  over ``http://``, and the kubelet stand-in), are ``system:masters``. Off by
+  default: every authenticated request is allowed.
 
 What it leaves out (hazards for tests): ``README.md`` of the kubesim package.
 
@@ -69,7 +76,7 @@ import kmock
 import yaml
 from multidict import CIMultiDict
 
-from kubesim import apierrors, fieldmanager, limits, openapi, patching, protobuf, selectors, tables
+from kubesim import apierrors, fieldmanager, limits, openapi, patching, protobuf, rbac, selectors, tables
 from kubesim.apierrors import ApiError
 from kubesim.registry import Change, Registry, decode_continue, encode_continue
 from kubesim.resources import (
@@ -136,6 +143,13 @@ class ClusterEmulator(kmock.KubernetesEmulator):
     # Authentication (module docstring); both may change while serving (a token rotated by a test).
     bearer_tokens: frozenset[str] | None = attrs.field(default=None, converter=_token_set)
     anonymous_auth: bool = True
+    # Authorization (``rbac``), off by default; also changeable while serving. ``token_users`` maps a bearer
+    # token to (user, groups), e.g. ``rbac.service_account(ns, name)``; with authorization on, a token in
+    # neither it nor ``rbac.HARNESS_TOKEN`` is refused (401). ``anonymous_user`` is who a request without
+    # credentials is: kubesim's admin by default (kubectl over http://, the kubelet stand-in), or ``rbac.ANONYMOUS``.
+    authorization: bool = False
+    token_users: dict[str, tuple[str, tuple[str, ...]]] = attrs.field(factory=dict)
+    anonymous_user: tuple[str, tuple[str, ...]] = rbac.HARNESS_USER
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -254,6 +268,13 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         """
         if not self._authenticated(raw_request.headers.get("Authorization")):
             return _json(apierrors.unauthorized().as_status(), status=401)
+        if self.authorization:  # before the body is read, as kube-apiserver's filter chain does
+            user = self._user(raw_request.headers.get("Authorization"))
+            if user is None:
+                return _json(apierrors.unauthorized().as_status(), status=401)
+            denied = rbac.check(self._rbac_objects, user, self._attributes(raw_request))
+            if denied is not None:  # details even when empty (a non-resource URL): NewForbidden always sets them
+                return _json({**denied.as_status(), "details": denied.details or {}}, status=403)
         headers = CIMultiDict(raw_request.headers)
         if headers.get("Content-Type", "").startswith(protobuf.MEDIA_TYPE):
             # A binary body (Helm's release Secret holds gzip): kmock reads every body as text too.
@@ -323,6 +344,48 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             return self.anonymous_auth
         scheme, _, token = authorization.partition(" ")
         return scheme.lower() == "bearer" and token.strip() in self.bearer_tokens
+
+    def _user(self, authorization: str | None) -> rbac.User | None:
+        """Who an authenticated request is (None: a token no user is known for)."""
+        if not authorization:
+            return rbac.User(*self.anonymous_user)
+        scheme, _, token = authorization.partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer":
+            return None
+        if token in self.token_users:
+            return rbac.User(*self.token_users[token])
+        return rbac.HARNESS_USER if token == rbac.HARNESS_TOKEN else None
+
+    def _attributes(self, raw_request: aiohttp.web.BaseRequest) -> rbac.Attributes:
+        path = raw_request.path.rstrip("/") or "/"
+        parsed = self._parse(path)
+        if parsed is None:  # discovery, /version, /openapi, /healthz: non-resource URLs, verb = the method
+            return rbac.Attributes(verb=raw_request.method.lower(), path=raw_request.path)
+        name = parsed.name or ""
+        if not name and raw_request.method.upper() in ("GET", "HEAD"):
+            name = rbac.name_from_field_selector(raw_request.query.get("fieldSelector"))
+        namespace = parsed.namespace or ""
+        if parsed.plural == "namespaces" and parsed.name:  # a namespace is in itself (RequestInfo)
+            namespace = parsed.name
+        return rbac.Attributes(
+            verb=rbac.resource_verb(
+                raw_request.method,
+                named=parsed.name is not None,
+                watch=raw_request.query.get("watch", "").lower() in ("true", "1"),
+            ),
+            path=raw_request.path,
+            resource_request=True,
+            group=parsed.group,
+            version=parsed.version,
+            resource=parsed.plural,
+            subresource=parsed.subresource or "",
+            namespace=namespace,
+            name=name,
+        )
+
+    def _rbac_objects(self, plural: str, namespace: str | None) -> list[dict[str, Any]]:
+        return self.registry.items(self.resource_def(plural), namespace)
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         # kmock's own handler would first apply its plain-dict state tracking; the registry replaces it.
