@@ -216,7 +216,9 @@ def test_pod_is_never_restarted_by_the_kubelet() -> None:
 
 def test_pod_carries_the_run_and_recommended_labels() -> None:
     labels = pod_for(make_spec(), 2)["metadata"]["labels"]
-    assert labels["agentrun.dev/run"] == RUN_NAME, "a deleted run's pods are found by this label (and kubectl agentrun logs)"
+    assert labels["agentrun.dev/run"] == RUN_NAME, (
+        "a deleted run's pods are found by this label (and kubectl agentrun logs)"
+    )
     assert labels["agentrun.dev/attempt"] == "2"
     assert labels["app.kubernetes.io/name"] == "agentrun-runner"
     assert labels["app.kubernetes.io/instance"] == RUN_NAME

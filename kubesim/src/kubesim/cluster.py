@@ -36,7 +36,7 @@ KUBECTL = shutil.which("kubectl") or "kubectl"
 
 
 def write_kubeconfig(path: Path, server: str, namespace: str = "default") -> Path:
-    """A kubeconfig for the emulator (any token: the emulator does not authenticate)."""
+    """A kubeconfig for the emulator, with the token ``emulated`` (all-powerful once authentication is on)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(
         yaml.safe_dump(

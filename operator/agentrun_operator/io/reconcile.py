@@ -477,8 +477,8 @@ class Reconciler:
         }
         try:
             await self.kube.create(events_path(meta["namespace"]), event)
-        except Exception as e:  # events are best effort; status is the record
-            log.debug("event %s for %s not posted: %s", reason, meta["name"], e)
+        except Exception as e:  # events are best effort (status is the record), but a refusal must show
+            log.warning("[%s/%s] event %s not posted: %s", meta["namespace"], meta["name"], reason, e)
 
     async def delete_pods(self, namespace: str, name: str, uid: str) -> None:
         """On AgentRun deletion: remove its pods now (owner references would, eventually); keep thread data.
