@@ -18,7 +18,7 @@ import asyncio
 import inspect
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -30,6 +30,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # `examples` is importable from tests, as from the CLI in the repo root
 
 from tests.support.checkpointers import BACKENDS, Backend, postgres_unavailable  # noqa: E402
+from tests.support.databases import create_database, drop_database  # noqa: E402
 
 _TIERS = {
     "unit": "unit",
@@ -92,6 +93,16 @@ async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
 async def checkpointer(backend: Backend) -> Checkpointer:
     """A set-up checkpointer of the current backend; ``backend.open()`` gives a second one on the same store."""
     return await backend.open()
+
+
+@pytest.fixture(scope="module")
+def dsn() -> Iterator[str]:
+    """A fresh PostgreSQL database for a whole module (the operator tests: one thread per case); dropped after."""
+    database = asyncio.run(create_database())
+    try:
+        yield database
+    finally:
+        asyncio.run(drop_database(database))
 
 
 @pytest.fixture

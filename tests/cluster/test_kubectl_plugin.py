@@ -9,7 +9,6 @@ kubelet stand-in, the store is the real PostgreSQL.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
 import os
@@ -35,21 +34,11 @@ from tests.cluster.operator_harness import (
     store_secret,
     wait_phase,
 )
-from tests.support.databases import create_database, drop_database
 
 pytestmark = pytest.mark.timeout(180)
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-
-
-@pytest.fixture(scope="module")
-def dsn() -> Iterator[str]:
-    database = asyncio.run(create_database())
-    try:
-        yield database
-    finally:
-        asyncio.run(drop_database(database))
 
 
 @pytest.fixture

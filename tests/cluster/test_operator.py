@@ -9,7 +9,6 @@ how many side effects happened.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import Iterator
@@ -33,18 +32,8 @@ from tests.cluster.operator_harness import (
     wait_node,
     wait_phase,
 )
-from tests.support.databases import create_database, drop_database
 
 pytestmark = pytest.mark.timeout(180)
-
-
-@pytest.fixture(scope="module")
-def dsn() -> Iterator[str]:
-    database = asyncio.run(create_database())
-    try:
-        yield database
-    finally:
-        asyncio.run(drop_database(database))
 
 
 @pytest.fixture

@@ -21,8 +21,8 @@ from kubesim import EmulatedCluster, KubeletThread
 from tests.cluster import test_operator as shared
 from tests.cluster.operator_harness import OperatorProcess, agentrun, apply, pods_of, progress, wait_node, wait_phase
 
-# The operator tests' fixtures (a database per module, the store Secret, the operator process).
-dsn, store, operator = shared.dsn, shared.store, shared.operator
+# The operator tests' fixtures (the store Secret, the operator process; the database is tests/conftest.py's).
+store, operator = shared.store, shared.operator
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -16,7 +16,6 @@ ClusterRole had no ``delete`` on agentruns).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import urllib.error
@@ -42,7 +41,6 @@ from tests.cluster.operator_harness import (
     wait_phase,
 )
 from tests.cluster.test_kube_client import kubeconfig_doc, write_yaml
-from tests.support.databases import create_database, drop_database
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -51,15 +49,6 @@ CHART = ROOT / "helm" / "agentrun"
 RELEASE, NAMESPACE, ACCOUNT = "agentrun", "agentrun-system", "agentrun-operator"  # the chart's defaults
 OPERATOR_TOKEN = "agentrun-operator-token"
 RBAC_TEMPLATES = ("templates/serviceaccount.yaml", "templates/rbac.yaml")
-
-
-@pytest.fixture(scope="module")
-def dsn() -> Iterator[str]:
-    database = asyncio.run(create_database())
-    try:
-        yield database
-    finally:
-        asyncio.run(drop_database(database))
 
 
 def chart_rbac() -> list[dict[str, Any]]:

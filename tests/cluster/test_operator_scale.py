@@ -17,7 +17,6 @@ Runs that only need to *be* Running have their pods reported Running without a p
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import Iterator
@@ -29,7 +28,6 @@ import yaml
 
 from kubesim import EmulatedCluster, KubeletThread, write_kubeconfig
 from tests.cluster.operator_harness import OperatorProcess, agentrun, progress, start_operator, status, wait_phase
-from tests.support.databases import create_database, drop_database
 from tests.support.kubeload import CountingProxy, RunningHolder
 
 pytestmark = pytest.mark.timeout(240)
@@ -39,15 +37,6 @@ IDLE_RUNS = 50
 WINDOW = 10.0
 # The bound: 0.05 requests per run per second in steady state (today's operator made about 2).
 PER_RUN_PER_S = 0.05
-
-
-@pytest.fixture(scope="module")
-def dsn() -> Iterator[str]:
-    database = asyncio.run(create_database())
-    try:
-        yield database
-    finally:
-        asyncio.run(drop_database(database))
 
 
 @pytest.fixture
