@@ -1,7 +1,9 @@
-"""Progress notifications (migration 10): a committed checkpoint NOTIFYs ``agentrun_progress`` with its thread id.
+"""Progress notifications: a committed checkpoint NOTIFYs ``agentrun_progress`` with its thread id (pg_progress).
 
-The operator listens instead of polling every run (``agentrun_operator/io/notify.py``); a missed or
-extra notification would leave a status stale or cost a query, so both are checked here.
+The operator listens instead of polling every run (``agentrun_operator/io/notify.py``); a missed
+notification would leave a status stale until the resync, an extra one costs a reconcile, so both
+are checked here, with the throttle (at once, then at most one more per second per thread, the
+trailing one never dropped) and the reason the notification left the commit (no trigger).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import asyncpg
 import pytest
 
 from agentrun import StaleStateError
+from agentrun.checkpoint.pg_progress import notify_sql
 from agentrun.checkpoint.postgres import PgCheckpointer
 from agentrun.messages import user
 from tests.support.checkpointers import write
@@ -19,27 +22,87 @@ from tests.support.checkpointers import write
 CHANNEL = "agentrun_progress"
 
 
-async def _listen(dsn: str) -> tuple[asyncpg.Connection, asyncio.Queue[str]]:
+async def _listen(dsn: str) -> tuple[asyncpg.Connection, asyncio.Queue[tuple[float, str]]]:
     conn = await asyncpg.connect(dsn)
-    queue: asyncio.Queue[str] = asyncio.Queue()
-    await conn.add_listener(CHANNEL, lambda _c, _pid, _ch, payload: queue.put_nowait(payload))
+    queue: asyncio.Queue[tuple[float, str]] = asyncio.Queue()
+    loop = asyncio.get_running_loop()
+    await conn.add_listener(CHANNEL, lambda _c, _pid, _ch, payload: queue.put_nowait((loop.time(), payload)))
     return conn, queue
 
 
-async def test_each_committed_checkpoint_notifies_its_thread_id_and_a_refused_one_does_not(pg_dsn: str) -> None:
+async def _next(queue: asyncio.Queue[tuple[float, str]], within: float = 5) -> tuple[float, str]:
+    return await asyncio.wait_for(queue.get(), within)
+
+
+async def test_a_commit_notifies_its_thread_at_once_and_a_refused_write_does_not(pg_dsn: str) -> None:
     cp = PgCheckpointer(pg_dsn)
     await cp.setup()
     conn, queue = await _listen(pg_dsn)
     try:
         await cp.aput("ns/thread-a", write((0, user("a")), count=1), expected_version=0)
-        await cp.aput("ns/thread-a", write(count=1, step=1), expected_version=1)
+        assert (await _next(queue, 1))[1] == "ns/thread-a"
         await cp.aput("ns/thread-b", write((0, user("b")), count=1), expected_version=0)
-        got = [await asyncio.wait_for(queue.get(), 5) for _ in range(3)]
-        assert got == ["ns/thread-a", "ns/thread-a", "ns/thread-b"], "a commit must notify its thread id, in order"
+        assert (await _next(queue, 1))[1] == "ns/thread-b", "another thread is not throttled by the first"
         with pytest.raises(StaleStateError):
             await cp.aput("ns/thread-a", write(count=1, step=9), expected_version=0)
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(1.3)
         assert queue.empty(), "a write refused as stale committed nothing and must not wake the operator"
+    finally:
+        await conn.close()
+        await cp.aclose()
+
+
+async def test_a_burst_notifies_at_its_start_and_once_more_for_its_end(pg_dsn: str) -> None:
+    cp = PgCheckpointer(pg_dsn)
+    await cp.setup()
+    conn, queue = await _listen(pg_dsn)
+    try:
+        for step in range(20):
+            await cp.aput("ns/burst", write(count=0, step=step), expected_version=step)
+        first, thread = await _next(queue, 1)
+        assert thread == "ns/burst"
+        second, thread = await _next(queue, 3)
+        assert thread == "ns/burst"
+        assert 0.8 <= second - first <= 1.5, f"the trailing notification came {second - first:.2f}s after the first"
+        await asyncio.sleep(1.3)
+        assert queue.empty(), "20 steps within a second are two notifications, not more"
+    finally:
+        await conn.close()
+        await cp.aclose()
+
+
+async def test_a_final_checkpoint_notifies_at_once_and_closing_sends_what_is_due(pg_dsn: str) -> None:
+    cp = PgCheckpointer(pg_dsn)
+    await cp.setup()
+    conn, queue = await _listen(pg_dsn)
+    try:
+        await cp.aput("ns/final", write(count=0), expected_version=0)
+        first, _ = await _next(queue, 1)
+        await cp.aput("ns/final", write(count=0, step=1, status="completed"), expected_version=1)
+        ended, _ = await _next(queue, 1)
+        assert ended - first < 0.5, "the run's end must not wait for the throttle"
+
+        await cp.aput("ns/closing", write(count=0), expected_version=0)
+        await _next(queue, 1)
+        await cp.aput("ns/closing", write(count=0, step=1), expected_version=1)  # due at the interval's end
+        await cp.aclose()
+        _, thread = await _next(queue, 0.5)
+        assert thread == "ns/closing", "a closing store sends the notification it still owed"
+    finally:
+        await conn.close()
+        await cp.aclose()
+
+
+async def test_no_trigger_notifies_inside_the_commit_and_any_thread_id_arrives_intact(pg_dsn: str) -> None:
+    cp = PgCheckpointer(pg_dsn)
+    await cp.setup()
+    conn, queue = await _listen(pg_dsn)
+    try:
+        # The checkpoint's own transaction must not NOTIFY (the lock it takes serializes every runner's commits).
+        assert await conn.fetchval("SELECT count(*) FROM pg_trigger WHERE tgname = 'agentrun_progress_notify'") == 0
+        for thread in ("ns/it's", "ns/$p$ and $pp$", "ns/back\\slash", "ns/ends with $p", "ns/é ✓"):
+            await conn.execute(notify_sql(thread))
+            assert (await _next(queue, 1))[1] == thread
     finally:
         await conn.close()
         await cp.aclose()

@@ -1,8 +1,9 @@
 """Progress from the stores themselves: one LISTEN connection per PostgreSQL store, Redis pub/sub as a fast path.
 
-A committed checkpoint NOTIFYs channel ``agentrun_progress`` with its thread
-id (migration 10 in ``agentrun/checkpoint/pg_schema.py``; the runner's stop
-check uses channel ``agentrun_stop``, same payload). The operator holds one
+After a checkpoint commits, the runner's store NOTIFYs channel
+``agentrun_progress`` with its thread id, at most about twice per second per
+thread (``agentrun/checkpoint/pg_progress.py``; the runner's stop check uses
+channel ``agentrun_stop``, same payload). The operator holds one
 dedicated connection per distinct DSN (``Listeners.open``, called when the
 store's pool opens) and hands each thread id to ``on_progress``; nothing is
 queried per run.
@@ -23,9 +24,9 @@ Redis: when a store has a ``redisUrl``, the runner also publishes each step on
 terminal points. One pattern subscription per Redis URL forwards those to
 ``on_progress`` too. Pub/sub is at most once; PostgreSQL stays the record.
 
-HAZARD: NOTIFY serializes committing transactions that notify on one global
-queue lock in PostgreSQL; at the commit rates of agent steps (tens to hundreds
-per second per database) that is far from a bottleneck.
+The runner's notification is its own transaction with asynchronous commit,
+not part of the checkpoint's: a notifying transaction holds PostgreSQL's
+database-wide notify lock through its commit (``pg_progress`` says more).
 """
 
 from __future__ import annotations

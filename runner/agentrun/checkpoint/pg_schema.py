@@ -484,6 +484,18 @@ MIGRATIONS: list[Migration] = [
         $$;
         """,
     ),
+    Migration(
+        "progress notifications leave the commit: drop migration 10's trigger (the runner notifies, throttled)",
+        # A NOTIFY inside the checkpoint's transaction holds PostgreSQL's database-wide notify lock through
+        # the commit's WAL flush, serializing every runner's commits; the store now sends the notification
+        # itself after the commit, in a transaction of its own with asynchronous commit, at most once per
+        # second per thread plus a trailing one (checkpoint/pg_progress.py). An older agentrun writing to
+        # this schema no longer wakes the operator: it sees that run's progress at its resync (30 s).
+        """
+        DROP TRIGGER IF EXISTS agentrun_progress_notify ON states;
+        DROP FUNCTION IF EXISTS agentrun_notify_progress();
+        """,
+    ),
 ]
 
 _CREATE_VERSION_TABLE = """

@@ -130,6 +130,7 @@ from .base import (
     turn_fields,
 )
 from .pg_listen import StopListener
+from .pg_progress import ProgressNotifier, notify_sql
 from .pg_schema import (
     MAX_THREAD_ID_LENGTH,
     MIGRATIONS,
@@ -530,6 +531,8 @@ class PgCheckpointer(Checkpointer):
         self.snapshot_every = max(0, snapshot_every)
         # Per thread, what this store last committed (the chain a delta continues).
         self._chains: dict[str, _Chain] = {}
+        # The operator's wake-up after a commit (pg_progress: throttled, off the step's path).
+        self._progress = ProgressNotifier(self._notify_progress)
 
     # -- plumbing ------------------------------------------------------------------------
 
@@ -680,6 +683,7 @@ class PgCheckpointer(Checkpointer):
         await self._call("setup", self._get_pool)
 
     async def aclose(self) -> None:
+        await self._progress.aclose()  # before the pool goes: the last steps' notifications
         if self._stop_listener is not None:
             listener, self._stop_listener = self._stop_listener, None
             await listener.aclose()
@@ -799,7 +803,13 @@ class PgCheckpointer(Checkpointer):
             )
         else:
             self._chains[thread_id] = _Chain(commit.incarnation, commit.version, commit.version, 0, 0, len(values))
+        self._progress.committed(thread_id, final=write.status != "running")
         return commit
+
+    async def _notify_progress(self, thread_id: str) -> None:
+        pool = await self._get_pool()
+        async with pool.acquire() as conn:
+            await conn.execute(notify_sql(thread_id))
 
     def _delta(self, chain: _Chain | None, write: CheckpointWrite, expected_version: int) -> str | None:
         """The JSON of only the channels ``write`` changed, when it may go on top of ``chain``; else ``None``.
