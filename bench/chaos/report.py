@@ -165,6 +165,16 @@ FIXED: tuple[str, ...] = (
     "`unrecorded_tool_calls` of a baseline during another trial's PostgreSQL restart. Fixed: it is retried "
     "like any lost connection (`runner/agentrun/checkpoint/postgres.py`; "
     "`tests/postgres/test_postgres_outage.py`).",
+    "**A runner hung at its exit, its run completed** (runner store, Redis). In the campaign at commit "
+    "0c8ef1f, seed 4's third attempt wrote its final checkpoint and never exited: its Redis stop "
+    "subscription kept reconnecting for minutes while Redis and PostgreSQL restarted around it, so "
+    "`CachedStore.aclose` never returned and the run stayed Running. Likely cause, forced in a test: a "
+    "cancellation landing as `get_message`'s own 1 s timeout expires can come out of Python 3.11's "
+    "`asyncio.timeout` as a `TimeoutError`, which the loop took for a Redis failure and retried, and the "
+    "close waited for the loop without a bound. Fixed: the loop ends at its next turn once its store "
+    "closes, and the close waits 2 s at most (`runner/agentrun/checkpoint/redis_stops.py`; "
+    "`tests/postgres/test_stop_notify.py`). Not reproduced by a replay (it needs the shared world's "
+    "restarts at that moment).",
 )
 
 

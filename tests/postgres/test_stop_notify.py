@@ -318,3 +318,49 @@ async def test_a_stop_published_on_redis_reaches_a_run_whose_store_cannot_tell_i
     finally:
         await runner.aclose()
         await operator.aclose()
+
+
+async def test_closing_the_redis_stop_subscription_is_bounded_when_a_cancellation_is_swallowed(
+    redis_prefix: str,
+) -> None:
+    """A runner hung at exit (a chaos trial, its run completed) with the Redis stop loop alive for minutes.
+
+    Python 3.11's ``asyncio.timeout`` can turn a cancellation that lands as ``get_message``'s own 1 s timeout
+    expires into a ``TimeoutError``, which the loop takes for a Redis failure; the race is forced here.
+    """
+    from agentrun.checkpoint.redis_cache import RedisHotCache
+    from agentrun.checkpoint.redis_stops import RedisStops
+
+    from .conftest import redis_url
+
+    cache = RedisHotCache(redis_url(), prefix=redis_prefix)
+    subscribe = cache.client.pubsub
+
+    def swallowing(**kwargs: Any) -> Any:
+        pubsub = subscribe(**kwargs)
+        read = pubsub.get_message
+
+        async def get_message(**kw: Any) -> Any:
+            try:
+                return await read(**kw)
+            except asyncio.CancelledError:
+                raise TimeoutError("the cancellation came out as the read's own timeout") from None
+
+        pubsub.get_message = get_message  # type: ignore[method-assign]
+        return pubsub
+
+    cache.client.pubsub = swallowing  # type: ignore[method-assign]
+    stops = RedisStops(cache)
+    try:
+        stops.watch("t", Deaf())
+        stops.start()
+        await asyncio.sleep(0.5)  # subscribed, waiting in get_message
+        loops = [t for t in asyncio.all_tasks() if t.get_name() == "agentrun:redis-stops"]
+        assert len(loops) == 1
+        started = time.monotonic()
+        await stops.aclose()
+        assert time.monotonic() - started < 2.5, "closing the store waited on the stop loop"
+        await asyncio.wait(loops, timeout=2)
+        assert loops[0].done(), "the stop loop went on after its store closed (reconnecting to Redis forever)"
+    finally:
+        await cache.aclose()

@@ -74,6 +74,7 @@ class RedisStops:
         self._watches = WatchedThreads()
         self._task: asyncio.Task[None] | None = None
         self._warned = False
+        self._live: object | None = None  # the running loop's token; a loop whose token is gone ends
 
     def watch(self, thread_id: str, inner: StopWatch) -> RedisStopWatch:
         watch = RedisStopWatch(inner, self, thread_id)
@@ -82,7 +83,8 @@ class RedisStops:
 
     def start(self) -> None:
         if self._watches and (self._task is None or self._task.done()):
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="agentrun:redis-stops")
+            self._live = token = object()
+            self._task = asyncio.get_running_loop().create_task(self._run(token), name="agentrun:redis-stops")
 
     async def unwatch(self, watch: RedisStopWatch) -> None:
         self._watches.remove(watch.thread_id, watch)
@@ -90,26 +92,33 @@ class RedisStops:
             await self.aclose()
 
     async def aclose(self) -> None:
-        """End the subscription (cancelled: a Redis read has nothing to cancel on the server)."""
+        """End the subscription (cancelled: a Redis read has nothing to cancel on the server), in 2 s at most.
+
+        The loop also ends by itself at its next turn (its token is gone): a cancellation that lands as
+        ``get_message``'s own 1 s timeout expires can come out as a ``TimeoutError`` (Python 3.11's
+        ``asyncio.timeout``), which the loop takes for a Redis failure and retries: a chaos trial's
+        runner hung at its exit here, its run completed, with the loop reconnecting for minutes.
+        """
         self._watches.clear()
+        self._live = None
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await asyncio.wait({task}, timeout=2)
 
     def _heard(self, message: dict[str, Any]) -> None:
         channel = str(message.get("channel", ""))
         self._watches.notify(channel.removeprefix(self.cache.stop_channel("")))
 
-    async def _run(self) -> None:
-        while True:
+    async def _run(self, token: object) -> None:
+        while self._live is token:
             pubsub = self.cache.client.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.psubscribe(self.cache.stop_channel("*"))
                 if self._warned:
                     self._warned = False
                     log.warning("hearing stop requests on Redis again")
-                while True:
+                while self._live is token:
                     message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                     if message is not None and message.get("type") == "pmessage":
                         self._heard(message)
@@ -125,4 +134,5 @@ class RedisStops:
                     )
             finally:
                 await pubsub.aclose()
-            await asyncio.sleep(_RETRY)
+            if self._live is token:
+                await asyncio.sleep(_RETRY)
