@@ -29,7 +29,10 @@ IMAGE = "agentrun:chaos"
 NAMESPACE = "default"
 STORE_SECRET = "agentrun-store"
 # Many runners in flight at once, each with its pool; commits need not wait for the (fsync-less) WAL.
-POSTGRES_SETTINGS = {"max_connections": "400", "synchronous_commit": "off"}
+# authentication_timeout: a fast shutdown waits for a backend still reading a client's startup packet, and
+# a runner frozen by a fault (SIGSTOP) in the middle of connecting never sends it: with the default 60 s, one
+# such runner made `pg_ctl stop` time out and left the campaign's PostgreSQL down for every later trial.
+POSTGRES_SETTINGS = {"max_connections": "400", "synchronous_commit": "off", "authentication_timeout": "5s"}
 
 
 @dataclass
