@@ -234,8 +234,12 @@ def test_a_run_reapplied_while_its_deleted_predecessors_pod_terminates_gets_its_
     assert deleted.returncode == 0, deleted.stderr
     # No finalizer: the AgentRun goes at once; its pod terminates for its grace period (the runner is in a tool).
     cluster.wait_for(lambda: cluster.get("agentruns", "again") is None, timeout=5, message="the AgentRun deleted")
-    old = cluster.get("pods", "again-1")
-    assert old is not None and old["metadata"].get("deletionTimestamp"), "the old pod should still be terminating"
+
+    def terminating() -> dict[str, Any] | None:
+        pod = cluster.get("pods", "again-1")
+        return pod if pod is not None and pod["metadata"].get("deletionTimestamp") else None
+
+    old = cluster.wait_for(terminating, timeout=10, message="the old pod terminating, still there")
 
     apply(cluster, agentrun("again", thread="again", effects=effects))  # the same request, at once
     final = wait_phase(cluster, operator, "again", "Succeeded", timeout=90)
