@@ -41,10 +41,10 @@ from typing import Any
 import asyncpg
 
 from agentrun.checkpoint.base import ControlStore
+from agentrun.checkpoint.pg_progress import CHANNEL
 
 log = logging.getLogger("agentrun_operator.notify")
 
-CHANNEL = "agentrun_progress"
 PING_SECONDS = 30.0
 # Reconnects are cheap (one connection per store) and the resync after them is what ends an outage's
 # blind spot: retry often.

@@ -53,12 +53,9 @@ class ProgressNotifier:
         self._last: dict[str, float] = {}  # thread -> loop time of its last notification
         self._trailing: dict[str, asyncio.TimerHandle] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        self.sent = 0
 
     def committed(self, thread_id: str, *, final: bool) -> None:
         """A checkpoint of ``thread_id`` committed; ``final``: it ended the run (completed, interrupted, ...)."""
-        if "\x00" in thread_id:  # PostgreSQL text cannot hold it (such a thread never commits anyway)
-            return
         loop = asyncio.get_running_loop()
         now = loop.time()
         last = self._last.get(thread_id)
@@ -86,7 +83,6 @@ class ProgressNotifier:
     async def _quietly(self, thread_id: str) -> None:
         try:
             await self._send(thread_id)
-            self.sent += 1
         except Exception as e:  # best effort: the operator's resync covers a lost notification
             log.debug("progress notification for %s not sent: %s", thread_id, e)
 
