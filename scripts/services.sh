@@ -1,19 +1,71 @@
 #!/usr/bin/env bash
-# Start the local PostgreSQL and Redis the tests and the demo use, when they are not running.
-# (The machine images start both at boot; this covers a stopped service or a fresh CI run.)
+# Install (when missing), configure and start the local PostgreSQL and Redis that the tests and the demo use.
+# Works on a fresh machine with nothing done by hand: Debian's postgresql and redis-server packages, loopback
+# only, trust authentication for 127.0.0.1 and ::1 (the tests connect as postgres without a password), no
+# package service left to systemd (there is none here): both servers are started directly and kept running.
 set -euo pipefail
 
+apt_install() {
+    if [ "$(id -u)" != 0 ]; then
+        echo "missing $*; installing it needs root: apt-get install -y $*" >&2
+        exit 1
+    fi
+    # A package's own service must not start during the install (no init system here); policy-rc.d refuses it.
+    local policy=/usr/sbin/policy-rc.d created=0
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\nexit 101\n' >"$policy"
+        chmod +x "$policy"
+        created=1
+    fi
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+    [ "$created" = 1 ] && rm -f "$policy"
+    return 0
+}
+
+missing=()
+command -v pg_ctlcluster >/dev/null || missing+=(postgresql)
+command -v redis-server >/dev/null || missing+=(redis-server)
+[ ${#missing[@]} -eq 0 ] || { echo "installing ${missing[*]}"; apt_install "${missing[@]}"; }
+
+# PostgreSQL: the newest installed major version's "main" cluster, created when absent.
+version="$(ls /usr/lib/postgresql | sort -V | tail -n1)"
+if ! pg_lsclusters -h | awk '{print $1" "$2}' | grep -qx "$version main"; then
+    pg_createcluster "$version" main >/dev/null
+fi
+conf=/etc/postgresql/$version/main
+marker="# agentrun: loopback trust (scripts/services.sh)"
+if ! grep -qF "$marker" "$conf/pg_hba.conf"; then
+    # First matching line wins: put the loopback trust lines before the package's scram lines.
+    { echo "$marker"
+      echo "host    all             all             127.0.0.1/32            trust"
+      echo "host    all             all             ::1/128                 trust"
+      echo "host    replication     all             127.0.0.1/32            trust"
+      cat "$conf/pg_hba.conf"; } >"$conf/pg_hba.conf.new"
+    mv "$conf/pg_hba.conf.new" "$conf/pg_hba.conf"
+    chown postgres:postgres "$conf/pg_hba.conf"
+    pg_ctlcluster --skip-systemctl-redirect "$version" main reload 2>/dev/null || true
+fi
+mkdir -p "$conf/conf.d"
+if [ ! -f "$conf/conf.d/agentrun.conf" ]; then
+    # Loopback only; room for the cluster tier's runner pods (each a pool plus a LISTEN connection).
+    printf "listen_addresses = 'localhost'\nmax_connections = 300\n" >"$conf/conf.d/agentrun.conf"
+    pg_ctlcluster --skip-systemctl-redirect "$version" main restart 2>/dev/null || true
+fi
 if ! pg_isready -h 127.0.0.1 -p 5432 -q 2>/dev/null; then
-    echo "starting PostgreSQL"
-    pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main start
+    echo "starting PostgreSQL $version"
+    pg_ctlcluster --skip-systemctl-redirect "$version" main start
     for _ in $(seq 1 30); do pg_isready -h 127.0.0.1 -p 5432 -q && break; sleep 1; done
 fi
+
 if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
     echo "starting Redis"
     mkdir -p /var/lib/redis /var/log/redis
     redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
-        --dir /var/lib/redis --logfile /var/log/redis/ci.log
+        --dir /var/lib/redis --logfile /var/log/redis/agentrun.log
     for _ in $(seq 1 30); do redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 && break; sleep 1; done
 fi
 pg_isready -h 127.0.0.1 -p 5432 -q || { echo "PostgreSQL is not reachable on 127.0.0.1:5432" >&2; exit 1; }
+psql -h 127.0.0.1 -U postgres -Atc 'select 1' postgres >/dev/null \
+    || { echo "PostgreSQL refuses postgres@127.0.0.1 without a password (pg_hba.conf)" >&2; exit 1; }
 redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null || { echo "Redis is not reachable on 127.0.0.1:6379" >&2; exit 1; }
