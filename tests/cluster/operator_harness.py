@@ -41,10 +41,19 @@ def start_operator(cluster: EmulatedCluster, workdir: Path, identity: str = "op-
     )
 
 
-def store_secret(cluster: EmulatedCluster, dsn: str, name: str = "agentrun-store", namespace: str = "default") -> None:
-    """The Secret an AgentRun's ``spec.store.secretRef`` names: ``postgresDsn`` only."""
+def store_secret(
+    cluster: EmulatedCluster, dsn: str, name: str = "agentrun-store", namespace: str = "default", *, opt_in: bool = True
+) -> None:
+    """The Secret an AgentRun's ``spec.store.secretRef`` names: ``postgresDsn`` only.
+
+    ``opt_in``: labelled ``agentrun.dev/runner-access: "true"``, as a Secret other than the operator's default
+    store Secret must be (decide.access).
+    """
     made = cluster.kubectl("create", "secret", "generic", name, "-n", namespace, f"--from-literal=postgresDsn={dsn}")
     assert made.returncode == 0, made.stderr
+    if opt_in:
+        labelled = cluster.kubectl("label", "secret", name, "-n", namespace, "agentrun.dev/runner-access=true")
+        assert labelled.returncode == 0, labelled.stderr
 
 
 def status(cluster: EmulatedCluster, name: str, namespace: str = "default") -> dict[str, Any]:

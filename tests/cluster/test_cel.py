@@ -114,6 +114,36 @@ def test_stop_is_one_way(cluster: EmulatedCluster, tmp_path: Path) -> None:
     assert stored is not None and stored["spec"]["stop"] is True
 
 
+STORE_MESSAGE = (
+    "store is immutable: the thread's checkpoints and tool ledger stay in the store the run started with "
+    "(another store would start the turn over and run its tools again); create a new AgentRun to use another store"
+)
+INPUT_MESSAGE = "input is immutable; create a new AgentRun (or a new requestId) for a new turn"
+
+
+def test_store_and_input_are_immutable(cluster: EmulatedCluster, tmp_path: Path) -> None:
+    """Issue 22 items 2 and 7: a patched store or input of a started run would start its turn over (charge twice)."""
+    obj = created(cluster, tmp_path, store={"secretRef": {"name": "store-a"}}, input={"messages": ["charge"]})
+    refused(patch(cluster, {"store": {"secretRef": {"name": "store-b"}}}), "spec.store", "object", STORE_MESSAGE)
+    refused(patch(cluster, {"store": None}), "spec.store", "object", STORE_MESSAGE)
+    refused(patch(cluster, {"input": {"messages": ["again"]}}), "spec.input", "object", INPUT_MESSAGE)
+    refused(patch(cluster, {"input": None}), "spec.input", "object", INPUT_MESSAGE)
+    assert apply(cluster, obj, tmp_path).returncode == 0, "an unchanged store and input may be re-applied"
+    cluster.kubectl("delete", "agentrun", NAME, check=True)
+    created(cluster, tmp_path)
+    refused(patch(cluster, {"store": {"secretRef": {"name": "store-b"}}}), "spec.store", "object", STORE_MESSAGE)
+    refused(patch(cluster, {"input": {"messages": ["late"]}}), "spec.input", "object", INPUT_MESSAGE)
+
+
+def test_retry_cannot_reopen_a_stopped_run(cluster: EmulatedCluster, tmp_path: Path) -> None:
+    message = "retry cannot re-open a stopped run (spec.stop is one-way); create a new AgentRun on the same threadId to continue the thread"
+    created(cluster, tmp_path)
+    assert patch(cluster, {"retry": 1}).returncode == 0, "retry of a run that is not stopped is allowed"
+    assert patch(cluster, {"stop": True}).returncode == 0
+    refused(patch(cluster, {"retry": 2}), "spec.retry", "object", message)
+    assert patch(cluster, {"stop": True, "retry": 1}).returncode == 0, "an unchanged retry may be re-sent"
+
+
 def test_a_run_may_be_created_stopped(cluster: EmulatedCluster, tmp_path: Path) -> None:
     created(cluster, tmp_path, stop=True)  # transition rules never run on create
 

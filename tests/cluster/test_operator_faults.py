@@ -308,6 +308,39 @@ def test_an_unlabelled_secret_is_refused_before_any_pod_and_a_labelled_one_works
     wait_phase(cluster, operator, "allowed", "Succeeded", timeout=60)
 
 
+def test_a_store_secret_needs_the_label_and_the_pod_confinement_and_contract_cannot_be_changed(
+    cluster: EmulatedCluster, kubelet: KubeletThread, operator: OperatorProcess, shared_dsn: str, tmp_path: Path
+) -> None:
+    """Issue 22 item 3: spec.store.secretRef, podTemplate annotations and AGENTRUN_* env are not a way around."""
+    store_secret(cluster, shared_dsn)
+    store_secret(cluster, shared_dsn, "team-db", opt_in=False)  # any Secret with a postgresDsn key
+    apply(cluster, _store(agentrun("store-bypass", thread="store-bypass", effects=tmp_path / "a.db"), "team-db"))
+    refused = wait_phase(cluster, operator, "store-bypass", "Failed", timeout=30)
+    assert refused["reason"] == "InvalidSpec" and "default/team-db" in refused["message"], refused
+    assert 'kubectl label secret -n default team-db agentrun.dev/runner-access="true"' in refused["message"], refused
+
+    unconfined = agentrun("unconfined", thread="unconfined", effects=tmp_path / "b.db")
+    unconfined["spec"]["podTemplate"]["annotations"] = {
+        "container.apparmor.security.beta.kubernetes.io/runner": "unconfined"
+    }
+    apply(cluster, unconfined)
+    refused = wait_phase(cluster, operator, "unconfined", "Failed", timeout=30)
+    assert refused["reason"] == "InvalidSpec" and "apparmor" in refused["message"], refused
+
+    shadow = agentrun("dsn-shadow", thread="dsn-shadow", effects=tmp_path / "c.db")
+    shadow["spec"]["podTemplate"]["env"].append({"name": "AGENTRUN_POSTGRES_DSN", "value": "postgresql://x@h/db"})
+    apply(cluster, shadow)
+    refused = wait_phase(cluster, operator, "dsn-shadow", "Failed", timeout=30)
+    assert refused["reason"] == "InvalidSpec" and "AGENTRUN_POSTGRES_DSN is reserved" in refused["message"], refused
+    for name in ("store-bypass", "unconfined", "dsn-shadow"):
+        assert pods_of(cluster, name) == [], f"GUARANTEE BROKEN: {name} got a pod"
+
+    labelled = cluster.kubectl("label", "secret", "team-db", "agentrun.dev/runner-access=true")
+    assert labelled.returncode == 0, labelled.stderr
+    apply(cluster, _store(agentrun("store-allowed", thread="store-allowed", effects=tmp_path / "d.db"), "team-db"))
+    wait_phase(cluster, operator, "store-allowed", "Succeeded", timeout=60)
+
+
 # --- hostile objects -------------------------------------------------------------------------------------------------
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from agentrun.errors import StoreConfigError, StoreUnavailableError
 from agentrun_operator.decide import hostile, outage
-from agentrun_operator.decide.access import image_problem, referenced_secrets, secret_problem
+from agentrun_operator.decide.access import image_problem, referenced_secrets, secret_problem, store_secret_problem
 from agentrun_operator.decide.classify import Outcome, classify
 from agentrun_operator.decide.conditions import status_patch
 from agentrun_operator.decide.decision import Decision
@@ -433,4 +433,38 @@ def test_text_the_store_cannot_hold_is_invalid_spec(value: str, what: str) -> No
 def test_hostile_problem_names_the_path() -> None:
     assert hostile.problem({"input": {"messages": [{"content": "a\x00"}]}}) == (
         "spec.input.messages[0].content: contains a NUL character (\\u0000), which the store's JSON cannot hold"
+    )
+
+
+def test_a_store_secret_other_than_the_default_needs_the_label() -> None:
+    labelled = {"agentrun.dev/runner-access": "true"}
+    kwargs: dict[str, Any] = {"namespace": "shop", "default_store_secret": "agentrun-store"}
+    problem = store_secret_problem("team-db", labels={}, **kwargs)
+    assert problem is not None and "shop/team-db" in problem and "runner-access" in problem
+    assert store_secret_problem("team-db", labels=labelled, **kwargs) is None
+    assert store_secret_problem("agentrun-store", labels={}, **kwargs) is None, "the admin's default is trusted"
+    assert store_secret_problem("gone", labels=None, **kwargs) is None, "a missing Secret is the store check's"
+
+
+@pytest.mark.parametrize(
+    "annotation",
+    [
+        "container.apparmor.security.beta.kubernetes.io/runner",
+        "seccomp.security.alpha.kubernetes.io/pod",
+        "io.kubernetes.cri-o.userns-mode",
+        "io.containerd.runc.v2.privileged",
+    ],
+)
+def test_confinement_annotations_are_refused(annotation: str) -> None:
+    with pytest.raises(InvalidSpec, match="confinement"):
+        parse_spec({"graph": "a:b", "threadId": "t", "podTemplate": {"annotations": {annotation: "unconfined"}}})
+    parse_spec({"graph": "a:b", "threadId": "t", "podTemplate": {"annotations": {"team.example.com/owner": "x"}}})
+
+
+@pytest.mark.parametrize("name", ["AGENTRUN_POSTGRES_DSN", "agentrun_graph", "AgentRun_Thread_Id"])
+def test_contract_env_names_are_refused_not_dropped(name: str) -> None:
+    with pytest.raises(InvalidSpec, match=f"{name} is reserved"):
+        parse_spec({"graph": "a:b", "threadId": "t", "podTemplate": {"env": [{"name": name, "value": "x"}]}})
+    parse_spec(
+        {"graph": "a:b", "threadId": "t", "podTemplate": {"env": [{"name": "AGENTRUN_FAULT_POINT", "value": "x"}]}}
     )

@@ -14,7 +14,7 @@ import kubernetes_validate
 import pytest
 
 from agentrun_operator.decide.podspec import RunRef, build_pod, pod_name
-from agentrun_operator.decide.spec import AgentRunSpec, parse_spec
+from agentrun_operator.decide.spec import AgentRunSpec, InvalidSpec, parse_spec
 from agentrun_operator.settings import OperatorSettings
 
 NAMESPACE = "shop"
@@ -233,10 +233,9 @@ def test_operator_labels_win_over_template_labels() -> None:
 
 
 def test_store_credentials_come_only_from_the_secret() -> None:
-    spec = make_spec(
-        store={"secretRef": {"name": "shop-store"}},
-        podTemplate={"env": [{"name": "AGENTRUN_POSTGRES_DSN", "value": DSN}]},
-    )
+    with pytest.raises(InvalidSpec, match="AGENTRUN_POSTGRES_DSN is reserved"):  # refused, not dropped
+        make_spec(podTemplate={"env": [{"name": "AGENTRUN_POSTGRES_DSN", "value": DSN}]})
+    spec = make_spec(store={"secretRef": {"name": "shop-store"}}, podTemplate={"env": [{"name": "X", "value": DSN}]})
     pod = pod_for(spec)
     variables = env(pod)
     assert variables["AGENTRUN_POSTGRES_DSN"] == {
@@ -246,7 +245,7 @@ def test_store_credentials_come_only_from_the_secret() -> None:
     redis = variables["AGENTRUN_REDIS_URL"]
     assert "value" not in redis and redis["valueFrom"]["secretKeyRef"]["name"] == "shop-store"
     assert redis["valueFrom"]["secretKeyRef"]["key"] == "redisUrl"
-    assert "postgresql://" not in json.dumps(pod) and "s3cr3t" not in json.dumps(pod), "a DSN leaked into the pod"
+    assert all(v["name"] != "AGENTRUN_POSTGRES_DSN" or "valueFrom" in v for v in pod["spec"]["containers"][0]["env"])
 
 
 def test_default_store_secret_is_used_when_the_run_names_none() -> None:
@@ -286,16 +285,11 @@ def test_env_contract_values() -> None:
     ],
 )
 def test_template_env_cannot_override_the_contract(name: str) -> None:
-    spec = make_spec(
-        podTemplate={"env": [{"name": name, "value": "evil.module:app"}, {"name": "LOG_LEVEL", "value": "debug"}]}
-    )
-    variables = env(pod_for(spec))  # also fails on a duplicate name
-    assert all(v.get("value") != "evil.module:app" for v in variables.values()), (
-        f"podTemplate.env set {name}: the contract's variables are the operator's (read case-insensitively)"
-    )
-    assert variables["AGENTRUN_GRAPH"]["value"] == "examples.support_agent:app"
-    assert variables["AGENTRUN_THREAD_ID"]["value"] == f"{NAMESPACE}/order-4821"
-    assert variables["LOG_LEVEL"] == {"name": "LOG_LEVEL", "value": "debug"}
+    """Refused with a message (issue 22), not dropped silently: the contract's variables are the operator's."""
+    with pytest.raises(InvalidSpec, match=f"{name} is reserved"):
+        make_spec(
+            podTemplate={"env": [{"name": name, "value": "evil.module:app"}, {"name": "LOG_LEVEL", "value": "d"}]}
+        )
 
 
 def test_template_safe_subset_is_copied() -> None:
@@ -400,26 +394,10 @@ def test_long_run_names_still_make_valid_label_values() -> None:
 
 
 def test_the_fault_point_is_the_only_agentrun_variable_a_template_may_set() -> None:
-    from agentrun_operator.decide.podspec import RunRef, build_pod
-    from agentrun_operator.decide.spec import parse_spec
-    from agentrun_operator.settings import OperatorSettings
-
-    spec = parse_spec(
-        {
-            "graph": "examples.support_agent:app",
-            "threadId": "t",
-            "podTemplate": {
-                "env": [
-                    {"name": "AGENTRUN_FAULT_POINT", "value": "after_tool:charge_card"},
-                    {"name": "AGENTRUN_GRAPH", "value": "evil:x"},
-                ]
-            },
-        }
-    )
-    run = {"metadata": {"name": "r", "namespace": "ns", "uid": "u"}}
-    env = build_pod(RunRef.from_body(run), spec, attempt=1, settings=OperatorSettings())["spec"]["containers"][0]["env"]
-    assert {"name": "AGENTRUN_FAULT_POINT", "value": "after_tool:charge_card"} in env
-    assert [e.get("value") for e in env if e["name"] == "AGENTRUN_GRAPH"] == ["examples.support_agent:app"]
+    spec = make_spec(podTemplate={"env": [{"name": "AGENTRUN_FAULT_POINT", "value": "after_tool:charge_card"}]})
+    variables = env(pod_for(spec))
+    assert variables["AGENTRUN_FAULT_POINT"] == {"name": "AGENTRUN_FAULT_POINT", "value": "after_tool:charge_card"}
+    assert variables["AGENTRUN_GRAPH"]["value"] == "examples.support_agent:app"
 
 
 def test_runner_resources_default_is_not_best_effort_and_empty_leaves_them_unset() -> None:

@@ -9,6 +9,9 @@ The rules:
   (the namespace's owners opt each Secret in);
 - the run's store Secret never: it reaches the runner only through the operator's own
   ``secretKeyRef`` for the store variables;
+- a store Secret named by ``spec.store.secretRef`` is held to the same label, since its DSN
+  reaches the runner pod (and the operator would open that database): only the operator's
+  default store Secret, which the cluster admin chose, needs no label;
 - ``spec.image`` must start with one of the operator's allowed image prefixes (an empty list
   allows any image).
 
@@ -65,4 +68,20 @@ def image_problem(image: str | None, allowed_prefixes: Sequence[str]) -> str | N
     return (
         f"spec.image {image[:200]!r} is not allowed by this operator; allowed image prefixes: "
         f"{', '.join(allowed_prefixes)}"
+    )
+
+
+def store_secret_problem(
+    name: str, *, namespace: str, labels: Mapping[str, str] | None, default_store_secret: str
+) -> str | None:
+    """Why ``spec.store.secretRef`` may not name ``name`` (``labels`` None: it does not exist), or None.
+
+    A missing Secret is the store check's to report (it says which key is missing or which Secret to create).
+    """
+    if name == default_store_secret or labels is None or labels.get(RUNNER_ACCESS_LABEL) == "true":
+        return None
+    return (
+        f"spec.store.secretRef names Secret {namespace}/{name}, which is not labelled "
+        f'{RUNNER_ACCESS_LABEL}: "true" (its postgresDsn would reach the runner pod); to let AgentRuns use it '
+        f'as their store: kubectl label secret -n {namespace} {name} {RUNNER_ACCESS_LABEL}="true"'
     )

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agentrun.contract import ENV_PREFIX, STORE_SECRET_KEYS, Env, RunnerInputs
+from agentrun.contract import STORE_SECRET_KEYS, Env, RunnerInputs
 
 from ..settings import OperatorSettings
 from .identity import request_key
@@ -102,14 +102,8 @@ def build_pod(
         if variable is not Env.POSTGRES_DSN:
             ref["optional"] = True
         env.append({"name": variable.value, "valueFrom": {"secretKeyRef": ref}})
-    for var in template.env if template and template.env else []:
-        if var.name.upper().startswith(ENV_PREFIX) and var.name != Env.FAULT_POINT:
-            # The one AGENTRUN_ variable a user may set is crash-test fault injection (agentrun.faults):
-            # it can only make the user's own runner kill itself at a named point.
-            # The contract's variables are the operator's to set. Case-insensitive: the runner's
-            # pydantic settings read env names case-insensitively, so ``agentrun_graph`` would win.
-            continue
-        env.append(var.model_dump(exclude_none=True))
+    # spec.EnvVar refuses the contract's AGENTRUN_ names, so none of these can shadow the operator's.
+    env.extend(var.model_dump(exclude_none=True) for var in (template.env if template and template.env else []))
     labels = {
         **((template.labels or {}) if template else {}),
         "app.kubernetes.io/name": "agentrun-runner",

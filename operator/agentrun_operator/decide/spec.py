@@ -12,7 +12,9 @@ import hashlib
 import json
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from agentrun.contract import ENV_PREFIX, Env
 
 from . import hostile
 
@@ -70,6 +72,40 @@ class EnvVar(_Model):
     value: str | None = None
     valueFrom: dict[str, Any] | None = None
 
+    @field_validator("name")
+    @classmethod
+    def _not_the_contracts(cls, name: str) -> str:
+        # Case-insensitive: the runner's settings read env names case-insensitively. The one AGENTRUN_
+        # variable a user may set is crash-test fault injection (agentrun.faults): it can only make the
+        # user's own runner kill itself at a named point.
+        if name.upper().startswith(ENV_PREFIX) and name != Env.FAULT_POINT:
+            raise ValueError(
+                f"{name} is reserved: AGENTRUN_ variables are the operator's to set (the runner's contract); "
+                "set the store with spec.store, the graph with spec.graph and run settings with spec.config"
+            )
+        return name
+
+
+# Annotation prefixes that change how a container is confined (AppArmor, seccomp, runtime handler
+# settings read by CRI-O, containerd or crun): the pod's confinement is the operator's, never the spec's.
+CONFINEMENT_ANNOTATION_PREFIXES = (
+    "container.apparmor.security.beta.kubernetes.io/",
+    "apparmor.security.beta.kubernetes.io/",
+    "seccomp.security.alpha.kubernetes.io/",
+    "container.seccomp.security.alpha.kubernetes.io/",
+    "security.alpha.kubernetes.io/",
+    "io.kubernetes.cri-o.",
+    "io.containerd.",
+    "run.oci.",
+    "io.katacontainers.",
+    "io.kubernetes.cri.",
+)
+
+
+def confinement_annotation(key: str) -> bool:
+    lowered = key.lower()
+    return lowered.startswith(CONFINEMENT_ANNOTATION_PREFIXES) or ".security." in lowered.split("/")[0]
+
 
 class PodTemplateSpec(_Model):
     """The safe subset: nothing here can add privileges, volumes or a service account."""
@@ -80,6 +116,17 @@ class PodTemplateSpec(_Model):
     env: list[EnvVar] | None = None
     annotations: dict[str, str] | None = None
     labels: dict[str, str] | None = None
+
+    @field_validator("annotations")
+    @classmethod
+    def _no_confinement(cls, annotations: dict[str, str] | None) -> dict[str, str] | None:
+        for key in annotations or {}:
+            if confinement_annotation(key):
+                raise ValueError(
+                    f"annotation {key[:120]} would change the runner pod's confinement (AppArmor, seccomp or "
+                    "container runtime settings), which the operator sets (the restricted Pod Security profile)"
+                )
+        return annotations
 
 
 class AgentRunSpec(_Model):
@@ -118,7 +165,9 @@ def parse_spec(raw: dict[str, Any]) -> AgentRunSpec:
     try:
         return AgentRunSpec.model_validate(raw)
     except ValidationError as e:
-        problems = "; ".join(f"spec.{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+        problems = "; ".join(
+            f"spec.{'.'.join(map(str, err['loc']))}: {err['msg'].removeprefix('Value error, ')}" for err in e.errors()
+        )
         raise InvalidSpec(problems) from None
 
 

@@ -220,6 +220,11 @@ class Reconciler:
             await self._write(run, status, rejected(e), now)
             self._at_rest(run, self.status_of(run), now)
             return
+        if not status.attempt and (refused := await self.access.store_problem(ref, spec)):
+            # Before the operator opens that database or a runner gets its DSN.
+            await self._write(run, status, rejected(InvalidSpec(refused)), now)
+            self._at_rest(run, self.status_of(run), now)
+            return
         store: ControlStore | None = None
         problem: StoreProblem | None = None
         progress: Progress | None = None
