@@ -30,6 +30,9 @@ TABLES = {
     "thread_runs",
     "run_inputs",
     "turns",
+    "lg_checkpoints",  # migration 13: AgentrunSaver (agentrun.integrations.langgraph)
+    "lg_blobs",
+    "lg_writes",
 }
 
 

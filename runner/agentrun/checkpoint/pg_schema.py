@@ -496,6 +496,61 @@ MIGRATIONS: list[Migration] = [
         DROP FUNCTION IF EXISTS agentrun_notify_progress();
         """,
     ),
+    Migration(
+        "LangGraph checkpoints, channel blobs and pending writes (agentrun.integrations.langgraph), by our threads",
+        # The tables of ``AgentrunSaver``, the LangGraph BaseCheckpointSaver on this store. Rows hang off our
+        # thread rows (ON DELETE CASCADE), so deleting a thread deletes its LangGraph history with its ledger,
+        # and the fencing of ``attempts`` covers them. Values are LangGraph's serializer output, verbatim
+        # (``serde.dumps_typed``: a type tag and bytes); a channel's value is stored once per version it
+        # took (lg_blobs), not once per checkpoint. Text keys are compared with COLLATE "C" by the saver
+        # (checkpoint ids are uuid6 strings: byte order is time order).
+        """
+        CREATE TABLE lg_checkpoints (
+            thread_id {thread_id_type} NOT NULL REFERENCES threads (thread_id) ON DELETE CASCADE,
+            checkpoint_ns TEXT NOT NULL,
+            checkpoint_id TEXT NOT NULL,
+            parent_checkpoint_id TEXT,
+            -- The checkpoint without its channel values (those are in lg_blobs).
+            checkpoint_type TEXT NOT NULL,
+            checkpoint BYTEA NOT NULL,
+            metadata_type TEXT NOT NULL,
+            metadata BYTEA NOT NULL,
+            -- channel -> version as text: which blobs the checkpoint uses (prune keeps exactly those).
+            channel_versions JSON NOT NULL,
+            -- metadata["run_id"], for delete_for_runs.
+            run_id TEXT,
+            attempt INTEGER,
+            run_uid TEXT,
+            created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+            PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id)
+        );
+        CREATE INDEX lg_checkpoints_run_id ON lg_checkpoints (run_id) WHERE run_id IS NOT NULL;
+        CREATE TABLE lg_blobs (
+            thread_id {thread_id_type} NOT NULL REFERENCES threads (thread_id) ON DELETE CASCADE,
+            checkpoint_ns TEXT NOT NULL,
+            channel TEXT NOT NULL,
+            version TEXT NOT NULL,
+            blob_type TEXT NOT NULL,
+            blob BYTEA,
+            PRIMARY KEY (thread_id, checkpoint_ns, channel, version)
+        );
+        CREATE TABLE lg_writes (
+            thread_id {thread_id_type} NOT NULL REFERENCES threads (thread_id) ON DELETE CASCADE,
+            checkpoint_ns TEXT NOT NULL,
+            checkpoint_id TEXT NOT NULL,
+            task_id TEXT NOT NULL,
+            -- The write's position in its task; negative for LangGraph's special channels (WRITES_IDX_MAP).
+            idx INTEGER NOT NULL,
+            channel TEXT NOT NULL,
+            value_type TEXT NOT NULL,
+            value BYTEA,
+            task_path TEXT NOT NULL DEFAULT '',
+            attempt INTEGER,
+            run_uid TEXT,
+            PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id, task_id, idx)
+        );
+        """,
+    ),
 ]
 
 _CREATE_VERSION_TABLE = """

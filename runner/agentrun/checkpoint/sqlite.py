@@ -146,6 +146,49 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (thread_id, request_key)
     );
     """,
+    # 7: LangGraph checkpoints, channel blobs and pending writes (agentrun.integrations.langgraph), by our threads
+    """
+    CREATE TABLE IF NOT EXISTS lg_checkpoints (
+        thread_id TEXT NOT NULL REFERENCES threads(thread_id) ON DELETE CASCADE,
+        checkpoint_ns TEXT NOT NULL,
+        checkpoint_id TEXT NOT NULL,
+        parent_checkpoint_id TEXT,
+        checkpoint_type TEXT NOT NULL,
+        checkpoint BLOB NOT NULL,
+        metadata_type TEXT NOT NULL,
+        metadata BLOB NOT NULL,
+        channel_versions TEXT NOT NULL,
+        run_id TEXT,
+        attempt INTEGER,
+        run_uid TEXT,
+        created_at REAL NOT NULL,
+        PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id)
+    );
+    CREATE INDEX IF NOT EXISTS lg_checkpoints_run_id ON lg_checkpoints (run_id);
+    CREATE TABLE IF NOT EXISTS lg_blobs (
+        thread_id TEXT NOT NULL REFERENCES threads(thread_id) ON DELETE CASCADE,
+        checkpoint_ns TEXT NOT NULL,
+        channel TEXT NOT NULL,
+        version TEXT NOT NULL,
+        blob_type TEXT NOT NULL,
+        blob BLOB,
+        PRIMARY KEY (thread_id, checkpoint_ns, channel, version)
+    );
+    CREATE TABLE IF NOT EXISTS lg_writes (
+        thread_id TEXT NOT NULL REFERENCES threads(thread_id) ON DELETE CASCADE,
+        checkpoint_ns TEXT NOT NULL,
+        checkpoint_id TEXT NOT NULL,
+        task_id TEXT NOT NULL,
+        idx INTEGER NOT NULL,
+        channel TEXT NOT NULL,
+        value_type TEXT NOT NULL,
+        value BLOB,
+        task_path TEXT NOT NULL DEFAULT '',
+        attempt INTEGER,
+        run_uid TEXT,
+        PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id, task_id, idx)
+    );
+    """,
 ]
 
 # OR IGNORE: the thread row is created once; a new incarnation only after a deletion.

@@ -1,0 +1,311 @@
+"""The LangGraph tables on PostgreSQL (pg_schema migration 13), through ``PgCheckpointer``'s own plumbing.
+
+Every call runs through the store's transaction runner, so it inherits the
+store's guarantees: transient failures retried with backoff for the store's
+``retry_timeout``, then ``StoreUnavailableError`` (the runner exits 8);
+configuration errors at once as ``StoreConfigError``. Writes lock our thread
+row ``FOR SHARE`` and check the owner first (``base.check_fence``), exactly
+like a ledger record: a superseded attempt's write raises ``FencedError`` and
+nothing of it lands, and a registration of a newer attempt waits for writes
+in flight. Every write is idempotent (a retry after a lost COMMIT
+acknowledgement lands the same rows).
+
+HAZARDS
+- LangGraph checkpoints are not linearly versioned: time travel and
+  ``update_state`` fork from any checkpoint, so ``put`` does no
+  compare-and-set on the parent; fencing is what keeps a stale pod out.
+- ``list`` reads the matching checkpoint rows (without their values) and
+  filters metadata in Python, exactly as LangGraph's in-memory saver
+  compares; a thread with a very long history pays for that read.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import asyncpg
+
+from agentrun.checkpoint.postgres import PgCheckpointer, _fence_txn
+
+from .rows import BlobRow, CheckpointRow, Fence, Loaded, Query, RowStore, WriteRow
+
+if TYPE_CHECKING:
+    from agentrun.checkpoint.pg_schema import Connection
+
+# Blobs in one statement (unnest), before the checkpoint that names them. DO NOTHING: a (channel,
+# version) is written once; LangGraph never gives one version two values.
+_PUT_BLOBS = """
+    INSERT INTO lg_blobs (thread_id, checkpoint_ns, channel, version, blob_type, blob)
+    SELECT $1, $2, b.channel, b.version, b.blob_type, b.blob
+    FROM unnest($3::text[], $4::text[], $5::text[], $6::bytea[]) AS b (channel, version, blob_type, blob)
+    ON CONFLICT (thread_id, checkpoint_ns, channel, version) DO NOTHING
+"""
+# DO UPDATE: a put of an id that exists is the same checkpoint again (a retried write), or LangGraph
+# rewriting it; the last write wins, as in LangGraph's own PostgreSQL saver.
+_PUT_CHECKPOINT = """
+    INSERT INTO lg_checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint_type,
+                                checkpoint, metadata_type, metadata, channel_versions, run_id, attempt, run_uid)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::json, $10, $11, $12)
+    ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id) DO UPDATE SET
+        parent_checkpoint_id = EXCLUDED.parent_checkpoint_id, checkpoint_type = EXCLUDED.checkpoint_type,
+        checkpoint = EXCLUDED.checkpoint, metadata_type = EXCLUDED.metadata_type, metadata = EXCLUDED.metadata,
+        channel_versions = EXCLUDED.channel_versions, run_id = EXCLUDED.run_id, attempt = EXCLUDED.attempt,
+        run_uid = EXCLUDED.run_uid
+"""
+# A regular write (idx >= 0) is kept if present: the first result of a task stays (LangGraph's rule);
+# a special write (error, interrupt, resume, scheduled: idx < 0) is replaced by the latest.
+_PUT_WRITES = """
+    INSERT INTO lg_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, idx, channel, value_type, value,
+                           task_path, attempt, run_uid)
+    SELECT $1, $2, $3, w.task_id, w.idx, w.channel, w.value_type, w.value, w.task_path, $9, $10
+    FROM unnest($4::text[], $5::int[], $6::text[], $7::text[], $8::bytea[], $11::text[])
+        AS w (task_id, idx, channel, value_type, value, task_path)
+    ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE SET
+        channel = EXCLUDED.channel, value_type = EXCLUDED.value_type, value = EXCLUDED.value,
+        task_path = EXCLUDED.task_path, attempt = EXCLUDED.attempt, run_uid = EXCLUDED.run_uid
+    WHERE lg_writes.idx < 0
+"""
+_COLUMNS = """
+    thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint_type, checkpoint, metadata_type,
+    metadata, channel_versions, run_id
+"""
+# COLLATE "C": checkpoint ids are uuid6 strings, whose byte order is their time order.
+_GET_ONE = f"""
+    SELECT {_COLUMNS} FROM lg_checkpoints WHERE thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = $3
+"""
+_GET_LATEST = f"""
+    SELECT {_COLUMNS} FROM lg_checkpoints WHERE thread_id = $1 AND checkpoint_ns = $2
+    ORDER BY checkpoint_id COLLATE "C" DESC LIMIT 1
+"""
+_LIST = f"""
+    SELECT {_COLUMNS} FROM lg_checkpoints
+    WHERE ($1::text IS NULL OR thread_id = $1) AND ($2::text IS NULL OR checkpoint_ns = $2)
+      AND ($3::text IS NULL OR checkpoint_id = $3) AND ($4::text IS NULL OR checkpoint_id COLLATE "C" < $4)
+    ORDER BY thread_id, checkpoint_ns, checkpoint_id COLLATE "C" DESC
+"""
+_WRITES = """
+    SELECT thread_id, checkpoint_ns, checkpoint_id, task_id, idx, channel, value_type, value, task_path
+    FROM lg_writes w
+    JOIN unnest($1::text[], $2::text[], $3::text[]) AS c (thread_id, checkpoint_ns, checkpoint_id)
+        USING (thread_id, checkpoint_ns, checkpoint_id)
+"""
+_BLOBS = """
+    SELECT thread_id, checkpoint_ns, channel, version, blob_type, blob
+    FROM lg_blobs
+    JOIN unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS k (thread_id, checkpoint_ns, channel, version)
+        USING (thread_id, checkpoint_ns, channel, version)
+"""
+# Our thread row goes, and with it (ON DELETE CASCADE) its checkpoints, writes and blobs, ledger and owner.
+_DELETE_THREAD = "DELETE FROM threads WHERE thread_id = $1"
+_DELETE_RUN_WRITES = """
+    DELETE FROM lg_writes w USING lg_checkpoints c
+    WHERE c.run_id = ANY($1::text[]) AND w.thread_id = c.thread_id AND w.checkpoint_ns = c.checkpoint_ns
+      AND w.checkpoint_id = c.checkpoint_id
+"""
+_DELETE_RUN_CHECKPOINTS = "DELETE FROM lg_checkpoints WHERE run_id = ANY($1::text[]) RETURNING thread_id"
+_COPY_CHECKPOINTS = """
+    INSERT INTO lg_checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint_type,
+                                checkpoint, metadata_type, metadata, channel_versions, run_id, attempt, run_uid)
+    SELECT $2, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint_type, checkpoint, metadata_type,
+           metadata, channel_versions, run_id, $3, $4
+    FROM lg_checkpoints WHERE thread_id = $1
+    ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id) DO NOTHING
+"""
+_COPY_BLOBS = """
+    INSERT INTO lg_blobs (thread_id, checkpoint_ns, channel, version, blob_type, blob)
+    SELECT $2, checkpoint_ns, channel, version, blob_type, blob FROM lg_blobs WHERE thread_id = $1
+    ON CONFLICT (thread_id, checkpoint_ns, channel, version) DO NOTHING
+"""
+_COPY_WRITES = """
+    INSERT INTO lg_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, idx, channel, value_type, value,
+                           task_path, attempt, run_uid)
+    SELECT $2, checkpoint_ns, checkpoint_id, task_id, idx, channel, value_type, value, task_path, $3, $4
+    FROM lg_writes WHERE thread_id = $1
+    ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO NOTHING
+"""
+_SOURCE_EXISTS = "SELECT EXISTS (SELECT 1 FROM lg_checkpoints WHERE thread_id = $1)"
+# keep_latest: every checkpoint but the newest of each namespace, then the writes of those gone.
+_PRUNE_CHECKPOINTS = """
+    DELETE FROM lg_checkpoints c WHERE c.thread_id = $1 AND ($2 = false OR c.checkpoint_id COLLATE "C" < (
+        SELECT max(l.checkpoint_id COLLATE "C") FROM lg_checkpoints l
+        WHERE l.thread_id = c.thread_id AND l.checkpoint_ns = c.checkpoint_ns))
+"""
+_PRUNE_WRITES = """
+    DELETE FROM lg_writes w WHERE w.thread_id = $1 AND NOT EXISTS (
+        SELECT 1 FROM lg_checkpoints c WHERE c.thread_id = w.thread_id AND c.checkpoint_ns = w.checkpoint_ns
+          AND c.checkpoint_id = w.checkpoint_id)
+"""
+# A blob no remaining checkpoint names is unreachable (LangGraph reads blobs only by a checkpoint's versions).
+_PRUNE_BLOBS = """
+    DELETE FROM lg_blobs b WHERE b.thread_id = $1 AND NOT EXISTS (
+        SELECT 1 FROM lg_checkpoints c CROSS JOIN LATERAL json_each_text(c.channel_versions) v
+        WHERE c.thread_id = b.thread_id AND c.checkpoint_ns = b.checkpoint_ns AND v.key = b.channel
+          AND v.value = b.version)
+"""
+
+
+def _row(record: asyncpg.Record) -> CheckpointRow:
+    return CheckpointRow(
+        thread_id=record["thread_id"],
+        checkpoint_ns=record["checkpoint_ns"],
+        checkpoint_id=record["checkpoint_id"],
+        parent_checkpoint_id=record["parent_checkpoint_id"],
+        type=record["checkpoint_type"],
+        checkpoint=bytes(record["checkpoint"]),
+        metadata_type=record["metadata_type"],
+        metadata=bytes(record["metadata"]),
+        channel_versions=dict(json.loads(record["channel_versions"])),
+        run_id=record["run_id"],
+    )
+
+
+async def _load_txn(conn: Connection, rows: Sequence[CheckpointRow]) -> list[Loaded]:
+    """Each row's writes and blobs, two queries for all of them."""
+    loaded = [Loaded(row) for row in rows]
+    if not rows:
+        return loaded
+    by_key = {(r.thread_id, r.checkpoint_ns, r.checkpoint_id): one for r, one in zip(rows, loaded, strict=True)}
+    for w in await conn.fetch(
+        _WRITES, [r.thread_id for r in rows], [r.checkpoint_ns for r in rows], [r.checkpoint_id for r in rows]
+    ):
+        value = None if w["value"] is None else bytes(w["value"])
+        write = WriteRow(w["task_id"], w["idx"], w["channel"], w["value_type"], value, w["task_path"])
+        by_key[(w["thread_id"], w["checkpoint_ns"], w["checkpoint_id"])].writes.append(write)
+    wanted = [(r.thread_id, r.checkpoint_ns, ch, v) for r in rows for ch, v in r.channel_versions.items()]
+    if wanted:
+        blobs: dict[tuple[str, str], dict[tuple[str, str], BlobRow]] = defaultdict(dict)
+        columns = [list(c) for c in zip(*wanted, strict=True)]
+        for b in await conn.fetch(_BLOBS, *columns):
+            blob = None if b["blob"] is None else bytes(b["blob"])
+            row = BlobRow(b["channel"], b["version"], b["blob_type"], blob)
+            blobs[(b["thread_id"], b["checkpoint_ns"])][(row.channel, row.version)] = row
+        for one in loaded:
+            one.blobs = blobs.get((one.row.thread_id, one.row.checkpoint_ns), {})
+    return loaded
+
+
+class PgRows(RowStore):
+    """The LangGraph tables of ``store`` (its pool, schema, retries and fencing)."""
+
+    def __init__(self, store: PgCheckpointer) -> None:
+        self.store = store
+
+    async def put(self, row: CheckpointRow, blobs: list[BlobRow], *, fence: Fence) -> None:
+        async def txn(conn: Connection) -> None:
+            await _fence_txn(conn, row.thread_id, fence.attempt, fence.run_uid)
+            if blobs:
+                await conn.execute(
+                    _PUT_BLOBS,
+                    row.thread_id,
+                    row.checkpoint_ns,
+                    [b.channel for b in blobs],
+                    [b.version for b in blobs],
+                    [b.type for b in blobs],
+                    [b.blob for b in blobs],
+                )
+            await conn.execute(
+                _PUT_CHECKPOINT,
+                row.thread_id,
+                row.checkpoint_ns,
+                row.checkpoint_id,
+                row.parent_checkpoint_id,
+                row.type,
+                row.checkpoint,
+                row.metadata_type,
+                row.metadata,
+                json.dumps(row.channel_versions),
+                row.run_id,
+                fence.attempt,
+                fence.run_uid,
+            )
+
+        await self.store._write("langgraph checkpoint", txn)
+
+    async def put_writes(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str, writes: list[WriteRow], *, fence: Fence
+    ) -> None:
+        async def txn(conn: Connection) -> None:
+            await _fence_txn(conn, thread_id, fence.attempt, fence.run_uid)
+            await conn.execute(
+                _PUT_WRITES,
+                thread_id,
+                checkpoint_ns,
+                checkpoint_id,
+                [w.task_id for w in writes],
+                [w.idx for w in writes],
+                [w.channel for w in writes],
+                [w.type for w in writes],
+                [w.value for w in writes],
+                fence.attempt,
+                fence.run_uid,
+                [w.task_path for w in writes],
+            )
+
+        if writes:
+            await self.store._write("langgraph writes", txn)
+
+    async def get(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None) -> Loaded | None:
+        async def query(conn: Connection) -> Loaded | None:
+            if checkpoint_id is None:
+                record = await conn.fetchrow(_GET_LATEST, thread_id, checkpoint_ns)
+            else:
+                record = await conn.fetchrow(_GET_ONE, thread_id, checkpoint_ns, checkpoint_id)
+            if record is None:
+                return None
+            return (await _load_txn(conn, [_row(record)]))[0]
+
+        return await self.store._read("langgraph get", query, snapshot=True)
+
+    async def select(self, query: Query) -> list[CheckpointRow]:
+        async def run(conn: Connection) -> list[CheckpointRow]:
+            records = await conn.fetch(_LIST, query.thread_id, query.checkpoint_ns, query.checkpoint_id, query.before)
+            return [_row(r) for r in records]
+
+        return await self.store._read("langgraph list", run)
+
+    async def load(self, rows: list[CheckpointRow]) -> list[Loaded]:
+        return await self.store._read("langgraph load", lambda conn: _load_txn(conn, rows), snapshot=True)
+
+    async def delete_thread(self, thread_id: str) -> None:
+        async def txn(conn: Connection) -> None:
+            await conn.execute(_DELETE_THREAD, thread_id)
+
+        await self.store._write("langgraph delete_thread", txn)
+
+    async def delete_for_runs(self, run_ids: list[str]) -> None:
+        async def txn(conn: Connection) -> None:
+            await conn.execute(_DELETE_RUN_WRITES, run_ids)
+            threads = {r["thread_id"] for r in await conn.fetch(_DELETE_RUN_CHECKPOINTS, run_ids)}
+            for thread_id in sorted(threads):
+                await conn.execute(_PRUNE_BLOBS, thread_id)
+
+        if run_ids:
+            await self.store._write("langgraph delete_for_runs", txn)
+
+    async def copy_thread(self, source: str, target: str, *, fence: Fence) -> None:
+        async def txn(conn: Connection) -> None:
+            if not await conn.fetchval(_SOURCE_EXISTS, source):
+                return
+            await _fence_txn(conn, target, fence.attempt, fence.run_uid)
+            args: list[Any] = [source, target]
+            await conn.execute(_COPY_BLOBS, *args)
+            await conn.execute(_COPY_CHECKPOINTS, *args, fence.attempt, fence.run_uid)
+            await conn.execute(_COPY_WRITES, *args, fence.attempt, fence.run_uid)
+
+        await self.store._write("langgraph copy_thread", txn)
+
+    async def prune(self, thread_ids: list[str], *, keep_latest: bool, fence: Fence) -> None:
+        async def txn(conn: Connection) -> None:
+            for thread_id in sorted(set(thread_ids)):
+                if not await conn.fetchval(_SOURCE_EXISTS, thread_id):
+                    continue  # nothing to prune (and no thread row to create for the fence)
+                await _fence_txn(conn, thread_id, fence.attempt, fence.run_uid)
+                await conn.execute(_PRUNE_CHECKPOINTS, thread_id, keep_latest)
+                await conn.execute(_PRUNE_WRITES, thread_id)
+                await conn.execute(_PRUNE_BLOBS, thread_id)
+
+        if thread_ids:
+            await self.store._write("langgraph prune", txn)

@@ -1,0 +1,123 @@
+"""What the LangGraph saver stores, as rows: one protocol, one implementation per store (PostgreSQL, SQLite).
+
+The saver (``saver.py``) turns LangGraph's checkpoints into these rows and
+back; a row store only moves bytes, under our store's transactions, retries
+and fencing. Values are LangGraph's serializer output (``dumps_typed``: a
+type tag and bytes), never decoded here.
+
+A checkpoint's channel values are not in its row: each channel's value is a
+blob keyed by ``(channel, version)``, written once when the version is new
+(LangGraph's ``new_versions``), so an unchanged channel costs nothing per step.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Protocol
+
+# A blob whose channel had a new version but no value (LangGraph's "empty" marker): skipped on read.
+EMPTY = "empty"
+
+
+@dataclass(frozen=True)
+class Fence:
+    """The writer: a write of an attempt older than the thread's owner, or of another run, is refused."""
+
+    attempt: int | None = None
+    run_uid: str | None = None
+
+
+@dataclass(frozen=True)
+class BlobRow:
+    channel: str
+    version: str
+    type: str
+    blob: bytes | None
+
+
+@dataclass(frozen=True)
+class WriteRow:
+    task_id: str
+    idx: int
+    channel: str
+    type: str
+    value: bytes | None
+    task_path: str = ""
+
+
+@dataclass(frozen=True)
+class CheckpointRow:
+    thread_id: str
+    checkpoint_ns: str
+    checkpoint_id: str
+    parent_checkpoint_id: str | None
+    type: str
+    checkpoint: bytes
+    metadata_type: str
+    metadata: bytes
+    # channel -> version (as text) of the checkpoint: the blobs it uses.
+    channel_versions: dict[str, str]
+    run_id: str | None = None
+
+
+@dataclass
+class Loaded:
+    """A checkpoint row with its pending writes and the blobs of the versions it names."""
+
+    row: CheckpointRow
+    writes: list[WriteRow] = field(default_factory=list)
+    blobs: dict[tuple[str, str], BlobRow] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Query:
+    """Which checkpoints ``list`` returns, newest first per thread and namespace (``None``: any)."""
+
+    thread_id: str | None = None
+    checkpoint_ns: str | None = None
+    checkpoint_id: str | None = None
+    # Only checkpoints older than this id (uuid6 ids sort in time order).
+    before: str | None = None
+
+
+class RowStore(Protocol):
+    """The LangGraph tables of one of our stores. Every write is fenced and runs in one transaction."""
+
+    @abc.abstractmethod
+    async def put(self, row: CheckpointRow, blobs: list[BlobRow], *, fence: Fence) -> None:
+        """Insert (or overwrite, same id) a checkpoint and insert its new blobs (kept if present)."""
+
+    @abc.abstractmethod
+    async def put_writes(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str, writes: list[WriteRow], *, fence: Fence
+    ) -> None:
+        """Insert pending writes: a regular write (idx >= 0) is kept if present, a special one replaced."""
+
+    @abc.abstractmethod
+    async def get(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None) -> Loaded | None:
+        """The checkpoint with this id (the newest of the namespace if ``None``), its writes and blobs, in one read."""
+
+    @abc.abstractmethod
+    async def select(self, query: Query) -> list[CheckpointRow]:
+        """The checkpoints matching ``query``, newest first within each thread and namespace."""
+
+    @abc.abstractmethod
+    async def load(self, rows: list[CheckpointRow]) -> list[Loaded]:
+        """Each row with its pending writes and the blobs of its channel versions."""
+
+    @abc.abstractmethod
+    async def delete_thread(self, thread_id: str) -> None:
+        """Delete the thread: its LangGraph tables and, with them, all our store keeps for it."""
+
+    @abc.abstractmethod
+    async def delete_for_runs(self, run_ids: list[str]) -> None:
+        """Delete the checkpoints whose metadata ``run_id`` is one of ``run_ids``, and their writes."""
+
+    @abc.abstractmethod
+    async def copy_thread(self, source: str, target: str, *, fence: Fence) -> None:
+        """Copy every checkpoint, write and blob of ``source`` to ``target`` (kept where ``target`` has it)."""
+
+    @abc.abstractmethod
+    async def prune(self, thread_ids: list[str], *, keep_latest: bool, fence: Fence) -> None:
+        """Delete each thread's checkpoints (all, or all but the newest per namespace) and what only they used."""

@@ -1,0 +1,328 @@
+"""``AgentrunSaver``: a LangGraph ``BaseCheckpointSaver`` kept in agentrun's own store (PostgreSQL or SQLite).
+
+What it promises (and LangGraph's conformance suite checks, every base
+capability and the extended ones, ``tests/.../test_langgraph_conformance.py``):
+
+- checkpoints, their channel values and pending writes live in our store,
+  under our thread rows (tables ``lg_checkpoints``, ``lg_blobs``,
+  ``lg_writes``, created by the store's own migrations); a channel value is
+  written once per version, not once per step;
+- every write is fenced like our own: a saver built with the runner's
+  ``attempt`` and ``run_uid`` raises ``FencedError`` (and writes nothing)
+  once a newer attempt registered on the thread;
+- outages are ridden out by the store's own retries; past its
+  ``retry_timeout`` calls raise ``StoreUnavailableError`` (the runner exits 8);
+- ``delete_thread`` deletes the thread from our store: its LangGraph
+  history, our ledger and its ownership go together;
+- sync methods are thin wrappers that run the async ones on agentrun's one
+  blocking-API loop (``agentrun.blocking``).
+
+HAZARDS
+- A store used through the sync methods belongs to that loop: do not also use
+  the same PostgreSQL store object from another event loop (asyncpg pools are
+  bound to one loop). SQLite has no such limit.
+- Checkpoints are not compare-and-set on their parent: LangGraph forks on
+  purpose (``update_state``, time travel). Two live writers of one thread are
+  kept apart by fencing only, i.e. only when each registered its attempt.
+- ``list`` filters metadata in Python over the thread's checkpoint rows (as
+  LangGraph's in-memory saver compares): fine for a thread's history, not a
+  query engine across many threads.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
+from typing import Any, cast
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    get_checkpoint_id,
+    get_checkpoint_metadata,
+    writes_sort_key,
+)
+from langgraph.checkpoint.serde.base import SerializerProtocol
+
+from agentrun import blocking
+from agentrun.checkpoint.base import Checkpointer
+
+from .rows import EMPTY, BlobRow, CheckpointRow, Fence, Loaded, Query, RowStore, WriteRow
+
+
+def row_store(store: Checkpointer) -> RowStore:
+    """The LangGraph tables of ``store``; raises ``TypeError`` for a store without them (memory)."""
+    inner = getattr(store, "inner", store)  # CachedStore: the hot cache covers our own state rows only
+    from agentrun.checkpoint.sqlite import SqliteCheckpointer
+
+    if isinstance(inner, SqliteCheckpointer):
+        from .sqlite_rows import SqliteRows
+
+        return SqliteRows(inner)
+    try:
+        from agentrun.checkpoint.postgres import PgCheckpointer
+    except ImportError:  # asyncpg missing: then it cannot be a PostgreSQL store either
+        PgCheckpointer = None  # type: ignore[assignment,misc]
+    if PgCheckpointer is not None and isinstance(inner, PgCheckpointer):
+        from .pg_rows import PgRows
+
+        return PgRows(inner)
+    raise TypeError(
+        f"AgentrunSaver needs agentrun's PostgreSQL or SQLite store, not {type(inner).__name__}; "
+        "for tests without a store use LangGraph's InMemorySaver"
+    )
+
+
+def _config(thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> RunnableConfig:
+    return {"configurable": {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint_id}}
+
+
+class AgentrunSaver(BaseCheckpointSaver[str]):
+    """``AgentrunSaver(store)``: LangGraph checkpoints in ``store`` (``agentrun.checkpoint.from_url(...)``).
+
+    ``attempt`` and ``run_uid``: the writer's identity for fencing (the
+    runner passes its own); without them writes are not fenced. Call
+    ``await saver.setup()`` (or ``store.setup()``) once before use.
+    """
+
+    def __init__(
+        self,
+        store: Checkpointer,
+        *,
+        attempt: int | None = None,
+        run_uid: str | None = None,
+        serde: SerializerProtocol | None = None,
+    ) -> None:
+        super().__init__(serde=serde)
+        self.store = store
+        self.rows = row_store(store)
+        self.fence = Fence(attempt=attempt, run_uid=run_uid)
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs: Any) -> AgentrunSaver:
+        """A saver on a new store for ``url`` (``sqlite:///path.db`` or ``postgresql://...``)."""
+        from agentrun.checkpoint import from_url
+
+        return cls(from_url(url), **kwargs)
+
+    async def setup(self) -> None:
+        """Create or migrate the store's schema (the LangGraph tables are one of its migrations)."""
+        await self.store.setup()
+
+    async def aclose(self) -> None:
+        await self.store.aclose()
+
+    async def __aenter__(self) -> AgentrunSaver:
+        await self.setup()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    # -- rows <-> LangGraph ------------------------------------------------------------------
+
+    def _tuple(self, loaded: Loaded, metadata: CheckpointMetadata | None = None) -> CheckpointTuple:
+        row = loaded.row
+        checkpoint: Checkpoint = self.serde.loads_typed((row.type, row.checkpoint))
+        values: dict[str, Any] = {}
+        for channel, version in row.channel_versions.items():
+            blob = loaded.blobs.get((channel, version))
+            if blob is not None and blob.type != EMPTY:
+                values[channel] = self.serde.loads_typed((blob.type, blob.blob or b""))
+        writes = sorted(loaded.writes, key=lambda w: writes_sort_key(w.task_path, w.task_id, w.idx))
+        parent = row.parent_checkpoint_id
+        return CheckpointTuple(
+            config=_config(row.thread_id, row.checkpoint_ns, row.checkpoint_id),
+            checkpoint={**checkpoint, "channel_values": values},
+            metadata=metadata if metadata is not None else self._metadata(row),
+            parent_config=_config(row.thread_id, row.checkpoint_ns, parent) if parent else None,
+            pending_writes=[(w.task_id, w.channel, self.serde.loads_typed((w.type, w.value or b""))) for w in writes],
+        )
+
+    def _metadata(self, row: CheckpointRow) -> CheckpointMetadata:
+        metadata: CheckpointMetadata = self.serde.loads_typed((row.metadata_type, row.metadata))
+        return metadata
+
+    # -- async API ------------------------------------------------------------------------------
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """The checkpoint ``config`` names (its ``checkpoint_id``, else the newest of its namespace), or ``None``."""
+        configurable = config["configurable"]
+        loaded = await self.rows.get(
+            str(configurable["thread_id"]), configurable.get("checkpoint_ns", ""), get_checkpoint_id(config)
+        )
+        return None if loaded is None else self._tuple(loaded)
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        """Checkpoints newest first (per thread and namespace), filtered by metadata equality, at most ``limit``."""
+        configurable = config["configurable"] if config else {}
+        thread_id = configurable.get("thread_id")
+        query = Query(
+            thread_id=None if thread_id is None else str(thread_id),
+            checkpoint_ns=configurable.get("checkpoint_ns"),
+            checkpoint_id=get_checkpoint_id(config) if config else None,
+            before=get_checkpoint_id(before) if before else None,
+        )
+        chosen: list[tuple[CheckpointRow, CheckpointMetadata]] = []
+        for row in await self.rows.select(query):
+            if limit is not None and len(chosen) >= limit:
+                break
+            metadata = self._metadata(row)
+            if filter and not all(metadata.get(k) == v for k, v in filter.items()):
+                continue
+            chosen.append((row, metadata))
+        if not chosen:
+            return
+        for loaded, (_, metadata) in zip(await self.rows.load([r for r, _ in chosen]), chosen, strict=True):
+            yield self._tuple(loaded, metadata)
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """Store ``checkpoint`` and the values of its ``new_versions``; returns the config naming it.
+
+        Raises ``FencedError`` when this saver's attempt was superseded, ``StoreUnavailableError``
+        when the store stayed unreachable past its retry bound.
+        """
+        configurable = config["configurable"]
+        thread_id = str(configurable["thread_id"])
+        checkpoint_ns: str = configurable.get("checkpoint_ns", "")
+        body = checkpoint.copy()
+        values: dict[str, Any] = body.pop("channel_values")  # type: ignore[misc]
+        blobs = []
+        for channel, version in new_versions.items():
+            kind, data = self.serde.dumps_typed(values[channel]) if channel in values else (EMPTY, b"")
+            blobs.append(BlobRow(channel, str(version), kind, data))
+        kind, data = self.serde.dumps_typed(body)
+        full_metadata = get_checkpoint_metadata(config, metadata)
+        meta_kind, meta_data = self.serde.dumps_typed(full_metadata)
+        run_id = full_metadata.get("run_id")
+        row = CheckpointRow(
+            thread_id=thread_id,
+            checkpoint_ns=checkpoint_ns,
+            checkpoint_id=checkpoint["id"],
+            parent_checkpoint_id=configurable.get("checkpoint_id"),
+            type=kind,
+            checkpoint=data,
+            metadata_type=meta_kind,
+            metadata=meta_data,
+            channel_versions={k: str(v) for k, v in checkpoint["channel_versions"].items()},
+            run_id=None if run_id is None else str(run_id),
+        )
+        await self.rows.put(row, blobs, fence=self.fence)
+        return _config(thread_id, checkpoint_ns, checkpoint["id"])
+
+    async def aput_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        """Store a task's pending writes for the checkpoint ``config`` names (fenced, like ``aput``)."""
+        configurable = config["configurable"]
+        rows = []
+        for idx, (channel, value) in enumerate(writes):
+            kind, data = self.serde.dumps_typed(value)
+            rows.append(WriteRow(task_id, WRITES_IDX_MAP.get(channel, idx), channel, kind, data, task_path))
+        await self.rows.put_writes(
+            str(configurable["thread_id"]),
+            configurable.get("checkpoint_ns", ""),
+            str(configurable["checkpoint_id"]),
+            rows,
+            fence=self.fence,
+        )
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        """Delete the thread from our store: its checkpoints and writes, and our ledger and owner with them."""
+        await self.rows.delete_thread(str(thread_id))
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Delete the checkpoints (and their writes) whose metadata ``run_id`` is one of ``run_ids``."""
+        await self.rows.delete_for_runs([str(r) for r in run_ids])
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy every checkpoint, write and value of one thread to another (the complete parent chain)."""
+        await self.rows.copy_thread(str(source_thread_id), str(target_thread_id), fence=self.fence)
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """``keep_latest``: keep the newest checkpoint per namespace (and its writes and values); ``delete``: all."""
+        if strategy not in ("keep_latest", "delete"):
+            raise ValueError(f"prune strategy must be 'keep_latest' or 'delete', not {strategy!r}")
+        await self.rows.prune([str(t) for t in thread_ids], keep_latest=strategy == "keep_latest", fence=self.fence)
+
+    def get_next_version(self, current: str | None, channel: None) -> str:
+        """Zero-padded counter and a random tail (LangGraph's own format): sorts as text, unique per write."""
+        if current is None:
+            number = 0
+        elif isinstance(current, int):
+            number = current
+        else:
+            number = int(str(current).split(".")[0])
+        return f"{number + 1:032}.{random.random():016}"
+
+    # -- sync API: the async one on agentrun's blocking loop --------------------------------------
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return blocking.run(lambda: self.aget_tuple(config), caller="get_tuple")
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        return blocking.iterate(
+            lambda: cast(
+                AsyncGenerator[CheckpointTuple, None], self.alist(config, filter=filter, before=before, limit=limit)
+            ),
+            caller="list",
+        )
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        return blocking.run(lambda: self.aput(config, checkpoint, metadata, new_versions), caller="put")
+
+    def put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        blocking.run(lambda: self.aput_writes(config, writes, task_id, task_path), caller="put_writes")
+
+    def delete_thread(self, thread_id: str) -> None:
+        blocking.run(lambda: self.adelete_thread(thread_id), caller="delete_thread")
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        blocking.run(lambda: self.adelete_for_runs(run_ids), caller="delete_for_runs")
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        blocking.run(lambda: self.acopy_thread(source_thread_id, target_thread_id), caller="copy_thread")
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        blocking.run(lambda: self.aprune(thread_ids, strategy=strategy), caller="prune")
