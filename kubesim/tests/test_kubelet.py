@@ -420,3 +420,30 @@ def test_known_images_match_by_normalized_reference() -> None:
     node = Kubelet("http://127.0.0.1:1", workdir=Path("/nonexistent"), known_images=["python:3.11", "ghcr.io/x/*"])
     assert node._known("docker.io/library/python:3.11") and node._known("python:3.11")
     assert node._known("ghcr.io/x/runner:2") and not node._known("python:3.12") and not node._known("x:1")
+
+
+# A pod that holds on until its go-file exists, then exits with 3.
+HOLD = "import os, time\nprint('ready', flush=True)\nwhile not os.path.exists({go!r}): time.sleep(0.1)\nraise SystemExit(3)"
+
+
+def test_every_pod_exit_is_seen_with_fifty_pods_alive(
+    cluster: EmulatedCluster, kubelet: KubeletThread, tmp_path: Path
+) -> None:
+    """Issue 22 item 8: each pod's process has a watcher of its own. With waits on a shared pool (6
+    threads here, 32 at most), the 40 pods that hold on would take every thread and the exits of
+    the last 10 would go unseen."""
+    names = [f"many-{i}" for i in range(50)]
+    for i, name in enumerate(names):
+        create_pod(cluster, python_pod(name, HOLD.format(go=str(tmp_path / f"go-{i}"))))
+    for name in names:
+        wait_ready(kubelet, cluster, name)
+    for i in range(40, 50):
+        (tmp_path / f"go-{i}").touch()
+    for name in names[40:]:
+        state = terminated(wait_pod(cluster, name, "Failed", timeout=10))
+        assert state is not None and state["exitCode"] == 3, f"{name}'s exit was not reported: {state}"
+    assert all(cluster.get("pods", n)["status"]["phase"] == "Running" for n in names[:40])  # type: ignore[index]
+    for i in range(40):
+        (tmp_path / f"go-{i}").touch()
+    for name in names[:40]:
+        wait_pod(cluster, name, "Failed", timeout=10)

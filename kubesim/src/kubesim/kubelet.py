@@ -1,7 +1,17 @@
-"""A local kubelet stand-in: runs the emulated cluster's pods as local processes.
+"""A local kubelet stand-in: runs a cluster's pods as local processes.
 
 It is a client of the Kubernetes API like a real kubelet (plus the scheduler's
-one job here: binding pending pods to its node). It watches pods, and for each
+one job here: binding pending pods to its node), and works against kubesim's
+emulator and the real kube-apiserver (``kubesim.real``) alike. On the real
+server it is its node's identity (``system:node:<node>`` in ``system:nodes``,
+which the Node authorizer and NodeRestriction admission accept): it registers
+its Node, renews its Lease in ``kube-node-lease`` every 10 s (so the node
+lifecycle controller keeps the node Ready), watches only the pods bound to it
+(``fieldSelector=spec.nodeName=<node>``, all a node may list) and writes their
+status through ``pods/status``. A node may not bind pods, so binding runs as
+``binder`` (the admin on the real server; the scheduler's job, which is not run
+there: one process fewer to start, and the same binding on both servers), on
+a second watch of unbound pods (``spec.nodeName=``). It watches pods, and for each
 pod bound to its node:
 
 - resolves the first container's environment like a kubelet: ``value``,
@@ -34,7 +44,13 @@ pod bound to its node:
 
 ``kubectl logs [-f]`` works: the kubelet serves ``/containerLogs/...`` on a
 local port published in its Node's ``daemonEndpoints``, and the API server
-proxies ``pods/NAME/log`` there, as in a real cluster.
+proxies ``pods/NAME/log`` there, as in a real cluster (over TLS with
+``serving_tls``: kube-apiserver checks the kubelet's certificate with
+``--kubelet-certificate-authority`` and presents its client certificate).
+
+Each pod's process is awaited by a watcher of its own (a pidfd on the event
+loop, or a thread of its own where pidfds are missing), never by a shared pool:
+any number of pods' exits are seen as they happen.
 
 Limits (hazards for tests): only ``restartPolicy: Never`` semantics (containers
 are never restarted; the operator creates a new pod per attempt); init
@@ -50,7 +66,9 @@ EvictionByEvictionAPI, SIGTERM, grace period, removal; or with
 phase Failed, the pod kept), ``lose_node`` (the process is SIGKILLed and the
 kubelet stops reporting: phase Unknown, reason NodeLost; like a real lost
 node, the pod is only removed by a force delete), ``pause`` / ``resume``
-(SIGSTOP / SIGCONT).
+(SIGSTOP / SIGCONT). On the real server the Eviction API runs as ``binder``
+(an admin draining the node), a node-pressure eviction, ``lose_node`` and the
+final status as the node.
 """
 
 from __future__ import annotations
@@ -66,16 +84,19 @@ import os
 import re
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import threading
-from collections.abc import Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
 import aiohttp.web
+
+from kubesim.access import ApiAccess
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -87,6 +108,8 @@ STRATEGIC = "application/strategic-merge-patch+json"
 # ``kubesim_known_images`` fixture.
 KNOWN_IMAGES = ("python:3.11",)
 PULL_BACKOFF = (1.0, 10.0)  # seconds: first back-off and cap (the kubelet's are 10 s and 300 s)
+LEASE_SECONDS = 40  # the kubelet's node lease duration; it renews every quarter of it
+NODE_LEASE_NAMESPACE = "kube-node-lease"
 RUNC_START_ERROR = (
     "failed to create containerd task: failed to create shim task: OCI runtime create failed: "
     "runc create failed: unable to start container process: {detail}: unknown"
@@ -184,7 +207,7 @@ class Kubelet:
 
     def __init__(
         self,
-        api_url: str,
+        api: str | ApiAccess,
         *,
         workdir: Path,
         node_name: str = NODE_NAME,
@@ -192,8 +215,18 @@ class Kubelet:
         node_labels: dict[str, str] | None = None,
         known_images: Iterable[str] = KNOWN_IMAGES,
         pull_backoff: tuple[float, float] = PULL_BACKOFF,
+        binder: ApiAccess | None = None,
+        serving_tls: ssl.SSLContext | None = None,
+        lease_interval: float = LEASE_SECONDS / 4,
     ) -> None:
-        self.api_url = api_url.rstrip("/")
+        """``api``: the server (a URL for kubesim, or an ``ApiAccess`` with the node's identity);
+        ``binder``: who binds pods and calls the Eviction API (default: ``api``'s identity);
+        ``serving_tls``: the log endpoint's server TLS (plain HTTP without it)."""
+        self.access = api if isinstance(api, ApiAccess) else ApiAccess(api)
+        self.binder = binder or self.access
+        self.api_url = self.access.server.rstrip("/")
+        self.serving_tls = serving_tls
+        self.lease_interval = lease_interval
         self.known_images = set(known_images)  # patterns (fnmatch); a test may add to it while pods wait
         self.pull_backoff = pull_backoff
         self.workdir = workdir
@@ -207,7 +240,9 @@ class Kubelet:
         }
         self.pods: dict[tuple[str, str], PodRuntime] = {}
         self._session: aiohttp.ClientSession | None = None
-        self._watcher: asyncio.Task[None] | None = None
+        self._binder_session: aiohttp.ClientSession | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._node_uid: str | None = None
         self._unschedulable: set[str] = set()
         self._log_server: aiohttp.web.AppRunner | None = None
         self.port = 0
@@ -216,31 +251,44 @@ class Kubelet:
 
     async def start(self) -> None:
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
-        self._session = aiohttp.ClientSession()
+        self._session = _session(self.access)
+        self._binder_session = self._session if self.binder is self.access else _session(self.binder)
         await self._serve_logs()
         await self._register_node()
-        ready = asyncio.get_running_loop().create_future()
-        self._watcher = asyncio.create_task(self._watch_pods(ready), name="kubelet-watch")
-        await ready
+        loop = asyncio.get_running_loop()
+        bound: asyncio.Future[None] = loop.create_future()
+        unbound: asyncio.Future[None] = loop.create_future()
+        self._tasks = [
+            asyncio.create_task(
+                self._watch_pods(f"spec.nodeName={self.node_name}", self._on_pod, self._session, bound),
+                name="kubelet-watch",
+            ),
+            asyncio.create_task(
+                self._watch_pods("spec.nodeName=", self._on_unbound_pod, self._binder_session, unbound),
+                name="kubelet-binder-watch",
+            ),
+            asyncio.create_task(self._renew_lease(), name="kubelet-lease"),
+        ]
+        await asyncio.gather(bound, unbound)
 
     async def stop(self) -> None:
         """Stop watching and kill every pod process (SIGKILL): nothing outlives the kubelet."""
-        if self._watcher is not None:
-            self._watcher.cancel()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._watcher
+                await task
         for runtime in list(self.pods.values()):
             self._signal(runtime, signal.SIGCONT)
             self._signal(runtime, signal.SIGKILL)
         tasks = [t for r in self.pods.values() for t in (r.worker, r.killer) if t is not None]
         for task in tasks:
             task.cancel()
-        for runtime in self.pods.values():
-            if runtime.process is not None:
-                await asyncio.get_running_loop().run_in_executor(None, runtime.process.wait)
+        await asyncio.gather(*(wait_process(r.process) for r in self.pods.values() if r.process is not None))
         await asyncio.gather(*tasks, return_exceptions=True)
-        if self._session is not None:
-            await self._session.close()
+        for session in {self._session, self._binder_session}:
+            if session is not None:
+                await session.close()
         if self._log_server is not None:
             await self._log_server.cleanup()
 
@@ -250,7 +298,7 @@ class Kubelet:
         app.router.add_get("/containerLogs/{namespace}/{pod}/{container}", self._container_logs)
         self._log_server = aiohttp.web.AppRunner(app, access_log=None, shutdown_timeout=1)
         await self._log_server.setup()
-        site = aiohttp.web.TCPSite(self._log_server, "127.0.0.1", 0)
+        site = aiohttp.web.TCPSite(self._log_server, "127.0.0.1", 0, ssl_context=self.serving_tls)
         await site.start()
         self.port = self._log_server.addresses[0][1]
 
@@ -286,9 +334,11 @@ class Kubelet:
         content_type: str = "application/json",
         params: dict[str, str] | None = None,
         ok: tuple[int, ...] = (200, 201),
+        as_binder: bool = False,
     ) -> tuple[int, Any]:
-        assert self._session is not None
-        async with self._session.request(
+        session = self._binder_session if as_binder else self._session
+        assert session is not None
+        async with session.request(
             method, self.api_url + path, json=body, params=params, headers={"Content-Type": content_type}
         ) as response:
             data = await response.json(content_type=None)
@@ -336,7 +386,7 @@ class Kubelet:
 
     async def _register_node(self) -> None:
         stamp = now()
-        await self._request(
+        code, node = await self._request(
             "POST",
             "/api/v1/nodes",
             {
@@ -345,7 +395,12 @@ class Kubelet:
             },
             ok=(201, 409),
         )
-        await self._request(
+        if code == 409:  # registered by an earlier kubelet of the same name, as after a real restart
+            code, node = await self._request("GET", f"/api/v1/nodes/{self.node_name}")
+        if code not in (200, 201):
+            raise RuntimeError(f"the kubelet could not register node {self.node_name}: {code} {node}")
+        self._node_uid = node["metadata"]["uid"]
+        code, answer = await self._request(
             "PATCH",
             f"/api/v1/nodes/{self.node_name}/status",
             {
@@ -381,21 +436,79 @@ class Kubelet:
             },
             content_type="application/merge-patch+json",
         )
+        if code != 200:
+            raise RuntimeError(f"the kubelet could not report node {self.node_name}'s status: {code} {answer}")
+
+    async def _renew_lease(self) -> None:
+        """The node's heartbeat, as the kubelet keeps it: a Lease in kube-node-lease, owned by the Node."""
+        path = f"/apis/coordination.k8s.io/v1/namespaces/{NODE_LEASE_NAMESPACE}/leases"
+        while True:
+            stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+            try:
+                code, answer = await self._request(
+                    "PATCH",
+                    f"{path}/{self.node_name}",
+                    {"spec": {"holderIdentity": self.node_name, "renewTime": stamp}},
+                    content_type="application/merge-patch+json",
+                    ok=(200, 404),
+                )
+                if code == 404:
+                    owner = {"apiVersion": "v1", "kind": "Node", "name": self.node_name, "uid": self._node_uid}
+                    code, answer = await self._request(
+                        "POST",
+                        path,
+                        {
+                            "apiVersion": "coordination.k8s.io/v1",
+                            "kind": "Lease",
+                            "metadata": {"name": self.node_name, "ownerReferences": [owner]},
+                            "spec": {
+                                "holderIdentity": self.node_name,
+                                "leaseDurationSeconds": LEASE_SECONDS,
+                                "renewTime": stamp,
+                            },
+                        },
+                        ok=(201, 409),
+                    )
+                if code not in (200, 201, 409):
+                    logger.warning("kubelet: node lease not renewed (%s %s); retrying in %ss", code, answer, 1)
+                    await asyncio.sleep(1)
+                    continue
+            except aiohttp.ClientError as e:
+                logger.warning("kubelet: node lease not renewed (%s); retrying in 1 s", e)
+                await asyncio.sleep(1)
+                continue
+            await asyncio.sleep(self.lease_interval)
 
     # --- watching --------------------------------------------------------------------------------
 
-    async def _watch_pods(self, ready: asyncio.Future[None]) -> None:
-        assert self._session is not None
+    async def _watch_pods(
+        self,
+        field_selector: str,
+        handler: Callable[[str, dict[str, Any]], Awaitable[None]],
+        session: aiohttp.ClientSession | None,
+        ready: asyncio.Future[None],
+    ) -> None:
+        """List, then watch, the pods a field selector chooses, relisting when the watch ends."""
+        assert session is not None
         while True:
             try:
-                _, listing = await self._request("GET", "/api/v1/pods")
+                async with session.get(
+                    f"{self.api_url}/api/v1/pods", params={"fieldSelector": field_selector}
+                ) as response:
+                    listing = await response.json(content_type=None)
+                    if response.status != 200:
+                        raise RuntimeError(f"listing pods ({field_selector}): {response.status} {listing}")
                 for pod in listing["items"]:
-                    await self._on_pod("ADDED", pod)
+                    await handler("ADDED", pod)
                 if not ready.done():
                     ready.set_result(None)
-                rv = listing["metadata"]["resourceVersion"]
-                params = {"watch": "true", "resourceVersion": rv, "allowWatchBookmarks": "true"}
-                async with self._session.get(
+                params = {
+                    "watch": "true",
+                    "resourceVersion": listing["metadata"]["resourceVersion"],
+                    "allowWatchBookmarks": "true",
+                    "fieldSelector": field_selector,
+                }
+                async with session.get(
                     f"{self.api_url}/api/v1/pods", params=params, timeout=aiohttp.ClientTimeout(total=None)
                 ) as response:
                     async for line in response.content:
@@ -405,15 +518,24 @@ class Kubelet:
                         if event["type"] == "ERROR":
                             break  # 410 Gone: relist
                         if event["type"] != "BOOKMARK":
-                            await self._on_pod(event["type"], event["object"])
+                            await handler(event["type"], event["object"])
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                logger.exception("kubelet: pod watch failed; relisting")
+            except Exception as e:
                 if not ready.done():
-                    ready.set_exception(RuntimeError("the kubelet could not list pods"))
+                    ready.set_exception(RuntimeError(f"the kubelet could not list pods: {e}"))
                     return
+                logger.exception("kubelet: pod watch failed; relisting")
             await asyncio.sleep(0.2)
+
+    async def _on_unbound_pod(self, type_: str, pod: dict[str, Any]) -> None:
+        """The scheduler's watch: bind what is pending (leaving the selection shows as DELETED)."""
+        if (
+            type_ != "DELETED"
+            and not pod.get("spec", {}).get("nodeName")
+            and not pod["metadata"].get("deletionTimestamp")
+        ):
+            await self._schedule(pod)
 
     async def _on_pod(self, type_: str, pod: dict[str, Any]) -> None:
         meta, spec = pod["metadata"], pod.get("spec", {})
@@ -425,11 +547,7 @@ class Kubelet:
             if runtime is not None and runtime.process is not None and runtime.exit_code is None:
                 self._signal(runtime, signal.SIGKILL)  # force-deleted while running
             return
-        if not spec.get("nodeName"):
-            if not meta.get("deletionTimestamp"):
-                await self._schedule(pod)
-            return
-        if spec["nodeName"] != self.node_name:
+        if spec.get("nodeName") != self.node_name:
             return
         if runtime is None:
             if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
@@ -468,6 +586,7 @@ class Kubelet:
                     "target": {"apiVersion": "v1", "kind": "Node", "name": self.node_name},
                 },
                 ok=(201, 409),
+                as_binder=True,
             )
         elif meta["uid"] not in self._unschedulable:
             self._unschedulable.add(meta["uid"])
@@ -491,6 +610,7 @@ class Kubelet:
                     }
                 },
                 content_type=STRATEGIC,
+                as_binder=True,
             )
 
     # --- running a pod ---------------------------------------------------------------------------
@@ -527,7 +647,7 @@ class Kubelet:
             self._start_process(runtime, container, env)
         if runtime.process is not None:
             await self._patch_status(runtime, self._status(runtime))
-            code = await asyncio.get_running_loop().run_in_executor(None, runtime.process.wait)
+            code = await wait_process(runtime.process)
             runtime.finished_at = now()
             runtime.exit_code = 128 - code if code < 0 else code
             if runtime.killer is not None and not runtime.killer.done():
@@ -701,6 +821,11 @@ class Kubelet:
             if optional:
                 return None
             raise ConfigError(f'{"secret" if kind == "secrets" else "configmap"} "{name}" not found')
+        if code != 200:
+            # The Node authorizer lets a node read only what its pods name, once it has seen the
+            # binding: a 403 right after binding passes, as the kubelet's retries find.
+            message = obj.get("message") if isinstance(obj, dict) else None
+            raise ConfigError(message or f"reading {kind} {namespace}/{name}: HTTP {code}")
         if kind == "secrets":
             return {k: base64.b64decode(v).decode(errors="replace") for k, v in (obj.get("data") or {}).items()}
         return dict(obj.get("data") or {})
@@ -824,7 +949,9 @@ class Kubelet:
             }
             if grace_period is not None:
                 body["deleteOptions"] = {"gracePeriodSeconds": grace_period}
-            code, answer = await self._request("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/eviction", body)
+            code, answer = await self._request(
+                "POST", f"/api/v1/namespaces/{namespace}/pods/{name}/eviction", body, as_binder=True
+            )
             if code != 201:
                 raise RuntimeError(f"eviction of {namespace}/{name} failed: {answer}")
             return
@@ -884,6 +1011,54 @@ class Kubelet:
         runtime.paused = False
 
 
+def _session(access: ApiAccess) -> aiohttp.ClientSession:
+    context = access.ssl_context()
+    connector = aiohttp.TCPConnector(ssl=context) if context is not None else None
+    return aiohttp.ClientSession(connector=connector, headers=access.headers())
+
+
+async def wait_process(process: subprocess.Popen[bytes]) -> int:
+    """The exit status of ``process``, with a watcher of its own (never a shared, bounded pool).
+
+    A pidfd (Linux 5.3+) becomes readable when the process ends and the event loop watches it:
+    no thread per pod. Without pidfds, a dedicated daemon thread waits instead.
+    """
+    if process.returncode is not None:
+        return process.returncode
+    loop = asyncio.get_running_loop()
+    try:
+        fd = os.pidfd_open(process.pid)
+    except (AttributeError, OSError):
+        return await _wait_in_own_thread(process)
+    ended: asyncio.Future[None] = loop.create_future()
+    try:
+        loop.add_reader(fd, _settle, ended, None)
+        try:
+            await ended
+        finally:
+            loop.remove_reader(fd)
+    finally:
+        os.close(fd)
+    return process.wait()
+
+
+async def _wait_in_own_thread(process: subprocess.Popen[bytes]) -> int:
+    loop = asyncio.get_running_loop()
+    ended: asyncio.Future[int] = loop.create_future()
+
+    def wait() -> None:
+        code = process.wait()
+        loop.call_soon_threadsafe(_settle, ended, code)
+
+    threading.Thread(target=wait, name=f"wait-{process.pid}", daemon=True).start()
+    return await ended
+
+
+def _settle(future: asyncio.Future[T], value: T) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
 def _read_log(path: Path, offset: int) -> bytes:
     try:
         with open(path, "rb") as log:
@@ -921,15 +1096,23 @@ class KubeletThread:
 
     def __init__(
         self,
-        api_url: str,
+        api: str | ApiAccess,
         workdir: Path,
         *,
         known_images: Iterable[str] = KNOWN_IMAGES,
         base_env: dict[str, str] | None = None,
         node_name: str = NODE_NAME,
+        binder: ApiAccess | None = None,
+        serving_tls: ssl.SSLContext | None = None,
     ) -> None:
         self.kubelet = Kubelet(
-            api_url, workdir=workdir, known_images=known_images, base_env=base_env, node_name=node_name
+            api,
+            workdir=workdir,
+            known_images=known_images,
+            base_env=base_env,
+            node_name=node_name,
+            binder=binder,
+            serving_tls=serving_tls,
         )
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="kubelet", daemon=True)
