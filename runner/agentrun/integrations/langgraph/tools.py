@@ -1,0 +1,448 @@
+"""``LedgerToolNode``: LangGraph's ``ToolNode`` with agentrun's tool ledger, so a resumed run charges a card once.
+
+Why: LangGraph saves a node's writes only when the whole node finishes. A
+tool node that ran three calls of one assistant message and died after the
+second (SIGKILL, eviction) runs all three again on resume: the card is
+charged twice. Here each call is recorded in our ledger the moment it
+returns (key ``<assistant message id>:<tool call id>``, scoped by thread),
+and a replay answers recorded calls from the ledger instead of calling the
+tool.
+
+Per call, around LangGraph's own execution (``awrap_tool_call``):
+
+1. the ledger lookup: a hit returns the recorded ``ToolMessage`` (a hit
+   recorded by another tool name is a ``DeterminismError``); a malformed or
+   unreadable entry is a miss, except ``StoreUnavailableError`` (the store is
+   down past its retry bound: the attempt ends, exit 8, and a later one looks
+   again rather than risk a duplicate);
+2. a tool declared with side effects (``side_effects=``): if an intent was
+   recorded but no result, the call is in doubt and its policy applies
+   (``"retry"``: run again with the same idempotency key; ``"report"``: an
+   error message to the model, not run; ``"interrupt"``, the default: LangGraph
+   ``interrupt()`` for a human, who resumes with ``"retry"`` or a result);
+   then the intent is recorded (fenced) before the tool starts;
+3. the tool runs under its deadline (``timeouts=``, default
+   ``tool_timeout``); the tool reads the call's stable idempotency key with
+   ``current_idempotency_key()`` (LangGraph strips caller-supplied
+   ``InjectedToolArg`` values, so it cannot be an argument);
+4. a successful ``ToolMessage`` is recorded (first result wins), fenced.
+
+HAZARDS
+- The window: a tool that returned but whose result was not yet recorded
+  when the process died runs again on resume (with the same idempotency
+  key). Give side-effect tools the key and let the downstream API deduplicate.
+- Not recorded, so run again on a replay: error results (a raised tool
+  error or ``status="error"``), timeouts, and tools that return a LangGraph
+  ``Command`` (its updates may hold values that are not JSON).
+- The graph must be compiled with ``AgentrunSaver``: the ledger lives in its
+  store. Any other checkpointer raises ``TypeError`` at the first call.
+- Sync graphs (``invoke``) use the ledger through agentrun's blocking loop; the
+  per-tool deadline applies to async execution only.
+- Ledger keys need the assistant message's id: ``add_messages`` gives every
+  message one. A message without an id (a custom reducer) skips the ledger,
+  with a warning, and the tool runs every time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from langchain_core.messages import AIMessage, ToolMessage, message_to_dict, messages_from_dict
+from langchain_core.runnables import RunnableConfig
+from langchain_core.tools import BaseTool
+from langgraph.prebuilt import ToolNode
+from langgraph.prebuilt.tool_node import ToolCallRequest
+from langgraph.runtime import Runtime
+from langgraph.types import Command, interrupt
+
+from agentrun import blocking
+from agentrun.checkpoint.base import Checkpointer
+from agentrun.errors import (
+    DeterminismError,
+    FencedError,
+    NodeTimeoutError,
+    StoreConfigError,
+    StoreUnavailableError,
+)
+from agentrun.faults import fault_point
+from agentrun.ledger import MalformedEntry, decode, encode, idempotency_key, ledger_key
+
+from .rows import Fence
+from .saver import AgentrunSaver
+
+log = logging.getLogger("agentrun.integrations.langgraph")
+
+InDoubtPolicy = Literal["retry", "report", "interrupt"]
+DEFAULT_TOOL_TIMEOUT = 300.0
+_CHECKPOINTER_KEY = "__pregel_checkpointer"  # langgraph._internal._constants.CONFIG_KEY_CHECKPOINTER
+# Errors that must end the run whatever the node's handle_tool_errors says (a fenced attempt, a store down).
+_FATAL = (FencedError, StoreUnavailableError, StoreConfigError, DeterminismError)
+# The fatal errors of the current node execution: ToolNode may turn an exception of a wrapper into an
+# error message (handle_tool_errors=True); the node re-raises what landed here after its calls finish.
+_fatal: contextvars.ContextVar[list[BaseException] | None] = contextvars.ContextVar("agentrun_lg_fatal", default=None)
+
+# The idempotency key of the call being executed (``current_idempotency_key``). LangGraph's ToolNode strips
+# every InjectedToolArg a caller supplies (so a model cannot forge one), so the key travels in a context
+# variable: each parallel call runs in a task (or executor thread) of its own, with a copy of the context.
+_idempotency_key: contextvars.ContextVar[str | None] = contextvars.ContextVar("agentrun_lg_key", default=None)
+
+AsyncExecute = Callable[[ToolCallRequest], Awaitable[ToolMessage | Command[Any]]]
+SyncExecute = Callable[[ToolCallRequest], ToolMessage | Command[Any]]
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One tool call with its ledger identity."""
+
+    request: ToolCallRequest
+    store: Checkpointer
+    fence: Fence
+    thread_id: str
+    key: str
+    idempotency_key: str
+    name: str
+    call_id: str
+
+
+def current_idempotency_key() -> str | None:
+    """The stable idempotency key of the tool call running now under a ``LedgerToolNode`` (``None`` outside one).
+
+    The same on every replay of the call (derived from the thread id and the ledger key): pass it to the
+    downstream API (``Idempotency-Key`` header, a charge's key) so a call repeated in the window between a
+    tool's return and its ledger record is applied once.
+    """
+    return _idempotency_key.get()
+
+
+def _messages(state: Any, messages_key: str) -> Sequence[Any]:
+    if isinstance(state, list):
+        return state
+    if isinstance(state, Mapping):
+        return list(state.get(messages_key) or [])
+    return list(getattr(state, messages_key, None) or [])
+
+
+def _origin_id(state: Any, call_id: str, messages_key: str) -> str | None:
+    """The id of the assistant message that asked for ``call_id``."""
+    for message in reversed(_messages(state, messages_key)):
+        if isinstance(message, AIMessage) and any(c.get("id") == call_id for c in message.tool_calls):
+            return message.id
+    return None
+
+
+class _Ledger:
+    """The ledger around each call of one ``LedgerToolNode``."""
+
+    def __init__(
+        self,
+        *,
+        side_effects: Collection[str],
+        in_doubt: Mapping[str, InDoubtPolicy],
+        timeouts: Mapping[str, float | None],
+        tool_timeout: float | None,
+        messages_key: str,
+    ) -> None:
+        self.side_effects = frozenset(side_effects)
+        self.in_doubt = dict(in_doubt)
+        self.timeouts = dict(timeouts)
+        self.tool_timeout = tool_timeout
+        self.messages_key = messages_key
+
+    def _identify(self, request: ToolCallRequest) -> _Call | None:
+        call = request.tool_call
+        name, call_id = call["name"], call.get("id")
+        config = request.runtime.config if request.runtime is not None else {}
+        configurable = config.get("configurable") or {}
+        saver = configurable.get(_CHECKPOINTER_KEY)
+        if not isinstance(saver, AgentrunSaver):
+            raise TypeError(
+                "LedgerToolNode records tool calls in agentrun's store: compile the graph with "
+                f"checkpointer=AgentrunSaver(store), not {type(saver).__name__}"
+            )
+        thread_id = str(configurable.get("thread_id"))
+        key = ledger_key(_origin_id(request.state, call_id or "", self.messages_key), call_id)
+        if key is None:
+            log.warning(
+                "tool call %s (%s) has no assistant message id or call id: no ledger for it, it runs on every replay",
+                call_id,
+                name,
+            )
+            return None
+        idem = idempotency_key(thread_id, key)
+        assert idem is not None
+        return _Call(request, saver.store, saver.fence, thread_id, key, idem, name, call_id or "")
+
+    async def _lookup(self, call: _Call) -> ToolMessage | None:
+        try:
+            entry = await call.store.ledger_get(call.thread_id, call.key)
+        except StoreUnavailableError:
+            raise
+        except Exception as e:
+            log.warning("ledger read failed for %s (%s); treating it as not recorded: %s", call.key, call.name, e)
+            return None
+        if entry is None:
+            return None
+        if entry.tool_name != call.name:
+            raise DeterminismError(
+                f"ledger entry {call.key} was recorded by tool {entry.tool_name!r} but the replay calls "
+                f"{call.name!r}; the graph or model changed between runs of this thread"
+            )
+        try:
+            message = messages_from_dict([decode(entry.result).result])[0]
+        except (MalformedEntry, KeyError, TypeError, ValueError, IndexError) as e:
+            log.warning("ledger entry %s (%s) is malformed (%s); treating it as not recorded", call.key, call.name, e)
+            return None
+        if not isinstance(message, ToolMessage):
+            log.warning("ledger entry %s (%s) is not a tool message; treating it as not recorded", call.key, call.name)
+            return None
+        log.info("tool call %s (%s) replayed from ledger; the tool is not called again", call.key, call.name)
+        return message
+
+    async def _in_doubt(self, call: _Call) -> bool:
+        """Whether a side-effect call started before (an intent) and has no result: its outcome is unknown."""
+        if call.name not in self.side_effects:
+            return False
+        try:
+            return await call.store.intent_get(call.thread_id, call.key) is not None
+        except StoreUnavailableError:
+            raise
+        except Exception as e:
+            log.warning(
+                "intent read failed for %s (%s); treating the call as never started: %s", call.key, call.name, e
+            )
+            return False
+
+    def _decide_in_doubt(self, call: _Call) -> ToolMessage | None:
+        """The in-doubt policy: ``None`` to run the call again, else the answer to give instead."""
+        policy = self.in_doubt.get(call.name, "interrupt")
+        what = (
+            f"tool call {call.key} ({call.name}) started before the previous attempt ended and its outcome is "
+            f"unknown (idempotency key {call.idempotency_key})"
+        )
+        if policy == "retry":
+            log.warning("%s; running it again with the same idempotency key (in_doubt='retry')", what)
+            return None
+        if policy == "report":
+            log.warning("%s; reporting it to the model as in doubt, not running it again (in_doubt='report')", what)
+            return ToolMessage(
+                content=f"In doubt: {what}. It was not run again; check before retrying.",
+                name=call.name,
+                tool_call_id=call.call_id,
+                status="error",
+            )
+        log.warning("%s; pausing for a human: resume with 'retry' or the call's result (in_doubt='interrupt')", what)
+        answer = interrupt(
+            {
+                "kind": "tool_in_doubt",
+                "tool": call.name,
+                "tool_call_id": call.call_id,
+                "idempotency_key": call.idempotency_key,
+                "message": what,
+            }
+        )
+        if answer == "retry":
+            return None
+        content = answer if isinstance(answer, str) else str(answer)
+        return ToolMessage(content=content, name=call.name, tool_call_id=call.call_id)
+
+    async def _intent(self, call: _Call) -> None:
+        if call.name in self.side_effects:
+            await call.store.intent_put(
+                call.thread_id,
+                call.key,
+                call.name,
+                call.idempotency_key,
+                attempt=call.fence.attempt,
+                run_uid=call.fence.run_uid,
+            )
+
+    async def _record(self, call: _Call, result: ToolMessage | Command[Any]) -> None:
+        if not isinstance(result, ToolMessage) or result.status == "error":
+            if isinstance(result, Command):
+                log.warning(
+                    "tool call %s (%s) returned a Command: not recorded, a replay runs it again", call.key, call.name
+                )
+            return
+        try:
+            envelope = encode(message_to_dict(result))
+            recorded = await call.store.ledger_put(
+                call.thread_id, call.key, call.name, envelope, attempt=call.fence.attempt, run_uid=call.fence.run_uid
+            )
+        except FencedError:
+            raise
+        except Exception as e:
+            log.error(
+                "tool call %s (%s) COMPLETED but could not be recorded in the ledger: %s; the result goes to the "
+                "model and the run continues, but a replay of this step would call it again",
+                call.key,
+                call.name,
+                e,
+            )
+            return
+        if not recorded:
+            log.warning(
+                "tool call %s (%s) COMPLETED but the ledger already held a result, which stays", call.key, call.name
+            )
+        fault_point("after_ledger_record", call.name)
+
+    def _timeout(self, name: str) -> float | None:
+        timeout = self.timeouts.get(name, self.tool_timeout)
+        return timeout if timeout is not None and timeout > 0 else None
+
+    def _timed_out(self, call: _Call | None, request: ToolCallRequest, timeout: float) -> ToolMessage:
+        name = request.tool_call["name"]
+        log.warning("tool %s timed out after %.0fs; the model gets an error message", name, timeout)
+        error = NodeTimeoutError(
+            f"tool {name} timed out after {timeout:g}s", code=NodeTimeoutError.TOOL, timeout=timeout
+        )
+        return ToolMessage(
+            content=str(error), name=name, tool_call_id=request.tool_call.get("id") or "", status="error"
+        )
+
+    # -- the wrappers LangGraph calls ---------------------------------------------------------------
+
+    async def awrap(self, request: ToolCallRequest, execute: AsyncExecute) -> ToolMessage | Command[Any]:
+        try:
+            return await self._awrap(request, execute)
+        except _FATAL as e:
+            if (fatal := _fatal.get()) is not None:
+                fatal.append(e)
+            raise
+
+    async def _awrap(self, request: ToolCallRequest, execute: AsyncExecute) -> ToolMessage | Command[Any]:
+        call = self._identify(request)
+        timeout = self._timeout(request.tool_call["name"])
+        if call is None:
+            return await self._run(request, execute, timeout, None)
+        if (recorded := await self._lookup(call)) is not None:
+            return recorded
+        if await self._in_doubt(call) and (answer := self._decide_in_doubt(call)) is not None:
+            await self._record(call, answer)
+            return answer
+        await self._intent(call)
+        fault_point("before_tool", call.name)
+        result = await self._run(request, execute, timeout, call)
+        fault_point("after_tool", call.name)
+        await self._record(call, result)
+        return result
+
+    async def _run(
+        self, request: ToolCallRequest, execute: AsyncExecute, deadline: float | None, call: _Call | None
+    ) -> ToolMessage | Command[Any]:
+        token = _idempotency_key.set(None if call is None else call.idempotency_key)
+        try:
+            async with asyncio.timeout(deadline):
+                return await execute(request)
+        except TimeoutError:
+            assert deadline is not None  # asyncio.timeout(None) never expires
+            return self._timed_out(call, request, deadline)
+        finally:
+            _idempotency_key.reset(token)
+
+    def wrap(self, request: ToolCallRequest, execute: SyncExecute) -> ToolMessage | Command[Any]:
+        try:
+            return self._wrap(request, execute)
+        except _FATAL as e:
+            if (fatal := _fatal.get()) is not None:
+                fatal.append(e)
+            raise
+
+    def _wrap(self, request: ToolCallRequest, execute: SyncExecute) -> ToolMessage | Command[Any]:
+        call = self._identify(request)
+        if call is None:
+            return execute(request)
+        if (recorded := blocking.run(lambda: self._lookup(call), caller="ledger lookup")) is not None:
+            return recorded
+        if (
+            blocking.run(lambda: self._in_doubt(call), caller="intent lookup")
+            and (answer := self._decide_in_doubt(call)) is not None
+        ):
+            blocking.run(lambda: self._record(call, answer), caller="ledger record")
+            return answer
+        blocking.run(lambda: self._intent(call), caller="intent record")
+        fault_point("before_tool", call.name)
+        token = _idempotency_key.set(call.idempotency_key)
+        try:
+            result = execute(request)
+        finally:
+            _idempotency_key.reset(token)
+        fault_point("after_tool", call.name)
+        blocking.run(lambda: self._record(call, result), caller="ledger record")
+        return result
+
+
+class LedgerToolNode(ToolNode):
+    """``ToolNode(tools)`` whose completed calls are recorded in agentrun's ledger and replayed from it.
+
+    ``side_effects``: names of tools with side effects (an intent is recorded
+    before each call; ``in_doubt`` — a policy per tool name, default
+    ``"interrupt"`` — applies when one started but never returned).
+    ``timeouts``: seconds per tool name (``None`` or <= 0: none), default
+    ``tool_timeout`` (300). Other arguments are ``ToolNode``'s; a
+    ``wrap_tool_call``/``awrap_tool_call`` of yours runs inside the ledger
+    (a replayed call does not reach it).
+    """
+
+    def __init__(
+        self,
+        tools: Sequence[BaseTool | Callable[..., Any]],
+        *,
+        side_effects: Collection[str] = (),
+        in_doubt: Mapping[str, InDoubtPolicy] | None = None,
+        timeouts: Mapping[str, float | None] | None = None,
+        tool_timeout: float | None = DEFAULT_TOOL_TIMEOUT,
+        messages_key: str = "messages",
+        **kwargs: Any,
+    ) -> None:
+        ledger = _Ledger(
+            side_effects=side_effects,
+            in_doubt=in_doubt or {},
+            timeouts=timeouts or {},
+            tool_timeout=tool_timeout,
+            messages_key=messages_key,
+        )
+        inner_async = kwargs.pop("awrap_tool_call", None)
+        inner_sync = kwargs.pop("wrap_tool_call", None)
+
+        async def awrap(request: ToolCallRequest, execute: AsyncExecute) -> ToolMessage | Command[Any]:
+            if inner_async is not None:
+                return await ledger.awrap(request, lambda r: inner_async(r, execute))
+            return await ledger.awrap(request, execute)
+
+        def wrap(request: ToolCallRequest, execute: SyncExecute) -> ToolMessage | Command[Any]:
+            if inner_sync is not None:
+                return ledger.wrap(request, lambda r: inner_sync(r, execute))
+            return ledger.wrap(request, execute)
+
+        super().__init__(tools, messages_key=messages_key, wrap_tool_call=wrap, awrap_tool_call=awrap, **kwargs)
+        self.ledger = ledger
+
+    def _func(self, input: Any, config: RunnableConfig, runtime: Runtime[Any]) -> Any:
+        fatal: list[BaseException] = []
+        token = _fatal.set(fatal)
+        try:
+            result = super()._func(input, config, runtime)
+        finally:
+            _fatal.reset(token)
+        if fatal:
+            raise fatal[0]
+        return result
+
+    async def _afunc(self, input: Any, config: RunnableConfig, runtime: Runtime[Any]) -> Any:
+        fatal: list[BaseException] = []
+        token = _fatal.set(fatal)
+        try:
+            result = await super()._afunc(input, config, runtime)
+        finally:
+            _fatal.reset(token)
+        if fatal:
+            raise fatal[0]
+        return result
+
+
+__all__ = ["InDoubtPolicy", "LedgerToolNode", "current_idempotency_key"]
