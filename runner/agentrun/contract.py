@@ -83,6 +83,7 @@ class Env(enum.StrEnum):
     RESUME = "AGENTRUN_RESUME"
     REQUEST_KEY = "AGENTRUN_REQUEST_KEY"
     INPUTS_IN_STORE = "AGENTRUN_INPUTS_IN_STORE"
+    TAKE_OVER_FROM = "AGENTRUN_TAKE_OVER_FROM"
     METRICS_PORT = "AGENTRUN_METRICS_PORT"
     # From the store Secret by secretKeyRef, never inline (keys in STORE_SECRET_KEYS).
     POSTGRES_DSN = "AGENTRUN_POSTGRES_DSN"
@@ -131,6 +132,9 @@ class RunnerInputs(BaseModel):
     # True: input and resume are not in the environment (Linux caps one variable at 128 KiB) but in
     # the store, written by the operator before it created the pod, keyed by (thread, run uid, attempt).
     inputs_in_store: bool = False
+    # The uid of a deleted AgentRun whose unfinished turn this run may close before it starts its own: the
+    # operator sets it only once that run's AgentRun and pods are gone (decide.thread.orphaned_turn).
+    take_over_from: str = ""
     postgres_dsn: str | None = None
     redis_url: str | None = None
     store: str | None = None
@@ -146,7 +150,7 @@ class RunnerInputs(BaseModel):
         env: list[dict[str, str]] = []
         for field in type(self).model_fields:
             value = getattr(self, field)
-            if field in _NOT_RENDERED or (value is None and field in ("user_id", "resume")):
+            if field in _NOT_RENDERED or (not value and field in ("user_id", "resume", "take_over_from")):
                 continue
             if isinstance(value, bool):
                 text = "true" if value else "false"

@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .checkpoint import Checkpointer, open_store
-from .checkpoint.base import Checkpoint
+from .checkpoint.base import Checkpoint, CheckpointWrite
 from .contract import ENV_PREFIX, Env, ExitCode, RunnerInputs
 from .engine import CompiledGraph, Preemption
 from .errors import (
@@ -44,6 +44,7 @@ from .errors import (
 from .interrupts import Command
 from .loader import compile_reference
 from .logs import configure_logging
+from .state import MESSAGES
 
 # Errors a retry cannot fix: the operator marks the run Failed instead of rescheduling.
 PERMANENT = (
@@ -113,6 +114,44 @@ def _another_runs_unfinished_turn(checkpoint: Checkpoint | None, settings: Runne
         and not _ours(checkpoint, settings)
         and checkpoint.status not in ("completed", "stopped", "failed")
     )
+
+
+def _orphaned(checkpoint: Checkpoint | None, settings: RunnerSettings) -> bool:
+    """The thread's unfinished turn is the deleted AgentRun's the operator told this run to take over from."""
+    return (
+        bool(settings.take_over_from)
+        and _another_runs_unfinished_turn(checkpoint, settings)
+        and checkpoint is not None
+        and checkpoint.meta.get("run_uid") == settings.take_over_from
+    )
+
+
+async def _close_orphaned_turn(checkpointer: Checkpointer, checkpoint: Checkpoint, settings: RunnerSettings) -> None:
+    """End a deleted AgentRun's unfinished turn as stopped, so this run's turn can start on the thread.
+
+    Called after this attempt registered (so the deleted run's pod, were it still alive, is fenced off). The
+    state is kept as it was; its tool calls stay in the ledger. Closed rather than resumed: the deleted run's
+    input was its own request, and nobody asked for it any more.
+    """
+    reason = f"its AgentRun (uid {settings.take_over_from}) was deleted; closed by run {settings.run_name or '-'}"
+    write = CheckpointWrite(
+        values={k: v for k, v in checkpoint.values.items() if k != MESSAGES},
+        current_node=checkpoint.current_node,
+        step=checkpoint.step,
+        status="stopped",
+        meta={**checkpoint.meta, "stop_reason": reason},
+        message_count=len(checkpoint.messages),
+        record_turn=True,  # a terminal write, as the engine's
+        changed=frozenset(),
+    )
+    await checkpointer.aput(
+        settings.thread_id,
+        write,
+        expected_version=checkpoint.version,
+        attempt=settings.attempt,
+        run_uid=settings.run_uid or None,
+    )
+    log.warning("thread %s: %s at node %s", settings.thread_id, reason, checkpoint.current_node)
 
 
 def plan(checkpoint: Checkpoint | None, settings: RunnerSettings) -> Plan:
@@ -247,7 +286,12 @@ async def attempt(settings: RunnerSettings) -> tuple[int, str]:
         # Registering claims the thread for this run (fencing every other run off), so a run that will
         # refuse the thread (ThreadBusy: another AgentRun's turn is unfinished) must not register.
         existing = await checkpointer.aget(settings.thread_id)
-        if not _another_runs_unfinished_turn(existing, settings):
+        if _orphaned(existing, settings):
+            assert existing is not None
+            await checkpointer.register_attempt(settings.thread_id, settings.attempt, run_uid=settings.run_uid or None)
+            await _close_orphaned_turn(checkpointer, existing, settings)
+            existing = await checkpointer.aget(settings.thread_id)
+        elif not _another_runs_unfinished_turn(existing, settings):
             await checkpointer.register_attempt(settings.thread_id, settings.attempt, run_uid=settings.run_uid or None)
             # Read again after registering: all that a now fenced attempt committed before it, nothing after.
             existing = await checkpointer.aget(settings.thread_id)

@@ -77,6 +77,18 @@ _crasher.add_edge("crash", END)
 crasher = _crasher
 
 
+def _quit_quietly(state: dict[str, Any]) -> NoReturn:
+    _record("quit")
+    os._exit(0)  # exit code 0 with the turn still running in the store
+
+
+_quitter = StateGraph()
+_quitter.add_node("quit", _quit_quietly)
+_quitter.add_edge(START, "quit")
+_quitter.add_edge("quit", END)
+quitter = _quitter
+
+
 # A model node of the real OpenAI-compatible adapter, against the endpoint the test serves (CLUSTER_MODEL_URL):
 # its token usage must reach the operator's metrics through the checkpoint, although the pod ends unscraped.
 _metered = StateGraph()

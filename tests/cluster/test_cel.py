@@ -136,7 +136,10 @@ def test_store_and_input_are_immutable(cluster: EmulatedCluster, tmp_path: Path)
 
 
 def test_retry_cannot_reopen_a_stopped_run(cluster: EmulatedCluster, tmp_path: Path) -> None:
-    message = "retry cannot re-open a stopped run (spec.stop is one-way); create a new AgentRun on the same threadId to continue the thread"
+    message = (
+        "retry cannot re-open a stopped run (spec.stop is one-way); "
+        "create a new AgentRun on the same threadId to continue the thread"
+    )
     created(cluster, tmp_path)
     assert patch(cluster, {"retry": 1}).returncode == 0, "retry of a run that is not stopped is allowed"
     assert patch(cluster, {"stop": True}).returncode == 0

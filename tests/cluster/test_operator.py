@@ -124,6 +124,34 @@ def test_crash_loop_fails_with_backoff_limit_exceeded(
     assert pods_of(cluster, "crashy") == ["crashy-1", "crashy-2", "crashy-3"]
 
 
+@pytest.mark.parametrize(
+    ("graph", "seen"),
+    [
+        ("tests.cluster.exits_at_import:app", "no progress at all"),
+        ("tests.cluster.graphs:quitter", "status running at node quit"),
+    ],
+    ids=["at-import", "mid-node"],
+)
+def test_exit_0_without_a_completed_turn_is_a_crash_not_success(
+    cluster: EmulatedCluster, operator: OperatorProcess, tmp_path: Path, graph: str, seen: str
+) -> None:
+    """Issue 22 item 5: the operator never trusts an exit code alone."""
+    name = "quiet-exit"
+    apply(
+        cluster,
+        agentrun(
+            name,
+            thread=name,
+            graph=graph,
+            effects=tmp_path / "e.db",
+            restartPolicy={"maxRestarts": 1, "backoffSeconds": 0},
+        ),
+    )
+    final = wait_phase(cluster, operator, name, "Failed", timeout=90)
+    assert final["reason"] == "BackoffLimitExceeded" and final["attempt"] == 2, final
+    assert "exited 0 before the run completed" in final["message"] and seen in final["message"], final
+
+
 def test_kubectl_patch_stop_ends_a_run_hung_in_a_tool(
     cluster: EmulatedCluster, operator: OperatorProcess, store: str, tmp_path: Path
 ) -> None:
@@ -463,6 +491,35 @@ def test_two_runs_applied_at_once_on_one_thread_run_one_after_the_other(
     second = wait_phase(cluster, operator, waiter, "Succeeded", timeout=60)
     _ran_after(cluster, first, second)
     assert pods_of(cluster, waiter) == [f"{waiter}-1"]
+
+
+def test_deleting_the_running_holder_lets_the_waiting_run_take_over_the_thread(
+    cluster: EmulatedCluster, kubelet: KubeletThread, operator: OperatorProcess, store: str, tmp_path: Path
+) -> None:
+    """Issue 22 item 4: a run deleted mid-node leaves its turn unfinished; the waiter takes the thread over."""
+    thread = "orphan-thread"
+    apply(cluster, agentrun("holder", thread=thread, effects=tmp_path / "h.db", env={"SUPPORT_TOOL_DELAY": "30"}))
+    wait_node(store, f"default/{thread}", "tools")
+    apply(cluster, agentrun("waiter", thread=thread, effects=tmp_path / "w.db", text="and where is my parcel?"))
+    _waits_for(cluster, "waiter", "holder")
+    kubelet.pause("holder-1")  # its runner ignores SIGTERM for a while: its pod stays terminating
+    deleted = cluster.kubectl("delete", "ar", "holder", "--wait=false")
+    assert deleted.returncode == 0, deleted.stderr
+    blocked = cluster.wait_for(
+        lambda: "holder-1" in ((s := status(cluster, "waiter")).get("message") or "") and s,
+        timeout=20,
+        interval=0.1,
+        message="the waiter waits for the deleted run's pod",
+    )
+    assert blocked["reason"] == "ThreadBusy" and pods_of(cluster, "waiter") == [], blocked
+    kubelet.resume("holder-1")
+    final = wait_phase(cluster, operator, "waiter", "Succeeded", timeout=90)
+    assert final["attempt"] == 1 and final["restarts"] == 0, final
+    assert "was deleted; closed by run waiter" in kubelet.logs("waiter-1"), kubelet.logs("waiter-1")[-2000:]
+    after = progress(store, f"default/{thread}")
+    assert after is not None and after.status == "completed", after
+    apply(cluster, agentrun("next", thread=thread, effects=tmp_path / "n.db", text="thanks, one more question"))
+    wait_phase(cluster, operator, "next", "Succeeded", timeout=60)
 
 
 def test_a_new_run_for_the_next_turn_of_a_finished_thread_starts_and_succeeds(

@@ -25,7 +25,7 @@ from agentrun_operator.decide.run import PAYLOAD_LIMIT, at_rest, backoff, reject
 from agentrun_operator.decide.run import decide as decide_run
 from agentrun_operator.decide.spec import AgentRunSpec, InvalidSpec, parse_spec
 from agentrun_operator.decide.status import AgentRunStatus, iso, parse_time
-from agentrun_operator.decide.thread import ThreadPeer
+from agentrun_operator.decide.thread import OrphanedTurn, ThreadPeer, orphaned_turn
 
 PENDING, RUNNING, INTERRUPTED, STOPPING = Phase.PENDING, Phase.RUNNING, Phase.INTERRUPTED, Phase.STOPPING
 STOPPED, SUCCEEDED, FAILED = Phase.STOPPED, Phase.SUCCEEDED, Phase.FAILED
@@ -805,13 +805,14 @@ def test_a_finished_run_withdraws_the_stop_it_asked_for(code: int, phase: str) -
     """A stop request left in the store would end the thread's next turn (the next AgentRun) at once."""
     spec = make_spec(stop=True)
     status = applied(run_status(), decide(spec, run_status(), view(running()), None, NOW, LIMITS))
-    d = decide(spec, status, view(terminated(code)), None, later(1), LIMITS)
+    done = progress(status="completed") if code == 0 else None
+    d = decide(spec, status, view(terminated(code)), done, later(1), LIMITS)
     assert d.status["phase"] == phase
     assert d.clear_stop, "the run ended without withdrawing its stop request from the store"
 
 
 def test_a_run_that_never_asked_for_a_stop_leaves_the_store_alone() -> None:
-    d = decide(make_spec(), run_status(), view(terminated(0)), None, NOW, LIMITS)
+    d = decide(make_spec(), run_status(), view(terminated(0)), progress(status="completed"), NOW, LIMITS)
     assert d.status["phase"] == SUCCEEDED and not d.clear_stop
 
 
@@ -846,9 +847,57 @@ def test_stop_while_backing_off_is_stopped() -> None:
 def test_run_completed_before_it_saw_the_stop_is_succeeded() -> None:
     spec = make_spec(stop=True)
     status = applied(run_status(), decide(spec, run_status(), view(running()), None, NOW, LIMITS))
-    d = decide(spec, status, view(terminated(0)), None, later(1), LIMITS)
+    d = decide(spec, status, view(terminated(0)), progress(status="completed"), later(1), LIMITS)
     assert d.status["phase"] == SUCCEEDED, "a finished run must not be reported as stopped"
     assert d.create_attempt is None
+
+
+@pytest.mark.parametrize(
+    "seen",
+    [
+        pytest.param(None, id="no-progress-at-all"),
+        pytest.param(progress(status="running", current_node="tools"), id="running-at-a-node"),
+        pytest.param(progress(status="completed", request_key="another-turn"), id="another-turn-completed"),
+    ],
+)
+def test_exit_0_without_a_completed_turn_in_the_store_is_a_crash(seen: Progress | None) -> None:
+    """Issue 22 item 5: a graph calling os._exit(0) at import or mid-node must not end Succeeded."""
+    d = decide_run(
+        spec=make_spec(),
+        status=AgentRunStatus.parse(run_status()),
+        pod=view(terminated(0)),
+        progress=seen,
+        now=NOW,
+        limits=LIMITS,
+        request_key="this-turn",
+    )
+    assert d.status["phase"] == PENDING and d.status["reason"] == "BackOff", d.status
+    assert "exited 0 before the run completed" in d.status["message"] and d.status["restarts"] == 1
+    if seen is not None and seen.status == "running":
+        assert "running at node tools" in d.status["message"]
+    once = decide_run(
+        spec=make_spec(restartPolicy={"maxRestarts": 0}),
+        status=AgentRunStatus.parse(run_status()),
+        pod=view(terminated(0)),
+        progress=seen,
+        now=NOW,
+        limits=LIMITS,
+        request_key="this-turn",
+    )
+    assert once.status["phase"] == FAILED and "exited 0 before the run completed" in once.status["message"]
+
+
+def test_exit_0_waits_for_the_store_when_the_operator_cannot_read_it() -> None:
+    d = decide_run(
+        spec=make_spec(),
+        status=AgentRunStatus.parse(run_status()),
+        pod=view(terminated(0)),
+        progress=None,
+        now=NOW,
+        limits=LIMITS,
+        store_down=True,
+    )
+    assert "phase" not in d.status and d.create_attempt is None, "decided without the store's word"
 
 
 def test_stop_after_a_crash_does_not_restart() -> None:
@@ -861,7 +910,7 @@ def test_a_final_exit_code_wins_over_a_disruption_that_came_meanwhile(code: int,
     """An eviction racing with a run that already failed permanently must not retry it."""
     pod = terminated(code)
     pod["status"]["conditions"] = [disruption_target()]
-    d = decide(make_spec(), run_status(), view(pod), None, NOW, LIMITS)
+    d = decide(make_spec(), run_status(), view(pod), progress(status="completed") if code == 0 else None, NOW, LIMITS)
     assert d.status["phase"] == phase and d.create_attempt is None
 
 
@@ -941,6 +990,27 @@ def test_a_run_that_has_not_started_waits_while_another_live_run_holds_its_threa
     assert d.status["phase"] == PENDING and d.status["reason"] == Reason.THREAD_BUSY
     assert waits_for in d.status["message"] and "order-4821" in d.status["message"], "say whom the run waits for"
     assert "attempt" not in d.status and "startTime" not in d.status, "a waiting run has not started"
+
+
+def test_a_deleted_runs_unfinished_turn_is_waited_for_then_taken_over() -> None:
+    """Issue 22 item 4: the deleted run's pods first; then the next run starts and closes that turn."""
+    left = progress(status="running", run_uid="deleted-uid", request_key="its-request")
+    assert orphaned_turn(left, me=ME.uid, request_key="mine", peers=[]) == "deleted-uid"
+    assert orphaned_turn(left, me=ME.uid, request_key="its-request", peers=[]) is None, "a re-applied request"
+    assert orphaned_turn(left, me="deleted-uid", request_key="mine", peers=[]) is None, "its own turn"
+    still_there = peer("still-there", age=60, phase=RUNNING, attempt=1)
+    holder = progress(status="running", run_uid=still_there.uid)
+    assert orphaned_turn(holder, me=ME.uid, request_key="mine", peers=[still_there]) is None, "not deleted"
+    assert orphaned_turn(progress(status="completed", run_uid="x"), me=ME.uid, request_key="", peers=[]) is None
+    kwargs: dict[str, Any] = dict(spec=make_spec(), pod=None, progress=None, limits=LIMITS, run=ME, now=NOW)
+    waiting = decide_run(status=AgentRunStatus(), orphan=OrphanedTurn("deleted-uid", ("gone-1",)), **kwargs)
+    assert waiting.create_attempt is None, "GUARANTEE BROKEN: a pod while the deleted run's runner may still write"
+    assert waiting.status["reason"] == Reason.THREAD_BUSY and "gone-1" in waiting.status["message"]
+    assert waiting.waits_for_pods == ("gone-1",)
+    d = decide_run(status=AgentRunStatus(), orphan=OrphanedTurn("deleted-uid"), **kwargs)
+    assert d.create_attempt == 1 and d.take_over_from == "deleted-uid"
+    plain = decide_run(status=AgentRunStatus(), **kwargs)
+    assert plain.create_attempt == 1 and plain.take_over_from is None
 
 
 def test_a_waiting_run_starts_once_the_holder_ends() -> None:

@@ -369,7 +369,9 @@ def test_the_deadline_ends_a_waiting_run_too(status: dict[str, Any], pod: dict[s
 
 
 def test_a_run_that_completed_by_itself_keeps_its_outcome_past_the_deadline() -> None:
-    d = decide(make_spec(activeDeadlineSeconds=DEADLINE), run_status(), pod=terminated(0))
+    d = decide(
+        make_spec(activeDeadlineSeconds=DEADLINE), run_status(), pod=terminated(0), store=failing(status="completed")
+    )
     assert d.status["reason"] == Reason.COMPLETED
 
 
@@ -394,7 +396,7 @@ def test_ttl_after_finished() -> None:
 def test_every_condition_written_has_all_metav1_condition_fields() -> None:
     d = decide(make_spec(), run_status(), pod=running(), store=failing())
     patch = status_patch(AgentRunStatus.parse(run_status()), d.status, now=NOW, generation=4, conditions=d.conditions)
-    d2 = decide(make_spec(), run_status(), pod=terminated(0), store=failing())
+    d2 = decide(make_spec(), run_status(), pod=terminated(0), store=failing(status="completed"))
     patch2 = status_patch(
         AgentRunStatus.parse(run_status()), d2.status, now=NOW, generation=4, conditions=d2.conditions
     )

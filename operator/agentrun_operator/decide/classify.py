@@ -63,6 +63,7 @@ class PodView:
     created: datetime | None = None  # metadata.creationTimestamp (the image pull timeout counts from it)
     finished_at: datetime | None = None  # the runner container's terminated.finishedAt
     unschedulable: bool = False  # the scheduler found no node for it (condition PodScheduled False)
+    owner_uid: str | None = None  # the uid of the AgentRun that controls it
 
     @classmethod
     def from_manifest(cls, pod: dict[str, Any]) -> PodView:
@@ -97,6 +98,14 @@ class PodView:
             created=parse_time(pod["metadata"].get("creationTimestamp")),
             finished_at=parse_time(terminated.get("finishedAt")),
             unschedulable=unschedulable,
+            owner_uid=next(
+                (
+                    str(o.get("uid"))
+                    for o in pod["metadata"].get("ownerReferences") or []
+                    if o.get("kind") == "AgentRun" and o.get("controller")
+                ),
+                None,
+            ),
         )
 
     def last_line(self) -> str:

@@ -40,6 +40,10 @@ class Decision:
     status: StatusPatch = field(default_factory=lambda: StatusPatch())
     create_attempt: int | None = None
     resume: dict[str, Any] | None = None  # the runner's AGENTRUN_RESUME for the attempt created
+    # The deleted AgentRun whose unfinished turn the attempt created closes first (``thread.orphaned_turn``).
+    take_over_from: str | None = None
+    # Pods of a deleted AgentRun this run waits for (the reconcile is woken when each is deleted).
+    waits_for_pods: tuple[str, ...] = ()
     delete_pod: str | None = None
     delete_grace: int | None = None
     request_stop: bool = False

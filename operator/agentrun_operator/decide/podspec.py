@@ -69,6 +69,7 @@ def build_pod(
     settings: OperatorSettings,
     resume: dict[str, Any] | None = None,
     inputs_in_store: bool = False,
+    take_over_from: str | None = None,
 ) -> dict[str, Any]:
     """The pod manifest of ``run``'s attempt ``attempt``; ``resume`` answers its interrupt(s).
 
@@ -91,6 +92,7 @@ def build_pod(
         resume=None if inputs_in_store else resume,
         inputs_in_store=inputs_in_store,
         request_key=run_request_key(run, spec),
+        take_over_from=take_over_from or "",
         metrics_port=settings.runner_metrics_port,
     )
     env: list[dict[str, Any]] = [*inputs.to_env()]

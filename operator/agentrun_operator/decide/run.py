@@ -3,7 +3,8 @@
 Nothing here does I/O or reads a clock; ``io.reconcile`` gathers the inputs
 and applies the ``Decision``. The rules (DESIGN.md sections 3 and 4):
 
-- exit 0/3/4/5 -> Succeeded / Interrupted / Stopped / Failed; exit 7 of the
+- exit 0/3/4/5 -> Succeeded / Interrupted / Stopped / Failed, exit 0 only with the turn completed in
+  the store (else it is a crash: "exited 0 before the run completed"); exit 7 of the
   current pod -> Failed ``Superseded`` (another AgentRun claimed the thread);
 - a disruption (eviction or the ``DisruptionTarget`` condition, exit 6, the
   pod deleted by someone else, a node lost past a timeout) reschedules at
@@ -20,7 +21,9 @@ and applies the ``Decision``. The rules (DESIGN.md sections 3 and 4):
 - a run whose store Secret is unusable ends Failed at once, unless it is
   being stopped (a stop needs no store to end the run);
 - a run that has not started waits while another live AgentRun holds its
-  thread (``thread.blocker``: the newer waits, reason ``ThreadBusy``).
+  thread (``thread.blocker``: the newer waits, reason ``ThreadBusy``), and while
+  the pods of a deleted AgentRun whose turn it will close are alive
+  (``thread.orphaned_turn``);
 - before its first pod, a run whose request already has an outcome in the
   store takes that outcome and gets no pod (``identity``: ``AlreadyCompleted``);
 - ``spec.retry`` re-opens a Failed run, ``spec.activeDeadlineSeconds`` ends
@@ -51,7 +54,7 @@ from .podstart import IMAGE_PULL, image_pull_timed_out, start_error
 from .reasons import CONFIG_ERRORS, TERMINAL, DisruptionReason, Phase, Reason
 from .spec import AgentRunSpec, InvalidSpec
 from .status import AgentRunStatus, InterruptInfo, StatusPatch, iso, parse_time
-from .thread import ThreadPeer, blocker
+from .thread import OrphanedTurn, ThreadPeer, blocker
 
 PAYLOAD_LIMIT = 1024
 # A pod's waiting reasons that say nothing worth a status write (and a row of kubectl get ar -w).
@@ -130,6 +133,8 @@ def decide(
     peers: Sequence[ThreadPeer] = (),
     request_key: str = "",
     turn: RecordedTurn | None = None,
+    store_down: bool = False,
+    orphan: OrphanedTurn | None = None,
 ) -> Decision:
     """The next step for one AgentRun.
 
@@ -137,7 +142,9 @@ def decide(
     there is none); ``store_problem`` set when its store cannot be opened; ``run`` this run on its thread
     and ``peers`` the other AgentRuns on the same thread (``run`` None: the thread rule is not applied);
     ``request_key`` this run's request key and ``turn`` its turn in the store, read before the first pod
-    (``identity``: a request already answered is not run again). The decision also carries the attempt
+    (``identity``: a request already answered is not run again); ``store_down``: the operator's read of the
+    progress failed (``progress`` is then None without meaning "no progress"); ``orphan``: the thread's latest
+    turn is a deleted AgentRun's, unfinished (``thread.orphaned_turn``). The decision also carries the attempt
     history (``attempts.track``).
     """
     ctx = _Run(
@@ -153,6 +160,8 @@ def decide(
         peers=peers,
         request_key=request_key,
         turn=turn,
+        store_down=store_down,
+        orphan=orphan,
     )
     d = _decide(ctx)
     if status.phase not in TERMINAL or d.status or d.create_attempt is not None:  # an ended run stays as it is
@@ -201,6 +210,14 @@ def _decide(ctx: _Run) -> Decision:
                 f"waiting for AgentRun {waits_for.name}, which holds thread {spec.threadId}; "
                 "this run starts when that one ends",
             )
+        if ctx.orphan is not None and ctx.orphan.pods:
+            d.waits_for_pods = ctx.orphan.pods
+            return d.phase(
+                Phase.PENDING,
+                Reason.THREAD_BUSY,
+                f"waiting for pod {', '.join(ctx.orphan.pods)} of a deleted AgentRun (uid {ctx.orphan.run_uid}) "
+                f"to end; this run then closes that run's unfinished turn on thread {spec.threadId} and starts",
+            )
         return ctx.start(d, 1, first=True)
 
     if status.phase == Phase.INTERRUPTED:
@@ -236,6 +253,8 @@ class _Run:
     peers: Sequence[ThreadPeer]
     request_key: str
     turn: RecordedTurn | None
+    store_down: bool
+    orphan: OrphanedTurn | None
 
     @property
     def attempt(self) -> int:
@@ -252,6 +271,8 @@ class _Run:
     ) -> Decision:
         d.create_attempt = attempt
         d.resume = resume
+        if self.orphan is not None and not self.orphan.pods:
+            d.take_over_from = self.orphan.run_uid
         d.status["attempt"] = attempt
         d.status["lostSince"] = None
         if first:
@@ -315,9 +336,29 @@ class _Run:
         d.reschedule_reason = "Resume"
         return self.start(d, self.attempt + 1, resume=answer)
 
+    def turn_completed(self) -> bool:
+        """The store says this run's turn completed: an exit 0 alone is not trusted (DESIGN.md section 3)."""
+        progress = self.progress
+        if progress is None or progress.status != "completed":
+            return False
+        return not (progress.request_key and self.request_key and progress.request_key != self.request_key)
+
+    def exited_early(self) -> str:
+        """Why an exit 0 without a completed turn is a crash, with what the store holds instead."""
+        progress = self.progress
+        if progress is None:
+            seen = "no progress at all"
+        elif progress.status == "completed":
+            seen = "another request's turn as the thread's latest"
+        else:
+            seen = f"status {progress.status}" + (f" at node {progress.current_node}" if progress.current_node else "")
+        return f"exited 0 before the run completed; the store has {seen}"
+
     def stop(self, d: Decision) -> Decision:
+        if self.outcome is Outcome.COMPLETED and self.store_down:
+            return d  # exit 0 needs the store's word: the next reconcile decides
         if self.outcome not in LIVE:
-            if self.outcome is Outcome.COMPLETED:
+            if self.outcome is Outcome.COMPLETED and self.turn_completed():
                 return self.finish(
                     d, Phase.SUCCEEDED, Reason.COMPLETED, "the run completed before it saw the stop request"
                 )
@@ -387,6 +428,10 @@ class _Run:
                 f"pod {pod.name} did not finish terminating {limits.lost_node_timeout:g}s after its grace period",
             )
         if outcome is Outcome.COMPLETED:
+            if self.store_down:
+                return d  # exit 0 needs the store's word: the next reconcile decides (outage.guard marks it)
+            if not self.turn_completed():
+                return self.crashed(d, why=self.exited_early())
             return self.finish(d, Phase.SUCCEEDED, Reason.COMPLETED, "the run completed")
         if outcome is Outcome.INTERRUPTED:
             interrupt = _interrupt_status(self.progress)
@@ -454,11 +499,12 @@ class _Run:
         since = parse_time(started) or (self.pod.created if self.pod is not None else None)
         return since is not None and progress.updated_at >= since.timestamp()
 
-    def crashed(self, d: Decision) -> Decision:
+    def crashed(self, d: Decision, *, why: str | None = None) -> Decision:
         pod, attempt, policy = self.pod, self.attempt, self.spec.restartPolicy
         assert pod is not None
         restarts = self.status.restarts + 1
-        why = f"exit {pod.exit_code}" + (f" ({pod.terminated_reason})" if pod.terminated_reason else "")
+        if why is None:
+            why = f"exit {pod.exit_code}" + (f" ({pod.terminated_reason})" if pod.terminated_reason else "")
         if restarts > policy.maxRestarts:
             return self.finish(
                 d,

@@ -12,6 +12,12 @@ once would race on the thread's state, so the rule is **the newer waits**:
 - a run that has started is never held back (its own attempts follow each
   other as before); when the run it waited for ends or is deleted, the
   waiter starts.
+- a deleted AgentRun can leave an unfinished turn in the store (its runner
+  was stopped by the deletion, mid-node): ``orphaned_turn`` names that run.
+  The next run on the thread waits (``ThreadBusy``) until the deleted run's
+  pods are gone, then its runner closes that turn as stopped (fencing the
+  deleted run off first) and starts its own turn. Closed rather than resumed:
+  the deleted run's request was withdrawn with its AgentRun.
 
 LIMIT: the operator sees other runs through a cache fed by the watch. A run
 created an instant before another may not be in that cache yet when the
@@ -27,6 +33,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+
+from agentrun.checkpoint.base import Progress
 
 from .reasons import TERMINAL, Phase
 
@@ -69,3 +77,29 @@ def blocker(me: ThreadPeer, others: Iterable[ThreadPeer]) -> ThreadPeer | None:
         if other._age_key() < me._age_key() and (waits_for is None or other._age_key() < waits_for._age_key()):
             waits_for = other
     return waits_for
+
+
+@dataclass(frozen=True)
+class OrphanedTurn:
+    """The unfinished turn of a deleted AgentRun on this run's thread, and that run's pods still alive."""
+
+    run_uid: str
+    pods: tuple[str, ...] = ()
+
+
+ENDED = ("completed", "stopped", "failed")
+
+
+def orphaned_turn(progress: Progress | None, *, me: str, request_key: str, peers: Iterable[ThreadPeer]) -> str | None:
+    """The uid of the deleted AgentRun whose turn the thread's latest is, unfinished; None if there is none.
+
+    Not orphaned: an ended turn, this run's own (by uid, or by request key: a re-applied request resumes it),
+    or the turn of an AgentRun that still exists (the thread rule above waits for it).
+    """
+    if progress is None or progress.status in ENDED or not progress.run_uid or progress.run_uid == me:
+        return None
+    if request_key and progress.request_key == request_key:
+        return None
+    if any(peer.uid == progress.run_uid for peer in peers):
+        return None
+    return progress.run_uid

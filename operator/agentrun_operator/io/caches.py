@@ -151,3 +151,13 @@ class PodCache:
 
     def forget(self, namespace: str, name: str) -> None:
         self._assumed.pop((namespace, name), None)
+
+    def of_owner(self, namespace: str, uid: str) -> list[str]:
+        """The names of the pods in ``namespace`` that the AgentRun ``uid`` controls, as the watch reported them."""
+        if self.index is None:
+            return []
+        return sorted(
+            name
+            for (ns, name), views in self.index.items()
+            if ns == namespace and any(view.owner_uid == uid for view in views)
+        )

@@ -50,7 +50,7 @@ from ..decide.reasons import TERMINAL, Phase
 from ..decide.run import at_rest, decide, rejected
 from ..decide.spec import AgentRunSpec, InvalidSpec, parse_spec, thread_key
 from ..decide.status import AgentRunStatus, StatusPatch, iso, parse_time
-from ..decide.thread import ThreadPeer
+from ..decide.thread import OrphanedTurn, ThreadPeer, orphaned_turn
 from ..decide.wake import next_wake
 from ..settings import OperatorSettings
 from . import metrics
@@ -240,6 +240,7 @@ class Reconciler:
         if status.attempt:
             pod = await self.pods.get(ref.namespace, pod_name(ref.name, status.attempt))
         store_down: str | None = None  # why the store did not answer the operator (outage.guard)
+        seen: Progress | None = None  # the thread's progress, whichever run wrote it
         if store is not None:
             # Read on every reconcile, also before the first pod: it is the operator's view of the store.
             try:
@@ -255,6 +256,11 @@ class Reconciler:
                 log.warning("[%s/%s] cannot read progress of %s: %s", ref.namespace, ref.name, thread, why)
         key = run_request_key(ref, spec)
         turn = await self._turn(ref, store, thread, key) if not status.started and not spec.stop else None
+        orphan: OrphanedTurn | None = None
+        if store is not None and store_down is None and not spec.stop:
+            gone = orphaned_turn(seen, me=ref.uid, request_key=key, peers=peers)
+            if gone is not None:
+                orphan = OrphanedTurn(gone, tuple(self.pods.of_owner(ref.namespace, gone)))
         decision = decide(
             spec=spec,
             status=status,
@@ -267,6 +273,8 @@ class Reconciler:
             peers=peers,
             request_key=key,
             turn=turn,
+            store_down=store_down is not None,
+            orphan=orphan,
         )
         decision = outage.guard(
             decision,
@@ -278,6 +286,8 @@ class Reconciler:
         )
         if decision.create_attempt is not None and (refused := await self.access.problem(ref, spec)):
             decision = rejected(InvalidSpec(refused))  # before any pod of this attempt exists
+        for pod_name_ in decision.waits_for_pods:  # its deletion reconciles this run at once (io/handlers.py)
+            self.name_waiters[(ref.namespace, pod_name_)] = ref.uid
         await self._apply(ref, spec, decision, store, thread)
         await self._write(run, status, decision, now)
         after = self.status_of(run)
@@ -345,6 +355,7 @@ class Reconciler:
                 settings=self.settings,
                 resume=resume,
                 inputs_in_store=True,
+                take_over_from=decision.take_over_from,
             )
             pod = manifest["metadata"]["name"]
             try:
