@@ -13,6 +13,13 @@ counted in the run's ``ToolCounts``, with the last failure's tool, code and
 message (never the arguments); with ``fail_on_tool_error`` the engine then
 fails the run (see ``engine``).
 
+A side-effect call whose answer was lost (the tool raised
+``ToolOutcomeUnknown``: the connection to its server broke after the request
+went out) is in doubt at once, not failed: its in-doubt policy applies in the
+same run (retry with the same idempotency key, report, interrupt), as on a
+replay. A retry that again gets no answer leaves it in doubt; after
+``LOST_RETRIES`` the run pauses for a human.
+
 The node gets the run context (store, config, logger, resume values) as a
 parameter from the engine (it is a ``nodes.ContextNode``) and hands each
 call's interrupt scope on explicitly; only the tools themselves, user code,
@@ -43,11 +50,15 @@ from .interrupts import interrupt_in
 from .messages import Message, ToolCall, tool_message, unicode_text
 from .metrics import IN_DOUBT, TOOL_CALLS, TOOL_ERRORS, TOOL_TIMEOUTS
 from .state import MESSAGES, Replace, changed_fields, last_tool_request, snapshot_fields
-from .tools import Tool, ToolArgumentError, tool
+from .tools import Tool, ToolArgumentError, ToolOutcomeUnknown, tool
 
 # Errors that must end the node rather than become a message for the model. A store that stayed
 # unavailable past the retry bound ends the attempt before a tool starts (see ledger.py).
 _FATAL = (DeterminismError, FencedError, StoreUnavailableError)
+# A side-effect call that lost its answer, under policy "retry": how many more starts with the same key,
+# and the pause before each (a stdio server restarts, an HTTP server comes back behind its address).
+LOST_RETRIES = 2
+LOST_RETRY_DELAY = 1.0
 
 
 def tools_condition(state: dict[str, Any]) -> str:
@@ -72,12 +83,18 @@ def _result_message(result: Any, call: ToolCall, tool_name: str, key: str | None
 class _ToolFailed(Exception):
     """The tool raised or timed out; carries the error text and its code (never recorded in the ledger)."""
 
-    def __init__(self, text: str, *, code: str, reason: str) -> None:
+    def __init__(self, text: str, *, code: str, reason: str, answered: bool = True) -> None:
         super().__init__(text)
         self.text = text
         self.code = code
         self.reason = reason
+        # False when no answer came: the call may have taken effect (lost answer, deadline), or it never
+        # reached the tool (connection refused). For a retry of an in-doubt call it stays in doubt then.
+        self.answered = answered
 
+
+# The reason (a metric label) of a call whose answer was lost: ToolOutcomeUnknown.
+_LOST = "outcome_unknown"
 
 # The metric label for a tool name the model made up: labels must stay a bounded set.
 UNKNOWN_TOOL_LABEL = "<unknown>"
@@ -226,7 +243,37 @@ class ToolNode:
         try:
             result = await self._invoke(ctx, scope, t, call=call, arguments=arguments, state=state, idem=idem)
         except _ToolFailed as failed:
+            if failed.reason == _LOST and t.side_effects and key is not None:
+                return await self._lost(
+                    ctx,
+                    scope,
+                    t,
+                    key=key,
+                    idem=idem,
+                    call=call,
+                    arguments=arguments,
+                    state=state,
+                    baseline=baseline,
+                    lost=failed,
+                )
             return _failed(ctx, call, failed.text, code=failed.code, reason=failed.reason)
+        return await self._completed(
+            ctx, t, call=call, key=key, result=result, state=state, baseline=baseline, started=started
+        )
+
+    async def _completed(
+        self,
+        ctx: RunContext,
+        t: Tool,
+        *,
+        call: ToolCall,
+        key: str | None,
+        result: Any,
+        state: dict[str, Any],
+        baseline: dict[str, Any],
+        started: float,
+    ) -> Message:
+        """A call that returned: counted, logged, recorded in the ledger before anything else continues."""
         ctx.counts.executed += 1
         TOOL_CALLS.labels(t.name, "executed").inc()
         ctx.log.info(
@@ -241,6 +288,73 @@ class ToolNode:
             await ledger.record(ctx, key, t.name, result, changed_fields(baseline, state))
             fault_point("after_ledger_record", t.name)
         return _result_message(result, call, t.name, key)
+
+    async def _lost(
+        self,
+        ctx: RunContext,
+        scope: CallScope,
+        t: Tool,
+        *,
+        key: str,
+        idem: str | None,
+        call: ToolCall,
+        arguments: dict[str, Any],
+        state: dict[str, Any],
+        baseline: dict[str, Any],
+        lost: _ToolFailed,
+    ) -> Message:
+        """A side-effect call that lost its answer: in doubt now, under its policy (see the module docstring).
+
+        Its intent is recorded, so a crash from here on finds it in doubt on replay just the same.
+        """
+        IN_DOUBT.labels(t.name, t.in_doubt).inc()
+        ctx.counts.in_doubt += 1
+        resumes = _answered_interrupts(ctx, scope.name)
+        intent_key = key if resumes == 0 else f"{key}#resume{resumes}"
+        if t.in_doubt == "report":
+            ctx.log.warning("%s (%s) is in doubt (%s); not retried, reported to the model", key, t.name, lost.text)
+            return _error_message(
+                call,
+                f"{t.name} was sent but its outcome is unknown ({lost.text}); it was not retried. "
+                f"Idempotency key: {idem}",
+                "in_doubt",
+            )
+        if t.in_doubt == "retry":
+            for attempt in range(1, LOST_RETRIES + 1):
+                ctx.log.warning(
+                    "%s (%s) is in doubt (%s); retrying with the same idempotency key in %gs (%d of %d)",
+                    key,
+                    t.name,
+                    lost.text,
+                    LOST_RETRY_DELAY,
+                    attempt,
+                    LOST_RETRIES,
+                )
+                await asyncio.sleep(LOST_RETRY_DELAY)
+                started = time.perf_counter()
+                try:
+                    result = await self._invoke(ctx, scope, t, call=call, arguments=arguments, state=state, idem=idem)
+                except _ToolFailed as again:
+                    if again.answered:  # the tool answered this time, with an error: that is its outcome
+                        return _failed(ctx, call, again.text, code=again.code, reason=again.reason)
+                    lost = again
+                    continue
+                return await self._completed(
+                    ctx, t, call=call, key=key, result=result, state=state, baseline=baseline, started=started
+                )
+            ctx.log.warning(
+                "%s (%s) is still in doubt after %d retries; pausing the run for a human", key, t.name, LOST_RETRIES
+            )
+        # The in-doubt scope of _check_intent, past the answers it already has: the resumed node finds the
+        # intent, and _check_intent takes this pause's answer (the latest) as its decision.
+        name = f"in-doubt:{intent_key}"
+        interrupt_in(
+            ctx,
+            CallScope(name=name, counter=_answered_interrupts(ctx, name), tool_call_id=call.id),
+            {"reason": "in_doubt", "tool": t.name, "arguments": arguments, "idempotency_key": idem, "error": lost.text},
+            message=f'{t.name} was sent but its outcome is unknown; resume with "retry" or {{"result": ...}}',
+        )
+        raise AssertionError("an in-doubt pause past every answer cannot have an answer")
 
     async def _check_intent(
         self,
@@ -282,14 +396,18 @@ class ToolNode:
             return None
         IN_DOUBT.labels(t.name, t.in_doubt).inc()
         ctx.counts.in_doubt += 1
-        if t.in_doubt == "retry":
+        # The run may have paused on this call before (policy interrupt, or retries that got no answer in
+        # _lost): a human's answer, the latest if there are several, decides whatever the policy.
+        doubt = f"in-doubt:{intent_key}"
+        answered = _answered_interrupts(ctx, doubt)
+        if t.in_doubt == "retry" and not answered:
             ctx.log.warning(
                 "%s (%s) started before but its outcome was not recorded; retrying with the same idempotency key",
                 key,
                 t.name,
             )
             return None
-        if t.in_doubt == "report":
+        if t.in_doubt == "report" and not answered:
             ctx.log.warning("%s (%s) is in doubt; not retried, reported to the model", key, t.name)
             return _error_message(
                 call,
@@ -300,7 +418,7 @@ class ToolNode:
         # A scope of its own: the decision must never take the answer meant for an interrupt() of the tool.
         decision = interrupt_in(
             ctx,
-            CallScope(name=f"in-doubt:{intent_key}", tool_call_id=call.id),
+            CallScope(name=doubt, counter=max(answered - 1, 0), tool_call_id=call.id),
             {"reason": "in_doubt", "tool": t.name, "arguments": arguments, "idempotency_key": idem},
             message=f'{t.name} started but its outcome is unknown; resume with "retry" or {{"result": ...}}',
         )
@@ -341,9 +459,17 @@ class ToolNode:
                 f"tool {t.name} did not finish within {timeout:g}s", code=NodeTimeoutError.TOOL, timeout=timeout or 0
             )
             ctx.log.warning("%s", err)
-            raise _ToolFailed(str(err), code=NodeTimeoutError.TOOL, reason="timeout") from None
+            raise _ToolFailed(str(err), code=NodeTimeoutError.TOOL, reason="timeout", answered=False) from None
         except GraphInterrupt:
             raise
+        except ToolOutcomeUnknown as e:
+            ctx.log.warning("tool %s (call %s) lost its answer: %s: %s", t.name, call.id, type(e).__name__, e)
+            text = f"{type(e).__name__}: {e}"
+            raise _ToolFailed(text, code=ToolError.RAISED, reason=_LOST, answered=False) from e
+        except ConnectionError as e:  # it never reached its server: no outcome, nothing happened there
+            ctx.log.warning("tool %s (call %s) raised %s: %s", t.name, call.id, type(e).__name__, e)
+            text = f"{type(e).__name__}: {e}"
+            raise _ToolFailed(text, code=ToolError.RAISED, reason="exception", answered=False) from e
         except Exception as e:
             ctx.log.warning("tool %s (call %s) raised %s: %s", t.name, call.id, type(e).__name__, e)
             raise _ToolFailed(f"{type(e).__name__}: {e}", code=ToolError.RAISED, reason="exception") from e

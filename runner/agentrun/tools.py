@@ -23,6 +23,17 @@ server's tools, LangChain tools: see ``agentrun.integrations``) are
 idempotency key, intents, deadline, stop). ``tool()`` and ``ToolNode`` accept
 a LangChain ``BaseTool`` directly (needs ``agentrun[langchain]``).
 
+A tool (or an adapter such as the MCP one) that lost its answer, not its
+call, raises ``ToolOutcomeUnknown``: the call may have taken effect (the
+connection to the server broke after the request went out). For a
+side-effect tool the tool node then treats the call as in doubt at once and
+applies ``in_doubt`` in the same run, as a replay would: ``"retry"`` runs it
+again with the SAME idempotency key (a few times, a second apart; if it still
+gets no answer the run pauses for a human), ``"report"`` tells the model the
+outcome is unknown, ``"interrupt"`` pauses the run. It is never counted as a
+plain failure, which would let the model call again under a new key. For a
+tool without side effects it is an ordinary tool error.
+
 A side-effect tool may itself call ``interrupt()`` (e.g. to ask for approval):
 a pause there is a known point, not an unknown outcome, so the resumed call
 runs on (code before ``interrupt()`` must have no side effects). A crash after
@@ -46,6 +57,13 @@ INJECTED = frozenset({"state", "idempotency_key"})
 
 class ToolArgumentError(ValueError):
     """The model's arguments do not fit the tool's signature."""
+
+
+class ToolOutcomeUnknown(Exception):
+    """Raised by a tool whose call went out but whose answer was lost: it may have taken effect.
+
+    The tool node applies the tool's in-doubt policy to it (see the module docstring).
+    """
 
 
 class Tool:

@@ -7,6 +7,15 @@ NODE_TIMEOUT_002 within the deadline and the next call works; a stop ends a
 run hung in an MCP call within 2 s; a server killed mid-call gives a tool
 error, the run continues, and the next call restarts (stdio) or reconnects
 (HTTP).
+
+Issue 22, one connection shared by many calls: a call that reaches its
+deadline, or whose run is stopped, is cancelled alone (MCP
+``notifications/cancelled``); its siblings on the same connection, of the same
+run, of another run, or of another OS thread of the process, finish and are
+recorded, charged once. A connection lost under a side-effect call leaves that
+call in doubt under its declared policy (retry with the SAME idempotency key,
+report, interrupt), never a plain failure the model would retry with a new
+key. Per-tool deadlines in one ``amcp_tools`` call.
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -25,10 +35,10 @@ from typing import Any
 
 import pytest
 
-from agentrun import InMemoryCheckpointer, RunStopped
+from agentrun import Command, InMemoryCheckpointer, RunStopped, blocking
 from agentrun.devservers import free_port
 from agentrun.engine import CompiledGraph
-from agentrun.integrations.mcp import MCPServer, amcp_tools
+from agentrun.integrations.mcp import MCPServer, amcp_tools, mcp_tools
 from agentrun.metrics import TOOL_TIMEOUTS
 from tests.unit.helpers import call, calling_model, tool_graph, tool_messages
 
@@ -47,6 +57,7 @@ def server_env(tmp_path: Path, subprocess_env: dict[str, str]) -> dict[str, str]
         subprocess_env,
         MCP_CHARGES_FILE=str(tmp_path / "charges.jsonl"),
         MCP_PID_FILE=str(tmp_path / "server.pid"),
+        MCP_CANCELS_FILE=str(tmp_path / "cancels.jsonl"),
     )
 
 
@@ -205,6 +216,195 @@ async def test_server_killed_mid_call_is_a_tool_error_and_the_next_call_reconnec
     again = await app_calling(server, call("call_1", "charge", order_id="1"))
     values = await again.ainvoke("go", {"thread_id": "t2", "tool_timeout": 20})
     assert not tool_messages(values)["call_1"].is_error, f"the next call after the server died failed ({kind})"
+
+
+# -- one connection, many calls (issue 22) ------------------------------------------------------------
+
+
+def charge_key(values: dict[str, Any], call_id: str) -> str:
+    """The ledger key of ``call_id`` in the turn's tool request."""
+    request = next(m for m in values["messages"] if m.role == "assistant" and m.tool_calls)
+    return f"{request.id}:{call_id}"
+
+
+def lines(path: str) -> list[dict[str, Any]]:
+    return charges(Path(path))
+
+
+async def test_a_call_past_its_deadline_is_cancelled_alone_and_its_sibling_charge_completes_recorded_once(
+    transport: tuple[str, Any], server_env: dict[str, str]
+) -> None:
+    _, (server, _) = transport
+    # Two groups of one server object (one connection), each with its deadline.
+    hung = await amcp_tools(server, include=["hang"], tool_timeout=1)
+    paying = await amcp_tools(server, include=["charge"], side_effects={"charge": "retry"}, tool_timeout=20)
+    checkpointer = InMemoryCheckpointer()
+    calls = [call("call_1", "hang"), call("call_2", "charge", order_id="4821", seconds=2.5)]
+    app = tool_graph([*hung, *paying], calling_model(calls)).compile(checkpointer)
+    values = await app.ainvoke("go", {"thread_id": "t1", "tool_timeout": 30})
+    results = tool_messages(values)
+    assert results["call_1"].is_error and "did not finish within 1s" in results["call_1"].content
+    assert not results["call_2"].is_error, (
+        "GUARANTEE BROKEN: a charge in flight failed because a sibling call on the same MCP connection reached "
+        f"its deadline: {results['call_2'].content}"
+    )
+    assert len(lines(server_env["MCP_CHARGES_FILE"])) == 1, "the charge did not execute exactly once"
+    entry = await checkpointer.ledger_get("t1", charge_key(values, "call_2"))
+    assert entry is not None, "the sibling charge completed but is not in the ledger: a replay would charge again"
+    cancels = lines(server_env["MCP_CANCELS_FILE"])
+    assert len(cancels) == 1, f"the server did not see the timed-out call cancelled (once): {cancels}"
+    state = await checkpointer.aget("t1")
+    assert state is not None and state.meta["tool_calls"]["failed"] == 1, state.meta if state else None
+
+
+async def test_per_tool_deadlines_in_one_amcp_tools_call(
+    transport: tuple[str, Any], server_env: dict[str, str]
+) -> None:
+    _, (server, _) = transport
+    with pytest.raises(ValueError, match="chrage"):
+        await amcp_tools(server, timeouts={"chrage": 5})
+    tools = await amcp_tools(server, side_effects={"charge": "retry"}, timeouts={"hang": 1, "charge": 20})
+    calls = [call("call_1", "hang"), call("call_2", "charge", order_id="1", seconds=3)]
+    app = tool_graph(tools, calling_model(calls)).compile(InMemoryCheckpointer())
+    started = time.monotonic()
+    # The run's deadline (2 s) would cut the 3 s charge off: its own 20 s applies instead.
+    values = await app.ainvoke("go", {"thread_id": "t1", "tool_timeout": 2})
+    results = tool_messages(values)
+    assert results["call_1"].is_error and "did not finish within 1s" in results["call_1"].content
+    assert not results["call_2"].is_error, f"charge did not get its own deadline: {results['call_2'].content}"
+    assert time.monotonic() - started < 15
+    # Without a per-tool deadline, a tool of the call keeps tool_timeout (backwards compatible).
+    lookups = await amcp_tools(server, include=["lookup"], tool_timeout=7, timeouts={})
+    assert lookups[0].timeout == 7
+
+
+async def test_a_stopped_run_cancels_its_own_mcp_call_and_another_runs_charge_on_the_connection_completes(
+    transport: tuple[str, Any], server_env: dict[str, str]
+) -> None:
+    _, (server, _) = transport
+    tools = await amcp_tools(server, side_effects={"charge": "retry"})
+    stopped = tool_graph(tools, calling_model([call("call_1", "hang")])).compile(InMemoryCheckpointer())
+    checkpointer = InMemoryCheckpointer()
+    paying = tool_graph(tools, calling_model([call("call_1", "charge", order_id="9", seconds=3)])).compile(checkpointer)
+    hung = asyncio.create_task(stopped.ainvoke("go", {"thread_id": "user-a", "tool_timeout": 0}))
+    charging = asyncio.create_task(paying.ainvoke("go", {"thread_id": "user-b", "tool_timeout": 30}))
+    await asyncio.sleep(1.5)
+    await stopped.checkpointer.request_stop("user-a", "operator")
+    with pytest.raises(RunStopped):
+        await hung
+    values = await charging
+    result = tool_messages(values)["call_1"]
+    assert not result.is_error, f"GUARANTEE BROKEN: stopping one run failed another run's charge: {result.content}"
+    assert len(lines(server_env["MCP_CHARGES_FILE"])) == 1
+    assert await checkpointer.ledger_get("user-b", charge_key(values, "call_1")) is not None
+    assert len(lines(server_env["MCP_CANCELS_FILE"])) == 1, "the stopped call was not cancelled on the server"
+
+
+@pytest.mark.parametrize("kind", ["stdio", "http"])
+def test_two_threads_sharing_one_server_one_users_hung_call_does_not_fail_another_users_charge(
+    kind: str, server_env: dict[str, str], request: pytest.FixtureRequest
+) -> None:
+    if kind == "stdio":
+        server = MCPServer.stdio(sys.executable, "-m", "tests.support.mcp_server", "stdio", env=server_env)
+    else:
+        server = MCPServer.http(request.getfixturevalue("http_server").url)
+    try:
+        hang_tools = mcp_tools(server, include=["hang"], tool_timeout=1.5)
+        pay_tools = mcp_tools(server, include=["charge"], side_effects={"charge": "retry"}, tool_timeout=20)
+        hung = tool_graph(hang_tools, calling_model([call("call_1", "hang")])).compile(InMemoryCheckpointer())
+        checkpointer = InMemoryCheckpointer()
+        charge_call = call("call_1", "charge", order_id="4821", seconds=3)
+        paying = tool_graph(pay_tools, calling_model([charge_call])).compile(checkpointer)
+        results: dict[str, Any] = {}
+
+        def run(name: str, app: CompiledGraph) -> None:
+            try:
+                results[name] = app.invoke("go", {"thread_id": name})
+            except BaseException as e:  # reported by the assertions below
+                results[name] = e
+
+        threads = [threading.Thread(target=run, args=args) for args in (("user-b", paying), ("user-a", hung))]
+        for t in threads:
+            t.start()
+            time.sleep(0.3)
+        for t in threads:
+            t.join(60)
+        assert isinstance(results.get("user-a"), dict) and isinstance(results.get("user-b"), dict), results
+        assert tool_messages(results["user-a"])["call_1"].is_error, "the hung call was supposed to time out"
+        charged = tool_messages(results["user-b"])["call_1"]
+        assert not charged.is_error, (
+            f"GUARANTEE BROKEN: one user's hung MCP call failed another user's charge in another thread: "
+            f"{charged.content}"
+        )
+        assert len(lines(server_env["MCP_CHARGES_FILE"])) == 1
+        key = charge_key(results["user-b"], "call_1")
+        assert blocking.run(lambda: checkpointer.ledger_get("user-b", key), caller="test") is not None
+    finally:
+        blocking.run(server.aclose, caller="test")
+
+
+@pytest.mark.parametrize(
+    ("kind", "policy"),
+    [("stdio", "retry"), ("stdio", "report"), ("stdio", "interrupt"), ("http", "interrupt")],
+)
+async def test_connection_lost_under_a_side_effect_call_is_in_doubt_under_its_policy_never_a_plain_failure(
+    kind: str, policy: str, server_env: dict[str, str], request: pytest.FixtureRequest
+) -> None:
+    http = request.getfixturevalue("http_server") if kind == "http" else None
+    if http is None:
+        server = MCPServer.stdio(sys.executable, "-m", "tests.support.mcp_server", "stdio", env=server_env)
+    else:
+        server = MCPServer.http(http.url)
+    charges_file = Path(server_env["MCP_CHARGES_FILE"])
+    pid_file = Path(server_env["MCP_PID_FILE"])
+
+    def kill_once_charged() -> None:
+        deadline = time.monotonic() + 30
+        while not charges(charges_file) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)  # the card is charged, the answer never comes
+
+    try:
+        tools = await amcp_tools(server, side_effects={"charge": policy})
+        checkpointer = InMemoryCheckpointer()
+        app = tool_graph(tools, calling_model([call("call_1", "charge", order_id="7", seconds=60)])).compile(
+            checkpointer
+        )
+        killer = asyncio.create_task(asyncio.to_thread(kill_once_charged))
+        values = await app.ainvoke("go", {"thread_id": "t1", "tool_timeout": 30})
+        await killer
+        state = await checkpointer.aget("t1")
+        assert state is not None
+        counts = state.meta["tool_calls"]
+        assert counts["failed"] == 0 and counts["in_doubt"] >= 1, (
+            f"GUARANTEE BROKEN: a side-effect call whose connection was lost was counted {counts}, "
+            "a plain failure instead of in doubt"
+        )
+        if policy == "report":
+            result = tool_messages(values)["call_1"]
+            key = charges(charges_file)[0]["argument"]
+            assert result.is_error and "outcome is unknown" in result.content and key in result.content
+            assert len(charges(charges_file)) == 1, "report must not run the call again"
+            return
+        if policy == "interrupt":
+            pending = values.get("__interrupt__") or []
+            assert len(pending) == 1 and pending[0].payload["reason"] == "in_doubt", (
+                f"the in-doubt call did not pause the run for a human: {values['messages'][-1]}"
+            )
+            assert len(charges(charges_file)) == 1
+            if http is not None:
+                http.stop()
+                http.start()  # the same URL, a new process
+            values = await app.ainvoke(Command(resume="retry"), {"thread_id": "t1", "tool_timeout": 30})
+        result = tool_messages(values)["call_1"]
+        assert not result.is_error, result.content
+        executed = charges(charges_file)
+        assert len(executed) == 2, f"the in-doubt charge was not retried exactly once: {executed}"
+        keys = {c["argument"] for c in executed} | {c["meta"] for c in executed}
+        assert len(keys) == 1 and None not in keys, f"GUARANTEE BROKEN: the retry used a new key {keys}"
+        assert await checkpointer.ledger_get("t1", charge_key(values, "call_1")) is not None
+    finally:
+        await server.aclose()
 
 
 # -- the crash scenario, in real processes ---------------------------------------------------------

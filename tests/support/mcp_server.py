@@ -5,9 +5,13 @@
 
 ``charge`` appends one line per EXECUTION to ``MCP_CHARGES_FILE``: the
 idempotency key it got as an argument and the one it found in the request
-metadata, so a test counts executions and distinct keys. ``hang`` never
-answers; ``slow`` writes the server's pid to ``MCP_PID_FILE`` and then
-sleeps, so a test can kill the server mid-call.
+metadata, so a test counts executions and distinct keys. With ``seconds`` it
+then takes that long to answer (the card is charged, the answer is late),
+except for a key it has charged before: a retry with a known key answers at
+once, as a payment API that deduplicates would. ``hang`` never answers; when
+the client cancels it (MCP ``notifications/cancelled``) it appends one line to
+``MCP_CANCELS_FILE``. ``slow`` writes the server's pid to ``MCP_PID_FILE`` and
+then sleeps, so a test can kill the server mid-call.
 """
 
 from __future__ import annotations
@@ -29,11 +33,28 @@ def _meta_key(ctx: Context) -> str | None:  # type: ignore[type-arg]
     return value if isinstance(value, str) else None
 
 
+def _append(path: str, record: dict[str, object]) -> None:
+    """One line, at once (a test may kill the server right after)."""
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def _charged_before(key: str | None) -> bool:
+    path = os.environ["MCP_CHARGES_FILE"]
+    if key is None or not os.path.exists(path):
+        return False
+    with open(path) as f:
+        return any(json.loads(line)["argument"] == key for line in f)
+
+
 @server.tool()
-def charge(order_id: str, ctx: Context, idempotency_key: str | None = None) -> str:  # type: ignore[type-arg]
+async def charge(order_id: str, ctx: Context, idempotency_key: str | None = None, seconds: float = 0) -> str:  # type: ignore[type-arg]
     """Charge the customer's card for the order."""
-    with open(os.environ["MCP_CHARGES_FILE"], "a") as f:
-        f.write(json.dumps({"order_id": order_id, "argument": idempotency_key, "meta": _meta_key(ctx)}) + "\n")
+    known = _charged_before(idempotency_key)
+    _append(os.environ["MCP_CHARGES_FILE"], {"order_id": order_id, "argument": idempotency_key, "meta": _meta_key(ctx)})
+    await anyio.Path(os.environ["MCP_PID_FILE"]).write_text(str(os.getpid()))
+    if seconds and not known:
+        await anyio.sleep(seconds)
     return json.dumps({"status": "succeeded", "order_id": order_id})
 
 
@@ -52,7 +73,11 @@ def refuse(order_id: str) -> str:
 @server.tool()
 async def hang() -> str:
     """Never answers."""
-    await anyio.sleep(3600)
+    try:
+        await anyio.sleep(3600)
+    except anyio.get_cancelled_exc_class():
+        _append(os.environ["MCP_CANCELS_FILE"], {"tool": "hang", "pid": os.getpid()})
+        raise
     return "never"
 
 

@@ -1,7 +1,7 @@
 """An MCP server's tools as agentrun tools (``pip install 'agentrun[mcp]'``, the official ``mcp`` SDK, 1.x).
 
     server = MCPServer.stdio("python", "-m", "billing_mcp")      # or MCPServer.http("http://127.0.0.1:8000/mcp")
-    tools = mcp_tools(server, side_effects={"charge": "retry", "refund": "interrupt"})
+    tools = mcp_tools(server, side_effects={"charge": "retry", "refund": "interrupt"}, timeouts={"charge": 20})
     graph.add_node("tools", ToolNode([*tools, lookup_order]))
 
 Each tool is a ``SchemaTool`` with the server's name, description and input
@@ -18,25 +18,49 @@ stop). What the adapter adds:
   ``ctx.request_context.meta``), and as the argument ``idempotency_key`` when
   the tool's input schema has that property. That property is filled by
   agentrun and hidden from the model.
+- **Deadlines per tool**: ``timeouts={"charge": 20, "search": 5}`` (by the
+  server's tool name; ``<= 0``: none); the others get ``tool_timeout``, or
+  the run's ``tool_timeout`` when that is not given either.
 - **One session per server and event loop**, opened on first use and reused
-  by every call (parallel calls share it). ``await server.aclose()`` (or
-  ``async with server:``) closes it; a stdio server is then stopped.
+  by every call (parallel calls, and the runs of every thread that share the
+  server object; the blocking API runs them all on one loop). ``await
+  server.aclose()`` (or ``async with server:``) closes it; a stdio server is
+  then stopped.
+- **One call ends alone.** A call that reaches its deadline
+  (``NODE_TIMEOUT_002``) or whose run is stopped is cancelled by itself: the
+  server gets MCP's ``notifications/cancelled`` for that request id, and the
+  session stays open for every other call in flight on it, which finish and
+  are recorded as usual.
+- **A lost connection leaves its calls in doubt.** A server that dies or a
+  connection that breaks under a call raises ``MCPConnectionLost`` (an
+  ``MCPConnectionError`` and a ``ToolOutcomeUnknown``): the request went
+  out, the answer did not come back. For a side-effect tool the tool node
+  applies its in-doubt policy at once (retry with the SAME idempotency key,
+  report, interrupt); it is never counted as a plain failure. The next call
+  restarts the stdio server or reconnects to the HTTP one. A session that
+  cannot be opened at all raises ``MCPConnectionError`` (a
+  ``ConnectionError``): nothing was sent, so nothing is in doubt.
 
 Hazards and limits, where the guarantee ends:
 
-- A call that times out (``NODE_TIMEOUT_002``) or is stopped may still be
-  running on the server: the adapter cannot take it back. It discards the
-  session (a stdio server is stopped, an HTTP session is dropped) so the
-  hung request cannot hold up later calls; the next call opens a new one.
-  A side-effect tool cut off this way is in doubt on replay exactly like a
-  native one, and gets its in-doubt policy.
-- A server that dies mid-call gives that call a tool error saying the
-  outcome is unknown (``MCPConnectionError``); the next call restarts the
-  stdio server or reconnects to the HTTP one. A stdio server's death is
-  seen at once (its pipe closes); an HTTP server's is seen by probing its
-  port once a second while a call is in flight (the SDK does not report a
-  broken event stream), so behind a proxy it is seen only by the deadline. The error is not retried here:
-  retrying a call whose outcome is unknown is the in-doubt policy's job.
+- A cancelled call may still be running on the server, or may have finished
+  before the cancellation arrived: cancellation is a request the server may
+  ignore (a FastMCP server cancels the tool's task). The adapter cannot take
+  a call back. A side-effect tool cut off by its deadline is in doubt on
+  replay exactly like a native one; in the run itself, as for a native
+  tool, the model gets ``NODE_TIMEOUT_002``.
+- The session is no longer dropped when a call times out, so a server that
+  is stuck for good (a blocking call inside its event loop) stays stuck for
+  later calls, which time out too; ``await server.aclose()`` drops the
+  session, and the next call opens a new one (a stdio server restarts).
+- A stdio server's death is seen at once (its pipe closes); an HTTP
+  server's is seen by probing its port once a second while a call is in
+  flight (the SDK does not report a broken event stream), so behind a proxy
+  it is seen only by the deadline.
+- The request id a cancellation names is read from the SDK session just
+  before the request is sent (``ClientSession._request_id``, mcp 1.x; the
+  SDK does not return it); if a later SDK changes that, the call is still
+  abandoned alone, only without telling the server.
 - The session is bound to the loop that opened it. The blocking API runs
   every call on one loop, so ``invoke()`` reuses it too; ``mcp_tools()``
   (blocking) lists the tools on a short-lived loop of its own and closes
@@ -55,7 +79,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mappin
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from typing import Any, TextIO, TypeVar
 
-from ..tools import InDoubtPolicy, SchemaTool, Tool
+from ..tools import InDoubtPolicy, SchemaTool, Tool, ToolOutcomeUnknown
 from . import missing_extra
 
 try:
@@ -80,14 +104,20 @@ DEFAULT_CONNECT_TIMEOUT = 30.0
 CLOSE_TIMEOUT = 10.0
 # While a call to an HTTP server is in flight, how often its port is probed (see _probe_until_refused).
 PROBE_INTERVAL = 1.0
+# How long sending one request's cancellation may take before it is given up (the session may be busy or gone).
+CANCEL_SEND_TIMEOUT = 5.0
 
 
 class MCPToolError(Exception):
     """The MCP server answered the call with ``isError``; the text is what it said."""
 
 
-class MCPConnectionError(Exception):
-    """The session to the MCP server could not be opened or broke; a call in flight has an unknown outcome."""
+class MCPConnectionError(ConnectionError):
+    """The session to the MCP server could not be opened: nothing was sent."""
+
+
+class MCPConnectionLost(MCPConnectionError, ToolOutcomeUnknown):
+    """The session broke under a call: the request went out, its outcome is unknown (in doubt)."""
 
 
 class MCPServer:
@@ -180,13 +210,20 @@ class MCPServer:
         """One ``tools/call``; raises ``MCPConnectionError`` if the session cannot be opened or breaks."""
         meta = {IDEMPOTENCY_META_KEY: idempotency_key} if idempotency_key else None
         connection = self._connection()
-        return await connection.request(lambda s: s.call_tool(name, arguments, meta=meta), what=f"call {name}")
+        return await connection.request(
+            lambda s: s.call_tool(name, arguments, meta=meta), what=f"call {name}", cancellable=True
+        )
 
     async def aclose(self) -> None:
-        """Close every session of this server (stopping a stdio server); safe to call more than once."""
+        """Close every session of this server (stopping a stdio server); safe to call more than once.
+
+        Calls in flight on them lose their answer (``MCPConnectionLost``). Sessions of other event loops
+        (other threads) are told to close and are not waited for.
+        """
         for connection in list(self._connections.values()):
             self._retire(connection)
-        tasks = [t for t in self._retired if not t.done()]
+        loop = asyncio.get_running_loop()
+        tasks = [t for t in self._retired if not t.done() and t.get_loop() is loop]
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=CLOSE_TIMEOUT)
             for task in pending:
@@ -221,10 +258,23 @@ class MCPServer:
     def _retire(self, connection: _Connection) -> None:
         """Stop using a session: it closes in the background; the next call opens a new one."""
         connection.broken = True
-        connection.closing.set()
+        if connection.loop.is_closed():
+            pass
+        elif _running_loop() is connection.loop:
+            connection.closing.set()
+        else:  # asyncio.Event is not thread-safe: set it on its own loop
+            with contextlib.suppress(RuntimeError):  # that loop closed meanwhile
+                connection.loop.call_soon_threadsafe(connection.closing.set)
         for loop, current in list(self._connections.items()):
             if current is connection:
                 del self._connections[loop]
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 async def _probe_until_refused(url: str) -> None:
@@ -281,9 +331,12 @@ class _Connection:
     def __init__(self, server: MCPServer) -> None:
         self.server = server
         self.broken = False
+        self.loop = asyncio.get_running_loop()
         self.closing = asyncio.Event()
-        self.ready: asyncio.Future[ClientSession] = asyncio.get_running_loop().create_future()
+        self.ready: asyncio.Future[ClientSession] = self.loop.create_future()
         self.task = asyncio.create_task(self._own(), name=f"agentrun-mcp-session:{server.name}")
+        # Cancellation notifications being sent (a reference each, so none is garbage-collected mid-send).
+        self.cancels: set[asyncio.Task[None]] = set()
 
     async def _own(self) -> None:
         try:
@@ -315,19 +368,34 @@ class _Connection:
                 f"MCP server {self.server.name} did not complete the MCP handshake within "
                 f"{self.server.connect_timeout:g}s"
             ) from None
-        except asyncio.CancelledError:
-            self.server._retire(self)
-            raise
         except Exception as e:
+            # A caller cancelled while the session opens (its deadline, a stop) leaves it opening for the others.
             self.server._retire(self)
             raise MCPConnectionError(
                 f"could not open a session to MCP server {self.server.name}: {type(e).__name__}: {e}"
             ) from e
 
-    async def request(self, send: Callable[[ClientSession], Awaitable[T]], *, what: str) -> T:
-        """Run ``send(session)``; the session breaking (server gone) ends it with ``MCPConnectionError``."""
+    async def request(
+        self, send: Callable[[ClientSession], Awaitable[T]], *, what: str, cancellable: bool = False
+    ) -> T:
+        """Run ``send(session)`` on the shared session.
+
+        The caller being cancelled (a deadline, a stop) cancels this request alone: with ``cancellable``
+        the server is told (``notifications/cancelled``), and the session stays open for the other calls.
+        The session breaking under the request (the server gone) raises ``MCPConnectionLost``.
+        """
         session = await self.session()
-        call = asyncio.ensure_future(send(session))
+        sent: list[int] = []
+
+        async def numbered() -> T:
+            # The id send_request is about to take: it reads it before its first await, and nothing runs
+            # between this line and that read (see the module docstring's last hazard).
+            request_id = getattr(session, "_request_id", None)
+            if isinstance(request_id, int):
+                sent.append(request_id)
+            return await send(session)
+
+        call = asyncio.ensure_future(numbered())
         watch = {call, self.task}
         probe = asyncio.ensure_future(_probe_until_refused(self.server.url)) if self.server.url else None
         if probe is not None:
@@ -335,10 +403,10 @@ class _Connection:
         try:
             await asyncio.wait(watch, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
-            # A deadline or a stop: the server may still be working on it, and the request would hold up
-            # nothing but this session's slot. Drop the session; the next call opens a new one.
+            # A deadline or a stop, of this call only: abandon it, tell the server, keep the session.
             call.cancel()
-            self.server._retire(self)
+            if cancellable and sent and not call.done():
+                self._send_cancel(sent[0], what)
             raise
         finally:
             if probe is not None:
@@ -346,7 +414,7 @@ class _Connection:
         if not call.done():
             call.cancel()
             self.server._retire(self)
-            raise MCPConnectionError(
+            raise MCPConnectionLost(
                 f"the session to MCP server {self.server.name} ended while trying to {what}; "
                 "the outcome is unknown (the next call reconnects)"
             )
@@ -355,17 +423,43 @@ class _Connection:
         except McpError as e:
             if e.error.code == mcp_types.CONNECTION_CLOSED:
                 self.server._retire(self)
-                raise MCPConnectionError(
+                raise MCPConnectionLost(
                     f"MCP server {self.server.name} closed the connection while trying to {what}; "
                     "the outcome is unknown (the next call restarts or reconnects it)"
                 ) from e
             raise
         except (OSError, httpx.TransportError) as e:
             self.server._retire(self)
-            raise MCPConnectionError(
+            raise MCPConnectionLost(
                 f"lost MCP server {self.server.name} while trying to {what}: {type(e).__name__}: {e}; "
                 "the outcome is unknown"
             ) from e
+
+    def _send_cancel(self, request_id: int, what: str) -> None:
+        """Send ``notifications/cancelled`` for one request, in the background (the caller is being cancelled)."""
+        if self.broken or not self.ready.done() or self.ready.cancelled() or self.ready.exception() is not None:
+            return
+        session = self.ready.result()
+        notification = mcp_types.ClientNotification(
+            mcp_types.CancelledNotification(
+                params=mcp_types.CancelledNotificationParams(
+                    requestId=request_id, reason="agentrun: the call's deadline passed or its run was stopped"
+                )
+            )
+        )
+
+        async def notify() -> None:
+            try:
+                async with asyncio.timeout(CANCEL_SEND_TIMEOUT):
+                    await session.send_notification(notification)
+            except Exception as e:  # the session is going away: the server loses the request with it
+                log.info("could not tell MCP server %s to cancel (%s): %s", self.server.name, what, e)
+            else:
+                log.info("told MCP server %s to cancel request %d (%s)", self.server.name, request_id, what)
+
+        task = asyncio.create_task(notify(), name=f"agentrun-mcp-cancel:{self.server.name}:{request_id}")
+        self.cancels.add(task)
+        task.add_done_callback(self.cancels.discard)
 
 
 def result_value(result: mcp_types.CallToolResult, tool_name: str) -> Any:
@@ -422,6 +516,7 @@ async def amcp_tools(
     include: Iterable[str] | None = None,
     prefix: str = "",
     tool_timeout: float | None = None,
+    timeouts: Mapping[str, float] | None = None,
 ) -> list[Tool]:
     """The server's tools as agentrun tools (opens the session on this loop and keeps it for the calls).
 
@@ -429,20 +524,33 @@ async def amcp_tools(
     or as names (which then get ``in_doubt``). ``include``: only these tools.
     ``prefix``: prepended to every name the model sees (to tell servers apart).
     ``tool_timeout``: a deadline for these tools overriding the run's ``tool_timeout``.
-    Raises ``ValueError`` for a name in ``side_effects`` or ``include`` that the
-    server does not have, ``MCPConnectionError`` if it cannot be reached.
+    ``timeouts``: deadlines per tool, ``{server tool name: seconds}`` (``<= 0``:
+    none), overriding ``tool_timeout`` for those tools.
+    Raises ``ValueError`` for a name in ``side_effects``, ``include`` or
+    ``timeouts`` that the server does not have (or a deadline that is not a
+    number), ``MCPConnectionError`` if it cannot be reached.
     """
     policies: dict[str, InDoubtPolicy] = (
         dict(side_effects) if isinstance(side_effects, Mapping) else dict.fromkeys(side_effects, in_doubt)
     )
+    deadlines = dict(timeouts or {})
+    for tool_name, seconds in deadlines.items():
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+            raise ValueError(f"timeouts[{tool_name!r}] must be a number of seconds, not {seconds!r}")
     listed = await server.list_tools()
     names = {t.name for t in listed}
     wanted = set(include) if include is not None else names
-    unknown = sorted((set(policies) | wanted) - names)
+    unknown = sorted((set(policies) | wanted | set(deadlines)) - names)
     if unknown:
         raise ValueError(f"MCP server {server.name} has no tool(s) {unknown} (it has {sorted(names)})")
     tools = [
-        _as_tool(server, spec, name=prefix + spec.name, policy=policies.get(spec.name), timeout=tool_timeout)
+        _as_tool(
+            server,
+            spec,
+            name=prefix + spec.name,
+            policy=policies.get(spec.name),
+            timeout=deadlines.get(spec.name, tool_timeout),
+        )
         for spec in listed
         if spec.name in wanted
     ]
@@ -465,6 +573,7 @@ def mcp_tools(
     include: Iterable[str] | None = None,
     prefix: str = "",
     tool_timeout: float | None = None,
+    timeouts: Mapping[str, float] | None = None,
 ) -> list[Tool]:
     """``amcp_tools`` for module level (building a graph): lists the tools on a short-lived session.
 
@@ -486,6 +595,7 @@ def mcp_tools(
                 include=include,
                 prefix=prefix,
                 tool_timeout=tool_timeout,
+                timeouts=timeouts,
             )
         finally:
             await server.aclose()
