@@ -27,6 +27,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from . import lifecycle
 from .checkpoint import Checkpointer, from_url
 from .contract import Env, ExitCode
 from .errors import AgentRunError, GraphReferenceError, RunStopped, StorageError, ThreadStateError
@@ -164,11 +165,10 @@ async def _stop(args: argparse.Namespace, checkpointer: Checkpointer) -> int:
     checkpoint = await checkpointer.aget(args.thread_id)
     if checkpoint is None:
         raise UsageError(f"thread {args.thread_id!r} not found in {args.store}")
-    if checkpoint.status in ("completed", "stopped"):
-        # A request kept for a thread with nothing to stop would end its NEXT turn, silently.
-        raise UsageError(
-            f"thread {args.thread_id!r} has no run in progress (status {checkpoint.status}); nothing to stop"
-        )
+    try:  # the library's rule (lifecycle.check_stoppable), said as a usage error
+        lifecycle.check_stoppable(checkpoint.status, thread_id=args.thread_id)
+    except ThreadStateError as e:
+        raise UsageError(str(e)) from None
     await checkpointer.request_stop(args.thread_id, args.reason)
     if checkpoint.status == "running":
         print(f"stop requested for thread {args.thread_id}; a process running it stops within about a second")

@@ -151,9 +151,20 @@ class CompiledGraph:
         return blocking.run(lambda: self.aget_state(config), caller="get_state")
 
     async def arequest_stop(self, thread_id: str, reason: str = "") -> None:
-        """Ask whichever process runs ``thread_id`` to stop; it does within about a second."""
+        """Ask whichever process runs ``thread_id``'s current turn to stop; it does within about a second.
+
+        The stop belongs to the turn in progress (running, or interrupted: it stops when resumed). Raises
+        ``ThreadNotFoundError`` for an unknown thread and ``ThreadStateError`` when the latest turn has
+        ended, since a stop kept for it would end the thread's next turn.
+        """
         await self._setup()
+        before = await self.checkpointer.aget_progress(thread_id)
+        lifecycle.check_stoppable(before.status if before else None, thread_id=thread_id)
         await self.checkpointer.request_stop(thread_id, reason)
+        after = await self.checkpointer.aget_progress(thread_id)
+        if after is None or after.status in lifecycle.ENDED:  # the turn ended meanwhile: withdraw the request
+            await self.checkpointer.clear_stop(thread_id)
+            lifecycle.check_stoppable(after.status if after else None, thread_id=thread_id)
 
     async def astream(
         self,

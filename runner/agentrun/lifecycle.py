@@ -196,3 +196,21 @@ def _input_update(value: Any) -> dict[str, Any]:
 
 def _as_list(value: Any) -> list[Any]:
     return list(value) if isinstance(value, list | tuple) else [value]
+
+
+ENDED: tuple[RunStatus, ...] = ("completed", "stopped", "failed")
+
+
+def check_stoppable(status: RunStatus | None, *, thread_id: str) -> None:
+    """Raise unless the thread's latest turn (``status``; None: no thread) is one a stop can belong to.
+
+    A stop request stays in the store until a run acknowledges it: kept for a thread whose turn has
+    ended, it would end the thread's NEXT turn at its first node, silently.
+    """
+    if status is None:
+        raise ThreadNotFoundError(f"thread {thread_id!r} does not exist; there is nothing to stop")
+    if status in ENDED:
+        raise ThreadStateError(
+            f"thread {thread_id!r} has no run in progress (status {status}); nothing to stop "
+            "(a stop kept for it would end its next turn)"
+        )

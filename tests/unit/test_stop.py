@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from agentrun import RunStopped, SqliteCheckpointer, ThreadStateError, tool
+from agentrun import RunStopped, SqliteCheckpointer, ThreadNotFoundError, ThreadStateError, tool
 from agentrun.checkpoint import Checkpointer
 from tests.support.checkpointers import Backend
 
@@ -131,17 +131,47 @@ async def test_stopped_thread_takes_new_input_but_cannot_be_resumed(
     backend: Backend, checkpointer: Checkpointer
 ) -> None:
     t = backend.thread()
+    started = asyncio.Event()
+
+    @tool
+    async def lookup() -> str:
+        if not started.is_set():
+            started.set()
+            await asyncio.sleep(3600)  # the first turn hangs until it is stopped
+        return "ok"
+
+    app = app_for([lookup], [call("call_1", "lookup")], checkpointer)
+
+    async def stop_it() -> None:
+        await started.wait()
+        await app.arequest_stop(t, "halt")
+
+    stopper = asyncio.create_task(stop_it())
+    with pytest.raises(RunStopped):
+        await app.ainvoke("first", {"thread_id": t})
+    await stopper
+    with pytest.raises(ThreadStateError) as raised:
+        await app.ainvoke(None, {"thread_id": t})
+    assert "no unfinished run to resume (status: stopped)" in str(raised.value)
+    values = await app.ainvoke("second", {"thread_id": t})
+    assert values["messages"][-1].content == "done: call_1=ok"
+
+
+async def test_a_stop_belongs_to_a_turn_in_progress(backend: Backend, checkpointer: Checkpointer) -> None:
+    """Issue 22 item 6: a stop for an unknown thread or an ended turn is refused, never kept for the next turn."""
+    t = backend.thread()
 
     @tool
     async def lookup() -> str:
         return "ok"
 
     app = app_for([lookup], [call("call_1", "lookup")], checkpointer)
-    await app.arequest_stop(t, "halt")
-    with pytest.raises(RunStopped):
-        await app.ainvoke("first", {"thread_id": t})
-    with pytest.raises(ThreadStateError) as raised:
-        await app.ainvoke(None, {"thread_id": t})
-    assert "no unfinished run to resume (status: stopped)" in str(raised.value)
-    values = await app.ainvoke("second", {"thread_id": t})
+    with pytest.raises(ThreadNotFoundError, match="does not exist"):
+        await app.arequest_stop(t, "too early")
+    assert await checkpointer.stop_requested(t) is None
+    await app.ainvoke("first", {"thread_id": t})
+    with pytest.raises(ThreadStateError, match="no run in progress"):
+        await app.arequest_stop(t, "too late")
+    assert await checkpointer.stop_requested(t) is None, "a refused stop was kept for the next turn"
+    values = await app.ainvoke("second", {"thread_id": t})  # the next turn runs, not stopped at its first node
     assert values["messages"][-1].content == "done: call_1=ok"
