@@ -363,6 +363,9 @@ async def test_connection_lost_under_a_side_effect_call_is_in_doubt_under_its_po
         while not charges(charges_file) and time.monotonic() < deadline:
             time.sleep(0.05)
         os.kill(int(pid_file.read_text()), signal.SIGKILL)  # the card is charged, the answer never comes
+        if http is not None:
+            http.stop()
+            http.start()  # at once, on the same port: the port probe alone would not see the loss
 
     try:
         tools = await amcp_tools(server, side_effects={"charge": policy})
@@ -371,8 +374,10 @@ async def test_connection_lost_under_a_side_effect_call_is_in_doubt_under_its_po
             checkpointer
         )
         killer = asyncio.create_task(asyncio.to_thread(kill_once_charged))
+        started = time.monotonic()
         values = await app.ainvoke("go", {"thread_id": "t1", "tool_timeout": 30})
         await killer
+        assert time.monotonic() - started < 20, "the lost connection was only noticed by the tool deadline"
         state = await checkpointer.aget("t1")
         assert state is not None
         counts = state.meta["tool_calls"]
@@ -392,9 +397,6 @@ async def test_connection_lost_under_a_side_effect_call_is_in_doubt_under_its_po
                 f"the in-doubt call did not pause the run for a human: {values['messages'][-1]}"
             )
             assert len(charges(charges_file)) == 1
-            if http is not None:
-                http.stop()
-                http.start()  # the same URL, a new process
             values = await app.ainvoke(Command(resume="retry"), {"thread_id": "t1", "tool_timeout": 30})
         result = tool_messages(values)["call_1"]
         assert not result.is_error, result.content

@@ -53,10 +53,12 @@ Hazards and limits, where the guarantee ends:
   is stuck for good (a blocking call inside its event loop) stays stuck for
   later calls, which time out too; ``await server.aclose()`` drops the
   session, and the next call opens a new one (a stdio server restarts).
-- A stdio server's death is seen at once (its pipe closes); an HTTP
-  server's is seen by probing its port once a second while a call is in
-  flight (the SDK does not report a broken event stream), so behind a proxy
-  it is seen only by the deadline.
+- A stdio server's death is seen at once (its pipe closes). An HTTP
+  server's is seen when the call's response stream breaks (the SDK 1.x
+  swallows that, so the adapter watches each response itself), or by probing
+  its port once a second while a call is in flight; a connection that stays
+  open to nothing (a host gone without closing it, a proxy that holds it)
+  is seen only by the deadline.
 - The request id a cancellation names is read from the SDK session just
   before the request is sent (``ClientSession._request_id``, mcp 1.x; the
   SDK does not return it); if a later SDK changes that, the call is still
@@ -72,6 +74,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 import os
 import urllib.parse
@@ -235,14 +238,14 @@ class MCPServer:
 
     # -- sessions -------------------------------------------------------------
 
-    def _transport(self) -> AbstractAsyncContextManager[Any]:
+    def _transport(self, on_broken: Callable[[int], None]) -> AbstractAsyncContextManager[Any]:
         if self.command is not None:
             params = StdioServerParameters(command=self.command, args=self.args, env=self.env, cwd=self.cwd)
             if self.errlog is not None:
                 return stdio_client(params, errlog=self.errlog)
             return stdio_client(params)
         assert self.url is not None
-        return _http_transport(self.url, self.headers, self.connect_timeout)
+        return _http_transport(self.url, self.headers, self.connect_timeout, on_broken)
 
     def _connection(self) -> _Connection:
         loop = asyncio.get_running_loop()
@@ -255,11 +258,16 @@ class MCPServer:
             self._retired.add(connection.task)
         return connection
 
-    def _retire(self, connection: _Connection) -> None:
-        """Stop using a session: it closes in the background; the next call opens a new one."""
+    def _retire(self, connection: _Connection, *, drain: bool = False) -> None:
+        """Stop using a session: it closes in the background; the next call opens a new one.
+
+        ``drain``: close it only once the calls still in flight on it have ended (they may be fine).
+        """
         connection.broken = True
         if connection.loop.is_closed():
             pass
+        elif drain and connection.inflight:
+            connection.draining = True
         elif _running_loop() is connection.loop:
             connection.closing.set()
         else:  # asyncio.Event is not thread-safe: set it on its own loop
@@ -309,14 +317,55 @@ async def _list_page(session: ClientSession, *, cursor: str | None) -> mcp_types
 
 
 @contextlib.asynccontextmanager
-async def _http_transport(url: str, headers: Mapping[str, str], connect_timeout: float) -> AsyncIterator[Any]:
+async def _http_transport(
+    url: str, headers: Mapping[str, str], connect_timeout: float, on_broken: Callable[[int], None]
+) -> AsyncIterator[Any]:
     # No read timeout on the HTTP client: a tool may legitimately run for long; the tool deadline bounds a call.
     timeout = httpx.Timeout(None, connect=connect_timeout)
+
+    async def watch(response: httpx.Response) -> None:
+        request_id = _rpc_request_id(response.request)
+        if request_id is not None:
+            response.stream = _WatchedStream(response.stream, functools.partial(on_broken, request_id))
+
     async with (
-        httpx.AsyncClient(headers=dict(headers), timeout=timeout, follow_redirects=True) as client,
+        httpx.AsyncClient(
+            headers=dict(headers), timeout=timeout, follow_redirects=True, event_hooks={"response": [watch]}
+        ) as client,
         streamable_http_client(url, http_client=client) as streams,
     ):
         yield streams
+
+
+def _rpc_request_id(request: httpx.Request) -> int | None:
+    """The JSON-RPC request id a POST carries (the SDK posts one message per request), else None."""
+    if request.method != "POST":
+        return None
+    try:
+        body = json.loads(request.content)
+    except (httpx.RequestNotRead, ValueError):
+        return None
+    request_id = body.get("id") if isinstance(body, dict) and "method" in body else None
+    return request_id if isinstance(request_id, int) else None
+
+
+class _WatchedStream(httpx.AsyncByteStream):
+    """A response body that reports when it breaks (the server died mid-answer) before the SDK swallows it."""
+
+    def __init__(self, inner: Any, on_broken: Callable[[], None]) -> None:
+        self.inner = inner
+        self.on_broken = on_broken
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self.inner:
+                yield chunk
+        except (httpx.TransportError, OSError):
+            self.on_broken()
+            raise
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
 
 
 class _Connection:
@@ -337,11 +386,20 @@ class _Connection:
         self.task = asyncio.create_task(self._own(), name=f"agentrun-mcp-session:{server.name}")
         # Cancellation notifications being sent (a reference each, so none is garbage-collected mid-send).
         self.cancels: set[asyncio.Task[None]] = set()
+        # Requests in flight by id: set when the response stream of that request broke (HTTP).
+        self.streams: dict[int, asyncio.Future[None]] = {}
+        self.inflight = 0
+        self.draining = False  # retired: closes when the last call in flight ends
+
+    def _stream_broke(self, request_id: int) -> None:
+        lost = self.streams.get(request_id)
+        if lost is not None and not lost.done():
+            lost.set_result(None)
 
     async def _own(self) -> None:
         try:
             async with AsyncExitStack() as stack:
-                read, write, *_ = await stack.enter_async_context(self.server._transport())
+                read, write, *_ = await stack.enter_async_context(self.server._transport(self._stream_broke))
                 session = await stack.enter_async_context(ClientSession(read, write))
                 await session.initialize()
                 self.ready.set_result(session)
@@ -385,7 +443,19 @@ class _Connection:
         The session breaking under the request (the server gone) raises ``MCPConnectionLost``.
         """
         session = await self.session()
+        self.inflight += 1
+        try:
+            return await self._request(session, send, what=what, cancellable=cancellable)
+        finally:
+            self.inflight -= 1
+            if self.draining and not self.inflight:
+                self.closing.set()
+
+    async def _request(
+        self, session: ClientSession, send: Callable[[ClientSession], Awaitable[T]], *, what: str, cancellable: bool
+    ) -> T:
         sent: list[int] = []
+        broke = self.loop.create_future()
 
         async def numbered() -> T:
             # The id send_request is about to take: it reads it before its first await, and nothing runs
@@ -393,10 +463,11 @@ class _Connection:
             request_id = getattr(session, "_request_id", None)
             if isinstance(request_id, int):
                 sent.append(request_id)
+                self.streams[request_id] = broke
             return await send(session)
 
         call = asyncio.ensure_future(numbered())
-        watch = {call, self.task}
+        watch = {call, self.task, broke}
         probe = asyncio.ensure_future(_probe_until_refused(self.server.url)) if self.server.url else None
         if probe is not None:
             watch.add(probe)
@@ -411,9 +482,13 @@ class _Connection:
         finally:
             if probe is not None:
                 probe.cancel()
+            if sent:
+                self.streams.pop(sent[0], None)
+            broke.cancel()
         if not call.done():
             call.cancel()
-            self.server._retire(self)
+            # A broken response stream may be this request's alone (a proxy cut it): the others finish first.
+            self.server._retire(self, drain=broke.done() and not self.task.done())
             raise MCPConnectionLost(
                 f"the session to MCP server {self.server.name} ended while trying to {what}; "
                 "the outcome is unknown (the next call reconnects)"
@@ -437,7 +512,7 @@ class _Connection:
 
     def _send_cancel(self, request_id: int, what: str) -> None:
         """Send ``notifications/cancelled`` for one request, in the background (the caller is being cancelled)."""
-        if self.broken or not self.ready.done() or self.ready.cancelled() or self.ready.exception() is not None:
+        if self.task.done() or not self.ready.done() or self.ready.cancelled() or self.ready.exception():
             return
         session = self.ready.result()
         notification = mcp_types.ClientNotification(
