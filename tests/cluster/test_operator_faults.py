@@ -178,6 +178,39 @@ def test_store_down_past_the_timeout_fails_store_unavailable_without_spending_re
     ), "the run should have waited Pending StoreUnavailable"
 
 
+def test_a_stop_during_a_store_outage_shows_stopping_at_once_and_ends_the_run_when_the_store_returns(
+    cluster: EmulatedCluster,
+    kubelet: KubeletThread,
+    operator: OperatorProcess,
+    private_pg: PrivatePostgres,
+    tmp_path: Path,
+) -> None:
+    """Issue 22 item 9: STOPS a private PostgreSQL, then kubectl patch spec.stop: Stopping at once, kept, Stopped."""
+    store_secret(cluster, private_pg.dsn)
+    kubelet.kubelet.base_env["AGENTRUN_STORE_RETRY_SECONDS"] = "60"  # the runner rides the outage out
+    apply(
+        cluster, agentrun("stop-dark", thread="stop-dark", effects=tmp_path / "e.db", env={"SUPPORT_TOOL_DELAY": "60"})
+    )
+    wait_phase(cluster, operator, "stop-dark", "Running", timeout=60)
+    private_pg.stop()
+    try:
+        patched = cluster.kubectl("patch", "ar", "stop-dark", "--type", "merge", "-p", '{"spec":{"stop":true}}')
+        assert patched.returncode == 0, patched.stderr
+        asked = time.monotonic()
+        stopping = wait_phase(cluster, operator, "stop-dark", "Stopping", timeout=10, interval=0.05)
+        shown = time.monotonic() - asked
+        down = _conditions(stopping).get("StoreAvailable")
+        assert down is not None and down["status"] == "False", stopping
+        assert "store is unavailable" in stopping["message"], stopping
+        print(f"stop during an outage shown as Stopping after {shown:.2f}s: {stopping['message']}")
+        assert shown < 5, f"the stop took {shown:.1f}s to show while the store was down"
+        time.sleep(3)
+    finally:
+        private_pg.start()
+    final = wait_phase(cluster, operator, "stop-dark", "Stopped", timeout=60)
+    assert final["reason"] == "Stopped", f"the stop must reach the runner once the store is back: {final}"
+
+
 def _password_postgres(server: PrivatePostgres) -> str:
     """Role ``app`` must log in over TCP with PASSWORD (scram); returns a correct DSN."""
     hba = server.data / "pg_hba.conf"

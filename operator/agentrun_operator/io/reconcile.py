@@ -67,6 +67,8 @@ log = logging.getLogger("agentrun_operator")
 # What a reconcile reads of a run's metadata. Not its annotations (kubectl's last-applied copy of the manifest,
 # other tools' annotations), finalizers, managedFields or resourceVersion: together larger than the rest of the body.
 RUN_METADATA = ("name", "namespace", "uid", "generation", "creationTimestamp", "deletionTimestamp")
+# A stop the store did not take (an outage) is asked again this often.
+STOP_RETRY_SECONDS = 1.0
 
 
 def run_view(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -288,6 +290,7 @@ class Reconciler:
             decision = rejected(InvalidSpec(refused))  # before any pod of this attempt exists
         for pod_name_ in decision.waits_for_pods:  # its deletion reconciles this run at once (io/handlers.py)
             self.name_waiters[(ref.namespace, pod_name_)] = ref.uid
+        undelivered = await self._deliver_stop(ref, decision, store, thread, secret, store_down=store_down)
         await self._apply(ref, spec, decision, store, thread)
         await self._write(run, status, decision, now)
         after = self.status_of(run)
@@ -297,6 +300,9 @@ class Reconciler:
         if decision.create_attempt is not None or decision.delete_pod is not None:
             pod = await self.pods.get(ref.namespace, pod_name(ref.name, after.attempt)) if after.attempt else None
         wake = next_wake(spec=spec, status=after, pod=pod, limits=self.limits, now=now)
+        if undelivered:  # the stop is asked again soon, and at once when the store's progress wakes the run
+            soon = now + timedelta(seconds=STOP_RETRY_SECONDS)
+            wake = soon if wake is None else min(wake, soon)
         if (deferred := self._deferred.get(ref.uid)) is not None and deferred > now:
             wake = deferred if wake is None else min(wake, deferred)
         self._wake[ref.uid] = (wake, True)
@@ -329,9 +335,6 @@ class Reconciler:
         self, ref: RunRef, spec: AgentRunSpec, decision: Decision, store: ControlStore | None, thread: str
     ) -> None:
         namespace, name = ref.namespace, ref.name
-        if decision.request_stop and store is not None:
-            await store.request_stop(thread, "spec.stop")
-            log.info("[%s/%s] stop requested in the store for thread %s", namespace, name, thread)
         if decision.clear_stop and store is not None:
             await store.clear_stop(thread)
             log.info("[%s/%s] withdrew its unacknowledged stop request for thread %s", namespace, name, thread)
@@ -379,6 +382,41 @@ class Reconciler:
             self._pod_created[ref.uid] = time.monotonic()
             if decision.reschedule_reason is not None:
                 metrics.RESCHEDULES.labels(reason=decision.reschedule_reason, namespace=namespace).inc()
+
+    async def _deliver_stop(
+        self,
+        ref: RunRef,
+        decision: Decision,
+        store: ControlStore | None,
+        thread: str,
+        secret: str,
+        *,
+        store_down: str | None,
+    ) -> bool:
+        """Ask the runner to stop through the store; True when the store did not take the request.
+
+        Undelivered, the run still shows Stopping at once, with the store's condition saying why, and no
+        ``stopRequestedTime``: the request is made again at every reconcile until the store takes it, and the
+        stop grace (then the forced stop) counts from then. Nothing blocks on the outage first.
+        """
+        if not decision.request_stop or store is None:
+            return False
+        why = store_down
+        if why is None:
+            try:
+                await store.request_stop(thread, "spec.stop")
+                log.info("[%s/%s] stop requested in the store for thread %s", ref.namespace, ref.name, thread)
+                return False
+            except Exception as e:
+                explained = self.stores.explain(ref.namespace, secret, e)
+                why = explained.message if isinstance(explained, StoreProblem) else explained
+        decision.status.pop("stopRequestedTime", None)  # not asked yet: the stop grace has not begun
+        decision.status["message"] = (
+            "spec.stop is true; the store is unavailable, so the runner is asked to stop as soon as it answers"
+        )
+        decision.condition(outage.CONDITION, False, outage.DOWN_REASON, why)
+        log.warning("[%s/%s] stop not delivered yet, the store is unavailable: %s", ref.namespace, ref.name, why)
+        return True
 
     async def _carried_answer(
         self, ref: RunRef, store: ControlStore, thread: str, attempt: int
