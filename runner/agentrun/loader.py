@@ -17,6 +17,23 @@ REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 def load_graph(reference: str) -> StateGraph:
     """Import ``module:attribute`` and return its ``StateGraph``; ``GraphReferenceError`` if impossible."""
+    target = load_target(reference)
+    if isinstance(target, CompiledGraph):
+        target = target.graph
+    if isinstance(target, StateGraph):
+        return target
+    raise GraphReferenceError(
+        f"graph reference {reference!r} is a {type(target).__name__}, not a StateGraph or compiled graph"
+    )
+
+
+def is_langgraph(target: object) -> bool:
+    """Whether ``target`` is a LangGraph graph (run by ``agentrun.integrations.langgraph``), without importing it."""
+    return type(target).__module__.startswith("langgraph.")
+
+
+def load_target(reference: str) -> object:
+    """Import ``module:attribute`` and return the attribute, whatever it is; ``GraphReferenceError`` if impossible."""
     if not REFERENCE.match(reference or ""):
         raise GraphReferenceError(f"graph reference {reference!r} must look like 'package.module:attribute'")
     module_name, attribute = reference.split(":")
@@ -31,16 +48,9 @@ def load_graph(reference: str) -> StateGraph:
     except Exception as e:
         raise GraphReferenceError(f"graph reference {reference!r}: importing it raised {type(e).__name__}: {e}") from e
     try:
-        target = getattr(module, attribute)
+        return getattr(module, attribute)
     except AttributeError:
         raise GraphReferenceError(f"graph reference {reference!r}: module has no attribute {attribute!r}") from None
-    if isinstance(target, CompiledGraph):
-        target = target.graph
-    if isinstance(target, StateGraph):
-        return target
-    raise GraphReferenceError(
-        f"graph reference {reference!r} is a {type(target).__name__}, not a StateGraph or compiled graph"
-    )
 
 
 def compile_reference(reference: str, checkpointer: Checkpointer) -> CompiledGraph:

@@ -42,7 +42,7 @@ from .errors import (
     ToolError,
 )
 from .interrupts import Command
-from .loader import compile_reference
+from .loader import compile_reference, is_langgraph, load_target
 from .logs import configure_logging
 from .state import MESSAGES
 
@@ -279,7 +279,12 @@ async def attempt(settings: RunnerSettings) -> tuple[int, str]:
     try:
         app: CompiledGraph | None = None
         checkpointer = _checkpointer(settings)
-        app = compile_reference(settings.graph, checkpointer)
+        target = load_target(settings.graph)
+        # A LangGraph graph runs on LangGraph's engine with our saver and a mirror of its progress in our
+        # state rows (integrations/langgraph/run.py); plan() below decides for both alike.
+        langgraph_app = _langgraph(target, settings.graph) if is_langgraph(target) else None
+        if langgraph_app is None:
+            app = compile_reference(settings.graph, checkpointer)
         await checkpointer.setup()
         if settings.inputs_in_store:
             settings = await _inputs_from_store(checkpointer, settings)
@@ -306,6 +311,9 @@ async def attempt(settings: RunnerSettings) -> tuple[int, str]:
             decided.action,
             settings.thread_id,
         )
+        if langgraph_app is not None:
+            return await _run_langgraph(langgraph_app, checkpointer, settings, decided, existing, preemption)
+        assert app is not None
         last = None
         async for event in app.astream(decided.payload, settings.run_config(), preemption=preemption):
             last = event
@@ -330,6 +338,44 @@ async def attempt(settings: RunnerSettings) -> tuple[int, str]:
                 await checkpointer.aclose()
             except Exception as e:
                 log.warning("closing the store failed: %s", e)
+
+
+def _langgraph(target: object, reference: str) -> Any:
+    """The compiled LangGraph graph of ``target``; ``GraphReferenceError`` if the extra is missing or it is unusable."""
+    try:
+        from .integrations.langgraph.run import prepare
+    except ImportError as e:
+        raise GraphReferenceError(
+            f"graph reference {reference!r} is a LangGraph graph but the runner image lacks the LangGraph "
+            f"integration: install 'agentrun[langgraph]' ({e})"
+        ) from None
+    return prepare(target, reference)
+
+
+async def _run_langgraph(
+    app: Any,
+    checkpointer: Checkpointer,
+    settings: RunnerSettings,
+    decided: Plan,
+    existing: Checkpoint | None,
+    preemption: Preemption,
+) -> tuple[int, str]:
+    from .config import RunConfig
+    from .integrations.langgraph.run import run_turn
+
+    answer = decided.payload if isinstance(decided.payload, Command) else None
+    status, interrupts = await run_turn(
+        app,
+        store=checkpointer,
+        cfg=RunConfig.from_any(settings.run_config()),
+        payload=None if answer is not None else decided.payload,
+        resume=(answer.resume,) if answer is not None else None,
+        existing=existing,
+        preemption=preemption,
+    )
+    if status == "interrupted":
+        return ExitCode.INTERRUPTED, _one_line("Interrupted: waiting on " + "; ".join(i["id"] for i in interrupts))
+    return ExitCode.COMPLETED, ""
 
 
 def _one_line(message: str, limit: int = 4000) -> str:

@@ -55,6 +55,7 @@ from typing import Any, Literal
 from langchain_core.messages import AIMessage, ToolMessage, message_to_dict, messages_from_dict
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool
+from langgraph.errors import GraphInterrupt
 from langgraph.prebuilt import ToolNode
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.runtime import Runtime
@@ -79,6 +80,8 @@ log = logging.getLogger("agentrun.integrations.langgraph")
 
 InDoubtPolicy = Literal["retry", "report", "interrupt"]
 DEFAULT_TOOL_TIMEOUT = 300.0
+# The ledger key suffix marking a side-effect call that paused in interrupt() (not in doubt on resume).
+PAUSED = ":paused"
 _CHECKPOINTER_KEY = "__pregel_checkpointer"  # langgraph._internal._constants.CONFIG_KEY_CHECKPOINTER
 # Errors that must end the run whatever the node's handle_tool_errors says (a fenced attempt, a store down).
 _FATAL = (FencedError, StoreUnavailableError, StoreConfigError, DeterminismError)
@@ -208,7 +211,10 @@ class _Ledger:
         if call.name not in self.side_effects:
             return False
         try:
-            return await call.store.intent_get(call.thread_id, call.key) is not None
+            if await call.store.intent_get(call.thread_id, call.key) is None:
+                return False
+            # A call that paused in interrupt() is resumed, not in doubt (its marker: _mark_paused).
+            return await call.store.ledger_get(call.thread_id, call.key + PAUSED) is None
         except StoreUnavailableError:
             raise
         except Exception as e:
@@ -216,6 +222,33 @@ class _Ledger:
                 "intent read failed for %s (%s); treating the call as never started: %s", call.key, call.name, e
             )
             return False
+
+    async def _mark_paused(self, call: _Call) -> None:
+        """Record that the call paused in LangGraph ``interrupt()`` (a human answers; on resume it runs on).
+
+        Its intent stays (intents are insert-only), so without this mark the resumed call would look in doubt.
+        """
+        if call.name not in self.side_effects:
+            return
+        try:
+            await call.store.ledger_put(
+                call.thread_id,
+                call.key + PAUSED,
+                call.name,
+                encode({"paused": True}),
+                attempt=call.fence.attempt,
+                run_uid=call.fence.run_uid,
+            )
+        except FencedError:
+            raise
+        except Exception as e:
+            log.error(
+                "tool call %s (%s) paused for a human but the pause could not be recorded: %s; on resume it is in "
+                "doubt and its in-doubt policy applies",
+                call.key,
+                call.name,
+                e,
+            )
 
     def _decide_in_doubt(self, call: _Call) -> ToolMessage | None:
         """The in-doubt policy: ``None`` to run the call again, else the answer to give instead."""
@@ -326,7 +359,11 @@ class _Ledger:
             return answer
         await self._intent(call)
         fault_point("before_tool", call.name)
-        result = await self._run(request, execute, timeout, call)
+        try:
+            result = await self._run(request, execute, timeout, call)
+        except GraphInterrupt:
+            await self._mark_paused(call)
+            raise
         fault_point("after_tool", call.name)
         await self._record(call, result)
         return result
@@ -369,6 +406,9 @@ class _Ledger:
         token = _idempotency_key.set(call.idempotency_key)
         try:
             result = execute(request)
+        except GraphInterrupt:
+            blocking.run(lambda: self._mark_paused(call), caller="ledger record")
+            raise
         finally:
             _idempotency_key.reset(token)
         fault_point("after_tool", call.name)

@@ -1,0 +1,255 @@
+"""A LangGraph graph as an AgentRun's turn: what the runner pod does when ``spec.graph`` names one.
+
+The operator knows a thread by our state rows (version, node, step, status,
+interrupts, outcome) and the runner decides what to do from them
+(``runner.plan``). A LangGraph graph checkpoints into the ``lg_*`` tables
+through ``AgentrunSaver``; this module also MIRRORS its progress into our
+state rows — one versioned, fenced row after each LangGraph super-step
+(``current_node``: the node(s) LangGraph runs next; ``step``: LangGraph's
+step), and the turn's end (completed with its result, interrupted with its
+interrupts, stopped, failed). So status, ``kubectl agentrun``, approvals and
+stop work unchanged; the graph's own state lives only in LangGraph's tables
+(the mirror's ``values`` are empty).
+
+Per turn: the graph runs with ``durability="sync"`` (every super-step durable
+before the next starts); a stop request is polled every
+``stop_poll_interval`` and cancels the graph at once, even inside a hung async
+tool (the node re-runs on a later turn; ``LedgerToolNode`` answers its
+finished calls); a SIGTERM ends the turn at the next super-step boundary, or
+at once after the grace period (exit 6, resumable); LangGraph ``interrupt()``
+becomes the run's Waiting state and ``spec.resume`` becomes
+``Command(resume=...)`` (one value, or a map of interrupt id to value).
+
+HAZARDS
+- Tool-call counts and model token usage are not mirrored yet (status shows 0).
+- A graph error is recorded as failed and the attempt exits as a crash (the
+  operator retries with backoff); LangGraph's ``GraphRecursionError`` is
+  permanent (exit 5).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import importlib.metadata
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from langchain_core.messages import AIMessage
+from langgraph.errors import GraphRecursionError as LangGraphRecursionError
+from langgraph.graph import StateGraph as LangGraphStateGraph
+from langgraph.pregel import Pregel
+from langgraph.types import Command as LangGraphCommand
+
+from agentrun.checkpoint.base import RESULT_MESSAGE_LIMIT, Checkpoint, Checkpointer, CheckpointWrite, RunStatus
+from agentrun.config import RunConfig
+from agentrun.errors import GraphRecursionError, GraphReferenceError, RunPreempted, RunStopped
+
+from .saver import AgentrunSaver
+
+log = logging.getLogger("agentrun.integrations.langgraph")
+
+# The LangGraph versions this integration is tested with (the saver contract and ToolNode's wrappers).
+SUPPORTED = ((1, 2), (2, 0))
+
+
+class PreemptionFlags(Protocol):
+    """The runner's SIGTERM state (``supervisor.Preemption``)."""
+
+    requested: bool
+    cancel_now: bool
+
+
+def is_langgraph(target: object) -> bool:
+    """Whether ``target`` (a graph reference's attribute) is a LangGraph graph, compiled or not."""
+    return type(target).__module__.startswith("langgraph.") or isinstance(target, Pregel | LangGraphStateGraph)
+
+
+def prepare(target: object, reference: str) -> Pregel[Any, Any, Any, Any]:
+    """The compiled LangGraph graph of ``target``; ``GraphReferenceError`` (one line, what to do) if unusable."""
+    version = importlib.metadata.version("langgraph")
+    parsed = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
+    if not SUPPORTED[0] <= parsed < SUPPORTED[1]:
+        raise GraphReferenceError(
+            f"graph reference {reference!r}: LangGraph {version} is installed but agentrun supports 1.2 to 1.x; "
+            "install 'agentrun[langgraph]' in the runner image"
+        )
+    if isinstance(target, LangGraphStateGraph):
+        target = target.compile()
+    if not isinstance(target, Pregel):
+        raise GraphReferenceError(
+            f"graph reference {reference!r} is a {type(target).__name__}, not a compiled LangGraph graph "
+            "(StateGraph(...).compile()) or an agentrun graph"
+        )
+    if target.checkpointer is not None:
+        raise GraphReferenceError(
+            f"graph reference {reference!r} was compiled with its own checkpointer "
+            f"({type(target.checkpointer).__name__}); compile it without one (graph.compile()): the runner gives it "
+            "AgentrunSaver on the run's store"
+        )
+    return target
+
+
+@dataclass
+class _Mirror:
+    """Our state rows for a LangGraph turn: what the operator and ``runner.plan`` read."""
+
+    store: Checkpointer
+    cfg: RunConfig
+    version: int
+    meta: dict[str, Any] = field(default_factory=dict)
+    node: str | None = None
+    step: int = 0
+    first: bool = True
+
+    async def write(self, status: RunStatus) -> None:
+        write = CheckpointWrite(
+            values={},
+            current_node=self.node,
+            step=self.step,
+            status=status,
+            meta=self.meta,
+            message_count=0,
+            record_turn=self.first or status != "running",
+            changed=frozenset(),
+        )
+        self.version = await self.store.aput(
+            self.cfg.thread_id, write, expected_version=self.version, attempt=self.cfg.attempt, run_uid=self.cfg.run_uid
+        )
+        self.first = False
+
+
+def _result(values: Any) -> dict[str, Any] | None:
+    messages = values.get("messages") if isinstance(values, dict) else None
+    for message in reversed(messages or []):
+        if isinstance(message, AIMessage):
+            content = message.content if isinstance(message.content, str) else str(message.content)
+            return {
+                "message": content[:RESULT_MESSAGE_LIMIT],
+                "digest": "sha256:" + hashlib.sha256(content.encode()).hexdigest(),
+                "truncated": len(content) > RESULT_MESSAGE_LIMIT,
+            }
+    return None
+
+
+async def run_turn(
+    app: Pregel[Any, Any, Any, Any],
+    *,
+    store: Checkpointer,
+    cfg: RunConfig,
+    payload: Any,
+    resume: tuple[Any] | None = None,
+    existing: Checkpoint | None,
+    preemption: PreemptionFlags,
+) -> tuple[RunStatus, list[dict[str, Any]]]:
+    """Run the turn: start it with ``payload``, continue it (``payload`` None), or answer its interrupts
+    (``resume``: a 1-tuple of ``spec.resume``'s value or its map of interrupt id to value).
+    Returns ``("completed", [])`` or ``("interrupted", interrupts)``.
+
+    Raises ``RunStopped`` (a stop request; persisted), ``RunPreempted`` (SIGTERM;
+    resumable), ``FencedError``/``StoreUnavailableError`` from the store, and the
+    graph's own error after recording the turn as failed.
+    """
+    graph = app.copy(update={"checkpointer": AgentrunSaver(store, attempt=cfg.attempt, run_uid=cfg.run_uid)})
+    config: Any = {"configurable": {"thread_id": cfg.thread_id}, "recursion_limit": cfg.recursion_limit}
+    meta = {k: v for k, v in (existing.meta if existing else {}).items() if k in ("run_uid", "request_key")}
+    if payload is not None:
+        meta = {}  # a new turn
+    meta.update(run_uid=cfg.run_uid, engine="langgraph")
+    if cfg.request_key:
+        meta["request_key"] = cfg.request_key
+    mirror = _Mirror(store, cfg, existing.version if existing else 0, meta=meta)
+    if existing is not None:
+        mirror.node, mirror.step = existing.current_node, existing.step
+    await mirror.write("running")
+
+    async def steps() -> None:
+        stream: AsyncIterator[Any] = graph.astream(
+            payload if resume is None else LangGraphCommand(resume=resume[0]),
+            config,
+            stream_mode="checkpoints",
+            durability="sync",
+        )
+        async for checkpoint in stream:
+            following = list(checkpoint.get("next") or [])
+            mirror.node = ",".join(following) or None
+            mirror.step = max(0, int((checkpoint.get("metadata") or {}).get("step", mirror.step)))
+            mirror.meta["langgraph_checkpoint_id"] = checkpoint["config"]["configurable"].get("checkpoint_id")
+            await mirror.write("running")
+            if preemption.requested and following:
+                raise RunPreempted(
+                    f"thread {cfg.thread_id!r} preempted before node {mirror.node!r} (LangGraph step {mirror.step}); "
+                    "resumable"
+                )
+
+    task = asyncio.ensure_future(steps())
+    try:
+        reason = await _supervise(task, store, cfg, preemption)
+    except LangGraphRecursionError as e:
+        await _fail(mirror, e)
+        raise GraphRecursionError(str(e)) from e
+    except (RunPreempted, asyncio.CancelledError):
+        raise
+    except Exception as e:
+        if not isinstance(e, RunStopped):
+            await _fail(mirror, e)
+        raise
+    if reason is not None:
+        mirror.meta["stop_reason"] = reason
+        await mirror.write("stopped")
+        await store.clear_stop(cfg.thread_id)
+        log.info("thread %s: stopped at node %s%s", cfg.thread_id, mirror.node, f": {reason}" if reason else "")
+        raise RunStopped(cfg.thread_id, node=mirror.node, version=mirror.version, reason=reason)
+    state = await graph.aget_state(config)
+    interrupts = [
+        {"id": i.id, "payload": i.value, "message": i.value if isinstance(i.value, str) else "", "node": t.name}
+        for t in state.tasks
+        for i in t.interrupts
+    ]
+    if interrupts:
+        mirror.meta["interrupts"] = interrupts
+        await mirror.write("interrupted")
+        return "interrupted", interrupts
+    mirror.meta.pop("interrupts", None)
+    if (result := _result(state.values)) is not None:
+        mirror.meta["result"] = result
+    mirror.node = None
+    await mirror.write("completed")
+    return "completed", []
+
+
+async def _supervise(
+    task: asyncio.Future[None], store: Checkpointer, cfg: RunConfig, preemption: PreemptionFlags
+) -> str | None:
+    """Wait for ``task``; cancel it on a stop request (returns its reason) or when SIGTERM's grace ran out."""
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=cfg.stop_poll_interval)
+        if done:
+            task.result()
+            return None
+        try:
+            reason = await store.stop_requested(cfg.thread_id)
+        except Exception as e:  # the next poll is the retry; an outage shows at the next checkpoint write
+            log.warning(
+                "thread %s: could not read stop requests (%s); asking again in %.1fs",
+                cfg.thread_id,
+                e,
+                cfg.stop_poll_interval,
+            )
+            reason = None
+        if reason is not None or preemption.cancel_now:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            if reason is None:
+                raise RunPreempted(f"thread {cfg.thread_id!r} preempted mid-step (grace period over); resumable")
+            return reason
+
+
+async def _fail(mirror: _Mirror, error: BaseException) -> None:
+    mirror.meta["error"] = {"code": getattr(error, "code", "NODE_ERROR_001"), "message": str(error)[:2000]}
+    try:
+        await mirror.write("failed")
+    except Exception as e:  # the graph's error is the one to report
+        log.error("could not persist the failure: %s", e)
