@@ -218,6 +218,16 @@ async def test_server_killed_mid_call_is_a_tool_error_and_the_next_call_reconnec
     assert not tool_messages(values)["call_1"].is_error, f"the next call after the server died failed ({kind})"
 
 
+async def test_mcp_tools_at_import_time_inside_the_runners_running_loop(transport: tuple[str, Any]) -> None:
+    """The runner imports the graph module inside its event loop: module-level ``mcp_tools()`` must work there."""
+    _, (server, _) = transport
+    tools = mcp_tools(server, side_effects={"charge": "retry"}, include=["lookup", "charge"])
+    assert sorted(t.name for t in tools) == ["charge", "lookup"]
+    app = tool_graph(tools, calling_model([call("call_1", "lookup", order_id="4821")])).compile(InMemoryCheckpointer())
+    values = await app.ainvoke("go", {"thread_id": "t1"})
+    assert tool_messages(values)["call_1"].content == "order 4821: 49.99 EUR"
+
+
 # -- one connection, many calls (issue 22) ------------------------------------------------------------
 
 

@@ -66,7 +66,9 @@ Hazards and limits, where the guarantee ends:
 - The session is bound to the loop that opened it. The blocking API runs
   every call on one loop, so ``invoke()`` reuses it too; ``mcp_tools()``
   (blocking) lists the tools on a short-lived loop of its own and closes
-  that session before it returns.
+  that session before it returns; called while a loop runs (a graph module
+  imported by the runner) it does so on a thread and blocks that loop
+  meanwhile.
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ import functools
 import json
 import logging
 import os
+import threading
 import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
@@ -216,6 +219,15 @@ class MCPServer:
         return await connection.request(
             lambda s: s.call_tool(name, arguments, meta=meta), what=f"call {name}", cancellable=True
         )
+
+    async def _aclose_this_loop(self) -> None:
+        """Close the session of the running loop only (``mcp_tools``' short-lived one)."""
+        connection = self._connections.get(asyncio.get_running_loop())
+        if connection is not None:
+            self._retire(connection)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(connection.task), CLOSE_TIMEOUT)
+            self._retired.discard(connection.task)
 
     async def aclose(self) -> None:
         """Close every session of this server (stopping a stdio server); safe to call more than once.
@@ -652,14 +664,11 @@ def mcp_tools(
 ) -> list[Tool]:
     """``amcp_tools`` for module level (building a graph): lists the tools on a short-lived session.
 
-    Raises ``RuntimeError`` inside a running event loop (use ``await amcp_tools(...)`` there).
+    Blocks until the tools are listed. Inside a running event loop (a graph
+    module imported by the runner, whose loop is already running) the listing
+    runs on a thread of its own, and that loop waits for it: meant for import
+    time; in a coroutine, ``await amcp_tools(...)`` instead.
     """
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        pass
-    else:
-        raise RuntimeError("mcp_tools() blocks, so it cannot be called inside a running event loop; use amcp_tools()")
 
     async def once() -> list[Tool]:
         try:
@@ -673,6 +682,22 @@ def mcp_tools(
                 timeouts=timeouts,
             )
         finally:
-            await server.aclose()
+            await server._aclose_this_loop()
 
-    return asyncio.run(once())
+    if _running_loop() is None:
+        return asyncio.run(once())
+    listed: list[list[Tool]] = []
+    failed: list[BaseException] = []
+
+    def listing() -> None:
+        try:
+            listed.append(asyncio.run(once()))
+        except BaseException as e:  # raised again in the caller's thread
+            failed.append(e)
+
+    thread = threading.Thread(target=listing, name=f"agentrun-mcp-list:{server.name}", daemon=True)
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
+    return listed[0]
