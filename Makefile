@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: cluster dashboard prometheus bench chaos dev test test-unit test-integration test-postgres test-cluster test-badinput test-chart lint demo demo-local e2e-kind deploy-manifests lock clean
+.PHONY: cluster dashboard prometheus chromium bench chaos dev test test-unit test-integration test-postgres test-cluster test-badinput test-chart lint demo demo-local e2e-kind deploy-manifests lock clean
 
 $(STAMP): pyproject.toml kubesim/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml kubesim/pyproject.toml
 
 dev: $(STAMP)  ## create .venv with the project and its test/lint tools
 
-test: $(STAMP) prometheus  ## every tier; needs PostgreSQL and Redis on 127.0.0.1 (.ci/run starts them)
+test: $(STAMP) prometheus chromium  ## every tier; needs PostgreSQL and Redis on 127.0.0.1 (.ci/run starts them)
 	$(BIN)/pytest -q
 
 test-unit: $(STAMP)
@@ -26,7 +26,7 @@ test-integration: $(STAMP)
 test-postgres: $(STAMP)
 	$(BIN)/pytest -q tests/postgres
 
-test-cluster: $(STAMP) prometheus  ## the emulated cluster (kubesim's self-tests, then agentrun's cluster tier)
+test-cluster: $(STAMP) prometheus chromium  ## the emulated cluster (kubesim's self-tests, then agentrun's cluster tier)
 	$(BIN)/pytest -q kubesim/tests tests/cluster
 
 test-badinput: $(STAMP)  ## bad input (issue 13): fuzzed specs and tool arguments, damaged ledger rows, 10 MB results, secrets; needs PostgreSQL
@@ -69,6 +69,9 @@ dashboard: $(STAMP)  ## helm/agentrun/dashboards/agentrun.json from hack/dashboa
 
 prometheus:  ## Debian's prometheus binary for the metrics test (tests start it themselves; never as a service)
 	bash scripts/prometheus.sh
+
+chromium:  ## Debian's chromium for the history web view's browser test (Playwright drives it; never downloaded)
+	bash scripts/chromium.sh
 
 deploy-manifests: $(STAMP)  ## deploy/*.yaml from the Helm chart (real Helm); tests/chart fails when they drift
 	$(BIN)/python hack/render_manifests.py

@@ -14,6 +14,14 @@ way a user steers a run.
 RBAC it needs: get/list/watch on agentruns, patch on agentruns to approve,
 reject or stop, list on events, get/list on pods and get on pods/log.
 
+``history`` and ``ui`` talk to the history server (``agentrun_history``),
+which reads the store for you: ``--server URL`` (or ``$AGENTRUN_HISTORY_URL``),
+else a ``kubectl port-forward`` to its Service (``--history-namespace``,
+default ``agentrun-system``). They send your kubeconfig's bearer token (a
+token, a token file or an exec credential plugin); the server shows a run
+only when that identity may ``get`` it. A client-certificate identity has no
+token to send: use a token (``kubectl create token``) or the chart's login.
+
 Approve and reject answer the waiting interrupt by id (``spec.resume.values``),
 replacing any earlier answer: an answer keyed by the interrupt's id cannot be
 taken for the answer to a later interrupt of the run, and it is what a run
@@ -501,6 +509,221 @@ def cmd_watch(kubectl: Kubectl, args: argparse.Namespace) -> int:
         time.sleep(WATCH_POLL_SECONDS)
 
 
+# --- history (through the history server) ----------------------------------------------------------------------------
+
+HISTORY_SERVICE = "agentrun-history"
+
+
+def _bearer(args: argparse.Namespace) -> str:
+    """The kubeconfig user's ``Authorization`` header, as kubectl would send it (exec plugins included)."""
+    import asyncio
+
+    from .io import kubeconfig
+
+    paths = args.kubeconfig or os.environ.get("KUBECONFIG") or str(kubeconfig.DEFAULT_KUBECONFIG)
+    try:
+        config = kubeconfig.load_kubeconfig(paths, context=args.context)
+        header = asyncio.run(kubeconfig.credentials_for(config.user).header())
+    except Exception as e:
+        raise PluginError(f"cannot get your credentials from the kubeconfig: {e}") from None
+    if not header or not header.lower().startswith("bearer "):
+        raise PluginError(
+            "your kubeconfig user has no bearer token (a client certificate?); the history server authorizes by "
+            "token: use a token (kubectl create token ...) or an exec credential plugin"
+        )
+    return header
+
+
+class HistoryServer:
+    """The history server's URL: ``--server``, ``$AGENTRUN_HISTORY_URL``, else a port-forward while in use."""
+
+    def __init__(self, kubectl: Kubectl, args: argparse.Namespace) -> None:
+        self.url = (args.server or os.environ.get("AGENTRUN_HISTORY_URL") or "").rstrip("/")
+        self._forward: subprocess.Popen[str] | None = None
+        if not self.url:
+            self._port_forward(kubectl, args.history_namespace)
+
+    def _port_forward(self, kubectl: Kubectl, namespace: str) -> None:
+        argv = kubectl.argv(
+            "port-forward",
+            "--address",
+            "127.0.0.1",
+            "-n",
+            namespace,
+            f"service/{HISTORY_SERVICE}",
+            ":80",
+            namespaced=False,
+        )
+        self._forward = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert self._forward.stdout is not None
+        line = self._forward.stdout.readline()  # "Forwarding from 127.0.0.1:PORT -> 8080"
+        if "127.0.0.1:" not in line:
+            error = self._forward.stderr.read() if self._forward.stderr else ""
+            self.close()
+            raise PluginError(
+                f"cannot reach the history server (service/{HISTORY_SERVICE} in namespace {namespace}): "
+                f"{(error or line).strip()}; pass --server URL or set AGENTRUN_HISTORY_URL"
+            )
+        self.url = "http://127.0.0.1:" + line.split("127.0.0.1:", 1)[1].split()[0]
+
+    def close(self) -> None:
+        if self._forward is not None:
+            self._forward.terminate()
+            self._forward.wait(timeout=5)
+            self._forward = None
+
+    def get_json(self, path: str, authorization: str) -> Any:
+        import urllib.error
+        import urllib.request
+
+        request = urllib.request.Request(self.url + path, headers={"Authorization": authorization})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as e:
+            with e:
+                try:
+                    message = json.loads(e.read()).get("message") or e.reason
+                except ValueError:
+                    message = e.reason
+            raise PluginError(f"the history server answered {e.code}: {message}") from None
+        except (urllib.error.URLError, OSError) as e:
+            raise PluginError(f"cannot reach the history server at {self.url}: {e}") from None
+
+
+def _when(moment: float | None) -> str:
+    return "-" if moment is None else datetime.fromtimestamp(moment, UTC).strftime("%H:%M:%S")
+
+
+def _secs(value: float | None) -> str:
+    return "-" if value is None else (f"{value * 1000:.0f}ms" if value < 1 else f"{value:.1f}s")
+
+
+def cmd_history(kubectl: Kubectl, args: argparse.Namespace) -> int:
+    from urllib.parse import quote
+
+    namespace = kubectl.current_namespace()
+    authorization = _bearer(args)
+    server = HistoryServer(kubectl, args)
+    try:
+        path = f"/api/v1/namespaces/{quote(namespace, safe='')}/agentruns/{quote(args.run, safe='')}/history"
+        found = server.get_json(path, authorization)
+    finally:
+        server.close()
+    if args.output == "json":
+        print(json.dumps(found, indent=2, ensure_ascii=False))
+        return 0
+    print(
+        f"Run:      {found['namespace']}/{found['name']}   phase {found.get('phase') or 'Pending'}"
+        + (f" ({found['reason']})" if found.get("reason") else "")
+    )
+    print(
+        f"Thread:   {found['thread_id']}   store status {found.get('status') or '-'}, version "
+        f"{shown(found.get('version')) or '-'}"
+    )
+    if not found.get("recorded"):
+        print("(nothing recorded in the store for this run yet)")
+    print("Attempts:")
+    rows = [
+        ["ATTEMPT", "POD", "STARTED", "LAST CHECKPOINT", "OUTCOME", "EXIT", "REASON", "STEPS", "TOOLS RUN/REPLAYED"]
+    ]
+    for a in found.get("attempts") or []:
+        rows.append(
+            [
+                str(a["attempt"]),
+                a.get("pod") or "-",
+                _when(a.get("started_at")),
+                _when(a.get("ended_at")),
+                a.get("outcome") or "-",
+                shown(a.get("exit_code")) or "-",
+                a.get("reason") or "",
+                str(a.get("steps", 0)),
+                f"{a.get('tool_calls_executed', 0)}/{a.get('tool_calls_replayed', 0)}",
+            ]
+        )
+    print(_indent(table(rows)) if len(rows) > 1 else "  none")
+    print("Tool calls:")
+    rows = [["TOOL", "CALL ID", "OUTCOME", "ATTEMPT", "REPLAYED IN", "DURATION", "ARGS", "RESULT", "IDEMPOTENCY KEY"]]
+    for c in found.get("tool_calls") or []:
+        args_d, result_d = c.get("arguments") or {}, c.get("result") or {}
+        rows.append(
+            [
+                c["name"],
+                c.get("call_id") or "-",
+                c["outcome"],
+                shown(c.get("attempt")) or "-",
+                ",".join(str(n) for n in c.get("replayed_in") or []) or "-",
+                _secs(c.get("duration_seconds")),
+                f"{args_d.get('sha256', '')[:12]} {args_d.get('bytes', '')}B" if args_d else "-",
+                f"{result_d.get('sha256', '')[:12]} {result_d.get('bytes', '')}B" if result_d else "-",
+                c.get("idempotency_key") or "-",
+            ]
+        )
+    print(_indent(table(rows)) if len(rows) > 1 else "  none")
+    if found.get("interrupts"):
+        print("Interrupts:")
+        rows = [["ASKED", "ATTEMPT", "QUESTION", "ANSWER", "ANSWERED", "RESUMED IN"]]
+        for i in found["interrupts"]:
+            answer = (i.get("answer") or {}).get("preview") or "waiting"
+            rows.append(
+                [
+                    _when(i.get("at")),
+                    shown(i.get("attempt")),
+                    (i.get("message") or "")[:60],
+                    answer[:60],
+                    _when(i.get("answered_at")),
+                    shown(i.get("answered_in_attempt")) or "-",
+                ]
+            )
+        print(_indent(table(rows)))
+    print("Steps:")
+    rows = [["VERSION", "STEP", "NEXT NODE", "STATUS", "ATTEMPT", "WRITTEN", "DURATION"]]
+    for st in found.get("steps") or []:
+        rows.append(
+            [
+                str(st["version"]),
+                str(st["step"]),
+                st.get("node") or "-",
+                st["status"],
+                shown(st.get("attempt")) or "-",
+                _when(st.get("at")),
+                _secs(st.get("duration_seconds")),
+            ]
+        )
+    print(_indent(table(rows)) if len(rows) > 1 else "  none")
+    if found.get("stop"):
+        print(f"Stop requested: {_when(found['stop']['requested_at'])} {found['stop']['reason']}")
+    return 0
+
+
+def cmd_ui(kubectl: Kubectl, args: argparse.Namespace) -> int:
+    """The history server's web view on 127.0.0.1, every request carrying the kubeconfig's identity."""
+    import asyncio
+    import webbrowser
+
+    from agentrun_history.proxy import serve_proxy
+
+    from .io import kubeconfig
+
+    _bearer(args)  # fail now, in one line, when there is no token to carry
+    paths = args.kubeconfig or os.environ.get("KUBECONFIG") or str(kubeconfig.DEFAULT_KUBECONFIG)
+    credentials = kubeconfig.credentials_for(kubeconfig.load_kubeconfig(paths, context=args.context).user)
+    server = HistoryServer(kubectl, args)
+    namespace = kubectl.current_namespace()
+
+    def ready(port: int) -> None:
+        url = f"http://127.0.0.1:{port}/runs?namespace={namespace}"
+        print(f"agentrun history UI on {url} (as your kubeconfig identity; Ctrl-C stops it)", flush=True)
+        if not args.no_browser:
+            webbrowser.open(url)
+
+    try:
+        asyncio.run(serve_proxy(server.url, credentials, port=args.port, ready=ready))
+    finally:
+        server.close()
+    return 0
+
+
 # --- the command line ------------------------------------------------------------------------------------------------
 
 
@@ -537,6 +760,22 @@ def parser() -> argparse.ArgumentParser:
     logs.add_argument("--attempt", type=int, help="only this attempt's pod")
     logs.add_argument("-f", "--follow", action="store_true", help="follow, across new attempts, until the run ends")
     command("watch", "live progress (node, step, version) until the run ends").add_argument("run")
+    history = command("history", "what a run did, from the store (attempts, steps, tool calls, interrupts)")
+    history.add_argument("run")
+    history.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    ui = command("ui", "the history web view on 127.0.0.1, as your kubeconfig identity")
+    ui.add_argument("--port", type=int, default=8765, help="the local port (0: any free one)")
+    ui.add_argument("--no-browser", action="store_true", help="print the address, do not open a browser")
+    for sub in (history, ui):
+        sub.add_argument(
+            "--server",
+            help="the history server's URL (default: $AGENTRUN_HISTORY_URL, else a port-forward to its Service)",
+        )
+        sub.add_argument(
+            "--history-namespace",
+            default="agentrun-system",
+            help="where the chart installed the history server (for the port-forward)",
+        )
     return top
 
 
@@ -548,6 +787,8 @@ COMMANDS = {
     "stop": cmd_stop,
     "logs": cmd_logs,
     "watch": cmd_watch,
+    "history": cmd_history,
+    "ui": cmd_ui,
 }
 
 

@@ -141,3 +141,21 @@ purpose.
 {{- define "agentrun.devStoreRedisUrl" -}}
 {{- printf "redis://%s-redis.%s.svc.cluster.local:6379/0" (include "agentrun.fullname" .) .Release.Namespace -}}
 {{- end -}}
+
+{{/* The history server (templates/history.yaml). */}}
+{{- define "agentrun.historyName" -}}
+{{- printf "%s-history" (include "agentrun.fullname" .) -}}
+{{- end -}}
+
+{{- define "agentrun.historySelectorLabels" -}}
+app.kubernetes.io/name: agentrun-history
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "agentrun.historyLabels" -}}
+{{ include "agentrun.historySelectorLabels" . }}
+app.kubernetes.io/component: history
+app.kubernetes.io/part-of: agentrun
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}

@@ -129,6 +129,7 @@ from .base import (
     claim,
     turn_fields,
 )
+from .pg_history import ThreadRows, thread_rows_txn
 from .pg_listen import StopListener
 from .pg_progress import ProgressNotifier, notify_sql
 from .pg_schema import (
@@ -1183,3 +1184,9 @@ class PgCheckpointer(Checkpointer):
     async def list_threads(self) -> list[str]:
         rows = await self._read("thread list", lambda conn: conn.fetch(_LIST_THREADS))
         return [r["thread_id"] for r in rows]
+
+    async def thread_rows(self, thread_id: str, *, run_uid: str | None = None) -> ThreadRows:
+        """Everything the run history shows of ``thread_id`` (``pg_history``), from one read-only snapshot."""
+        return await self._read(
+            "history read", lambda conn: thread_rows_txn(conn, thread_id, run_uid), snapshot=True, patient=False
+        )

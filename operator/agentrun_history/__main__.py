@@ -1,0 +1,66 @@
+"""``python -m agentrun_history``: the run history server (settings: ``AGENTRUN_HISTORY_*`` or flags).
+
+The store DSN comes from ``AGENTRUN_HISTORY_POSTGRES_DSN`` (the chart sets it
+from the store Secret's ``postgresDsn``), never from a flag, so it shows in
+no process list.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import ssl
+import sys
+from collections.abc import Sequence
+
+from aiohttp import web
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from .kube import UserKube
+from .server import make_app
+from .store import HistoryStore, ProgressHub
+
+
+class HistorySettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="AGENTRUN_HISTORY_", extra="ignore")
+
+    postgres_dsn: str = ""
+    host: str = "0.0.0.0"
+    port: int = 8080
+    # In a pod: the API server's CA (the chart mounts the kube-root-ca.crt ConfigMap here, no token).
+    kube_ca_file: str = "/etc/agentrun/kube-ca/ca.crt"
+    # A login form that keeps a pasted token in an HttpOnly cookie (shared installs behind TLS).
+    token_login: bool = False
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    log_level: str = "INFO"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    settings = HistorySettings()
+    parser = argparse.ArgumentParser(prog="python -m agentrun_history", description=__doc__)
+    parser.add_argument("--host", default=settings.host)
+    parser.add_argument("--port", type=int, default=settings.port)
+    parser.add_argument("--token-login", action="store_true", default=settings.token_login)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not settings.postgres_dsn:
+        print("error: AGENTRUN_HISTORY_POSTGRES_DSN is not set (the store's postgresDsn)", file=sys.stderr)
+        return 2
+    tls: ssl.SSLContext | None = None
+    if settings.tls_cert_file:
+        tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        tls.load_cert_chain(settings.tls_cert_file, settings.tls_key_file or None)
+    app = make_app(
+        kube=UserKube.from_environment(ca_file=settings.kube_ca_file),
+        store=HistoryStore(settings.postgres_dsn),
+        hub=ProgressHub(settings.postgres_dsn),
+        token_login=args.token_login,
+        secure_cookie=tls is not None,
+    )
+    web.run_app(app, host=args.host, port=args.port, ssl_context=tls, print=None, access_log=None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,302 @@
+"""The web view, rendered on the server: every value that came from a graph, a tool or a user is escaped.
+
+Nothing here is trusted HTML but the literal markup of this module: tool
+arguments and results, interrupt payloads, messages, names and reasons all
+go through ``e()`` (``html.escape`` with quotes), so ``<script>`` in a tool's
+output shows as text. The pages load one script (``/static/app.js``, no
+inline script: the Content-Security-Policy forbids it) that follows the
+server-sent events and posts the buttons.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import quote, urlencode
+
+from agentrun.history import Digest, RunHistory
+
+PHASES = ("Pending", "Running", "Interrupted", "Stopping", "Stopped", "Succeeded", "Failed")
+TERMINAL = ("Stopped", "Succeeded", "Failed")
+
+
+def e(value: Any) -> str:
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def when(moment: float | None) -> str:
+    if moment is None:
+        return "-"
+    return datetime.fromtimestamp(moment, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.1f} s"
+
+
+def run_url(namespace: str, name: str, suffix: str = "") -> str:
+    return f"/runs/{quote(namespace, safe='')}/{quote(name, safe='')}{suffix}"
+
+
+def page(title: str, body: str, *, user_hint: str = "") -> str:
+    return (
+        "<!doctype html><html lang=en><head><meta charset=utf-8>"
+        f"<title>{e(title)} · agentrun</title>"
+        '<meta name=viewport content="width=device-width, initial-scale=1">'
+        '<link rel=stylesheet href="/static/app.css"><script src="/static/app.js" defer></script></head>'
+        f'<body><header><a class=brand href="/runs">agentrun</a><span class=sub>run history</span>'
+        f"<span class=who>{e(user_hint)}</span></header><main>{body}</main></body></html>"
+    )
+
+
+def error_page(status: int, title: str, detail: str) -> str:
+    return page(title, f'<section class="error"><h1>{status} · {e(title)}</h1><p>{e(detail)}</p></section>')
+
+
+def login_page(message: str = "") -> str:
+    note = f"<p class=error>{e(message)}</p>" if message else ""
+    return page(
+        "Sign in",
+        "<section class=login><h1>Sign in with a Kubernetes token</h1>"
+        "<p>Paste a bearer token the API server accepts (e.g. <code>kubectl create token NAME</code>); "
+        "it stays in an HttpOnly cookie and every request is authorized as that identity.</p>"
+        f"{note}<form method=post action=/login><input type=password name=token autocomplete=off required>"
+        "<button type=submit>Sign in</button></form></section>",
+    )
+
+
+def badge(phase: str | None) -> str:
+    phase = phase or "Pending"
+    return f'<span class="badge phase-{e(phase.lower())}">{e(phase)}</span>'
+
+
+def run_list(
+    runs: Sequence[dict[str, Any]], *, namespace: str | None, phase: str | None, note: str = "", now: datetime
+) -> str:
+    options = "".join(
+        f'<option value="{e(p)}"{" selected" if p == phase else ""}>{e(p)}</option>' for p in ("", *PHASES)
+    )
+    form = (
+        '<form class=filters method=get action="/runs">'
+        f'<label>Namespace <input name=namespace value="{e(namespace or "")}" placeholder="all namespaces"></label>'
+        f"<label>Phase <select name=phase>{options}</select></label><button type=submit>Filter</button></form>"
+    )
+    rows = []
+    for run in runs:
+        meta, spec, status = run["metadata"], run.get("spec") or {}, run.get("status") or {}
+        created = meta.get("creationTimestamp")
+        calls = status.get("toolCalls") or {}
+        rows.append(
+            "<tr>"
+            f"<td>{e(meta.get('namespace'))}</td>"
+            f'<td><a class=run href="{e(run_url(meta["namespace"], meta["name"]))}">{e(meta["name"])}</a></td>'
+            f"<td>{badge(status.get('phase'))}</td>"
+            f"<td>{e(status.get('currentNode') or '-')}</td>"
+            f"<td>{e(status.get('stateVersion', '-'))}</td>"
+            f"<td>{e(status.get('attempt', '-'))}</td>"
+            f"<td>{e(calls.get('executed', 0))} / {e(calls.get('replayed', 0))}</td>"
+            f"<td>{e(spec.get('graph'))}</td>"
+            f"<td>{e(_age(created, now))}</td>"
+            "</tr>"
+        )
+    table = (
+        "<table class=runs><thead><tr><th>Namespace</th><th>Name</th><th>Phase</th><th>Node</th><th>Version</th>"
+        "<th>Attempt</th><th>Tools run / replayed</th><th>Graph</th><th>Age</th></tr></thead>"
+        f"<tbody>{''.join(rows)}</tbody></table>"
+        if rows
+        else "<p class=empty>No AgentRuns here that you may see.</p>"
+    )
+    notice = f"<p class=note>{e(note)}</p>" if note else ""
+    return page("Runs", f"<h1>AgentRuns</h1>{form}{notice}{table}")
+
+
+def _age(stamp: str | None, now: datetime) -> str:
+    if not stamp:
+        return "-"
+    try:
+        moment = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return "-"
+    secs = max(0, int((now - moment).total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if secs >= size:
+            return f"{secs // size}{unit}"
+    return f"{secs}s"
+
+
+def _digest(value: Digest | None, *, label: str) -> str:
+    if value is None:
+        return "-"
+    cut = " (preview cut)" if value.truncated else ""
+    return (
+        f"<details><summary><code>{e(value.sha256[:12])}</code> {e(value.bytes)} B{e(cut)}</summary>"
+        f'<pre class="{e(label)}">{e(value.preview)}</pre></details>'
+    )
+
+
+def run_page(history: RunHistory, run: dict[str, Any], *, live: bool) -> str:
+    title = f"{history.namespace}/{history.name}"
+    body = (
+        f'<div id=run data-events="{e(run_url(history.namespace, history.name, "/events"))}" '
+        f'data-timeline="{e(run_url(history.namespace, history.name, "/timeline"))}" '
+        f'data-live="{"1" if live else "0"}">'
+        f"{timeline(history, run)}</div>"
+    )
+    return page(title, f'<p><a href="/runs?namespace={e(quote(history.namespace))}">← runs</a></p>{body}')
+
+
+def timeline(history: RunHistory, run: dict[str, Any]) -> str:
+    """The part of a run's page that a live update replaces."""
+    status = run.get("status") or {}
+    spec = run.get("spec") or {}
+    parts = [_summary(history, status, spec), _actions(history, status, spec)]
+    parts.append(_interrupts(history, status))
+    parts.append(_attempts(history))
+    parts.append(_tool_calls(history))
+    parts.append(_steps(history))
+    return "".join(parts)
+
+
+def _summary(history: RunHistory, status: dict[str, Any], spec: dict[str, Any]) -> str:
+    calls = status.get("toolCalls") or {}
+    rows = [
+        ("Graph", history.graph),
+        ("Thread", history.thread_id),
+        (
+            "Node / step / version",
+            f"{history.current_node or '-'} / "
+            f"{history.steps[-1].step if history.steps else '-'} / {history.version or '-'}",
+        ),
+        ("Store status", history.status or "nothing recorded yet"),
+        (
+            "Attempts",
+            f"{len(history.attempts)} (restarts {status.get('restarts', 0)}, "
+            f"disruptions {status.get('disruptions', 0)})",
+        ),
+        (
+            "Tool calls",
+            f"executed {calls.get('executed', 0)}, replayed {calls.get('replayed', 0)}, "
+            f"in doubt {calls.get('inDoubt', 0)}, failed {calls.get('failed', 0)}",
+        ),
+    ]
+    if history.reason or history.message:
+        rows.append(("Reason", f"{history.reason or ''} {history.message or ''}".strip()))
+    if history.stop is not None:
+        rows.append(("Stop requested", f"{when(history.stop.requested_at)} {history.stop.reason}"))
+    if history.error:
+        rows.append(("Error", json.dumps(history.error, ensure_ascii=False)[:2000]))
+    result = ""
+    if history.result is not None:
+        result = f"<h3>Result</h3><pre class=result>{e(history.result.preview)}</pre>"
+    cells = "".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in rows)
+    return (
+        f"<section class=summary><h1><span class=ns>{e(history.namespace)}/</span>{e(history.name)} "
+        f"<span id=phase>{badge(history.phase)}</span></h1><table class=kv>{cells}</table>{result}</section>"
+    )
+
+
+def _actions(history: RunHistory, status: dict[str, Any], spec: dict[str, Any]) -> str:
+    phase = history.phase or "Pending"
+    buttons = []
+    base = run_url(history.namespace, history.name)
+    if phase == "Interrupted":
+        buttons.append(f'<button class="act approve" data-action="{e(base + "/approve")}">Approve</button>')
+        buttons.append(f'<button class="act reject" data-action="{e(base + "/reject")}">Reject</button>')
+    if phase not in TERMINAL and not spec.get("stop"):
+        buttons.append(f'<button class="act stop" data-action="{e(base + "/stop")}">Stop</button>')
+    if not buttons:
+        return ""
+    return (
+        "<section class=actions>" + "".join(buttons) + "<span class=act-note>acts as you: the patch is made with "
+        "your own Kubernetes identity</span><span id=act-result></span></section>"
+    )
+
+
+def _interrupts(history: RunHistory, status: dict[str, Any]) -> str:
+    if not history.interrupts:
+        return ""
+    rows = []
+    for item in history.interrupts:
+        answer = _digest(item.answer, label="answer") if item.answer else "waiting"
+        rows.append(
+            f"<tr><td>{e(when(item.at))}</td><td>{e(item.attempt)}</td><td>{e(item.message)}</td>"
+            f"<td>{_digest(item.payload, label='payload')}</td><td>{answer}</td>"
+            f"<td>{e(when(item.answered_at))}</td><td>{e(item.answered_in_attempt or '-')}</td></tr>"
+        )
+    return (
+        "<section><h2>Interrupts</h2><table class=interrupts><thead><tr><th>Asked</th><th>Attempt</th>"
+        "<th>Question</th><th>Payload</th><th>Answer</th><th>Answered</th><th>Resumed in</th></tr></thead>"
+        f"<tbody>{''.join(rows)}</tbody></table></section>"
+    )
+
+
+def _attempts(history: RunHistory) -> str:
+    if not history.attempts:
+        return "<section><h2>Attempts</h2><p class=empty>No attempt yet.</p></section>"
+    rows = []
+    for a in history.attempts:
+        exit_code = "-" if a.exit_code is None else a.exit_code
+        rows.append(
+            f"<tr><td>{e(a.attempt)}</td><td>{e(a.pod or '-')}</td><td>{e(when(a.started_at))}</td>"
+            f"<td>{e(when(a.ended_at))}</td><td>{e(a.outcome or '-')}</td><td>{e(exit_code)}</td>"
+            f"<td>{e(a.reason or '')}</td><td>{e(a.steps)}</td>"
+            f"<td>{e(a.tool_calls_executed)} / {e(a.tool_calls_replayed)}</td>"
+            f"<td>{e((a.message or '')[:200])}</td></tr>"
+        )
+    return (
+        "<section><h2>Attempts</h2><table class=attempts><thead><tr><th>#</th><th>Pod</th><th>Started</th>"
+        "<th>Last checkpoint</th><th>Outcome</th><th>Exit</th><th>Reason</th><th>Steps</th>"
+        "<th>Tools run / replayed</th><th>Message</th></tr></thead>"
+        f"<tbody>{''.join(rows)}</tbody></table></section>"
+    )
+
+
+def _tool_calls(history: RunHistory) -> str:
+    if not history.tool_calls:
+        return "<section><h2>Tool calls</h2><p class=empty>No tool call recorded.</p></section>"
+    rows = []
+    for c in history.tool_calls:
+        replayed = ", ".join(str(n) for n in c.replayed_in) or "-"
+        rows.append(
+            f'<tr class="call outcome-{e(c.outcome)}"><td class=tool>{e(c.name)}</td>'
+            f"<td><code>{e(c.call_id)}</code></td>"
+            f'<td><span class="badge out-{e(c.outcome)}">{e(c.outcome.replace("_", " "))}</span></td>'
+            f"<td>{e(c.attempt or '-')}</td><td>{e(replayed)}</td><td>{e(seconds(c.duration_seconds))}</td>"
+            f"<td>{_digest(c.arguments, label='arguments')}</td><td>{_digest(c.result, label='tool-result')}</td>"
+            f"<td><code class=idem>{e(c.idempotency_key or '-')}</code></td></tr>"
+        )
+    return (
+        "<section><h2>Tool calls</h2><table class=calls><thead><tr><th>Tool</th><th>Call id</th><th>Outcome</th>"
+        "<th>Ran in attempt</th><th>Replayed in</th><th>Duration</th><th>Arguments</th><th>Result</th>"
+        f"<th>Idempotency key</th></tr></thead><tbody>{''.join(rows)}</tbody></table></section>"
+    )
+
+
+def _steps(history: RunHistory) -> str:
+    if not history.steps:
+        return ""
+    rows = "".join(
+        f"<tr><td>{e(s.version)}</td><td>{e(s.step)}</td><td>{e(s.node or '-')}</td><td>{e(s.status)}</td>"
+        f"<td>{e(s.attempt or '-')}</td><td>{e(when(s.at))}</td><td>{e(seconds(s.duration_seconds))}</td></tr>"
+        for s in history.steps
+    )
+    return (
+        "<section><h2>Steps (checkpoints)</h2><table class=steps><thead><tr><th>Version</th><th>Step</th>"
+        "<th>Next node</th><th>Status</th><th>Attempt</th><th>Written</th><th>Duration</th></tr></thead>"
+        f"<tbody>{rows}</tbody></table></section>"
+    )
+
+
+def query(**params: str | None) -> str:
+    kept = {k: v for k, v in params.items() if v}
+    return ("?" + urlencode(kept)) if kept else ""
+
+
+def list_filter(runs: Iterable[dict[str, Any]], phase: str | None) -> list[dict[str, Any]]:
+    chosen = [r for r in runs if not phase or ((r.get("status") or {}).get("phase") or "Pending") == phase]
+    return sorted(chosen, key=lambda r: (r["metadata"].get("namespace", ""), r["metadata"]["name"]))

@@ -1,0 +1,47 @@
+// agentrun history: live updates (server-sent events) and the approve / reject / stop buttons.
+// The server renders every value escaped; this script only swaps in the server's own HTML fragment.
+"use strict";
+
+function bindButtons() {
+  document.querySelectorAll("button.act").forEach(function (button) {
+    button.addEventListener("click", function () {
+      var out = document.getElementById("act-result");
+      button.disabled = true;
+      // The custom header makes this a CORS-preflighted request: no other site can forge it.
+      fetch(button.dataset.action, {method: "POST", headers: {"X-Agentrun-Action": "1"}, credentials: "same-origin"})
+        .then(function (response) {
+          return response.json().then(function (body) { return {ok: response.ok, body: body}; });
+        })
+        .then(function (r) {
+          if (out) { out.textContent = r.ok ? r.body.message : "refused: " + r.body.message; }
+          if (!r.ok) { button.disabled = false; }
+          refresh();
+        })
+        .catch(function (err) { if (out) { out.textContent = String(err); } button.disabled = false; });
+    });
+  });
+}
+
+function refresh() {
+  var root = document.getElementById("run");
+  if (!root) { return; }
+  fetch(root.dataset.timeline, {credentials: "same-origin"})
+    .then(function (response) { return response.ok ? response.text() : null; })
+    .then(function (text) {
+      if (text === null) { return; }
+      root.innerHTML = text;  // the server's fragment: every value in it is escaped there
+      bindButtons();
+      root.dataset.updated = String(Date.now());
+      document.body.dataset.updates = String(Number(document.body.dataset.updates || "0") + 1);
+    });
+}
+
+function follow() {
+  var root = document.getElementById("run");
+  if (!root || root.dataset.live !== "1" || !window.EventSource) { return; }
+  var source = new EventSource(root.dataset.events);
+  source.addEventListener("update", refresh);
+  source.addEventListener("end", function () { source.close(); refresh(); });
+}
+
+document.addEventListener("DOMContentLoaded", function () { bindButtons(); follow(); });

@@ -1,0 +1,110 @@
+"""The history server's side of the store: read-only reads, and the progress notifications that make views live.
+
+Reads go through ``PgCheckpointer.thread_rows`` (one read-only snapshot per
+history). The server never writes: it calls no write method, and its store
+role needs only ``SELECT`` on the agentrun schema (plus ``LISTEN``, which
+PostgreSQL grants to every role). ``setup()`` still checks the schema version
+first (a no-op once it is current, the runners migrate it).
+
+``ProgressHub`` holds one LISTEN connection on ``agentrun_progress``
+(``pg_progress.CHANNEL``: the runner notifies, throttled to about once a
+second per thread plus a trailing one, after its checkpoints commit) and
+wakes the live views of that thread. HAZARDS: a notification is a hint, not
+the data (the view reads the store again); while the connection is down the
+live views fall back to their periodic check (``POLL_SECONDS`` in the
+server), and notifications sent meanwhile are lost, which costs only that
+delay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import asyncpg
+
+from agentrun.checkpoint import _listen_option
+from agentrun.checkpoint.pg_history import ThreadRows
+from agentrun.checkpoint.pg_progress import CHANNEL
+from agentrun.checkpoint.postgres import PgCheckpointer
+
+log = logging.getLogger("agentrun.history")
+RECONNECT_SECONDS = 5.0
+
+
+class HistoryStore:
+    """The store, read only; ``rows`` of a thread for ``agentrun.history.build``."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn, _ = _listen_option(dsn)
+        # No stop listener: this process never runs a graph. A short retry bound: a person is waiting.
+        self.store = PgCheckpointer(
+            self.dsn, listen_for_stops=False, retry_timeout=5.0, min_pool_size=1, max_pool_size=4
+        )
+
+    async def rows(self, thread_id: str, run_uid: str | None) -> ThreadRows:
+        return await self.store.thread_rows(thread_id, run_uid=run_uid)
+
+    async def aclose(self) -> None:
+        await self.store.aclose()
+
+
+class ProgressHub:
+    """Wakes the waiters of a thread when the store says it made progress (one LISTEN connection)."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn, _ = _listen_option(dsn)
+        self._waiters: dict[str, set[asyncio.Event]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self.listening = False
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="agentrun-history-listen")
+
+    def subscribe(self, thread_id: str) -> asyncio.Event:
+        event = asyncio.Event()
+        self._waiters.setdefault(thread_id, set()).add(event)
+        return event
+
+    def unsubscribe(self, thread_id: str, event: asyncio.Event) -> None:
+        waiters = self._waiters.get(thread_id)
+        if waiters is not None:
+            waiters.discard(event)
+            if not waiters:
+                del self._waiters[thread_id]
+
+    def _notified(self, _conn: object, _pid: int, _channel: str, thread_id: str) -> None:
+        for event in self._waiters.get(thread_id, ()):
+            event.set()
+
+    async def _run(self) -> None:
+        while True:
+            conn: Any = None
+            try:
+                conn = await asyncpg.connect(self.dsn, server_settings={"application_name": "agentrun-history"})
+                lost = asyncio.Event()
+                conn.add_termination_listener(lambda _c, lost=lost: lost.set())
+                await conn.add_listener(CHANNEL, self._notified)
+                self.listening = True
+                log.info("listening on %s for run progress", CHANNEL)
+                await lost.wait()
+                log.warning("the progress notification connection was lost; live views poll until it is back")
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                log.warning("cannot listen for progress (%s); retrying in %.0f s", e, RECONNECT_SECONDS)
+            finally:
+                self.listening = False
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        await conn.close(timeout=2)
+            await asyncio.sleep(RECONNECT_SECONDS)
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None

@@ -1,0 +1,399 @@
+"""A run's history, built from what the store recorded: one model for the JSON API, the web view and the CLI.
+
+``build(rows, ...)`` turns a thread's rows (``checkpoint.pg_history``) and,
+when the caller has it, the AgentRun's ``status.attempts`` (pod, exit code,
+reason: facts only Kubernetes knows) into a ``RunHistory``: attempts, steps,
+tool calls, interrupts and the stop request. It is pure: no I/O, the same
+rows give the same history. Everything shown lasts as long as the thread's
+rows do (``delete_thread`` is the only thing that removes them), except the
+pod facts, which live in the AgentRun's status (its last 20 attempts).
+
+How each fact is derived (nothing extra is written on the step's path):
+- a step's duration is the time from the previous checkpoint of the same
+  attempt to this one (node plus write); the first step of an attempt counts
+  from the attempt's start (its run inputs row, written just before its pod);
+- a tool call comes from the assistant message that asked for it; its ledger
+  key (``ledger.ledger_key``) finds the ledger record (executed, by which
+  attempt, when) and the intent (started when, with which idempotency key);
+  its duration is intent start to record, so only calls that record an
+  intent (tools with side effects) have one;
+- **replayed**: the tool's answer was checkpointed by a later attempt than
+  the one that recorded it in the ledger, so that attempt took the result
+  from the ledger instead of calling the tool (a crash between the record and
+  the checkpoint, or an interrupted node run again);
+- **in doubt**: an intent without a record: the call started and its outcome
+  is unknown (the tool's in-doubt policy decided what came next);
+- **failed**: the answer is a tool error message (``is_error``);
+- digests are SHA-256 of the arguments' JSON text and of the recorded result
+  envelope's text, with their sizes in bytes; previews are cut at
+  ``PREVIEW_CHARS``. Previews are plain text: a view must escape them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from .checkpoint.pg_history import ThreadRows
+from .ledger import idempotency_key, ledger_key
+
+PREVIEW_CHARS = 2000
+
+Outcome = Literal["executed", "replayed", "in_doubt", "failed", "running", "requested"]
+
+
+class Digest(BaseModel):
+    sha256: str
+    bytes: int
+    preview: str
+    truncated: bool = False
+
+
+class StepRecord(BaseModel):
+    version: int
+    step: int
+    node: str | None
+    status: str
+    attempt: int | None
+    at: float
+    duration_seconds: float | None = None
+
+
+class ToolCallRecord(BaseModel):
+    name: str
+    call_id: str | None
+    ledger_key: str | None
+    idempotency_key: str | None
+    outcome: Outcome
+    # The attempt that ran the tool (its ledger record or, in doubt, its intent) and those that replayed it.
+    attempt: int | None = None
+    replayed_in: list[int] = Field(default_factory=list)
+    requested_version: int | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    duration_seconds: float | None = None
+    arguments: Digest | None = None
+    result: Digest | None = None
+
+
+class InterruptRecord(BaseModel):
+    ids: list[str]
+    message: str = ""
+    payload: Digest | None = None
+    version: int
+    attempt: int | None
+    at: float
+    answered_at: float | None = None
+    answered_in_attempt: int | None = None
+    answer: Digest | None = None
+
+
+class AttemptHistory(BaseModel):
+    attempt: int
+    pod: str | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    outcome: str | None = None
+    exit_code: int | None = None
+    reason: str | None = None
+    message: str | None = None
+    steps: int = 0
+    first_version: int | None = None
+    last_version: int | None = None
+    tool_calls_executed: int = 0
+    tool_calls_replayed: int = 0
+
+
+class StopRecord(BaseModel):
+    reason: str
+    requested_at: float
+
+
+class RunHistory(BaseModel):
+    namespace: str
+    name: str
+    uid: str | None = None
+    thread_id: str
+    graph: str | None = None
+    phase: str | None = None
+    reason: str | None = None
+    message: str | None = None
+    status: str | None = None  # the store's last checkpoint status (running, interrupted, completed, ...)
+    version: int | None = None
+    current_node: str | None = None
+    attempts: list[AttemptHistory] = Field(default_factory=list)
+    steps: list[StepRecord] = Field(default_factory=list)
+    tool_calls: list[ToolCallRecord] = Field(default_factory=list)
+    interrupts: list[InterruptRecord] = Field(default_factory=list)
+    stop: StopRecord | None = None
+    error: dict[str, Any] | None = None
+    result: Digest | None = None
+    recorded: bool = True  # False: the store has nothing of this thread (not started, or its data deleted)
+
+
+def digest(text: str) -> Digest:
+    """SHA-256, size in bytes and a preview of ``text`` (plain text, to be escaped by whoever shows it)."""
+    data = text.encode("utf-8", "surrogatepass")
+    return Digest(
+        sha256=hashlib.sha256(data).hexdigest(),
+        bytes=len(data),
+        preview=text[:PREVIEW_CHARS],
+        truncated=len(text) > PREVIEW_CHARS,
+    )
+
+
+def _json_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+
+
+def _loads(text: Any) -> Any:
+    if text is None or not isinstance(text, str):
+        return text
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def _result_text(envelope_text: str | None) -> tuple[str, bool]:
+    """The recorded result as a person reads it (a message's content, else the JSON), and whether it is an error."""
+    envelope = _loads(envelope_text)
+    if isinstance(envelope, dict) and "value" in envelope:
+        value = envelope["value"]
+        if envelope.get("__kind__") == "message" and isinstance(value, dict):
+            return str(value.get("content", "")), bool(value.get("is_error"))
+        return _json_text(value), False
+    return envelope_text or "", False
+
+
+def _final(result: Any) -> Digest | None:
+    """The final answer (``turn_result``: its first 1024 characters and the digest of the whole)."""
+    if isinstance(result, dict) and isinstance(result.get("message"), str):
+        shown = digest(result["message"])
+        whole = str(result.get("digest") or "").removeprefix("sha256:")
+        return shown.model_copy(update={"sha256": whole or shown.sha256, "truncated": bool(result.get("truncated"))})
+    return digest(_json_text(result)) if result is not None else None
+
+
+def _steps(states: Sequence[Mapping[str, Any]], attempt_starts: Mapping[int, float]) -> list[StepRecord]:
+    steps: list[StepRecord] = []
+    previous: dict[int | None, float] = {}
+    for row in states:
+        attempt = row.get("attempt")
+        since = previous.get(attempt, attempt_starts.get(attempt) if attempt is not None else None)
+        at = float(row["at"])
+        steps.append(
+            StepRecord(
+                version=int(row["version"]),
+                step=int(row["step"]),
+                node=row.get("current_node"),
+                status=str(row["status"]),
+                attempt=attempt,
+                at=at,
+                duration_seconds=round(at - since, 3) if since is not None and at >= since else None,
+            )
+        )
+        previous[attempt] = at
+    return steps
+
+
+def _tool_calls(rows: ThreadRows, thread_id: str, version_attempt: Mapping[int, int | None]) -> list[ToolCallRecord]:
+    ledger = {r["tool_call_id"]: r for r in rows.ledger}
+    intents = {r["tool_call_id"]: r for r in rows.intents}
+    messages = [(int(m["idx"]), _loads(m["body"]) or {}, int(m["version"])) for m in rows.messages]
+    calls: list[ToolCallRecord] = []
+    seen: set[str] = set()
+    for position, (_, body, version) in enumerate(messages):
+        if body.get("role") == "tool" or version not in version_attempt:
+            continue
+        # The answers to this request: the tool messages after it, up to the next request.
+        answers: dict[str, tuple[dict[str, Any], int]] = {}
+        for _, later, later_version in messages[position + 1 :]:
+            if later.get("role") != "tool":
+                break
+            if later.get("tool_call_id"):
+                answers.setdefault(str(later["tool_call_id"]), (later, later_version))
+        for call in body.get("tool_calls") or []:
+            call_id = call.get("id")
+            key = ledger_key(body.get("id"), call_id)
+            record = ledger.get(key) if key else None
+            intent = intents.get(key) if key else None
+            answer = answers.get(str(call_id)) if call_id else None
+            if key:
+                seen.add(key)
+            calls.append(_tool_call(call, key, thread_id, version, record, intent, answer, version_attempt))
+    # Ledger records whose request is not among the run's messages (an older turn's, a foreign graph's).
+    for key, record in ledger.items():
+        if key not in seen:
+            calls.append(_tool_call({"name": record["tool_name"]}, key, thread_id, None, record, intents.get(key)))
+    return calls
+
+
+def _tool_call(
+    call: Mapping[str, Any],
+    key: str | None,
+    thread_id: str,
+    version: int | None,
+    record: Mapping[str, Any] | None,
+    intent: Mapping[str, Any] | None,
+    answer: tuple[dict[str, Any], int] | None = None,
+    version_attempt: Mapping[int, int | None] | None = None,
+) -> ToolCallRecord:
+    arguments = call.get("arguments")
+    result: Digest | None = None
+    is_error = False
+    if record is not None:
+        text, is_error = _result_text(record.get("result"))
+        whole = digest(record.get("result") or "")
+        result = whole.model_copy(update={"preview": text[:PREVIEW_CHARS], "truncated": len(text) > PREVIEW_CHARS})
+    elif answer is not None:
+        content = str(answer[0].get("content", ""))
+        is_error = bool(answer[0].get("is_error"))
+        result = digest(content)
+    ran_in = (record or intent or {}).get("attempt")
+    answered_in = (version_attempt or {}).get(answer[1]) if answer is not None else None
+    replayed = [answered_in] if record is not None and answered_in is not None and answered_in != ran_in else []
+    outcome: Outcome
+    if is_error:
+        outcome = "failed"
+    elif record is not None:
+        outcome = "replayed" if replayed else "executed"
+    elif intent is not None:
+        outcome = "in_doubt" if answer is not None else "running"
+    elif answer is not None:
+        outcome = "executed"
+    else:
+        outcome = "requested"
+    started = (intent or {}).get("at")
+    finished = (record or {}).get("at")
+    return ToolCallRecord(
+        name=str(call.get("name") or (record or intent or {}).get("tool_name") or "?"),
+        call_id=call.get("id") or (key.split(":", 1)[1] if key and ":" in key else None),
+        ledger_key=key,
+        idempotency_key=(intent or {}).get("idempotency_key") or idempotency_key(thread_id, key),
+        outcome=outcome,
+        attempt=ran_in,
+        replayed_in=replayed,
+        requested_version=version,
+        started_at=started,
+        finished_at=finished,
+        duration_seconds=round(finished - started, 3) if started is not None and finished is not None else None,
+        arguments=digest(_json_text(arguments)) if arguments is not None else None,
+        result=result,
+    )
+
+
+def _interrupts(states: Sequence[Mapping[str, Any]], inputs: Sequence[Mapping[str, Any]]) -> list[InterruptRecord]:
+    found: list[InterruptRecord] = []
+    for row in states:
+        if row["status"] != "interrupted":
+            continue
+        raw = _loads(row.get("interrupts")) or []
+        ids = [str(i.get("id")) for i in raw if isinstance(i, dict) and i.get("id")]
+        first = next((i for i in raw if isinstance(i, dict)), {})
+        payload = first.get("payload") if "payload" in first else first.get("value")
+        found.append(
+            InterruptRecord(
+                ids=ids,
+                message=str(first.get("message") or ""),
+                payload=digest(_json_text(payload)) if payload is not None else None,
+                version=int(row["version"]),
+                attempt=row.get("attempt"),
+                at=float(row["at"]),
+            )
+        )
+    # The answer: the first attempt started after the interrupt with a resume value (the operator writes it).
+    for interrupt in found:
+        for entry in inputs:
+            if entry.get("resume") and float(entry["at"]) >= interrupt.at:
+                interrupt.answered_at = float(entry["at"])
+                interrupt.answered_in_attempt = int(entry["attempt"])
+                interrupt.answer = digest(str(entry["resume"]))
+                break
+    return found
+
+
+def _attempts(
+    steps: Sequence[StepRecord],
+    calls: Sequence[ToolCallRecord],
+    inputs: Sequence[Mapping[str, Any]],
+    status_attempts: Iterable[Mapping[str, Any]],
+) -> list[AttemptHistory]:
+    by_number: dict[int, AttemptHistory] = {}
+
+    def entry(number: int) -> AttemptHistory:
+        return by_number.setdefault(number, AttemptHistory(attempt=number))
+
+    for row in inputs:
+        entry(int(row["attempt"])).started_at = float(row["at"])
+    for step in steps:
+        if step.attempt is None:
+            continue
+        item = entry(step.attempt)
+        item.steps += 1
+        item.first_version = item.first_version if item.first_version is not None else step.version
+        item.last_version = step.version
+        item.ended_at = step.at
+    for call in calls:
+        if call.attempt is not None and call.outcome in ("executed", "replayed", "failed"):
+            entry(call.attempt).tool_calls_executed += 1
+        for number in call.replayed_in:
+            entry(number).tool_calls_replayed += 1
+    for raw in status_attempts:
+        listed = raw.get("attempt")
+        if not isinstance(listed, int):
+            continue
+        item = entry(listed)
+        item.pod = raw.get("podName") or item.pod
+        item.outcome = raw.get("outcome") or item.outcome
+        item.exit_code = raw.get("exitCode") if isinstance(raw.get("exitCode"), int) else item.exit_code
+        item.reason = raw.get("reason") or item.reason
+        item.message = raw.get("message") or item.message
+    return [by_number[n] for n in sorted(by_number)]
+
+
+def build(
+    rows: ThreadRows,
+    *,
+    namespace: str,
+    name: str,
+    thread_id: str,
+    uid: str | None = None,
+    graph: str | None = None,
+    status: Mapping[str, Any] | None = None,
+) -> RunHistory:
+    """The history of AgentRun ``namespace/name`` on ``thread_id`` from its rows and (optionally) its status."""
+    status = status or {}
+    attempt_starts = {int(r["attempt"]): float(r["at"]) for r in rows.inputs}
+    steps = _steps(rows.states, attempt_starts)
+    version_attempt = {s.version: s.attempt for s in steps}
+    calls = _tool_calls(rows, thread_id, version_attempt)
+    last = rows.states[-1] if rows.states else None
+    result = _loads(last.get("result")) if last else None
+    history = RunHistory(
+        namespace=namespace,
+        name=name,
+        uid=uid,
+        thread_id=thread_id,
+        graph=graph,
+        phase=status.get("phase"),
+        reason=status.get("reason"),
+        message=status.get("message"),
+        status=str(last["status"]) if last else None,
+        version=int(last["version"]) if last else None,
+        current_node=last.get("current_node") if last else None,
+        attempts=_attempts(steps, calls, rows.inputs, status.get("attempts") or []),
+        steps=steps,
+        tool_calls=calls,
+        interrupts=_interrupts(rows.states, rows.inputs),
+        error=_loads(last.get("error")) if last else None,
+        result=_final(result),
+        recorded=not rows.empty,
+    )
+    if rows.stop is not None:
+        history.stop = StopRecord(reason=str(rows.stop["reason"]), requested_at=float(rows.stop["at"]))
+    return history
