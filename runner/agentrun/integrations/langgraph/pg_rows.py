@@ -3,12 +3,14 @@
 Every call runs through the store's transaction runner, so it inherits the
 store's guarantees: transient failures retried with backoff for the store's
 ``retry_timeout``, then ``StoreUnavailableError`` (the runner exits 8);
-configuration errors at once as ``StoreConfigError``. Writes lock our thread
-row ``FOR SHARE`` and check the owner first (``base.check_fence``), exactly
-like a ledger record: a superseded attempt's write raises ``FencedError`` and
-nothing of it lands, and a registration of a newer attempt waits for writes
-in flight. Every write is idempotent (a retry after a lost COMMIT
-acknowledgement lands the same rows).
+configuration errors at once as ``StoreConfigError``. ``put`` and
+``put_writes`` (the per-step path) are one statement each, one round trip
+(server-side functions, pg_schema migration 14); every write locks our
+thread row ``FOR SHARE`` and checks the owner first (``base.check_fence``),
+exactly like a ledger record: a superseded attempt's write raises
+``FencedError`` and nothing of it lands, and a registration of a newer
+attempt waits for writes in flight. Every write is idempotent (a retry after
+a lost COMMIT acknowledgement lands the same rows).
 
 HAZARDS
 - LangGraph checkpoints are not linearly versioned: time travel and
@@ -28,45 +30,27 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
-from agentrun.checkpoint.postgres import PgCheckpointer, _fence_txn
+from agentrun.checkpoint.postgres import PgCheckpointer, _fence_txn, _tool_row_outcome
 
 from .rows import BlobRow, CheckpointRow, Fence, Loaded, Query, RowStore, WriteRow
 
 if TYPE_CHECKING:
     from agentrun.checkpoint.pg_schema import Connection
 
-# Blobs in one statement (unnest), before the checkpoint that names them. DO NOTHING: a (channel,
-# version) is written once; LangGraph never gives one version two values.
-_PUT_BLOBS = """
-    INSERT INTO lg_blobs (thread_id, checkpoint_ns, channel, version, blob_type, blob)
-    SELECT $1, $2, b.channel, b.version, b.blob_type, b.blob
-    FROM unnest($3::text[], $4::text[], $5::text[], $6::bytea[]) AS b (channel, version, blob_type, blob)
-    ON CONFLICT (thread_id, checkpoint_ns, channel, version) DO NOTHING
+# A checkpoint with its new blobs, and a task's writes: one statement each, one round trip, autocommitted
+# (pg_schema migration 14: the thread row FOR SHARE, the fence, the inserts). Blobs: DO NOTHING, a (channel,
+# version) is written once and LangGraph never gives one version two values. Checkpoints: DO UPDATE, a put of
+# an id that exists is the same checkpoint again (a retried write) or LangGraph rewriting it; the last write
+# wins, as in LangGraph's own PostgreSQL saver. Writes: a regular write (idx >= 0) is kept if present (a
+# task's first result stays, LangGraph's rule); a special one (error, interrupt, resume, scheduled: idx < 0)
+# is replaced by the latest.
+_PUT = """
+    SELECT o_outcome, o_owner_run_uid, o_owner_attempt
+    FROM agentrun_lg_put($1, $2, $3, $4, $5, $6, $7, $8, $9::json, $10, $11, $12, $13, $14, $15, $16)
 """
-# DO UPDATE: a put of an id that exists is the same checkpoint again (a retried write), or LangGraph
-# rewriting it; the last write wins, as in LangGraph's own PostgreSQL saver.
-_PUT_CHECKPOINT = """
-    INSERT INTO lg_checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint_type,
-                                checkpoint, metadata_type, metadata, channel_versions, run_id, attempt, run_uid)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::json, $10, $11, $12)
-    ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id) DO UPDATE SET
-        parent_checkpoint_id = EXCLUDED.parent_checkpoint_id, checkpoint_type = EXCLUDED.checkpoint_type,
-        checkpoint = EXCLUDED.checkpoint, metadata_type = EXCLUDED.metadata_type, metadata = EXCLUDED.metadata,
-        channel_versions = EXCLUDED.channel_versions, run_id = EXCLUDED.run_id, attempt = EXCLUDED.attempt,
-        run_uid = EXCLUDED.run_uid
-"""
-# A regular write (idx >= 0) is kept if present: the first result of a task stays (LangGraph's rule);
-# a special write (error, interrupt, resume, scheduled: idx < 0) is replaced by the latest.
 _PUT_WRITES = """
-    INSERT INTO lg_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, idx, channel, value_type, value,
-                           task_path, attempt, run_uid)
-    SELECT $1, $2, $3, w.task_id, w.idx, w.channel, w.value_type, w.value, w.task_path, $9, $10
-    FROM unnest($4::text[], $5::int[], $6::text[], $7::text[], $8::bytea[], $11::text[])
-        AS w (task_id, idx, channel, value_type, value, task_path)
-    ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE SET
-        channel = EXCLUDED.channel, value_type = EXCLUDED.value_type, value = EXCLUDED.value,
-        task_path = EXCLUDED.task_path, attempt = EXCLUDED.attempt, run_uid = EXCLUDED.run_uid
-    WHERE lg_writes.idx < 0
+    SELECT o_outcome, o_owner_run_uid, o_owner_attempt
+    FROM agentrun_lg_put_writes($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
 """
 _COLUMNS = """
     thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint_type, checkpoint, metadata_type,
@@ -193,59 +177,63 @@ class PgRows(RowStore):
     def __init__(self, store: PgCheckpointer) -> None:
         self.store = store
 
-    async def put(self, row: CheckpointRow, blobs: list[BlobRow], *, fence: Fence) -> None:
-        async def txn(conn: Connection) -> None:
-            await _fence_txn(conn, row.thread_id, fence.attempt, fence.run_uid)
-            if blobs:
-                await conn.execute(
-                    _PUT_BLOBS,
-                    row.thread_id,
-                    row.checkpoint_ns,
-                    [b.channel for b in blobs],
-                    [b.version for b in blobs],
-                    [b.type for b in blobs],
-                    [b.blob for b in blobs],
-                )
-            await conn.execute(
-                _PUT_CHECKPOINT,
-                row.thread_id,
-                row.checkpoint_ns,
-                row.checkpoint_id,
-                row.parent_checkpoint_id,
-                row.type,
-                row.checkpoint,
-                row.metadata_type,
-                row.metadata,
-                json.dumps(row.channel_versions),
-                row.run_id,
-                fence.attempt,
-                fence.run_uid,
-            )
+    async def _fenced(self, op: str, thread_id: str, fence: Fence, sql: str, *args: Any) -> None:
+        """One autocommitted statement of the fenced functions (migration 14), retried as the store retries."""
 
-        await self.store._write("langgraph checkpoint", txn)
+        async def once() -> None:
+            pool = await self.store._get_pool()
+            async with pool.acquire() as conn:
+                row = await conn.fetchrow(sql, *args)
+            _tool_row_outcome(thread_id, row, attempt=fence.attempt, run_uid=fence.run_uid)
+
+        await self.store._call(op, once)
+
+    async def put(self, row: CheckpointRow, blobs: list[BlobRow], *, fence: Fence) -> None:
+        await self._fenced(
+            "langgraph checkpoint",
+            row.thread_id,
+            fence,
+            _PUT,
+            row.thread_id,
+            row.checkpoint_ns,
+            row.checkpoint_id,
+            row.parent_checkpoint_id,
+            row.type,
+            row.checkpoint,
+            row.metadata_type,
+            row.metadata,
+            json.dumps(row.channel_versions),
+            row.run_id,
+            fence.attempt,
+            fence.run_uid,
+            [b.channel for b in blobs],
+            [b.version for b in blobs],
+            [b.type for b in blobs],
+            [b.blob for b in blobs],
+        )
 
     async def put_writes(
         self, thread_id: str, checkpoint_ns: str, checkpoint_id: str, writes: list[WriteRow], *, fence: Fence
     ) -> None:
-        async def txn(conn: Connection) -> None:
-            await _fence_txn(conn, thread_id, fence.attempt, fence.run_uid)
-            await conn.execute(
-                _PUT_WRITES,
-                thread_id,
-                checkpoint_ns,
-                checkpoint_id,
-                [w.task_id for w in writes],
-                [w.idx for w in writes],
-                [w.channel for w in writes],
-                [w.type for w in writes],
-                [w.value for w in writes],
-                fence.attempt,
-                fence.run_uid,
-                [w.task_path for w in writes],
-            )
-
-        if writes:
-            await self.store._write("langgraph writes", txn)
+        if not writes:
+            return
+        await self._fenced(
+            "langgraph writes",
+            thread_id,
+            fence,
+            _PUT_WRITES,
+            thread_id,
+            checkpoint_ns,
+            checkpoint_id,
+            fence.attempt,
+            fence.run_uid,
+            [w.task_id for w in writes],
+            [w.idx for w in writes],
+            [w.channel for w in writes],
+            [w.type for w in writes],
+            [w.value for w in writes],
+            [w.task_path for w in writes],
+        )
 
     async def get(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None) -> Loaded | None:
         async def query(conn: Connection) -> Loaded | None:
