@@ -11,7 +11,8 @@ parallel (three calls, each branch on a copy of the state); then for one more ca
 ``add_note``, or ``approve_refund`` when the user's message says "approval" (it
 ``interrupt()``s for a human, so the run goes Interrupted and a resume continues it);
 then it answers with every result. Tool results are deterministic: two runs of one
-message end with equal messages.
+message end with equal messages. When the message asks for "the fraud check" (the MCP
+scenario, ``bench.chaos.mcp_graph``), the first round has a fourth call, ``fraud_check``.
 
 Each execution line: ``{"kind": "effect", "tool", "idem" (the idempotency key), "attempt"
 (AGENTRUN_ATTEMPT), "pid", "begin" (time.time() when the tool body started)}``. A
@@ -111,13 +112,14 @@ def chaos_model(messages: Sequence[Message]) -> Message:
     order_id = match.group(1) if match else "4821"
     rounds = sum(1 for m in messages if m.role == "assistant" and m.tool_calls)
     if messages[-1].role == "user":
-        return assistant(
-            tool_calls=[
-                _call("call_1", "lookup_order", order_id=order_id),
-                _call("call_2", "charge_card", order_id=order_id),
-                _call("call_3", "send_receipt", order_id=order_id),
-            ]
-        )
+        calls = [
+            _call("call_1", "lookup_order", order_id=order_id),
+            _call("call_2", "charge_card", order_id=order_id),
+            _call("call_3", "send_receipt", order_id=order_id),
+        ]
+        if "fraud check" in user.content:
+            calls.append(_call("call_5", "fraud_check", order_id=order_id))
+        return assistant(tool_calls=calls)
     if rounds == 1:
         follow_up = "approve_refund" if "approval" in user.content else "add_note"
         return assistant(tool_calls=[_call("call_4", follow_up, order_id=order_id)])

@@ -83,6 +83,14 @@ FAULTS: dict[str, tuple[str, str]] = {
         "runner gets SIGCONT",
         "the successor owns the thread; every write of the thawed runner is refused (fencing) and it exits 7",
     ),
+    p.MCP_SIBLING_TIMEOUT: (
+        "a scenario: the first round's tools run on an MCP server (stdio, one session for all calls) with a "
+        f"fourth call, `fraud_check`, that never answers; at its own {p.DEADLINE_SECONDS:g} s deadline "
+        "`charge_card` is in flight on the same session (it waits for the cancellation before it answers). "
+        "Counted as landed when a charge answered after the cancellation; other kinds may come on top",
+        "only the call past its deadline is cancelled (`notifications/cancelled`): the charge answers, is "
+        "recorded and is charged once; `fraud_check` is the only tool error (`NODE_TIMEOUT_002`)",
+    ),
 }
 
 FIGURE_TEXT: dict[str, tuple[str, str]] = {
@@ -125,6 +133,12 @@ FIGURE_TEXT: dict[str, tuple[str, str]] = {
         "0",
         "trials whose final messages, tool results (as the model saw them) or state version progression "
         "(node, step and status of every version) differ from their uninterrupted baseline's",
+    ),
+    "tool_errors": (
+        "0",
+        "tool calls of the trial that ended as an error for the model, except the MCP scenario's planned "
+        "deadline (`fraud_check`): a sibling failed with a call that timed out, or a call whose outcome was "
+        "unknown was reported as a failure, which a model would retry under a new idempotency key",
     ),
     "unrecorded_tool_calls": (
         "reported",

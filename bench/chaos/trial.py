@@ -3,12 +3,13 @@
 The trial is the AgentRun ``t<seed>``. A seed's scenario is its message (with or without
 the approval step) and nothing else the run's outcome depends on (tool timing changes
 when things happen, not what), so the uninterrupted run of a seed is the uninterrupted
-run of its scenario: ``Baselines`` runs one per scenario (``b-plain``, ``b-approval``)
-in the same world, with the same graph and message, and every trial of that scenario is
-compared with it. The driver waits for each fault's anchor, adds the seeded delay,
-injects it, and answers the run's interrupt (``spec.resume``) whenever it is
-Interrupted, as a human would. The duplicate-pod watch (``PodWatch``) and the status
-cache (``Statuses``) run for the whole campaign.
+run of its scenario: ``Baselines`` runs one per scenario (``b-plain``, ``b-approval``;
+the MCP scenario's ``b-mcp-plain``, ``b-mcp-approval``) in the same world, with the same
+graph and message, and every trial of that scenario is compared with it. The driver
+waits for each fault's anchor, adds the seeded delay, injects it, and answers the run's
+interrupt (``spec.resume``) whenever it is Interrupted, as a human would. The
+duplicate-pod watch (``PodWatch``) and the status cache (``Statuses``) run for the whole
+campaign.
 """
 
 from __future__ import annotations
@@ -102,27 +103,27 @@ class Baselines:
     def __init__(self, world: World, statuses: Statuses, workdir: Path) -> None:
         self.world, self.statuses, self.workdir = world, statuses, workdir
         self._lock = threading.Lock()
-        self._done: dict[bool, threading.Event] = {}
-        self._result: dict[bool, tuple[dict[str, Any], ThreadRows]] = {}
+        self._done: dict[str, threading.Event] = {}
+        self._result: dict[str, tuple[dict[str, Any], ThreadRows]] = {}
 
     @staticmethod
-    def name(approval: bool) -> str:
-        return "b-approval" if approval else "b-plain"
+    def name(trial: p.Plan) -> str:
+        """The baseline of the trial's scenario: its approval step, and whether its tools are on MCP."""
+        return ("b-mcp-" if trial.mcp else "b-") + ("approval" if trial.approval else "plain")
 
     def ensure(self, trial: p.Plan) -> None:
+        name = self.name(trial)
         with self._lock:
-            if trial.approval in self._done:
+            if name in self._done:
                 return
-            self._done[trial.approval] = threading.Event()
-        name = self.name(trial.approval)
+            self._done[name] = threading.Event()
         effects = self.workdir / f"{name}.effects"
         response = call(self.world.cluster, "POST", AGENTRUNS, manifest(name, trial, effects, faults=False))
         if response.status not in (201, 409):
             raise RuntimeError(f"could not create {name}: {response}")
-        threading.Thread(target=self._drive, args=(trial.approval,), name=f"chaos-{name}", daemon=True).start()
+        threading.Thread(target=self._drive, args=(name,), name=f"chaos-{name}", daemon=True).start()
 
-    def _drive(self, approval: bool) -> None:
-        name = self.name(approval)
+    def _drive(self, name: str) -> None:
         deadline = time.monotonic() + RUN_TIMEOUT
         resumed = False
         state: dict[str, Any] = {}
@@ -134,13 +135,14 @@ class Baselines:
                 resumed = answer(self.world, name)
             time.sleep(POLL)
         final = dict((self.world.cluster.get("agentruns", name, NAMESPACE) or {}).get("status") or {})
-        self._result[approval] = (final, thread_rows(self.world.postgres.dsn, f"{NAMESPACE}/{name}"))
-        self._done[approval].set()
+        self._result[name] = (final, thread_rows(self.world.postgres.dsn, f"{NAMESPACE}/{name}"))
+        self._done[name].set()
 
-    def result(self, approval: bool) -> tuple[dict[str, Any], ThreadRows]:
+    def result(self, trial: p.Plan) -> tuple[dict[str, Any], ThreadRows]:
         """The baseline's final status and rows (waits for its end)."""
-        self._done[approval].wait(RUN_TIMEOUT + 60)
-        return self._result.get(approval, ({}, ThreadRows(thread_id="", states=[], messages=[], ledger=[], intents=[])))
+        name = self.name(trial)
+        self._done[name].wait(RUN_TIMEOUT + 60)
+        return self._result.get(name, ({}, ThreadRows(thread_id="", states=[], messages=[], ledger=[], intents=[])))
 
 
 def answer(world: World, name: str) -> bool:
@@ -162,7 +164,7 @@ def manifest(name: str, trial: p.Plan, effects: Path, *, faults: bool) -> dict[s
         "kind": "AgentRun",
         "metadata": {"name": name, "labels": {"bench.agentrun.dev/seed": str(trial.seed)}},
         "spec": {
-            "graph": "bench.chaos.graph:app",
+            "graph": trial.graph,
             "threadId": name,
             "input": {"messages": [{"role": "user", "content": trial.text()}]},
             "store": {"secretRef": {"name": STORE_SECRET}},
@@ -186,7 +188,7 @@ class Trial:
     ) -> None:
         self.world, self.globals, self.watch, self.statuses, self.plan = world, faults, watch, statuses, trial
         self.baselines = baselines
-        self.name, self.baseline = f"t{trial.seed}", Baselines.name(trial.approval)
+        self.name, self.baseline = f"t{trial.seed}", Baselines.name(trial)
         self.workdir = workdir
         self.effects = workdir / f"{self.name}.effects"
         self.baseline_effects = workdir / f"{self.baseline}.effects"
@@ -369,8 +371,8 @@ class Trial:
         self.create()
         min_attempt, offset = 1, 0
         for fault in self.plan.faults:
-            if fault.anchor == p.ANCHOR_POINT:
-                continue  # the runner kills itself at the point; seen in its log afterwards
+            if fault.anchor in (p.ANCHOR_POINT, p.ANCHOR_SCENARIO):
+                continue  # the runner kills itself at the point, the scenario is the fault: both seen afterwards
             pod = self.anchor(fault, min_attempt, offset)
             if pod is None:
                 self.injected.append({"kind": fault.kind, "hit": False, "note": "missed: the run gave no moment"})
@@ -386,7 +388,34 @@ class Trial:
             kind = next(f.kind for f in self.plan.faults if f.anchor == p.ANCHOR_POINT)
             note = f"AGENTRUN_FAULT_POINT={self.plan.fault_point}" + ("" if fired else " (never reached)")
             self.injected.insert(0, {"kind": kind, "pod": f"{self.name}-1", "attempt": 1, "hit": fired, "note": note})
+        for fault in self.plan.faults:
+            if fault.anchor == p.ANCHOR_SCENARIO:
+                self.injected.insert(0, self.scenario_happened(fault))
         return self.evidence(fired)
+
+    def scenario_happened(self, fault: p.Fault) -> dict[str, Any]:
+        """The MCP scenario's record: hit when, in one server, a charge answered after the deadline's cancel."""
+        effects = read_effects(self.effects)
+        cancels = [e for e in effects if e.get("kind") == "cancelled" and e["tool"] == fault.tool]
+        answers = [e for e in effects if e.get("kind") == "answered" and e["tool"] == "charge_card"]
+        both = [(c, a) for c in cancels for a in answers if a["pid"] == c["pid"] and a["begin"] >= c["begin"]]
+        record: dict[str, Any] = {"kind": fault.kind, "hit": bool(both), "at": None}
+        if both:
+            cancel, answer = both[0]
+            record.update(
+                pod=f"{self.name}-{cancel['attempt']}",
+                attempt=cancel["attempt"],
+                note=f"{fault.tool} cancelled at its {p.DEADLINE_SECONDS:g}s deadline with charge_card in flight "
+                f"on the same MCP session; charge_card answered {answer['begin'] - cancel['begin']:.2f}s later",
+            )
+        else:
+            record.update(
+                pod=None,
+                attempt=None,
+                note=f"missed: no charge_card answered after a cancelled {fault.tool} "
+                f"({len(cancels)} cancellation(s), {len(answers)} answer(s))",
+            )
+        return record
 
     def wait_end(self, name: str) -> dict[str, Any] | None:
         """The run's final status; None once RUN_TIMEOUT passed, or once it sat Interrupted again for
@@ -418,7 +447,7 @@ class Trial:
 
     def evidence(self, fired: bool) -> Evidence:
         dsn = self.world.postgres.dsn
-        baseline_status, baseline = self.baselines.result(self.plan.approval)
+        baseline_status, baseline = self.baselines.result(self.plan)
         return Evidence(
             seed=self.plan.seed,
             plan=self.plan.to_json(),

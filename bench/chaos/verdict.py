@@ -24,6 +24,12 @@ Definitions, one per figure (``bench/RELIABILITY.md`` says them for users):
 - ``final_state_mismatch``: the trial's final messages, tool results or state version
   progression (node, step, status of each version) differ from its uninterrupted
   baseline's.
+- ``tool_errors``: tool calls of the trial that ended as an error for the model, except
+  the one its scenario sends past its deadline (the MCP scenario's ``fraud_check``,
+  ``NODE_TIMEOUT_002``). No tool of the campaign fails by itself, so any other error is a
+  fault turned into a failure: a sibling call failed with the call that timed out, or a
+  call whose outcome was unknown was reported as failed (the model would call it again
+  under a new idempotency key).
 - ``unrecorded_tool_calls`` (reported, not a loss): calls of the trial or its baseline
   whose result reached the model but not the ledger (the runner's write-failure policy:
   "COMPLETED but could not be recorded"); a replay of that step would run them again.
@@ -37,7 +43,7 @@ from typing import Any, TypedDict
 from agentrun.ledger import idempotency_key
 
 from .evidence import Evidence, ThreadRows
-from .plan import RUNNER_CRASHES
+from .plan import DEADLINE_TOOL, RUNNER_CRASHES
 
 FIGURES = (
     "recorded_tools_reexecuted",
@@ -48,6 +54,7 @@ FIGURES = (
     "duplicate_pods",
     "restarts_charged_for_infrastructure",
     "final_state_mismatches",
+    "tool_errors",
     "unrecorded_tool_calls",
 )
 # The figures that must be 0. Reported, not losses: window_reexecutions (the documented window), and
@@ -91,6 +98,18 @@ def unrecorded(rows: ThreadRows) -> list[str]:
             if call.get("id") in answered and key not in recorded:
                 missing.append(f"{call.get('name')} ({key})")
     return missing
+
+
+def tool_errors(rows: ThreadRows) -> list[str]:
+    """The tool calls that ended as errors, but for the planned deadline of the MCP scenario."""
+    errors = []
+    for m in rows["messages"]:
+        if m.get("role") != "tool" or not m.get("is_error"):
+            continue
+        if m.get("name") == DEADLINE_TOOL and "NODE_TIMEOUT_002" in str(m.get("content")):
+            continue
+        errors.append(f"{m.get('name')} ({m.get('tool_call_id')}): {str(m.get('content'))[:160]}")
+    return errors
 
 
 def reexecutions(evidence: Evidence) -> tuple[int, int, list[str]]:
@@ -193,6 +212,9 @@ def judge(evidence: Evidence) -> Verdict:
         if progression(trial) != progression(baseline):
             mismatch = 1
             why.append(f"state versions differ: trial {progression(trial)} baseline {progression(baseline)}")
+    errors = tool_errors(trial)
+    for error in errors:
+        why.append(f"tool error: {error}")
     missing = unrecorded(trial) + unrecorded(baseline)
     for call in missing:
         why.append(f"unrecorded: {call} got a result but has no ledger row")
@@ -208,6 +230,7 @@ def judge(evidence: Evidence) -> Verdict:
         "duplicate_pods": duplicates,
         "restarts_charged_for_infrastructure": charged,
         "final_state_mismatches": mismatch,
+        "tool_errors": len(errors),
         "unrecorded_tool_calls": len(missing),
     }
     return Verdict(figures=figures, why=why)

@@ -1,14 +1,16 @@
-"""The fault campaign's smoke (``make chaos`` in small): 22 seeded trials in one emulated cluster.
+"""The fault campaign's smoke (``make chaos`` in small): 24 seeded trials in one emulated cluster.
 
-Seeds 1 to 22 spread their first faults over every kind, twice (``bench.chaos.plan``):
+Seeds 1 to 24 spread their first faults over every kind, twice (``bench.chaos.plan``):
 runner SIGKILLs inside a tool, inside the checkpoint transaction, between a tool's return and
 its ledger record, during an interrupt resume and during a SIGTERM drain; eviction; node loss;
 SIGKILL of the operator leader (two replicas); a PostgreSQL and a Redis restart (private
-servers); a runner frozen with SIGSTOP and thawed after its successor took over. Each trial is
+servers); a runner frozen with SIGSTOP and thawed after its successor took over; an MCP server
+with two calls in flight on one session when one reaches its deadline. Each trial is
 compared with an uninterrupted run of its scenario. Guarantees: no recorded tool re-executed, no
 step lost, no stale write accepted, every run finished, no duplicate pod, no restart charged for
-infrastructure, final states equal to the baselines'. A failing trial keeps its evidence in the
-test's temporary folder (the failure names it); ``python -m bench.chaos replay <seed>`` reruns it alone.
+infrastructure, final states equal to the baselines', no tool error but the planned deadline. A
+failing trial keeps its evidence in the test's temporary folder (the failure names it);
+``python -m bench.chaos replay <seed>`` reruns it alone.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from bench.chaos.verdict import LOSSES
 
 pytestmark = pytest.mark.timeout(300)
 
-SEEDS = list(range(1, 23))
+SEEDS = list(range(1, 25))
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import copy
 from typing import Any
 
 from bench.chaos.evidence import Evidence, ThreadRows
-from bench.chaos.plan import FAULT_POINTS, KILL_IN_TOOL, KINDS, plan
+from bench.chaos.plan import DEADLINE_TOOL, FAULT_POINTS, KILL_IN_TOOL, KINDS, MCP_SIBLING_TIMEOUT, SCENARIOS, plan
 from bench.chaos.verdict import LOSSES, failed, judge
 
 from agentrun.ledger import idempotency_key
@@ -119,3 +119,24 @@ def test_plans_are_seeded_and_spread_over_every_kind() -> None:
         faults = plan(seed).faults
         assert sum(f.kind in FAULT_POINTS for f in faults) <= 1, f"seed {seed}: one fault point per trial"
     assert set(LOSSES) < set(judge(_evidence())["figures"])
+
+
+def test_a_tool_error_is_a_loss_but_the_mcp_scenarios_planned_deadline() -> None:
+    trial = copy.deepcopy(_rows(THREAD))
+    planned = {"id": "m5", "role": "tool", "name": DEADLINE_TOOL, "tool_call_id": "call_5", "is_error": True}
+    planned["content"] = f"Error: [NODE_TIMEOUT_002] tool {DEADLINE_TOOL} did not finish within 4s"
+    trial["messages"].insert(3, planned)
+    assert judge(_evidence(trial=trial))["figures"]["tool_errors"] == 0
+    sibling = {**trial["messages"][2], "is_error": True, "content": "Error: MCPConnectionError: the session ended"}
+    trial["messages"][2] = sibling
+    verdict = judge(_evidence(trial=trial))
+    assert verdict["figures"]["tool_errors"] == 1 and failed(verdict), verdict
+
+
+def test_the_mcp_scenario_is_a_first_fault_only_with_its_own_message() -> None:
+    seeds = [s for s in range(1, 300) if plan(s).faults[0].kind == MCP_SIBLING_TIMEOUT]
+    assert seeds and all(plan(s).mcp and "fraud check" in plan(s).text() for s in seeds)
+    for seed in range(1, 300):
+        extra = [f.kind for f in plan(seed).faults[1:]]
+        assert not set(extra) & SCENARIOS, f"seed {seed}: a scenario drawn as an extra fault"
+        assert plan(seed).mcp == (plan(seed).faults[0].kind == MCP_SIBLING_TIMEOUT)
