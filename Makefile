@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: cluster dashboard prometheus chromium bench chaos dev test test-unit test-integration test-postgres test-cluster test-badinput test-chart lint demo demo-local e2e-kind deploy-manifests lock clean
+.PHONY: k8s cluster dashboard prometheus chromium bench chaos dev test test-unit test-integration test-postgres test-cluster test-badinput test-chart lint demo demo-local e2e-kind deploy-manifests lock clean
 
 $(STAMP): pyproject.toml kubesim/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml kubesim/pyproject.toml
 
 dev: $(STAMP)  ## create .venv with the project and its test/lint tools
 
-test: $(STAMP) prometheus chromium  ## every tier; needs PostgreSQL and Redis on 127.0.0.1 (.ci/run starts them)
+test: $(STAMP) prometheus chromium k8s  ## every tier (the real control plane's binaries built or reused first); needs PostgreSQL and Redis on 127.0.0.1 (.ci/run starts them)
 	$(BIN)/pytest -q
 
 test-unit: $(STAMP)
@@ -26,7 +26,7 @@ test-integration: $(STAMP)
 test-postgres: $(STAMP)
 	$(BIN)/pytest -q tests/postgres
 
-test-cluster: $(STAMP) prometheus chromium  ## the emulated cluster (kubesim's self-tests, then agentrun's cluster tier)
+test-cluster: $(STAMP) prometheus chromium k8s  ## the emulated cluster and the real control plane (kubesim's self-tests incl. test_real.py, then agentrun's cluster tier)
 	$(BIN)/pytest -q kubesim/tests tests/cluster
 
 test-badinput: $(STAMP)  ## bad input (issue 13): fuzzed specs and tool arguments, damaged ledger rows, 10 MB results, secrets; needs PostgreSQL
@@ -66,6 +66,9 @@ e2e-kind: $(STAMP)  ## real cluster: kind, the image, helm install of the chart 
 
 dashboard: $(STAMP)  ## helm/agentrun/dashboards/agentrun.json from hack/dashboard.py (grafana-foundation-sdk); tests/chart fails when stale
 	$(BIN)/python hack/dashboard.py
+
+k8s:  ## the real control plane: kube-apiserver, kube-controller-manager (k8s.io/kubernetes) and etcd built from the Go module proxy at hack/k8s/versions.env's pins into ~/.cache/agentrun/k8s (AGENTRUN_K8S_CACHE); cold about 20 min on 2 cores, then instant (hack/k8s/README.md)
+	bash hack/k8s/build.sh
 
 prometheus:  ## Debian's prometheus binary for the metrics test (tests start it themselves; never as a service)
 	bash scripts/prometheus.sh

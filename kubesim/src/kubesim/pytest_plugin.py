@@ -9,18 +9,29 @@
   ``kill``, ``oom_kill``, ``evict``, ``lose_node``, ``pause``/``resume``; per
   pod ``logs``/``log_path``); every pod process is dead after the test.
 
+The real control plane (``kubesim.real``) has its own pair:
+
+- ``real_cluster`` (session-scoped): a ``RealControlPlane`` (etcd, kube-apiserver,
+  kube-controller-manager) whose binaries come from ``hack/k8s/build.sh`` (built once,
+  then cached); it FAILS the test, never skips it, when they are absent and cannot be built;
+- ``real_kubelet``: a ``KubeletThread`` on it, as node ``kubesim-<n>`` (a new node per test:
+  nothing left by one test's kubelet runs under the next), same faults and helpers.
+
 A project configures them by overriding these fixtures in its ``conftest.py``:
 
 - ``kubesim_crd_files``: CRD files installed before the test (default none);
 - ``kubesim_known_images``: the images the kubelet "has" (default ``KNOWN_IMAGES``);
 - ``kubesim_base_env``: the pods' environment under their own (default
-  ``default_base_env()``: this interpreter on PATH, the current folder on PYTHONPATH).
+  ``default_base_env()``: this interpreter on PATH, the current folder on PYTHONPATH);
+- ``kubesim_real_users`` (session-scoped): the real API server's static token users, name to
+  groups (default one user ``tester`` in no group: authenticated, allowed nothing by RBAC).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,6 +40,9 @@ import pytest
 if TYPE_CHECKING:  # imported by the fixtures: a session without a cluster does not load the emulator
     from kubesim.cluster import EmulatedCluster
     from kubesim.kubelet import KubeletThread
+    from kubesim.real import RealControlPlane
+
+_NODES = itertools.count(1)
 
 
 @pytest.fixture
@@ -83,5 +97,52 @@ def kubelet(
         pids = [r.process.pid for r in node.kubelet.pods.values() if r.process is not None]
         node.stop()
         for pid in pids:  # the process group leader is reaped by the kubelet: no pid, no leak
+            with pytest.raises(ProcessLookupError):
+                os.killpg(pid, 0)
+
+
+@pytest.fixture(scope="session")
+def kubesim_real_users() -> Mapping[str, Sequence[str]]:
+    """Static token users of the ``real_cluster`` (name -> groups); override it in a conftest.py."""
+    return {"tester": ()}
+
+
+@pytest.fixture(scope="session")
+def real_cluster(
+    tmp_path_factory: pytest.TempPathFactory, kubesim_real_users: Mapping[str, Sequence[str]]
+) -> Iterator[RealControlPlane]:
+    from kubesim.real import ControlPlaneError, RealControlPlane, binaries
+
+    try:
+        bins = binaries()
+    except ControlPlaneError as e:
+        pytest.fail(f"the real control plane's binaries are absent and could not be built: {e}", pytrace=False)
+    plane = RealControlPlane(tmp_path_factory.mktemp("real-cluster"), users=kubesim_real_users, bins=bins)
+    plane.start()
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+@pytest.fixture
+def real_kubelet(
+    real_cluster: RealControlPlane,
+    tmp_path: Path,
+    kubesim_known_images: Sequence[str],
+    kubesim_base_env: dict[str, str],
+) -> Iterator[KubeletThread]:
+    node = real_cluster.start_kubelet(
+        tmp_path / "kubelet",
+        node_name=f"kubesim-{next(_NODES)}",
+        known_images=kubesim_known_images,
+        base_env=kubesim_base_env,
+    )
+    try:
+        yield node
+    finally:
+        pids = [r.process.pid for r in node.kubelet.pods.values() if r.process is not None]
+        node.stop()
+        for pid in pids:
             with pytest.raises(ProcessLookupError):
                 os.killpg(pid, 0)
