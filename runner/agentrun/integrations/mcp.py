@@ -49,10 +49,13 @@ Hazards and limits, where the guarantee ends:
   a call back. A side-effect tool cut off by its deadline is in doubt on
   replay exactly like a native one; in the run itself, as for a native
   tool, the model gets ``NODE_TIMEOUT_002``.
-- The session is no longer dropped when a call times out, so a server that
-  is stuck for good (a blocking call inside its event loop) stays stuck for
-  later calls, which time out too; ``await server.aclose()`` drops the
-  session, and the next call opens a new one (a stdio server restarts).
+- A call that times out does not drop the session (that would fail its
+  siblings), so a server that is stuck for good (a blocking call inside its
+  event loop) stays stuck for later calls, which time out too; ``await
+  server.aclose()`` drops the session, and the next call opens a new one (a
+  stdio server restarts). A response stream that breaks while the session
+  lives on (a proxy cut it) fails that call alone, in doubt; the session is
+  replaced once the calls still in flight on it have ended.
 - A stdio server's death is seen at once (its pipe closes). An HTTP
   server's is seen when the call's response stream breaks (the SDK 1.x
   swallows that, so the adapter watches each response itself), or by probing
