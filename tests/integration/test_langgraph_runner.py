@@ -8,11 +8,14 @@ attempt: charged once, completed; a LangGraph ``interrupt()`` is exit 3 with
 the interrupt in the store, and ``spec.resume`` (as ``kubectl agentrun
 approve`` writes it) resumes it to completion; a stop request ends a run hung
 in a tool within 2 s (exit 4); a graph compiled with its own checkpointer is
-refused in one line (exit 5), never retried as a crash.
+refused in one line (exit 5), never retried as a crash; SIGTERM ends the
+run at the next super-step (exit 6, resumable) and the next attempt
+completes without running the finished tool node again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import sqlite3
@@ -124,7 +127,6 @@ def test_a_stop_request_ends_a_langgraph_run_hung_in_a_tool_within_two_seconds(p
         pytest.fail("the run never reached its tool node")
     time.sleep(0.5)  # inside the hung tools
     store = SqliteCheckpointer(pod_env["AGENTRUN_STORE"].removeprefix("sqlite:///"))
-    import asyncio
 
     async def stop() -> None:
         await store.request_stop(THREAD, "customer cancelled")
@@ -155,3 +157,31 @@ def test_a_langgraph_graph_compiled_with_its_own_checkpointer_is_refused_in_one_
     assert code == 5, f"expected exit 5 (failed, no retry), got {code}:\n{err[-3000:]}"
     message = Path(pod_env["AGENTRUN_TERMINATION_LOG"]).read_text()
     assert "compiled with its own checkpointer (InMemorySaver)" in message and "graph.compile()" in message
+
+
+def test_sigterm_ends_a_langgraph_run_at_a_step_boundary_and_the_next_attempt_completes(
+    pod_env: dict[str, str],
+) -> None:
+    proc = start(pod_env, SUPPORT_TOOL_DELAY="1.5", AGENTRUN_PREEMPT_FINISH_SECONDS="20")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if latest(pod_env)[:2] == ("running", "tools"):
+                break
+        except (sqlite3.Error, TypeError):
+            pass
+        time.sleep(0.05)
+    else:
+        proc.kill()
+        pytest.fail("the run never reached its tool node")
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 6, f"expected exit 6 (preempted, resumable), got {proc.returncode}:\n{err[-3000:]}"
+    assert latest(pod_env)[0] == "running", "a preempted run must stay resumable"
+    code, err = run(pod_env, AGENTRUN_ATTEMPT="2")
+    assert code == 0, f"the next attempt did not complete:\n{err[-3000:]}"
+    assert count_effects(pod_env["SUPPORT_EFFECTS_DB"])["charges"] == 1
+    invocations = sqlite3.connect(pod_env["SUPPORT_EFFECTS_DB"]).execute(
+        "SELECT COUNT(*) FROM tool_invocations WHERE tool = 'charge_card'"
+    )
+    assert invocations.fetchone()[0] == 1, "GUARANTEE BROKEN: the tool node finished before SIGTERM's exit ran again"
