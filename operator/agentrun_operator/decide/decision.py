@@ -44,6 +44,10 @@ class Decision:
     take_over_from: str | None = None
     # Pods of a deleted AgentRun this run waits for (the reconcile is woken when each is deleted).
     waits_for_pods: tuple[str, ...] = ()
+    # Nothing to decide: the run ended (or is being deleted); only its ttl may wake it.
+    at_rest: bool = False
+    # Reconcile again within this many seconds (something could not be done yet), whatever else is due.
+    retry_after: float | None = None
     delete_pod: str | None = None
     delete_grace: int | None = None
     request_stop: bool = False

@@ -35,22 +35,22 @@ import copy
 import logging
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from agentrun.checkpoint.base import ControlStore, Progress
 
-from ..decide import answers, jobparity, outage
-from ..decide.classify import Outcome, PodView, classify
+from ..decide import answers
 from ..decide.conditions import QUIET_SECONDS, deferrable, status_patch
 from ..decide.decision import Decision, Limits, StoreProblem
 from ..decide.identity import RecordedTurn
 from ..decide.podspec import RUN_LABEL, RunRef, build_pod, label_value, pod_name, run_request_key, store_secret
 from ..decide.reasons import TERMINAL, Phase
-from ..decide.run import at_rest, decide, rejected
 from ..decide.spec import AgentRunSpec, InvalidSpec, parse_spec, thread_key
 from ..decide.status import AgentRunStatus, StatusPatch, iso, parse_time
 from ..decide.thread import OrphanedTurn, ThreadPeer, orphaned_turn
+from ..decide.verdict import Inputs, verdict
 from ..decide.wake import next_wake
 from ..settings import OperatorSettings
 from . import metrics
@@ -67,8 +67,6 @@ log = logging.getLogger("agentrun_operator")
 # What a reconcile reads of a run's metadata. Not its annotations (kubectl's last-applied copy of the manifest,
 # other tools' annotations), finalizers, managedFields or resourceVersion: together larger than the rest of the body.
 RUN_METADATA = ("name", "namespace", "uid", "generation", "creationTimestamp", "deletionTimestamp")
-# A stop the store did not take (an outage) is asked again this often.
-STOP_RETRY_SECONDS = 1.0
 
 
 def run_view(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -205,49 +203,83 @@ class Reconciler:
             return self.status_of(run)
 
     async def _reconcile(self, run: dict[str, Any], peers: list[ThreadPeer]) -> None:
-        meta = run["metadata"]
+        """Gather ``verdict.Inputs``, take the verdict, apply it: nothing is decided here."""
         ref = RunRef.from_body(run)
         status = self.status_of(run)
         self.phases[ref.uid] = status.phase or Phase.PENDING
         self._namespace[ref.uid] = ref.namespace
         metrics.namespace_seen(ref.namespace, tuple(Phase))
         now = datetime.now(UTC)
-        if at_rest(status, deleting=bool(meta.get("deletionTimestamp")), retry=jobparity.retry_of(run.get("spec"))):
+        inputs, store = await self._gather(run, status, peers, now)
+        decision = verdict(inputs)
+        if decision.at_rest:
             self._at_rest(run, status, now)
             self._publish_phases()
             return
+        for waited in decision.waits_for_pods:  # its deletion reconciles this run at once (io/handlers.py)
+            self.name_waiters[(ref.namespace, waited)] = ref.uid
+        if inputs.spec is not None:
+            await self._apply(ref, inputs.spec, decision, store)
+        await self._write(run, status, decision, now)
+        after = self.status_of(run)
+        if after.phase in TERMINAL or inputs.spec is None:
+            self._at_rest(run, after, now)
+            return
+        pod = inputs.pod
+        if decision.create_attempt is not None or decision.delete_pod is not None:
+            pod = await self.pods.get(ref.namespace, pod_name(ref.name, after.attempt)) if after.attempt else None
+        wake = next_wake(spec=inputs.spec, status=after, pod=pod, limits=self.limits, now=now)
+        if decision.retry_after is not None:
+            soon = now + timedelta(seconds=decision.retry_after)
+            wake = soon if wake is None else min(wake, soon)
+        if (deferred := self._deferred.get(ref.uid)) is not None and deferred > now:
+            wake = deferred if wake is None else min(wake, deferred)
+        self._wake[ref.uid] = (wake, True)
+
+    async def _gather(
+        self, run: dict[str, Any], status: AgentRunStatus, peers: list[ThreadPeer], now: datetime
+    ) -> tuple[Inputs, ControlStore | None]:
+        """What the verdict needs, and the run's store (to apply it with). Reads only what can matter: nothing
+        for a run at rest or with a refused spec, and no store a run may not use (its DSN is not opened)."""
+        meta = run["metadata"]
+        raw = run.get("spec") or {}
+        base = Inputs(
+            run=thread_peer(run, status.wire()),
+            raw_spec=raw,
+            spec=None,
+            spec_error=None,
+            status=status,
+            deleting=bool(meta.get("deletionTimestamp")),
+            now=now,
+            limits=self.limits,
+            peers=tuple(peers),
+        )
+        if base.at_rest:
+            return base, None
         try:
-            spec = parse_spec(run.get("spec") or {})
+            spec = parse_spec(raw)
         except InvalidSpec as e:
-            await self._write(run, status, rejected(e), now)
-            self._at_rest(run, self.status_of(run), now)
-            return
+            return replace(base, spec_error=e), None
+        ref = RunRef.from_body(run)
         if not status.attempt and (refused := await self.access.store_problem(ref, spec)):
-            # Before the operator opens that database or a runner gets its DSN.
-            await self._write(run, status, rejected(InvalidSpec(refused)), now)
-            self._at_rest(run, self.status_of(run), now)
-            return
-        store: ControlStore | None = None
-        problem: StoreProblem | None = None
-        progress: Progress | None = None
+            return replace(base, spec=spec, store_access=refused), None  # before that database is opened
         thread = thread_key(ref.namespace, spec.threadId)
         secret = store_secret(spec, self.settings)
         if self.wakeups is not None:
             self.wakeups.track(ref.uid, thread)
+        store: ControlStore | None = None
+        problem: StoreProblem | None = None
         try:
             store = await self.stores.get(ref.namespace, secret, user=ref.uid)
         except StoreUnavailable as e:
             problem = e.problem
-        pod: PodView | None = None
-        if status.attempt:
-            pod = await self.pods.get(ref.namespace, pod_name(ref.name, status.attempt))
+        pod = await self.pods.get(ref.namespace, pod_name(ref.name, status.attempt)) if status.attempt else None
         store_down: str | None = None  # why the store did not answer the operator (outage.guard)
         seen: Progress | None = None  # the thread's progress, whichever run wrote it
         if store is not None:
             # Read on every reconcile, also before the first pod: it is the operator's view of the store.
             try:
                 seen = await store.aget_progress(thread)
-                progress = seen if status.attempt else None  # before its first pod, not this run's progress
             except Exception as e:  # the mirror can wait; decisions on pods must not
                 explained = self.stores.explain(ref.namespace, secret, e)
                 if isinstance(explained, StoreProblem):
@@ -257,55 +289,23 @@ class Reconciler:
                 why = explained.message if isinstance(explained, StoreProblem) else explained
                 log.warning("[%s/%s] cannot read progress of %s: %s", ref.namespace, ref.name, thread, why)
         key = run_request_key(ref, spec)
-        turn = await self._turn(ref, store, thread, key) if not status.started and not spec.stop else None
         orphan: OrphanedTurn | None = None
-        if store is not None and store_down is None and not spec.stop:
-            gone = orphaned_turn(seen, me=ref.uid, request_key=key, peers=peers)
-            if gone is not None:
-                orphan = OrphanedTurn(gone, tuple(self.pods.of_owner(ref.namespace, gone)))
-        decision = decide(
+        gone = orphaned_turn(seen, me=ref.uid, request_key=key, peers=peers) if not spec.stop else None
+        if gone is not None:
+            orphan = OrphanedTurn(gone, tuple(self.pods.of_owner(ref.namespace, gone)))
+        inputs = replace(
+            base,
             spec=spec,
-            status=status,
-            pod=pod,
-            progress=progress,
-            now=now,
-            limits=self.limits,
+            access=await self.access.problem(ref, spec),
             store_problem=problem,
-            run=thread_peer(run, status.wire()),
-            peers=peers,
+            store_down=store_down,
+            pod=pod,
+            progress=seen if status.attempt else None,  # before its first pod, not this run's progress
+            turn=await self._turn(ref, store, thread, key) if not status.started and not spec.stop else None,
             request_key=key,
-            turn=turn,
-            store_down=store_down is not None,
             orphan=orphan,
         )
-        decision = outage.guard(
-            decision,
-            status=status,
-            timeout=spec.restartPolicy.storeUnavailableTimeoutSeconds,
-            store_down=store_down,
-            pod_running=pod is not None and classify(pod) is Outcome.RUNNING,
-            now=now,
-        )
-        if decision.create_attempt is not None and (refused := await self.access.problem(ref, spec)):
-            decision = rejected(InvalidSpec(refused))  # before any pod of this attempt exists
-        for pod_name_ in decision.waits_for_pods:  # its deletion reconciles this run at once (io/handlers.py)
-            self.name_waiters[(ref.namespace, pod_name_)] = ref.uid
-        undelivered = await self._deliver_stop(ref, decision, store, thread, secret, store_down=store_down)
-        await self._apply(ref, spec, decision, store, thread)
-        await self._write(run, status, decision, now)
-        after = self.status_of(run)
-        if after.phase in TERMINAL:
-            self._at_rest(run, after, now)
-            return
-        if decision.create_attempt is not None or decision.delete_pod is not None:
-            pod = await self.pods.get(ref.namespace, pod_name(ref.name, after.attempt)) if after.attempt else None
-        wake = next_wake(spec=spec, status=after, pod=pod, limits=self.limits, now=now)
-        if undelivered:  # the stop is asked again soon, and at once when the store's progress wakes the run
-            soon = now + timedelta(seconds=STOP_RETRY_SECONDS)
-            wake = soon if wake is None else min(wake, soon)
-        if (deferred := self._deferred.get(ref.uid)) is not None and deferred > now:
-            wake = deferred if wake is None else min(wake, deferred)
-        self._wake[ref.uid] = (wake, True)
+        return inputs, store
 
     def _at_rest(self, run: dict[str, Any], status: AgentRunStatus, now: datetime) -> None:
         """The run needs nothing more than its ttl (if any): no store, no progress, no resync."""
@@ -331,10 +331,12 @@ class Reconciler:
             return None
         return RecordedTurn.of(found) if found is not None else None
 
-    async def _apply(
-        self, ref: RunRef, spec: AgentRunSpec, decision: Decision, store: ControlStore | None, thread: str
-    ) -> None:
+    async def _apply(self, ref: RunRef, spec: AgentRunSpec, decision: Decision, store: ControlStore | None) -> None:
         namespace, name = ref.namespace, ref.name
+        thread = thread_key(namespace, spec.threadId)
+        if decision.request_stop and store is not None:
+            await store.request_stop(thread, "spec.stop")
+            log.info("[%s/%s] stop requested in the store for thread %s", namespace, name, thread)
         if decision.clear_stop and store is not None:
             await store.clear_stop(thread)
             log.info("[%s/%s] withdrew its unacknowledged stop request for thread %s", namespace, name, thread)
@@ -378,45 +380,9 @@ class Reconciler:
                 log.info("[%s/%s] pod %s already exists; adopting it", namespace, name, pod)  # a retried create
             # Until the pod watch reports it: the next reconcile must not take it for a missing pod.
             self.pods.assume(namespace, created or manifest)
-            decision.status["podName"] = pod
             self._pod_created[ref.uid] = time.monotonic()
             if decision.reschedule_reason is not None:
                 metrics.RESCHEDULES.labels(reason=decision.reschedule_reason, namespace=namespace).inc()
-
-    async def _deliver_stop(
-        self,
-        ref: RunRef,
-        decision: Decision,
-        store: ControlStore | None,
-        thread: str,
-        secret: str,
-        *,
-        store_down: str | None,
-    ) -> bool:
-        """Ask the runner to stop through the store; True when the store did not take the request.
-
-        Undelivered, the run still shows Stopping at once, with the store's condition saying why, and no
-        ``stopRequestedTime``: the request is made again at every reconcile until the store takes it, and the
-        stop grace (then the forced stop) counts from then. Nothing blocks on the outage first.
-        """
-        if not decision.request_stop or store is None:
-            return False
-        why = store_down
-        if why is None:
-            try:
-                await store.request_stop(thread, "spec.stop")
-                log.info("[%s/%s] stop requested in the store for thread %s", ref.namespace, ref.name, thread)
-                return False
-            except Exception as e:
-                explained = self.stores.explain(ref.namespace, secret, e)
-                why = explained.message if isinstance(explained, StoreProblem) else explained
-        decision.status.pop("stopRequestedTime", None)  # not asked yet: the stop grace has not begun
-        decision.status["message"] = (
-            "spec.stop is true; the store is unavailable, so the runner is asked to stop as soon as it answers"
-        )
-        decision.condition(outage.CONDITION, False, outage.DOWN_REASON, why)
-        log.warning("[%s/%s] stop not delivered yet, the store is unavailable: %s", ref.namespace, ref.name, why)
-        return True
 
     async def _carried_answer(
         self, ref: RunRef, store: ControlStore, thread: str, attempt: int
