@@ -161,6 +161,8 @@ class MCPServer:
         self.errlog = errlog
         self._connections: dict[asyncio.AbstractEventLoop, _Connection] = {}
         self._retired: set[asyncio.Task[None]] = set()
+        # The two above are shared by the threads (and their loops) that use this server object.
+        self._lock = threading.Lock()
 
     @classmethod
     def stdio(
@@ -230,7 +232,8 @@ class MCPServer:
             self._retire(connection)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(connection.task), CLOSE_TIMEOUT)
-            self._retired.discard(connection.task)
+            with self._lock:
+                self._retired.discard(connection.task)
 
     async def aclose(self) -> None:
         """Close every session of this server (stopping a stdio server); safe to call more than once.
@@ -238,10 +241,13 @@ class MCPServer:
         Calls in flight on them lose their answer (``MCPConnectionLost``). Sessions of other event loops
         (other threads) are told to close and are not waited for.
         """
-        for connection in list(self._connections.values()):
+        with self._lock:
+            connections = list(self._connections.values())
+        for connection in connections:
             self._retire(connection)
         loop = asyncio.get_running_loop()
-        tasks = [t for t in self._retired if not t.done() and t.get_loop() is loop]
+        with self._lock:
+            tasks = [t for t in self._retired if not t.done() and t.get_loop() is loop]
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=CLOSE_TIMEOUT)
             for task in pending:
@@ -249,7 +255,8 @@ class MCPServer:
                     "MCP server %s did not shut down within %gs; abandoning its session", self.name, CLOSE_TIMEOUT
                 )
                 task.cancel()
-        self._retired = {t for t in self._retired if not t.done()}
+        with self._lock:
+            self._retired = {t for t in self._retired if not t.done()}
 
     # -- sessions -------------------------------------------------------------
 
@@ -264,13 +271,14 @@ class MCPServer:
 
     def _connection(self) -> _Connection:
         loop = asyncio.get_running_loop()
-        for dead in [lp for lp in self._connections if lp.is_closed()]:
-            self._connections.pop(dead, None)
-        connection = self._connections.get(loop)
-        if connection is None or connection.broken:
-            connection = _Connection(self)
-            self._connections[loop] = connection
-            self._retired.add(connection.task)
+        with self._lock:
+            for dead in [lp for lp in self._connections if lp.is_closed()]:
+                self._connections.pop(dead, None)
+            connection = self._connections.get(loop)
+            if connection is None or connection.broken:
+                connection = _Connection(self)
+                self._connections[loop] = connection
+                self._retired.add(connection.task)
         return connection
 
     def _retire(self, connection: _Connection, *, drain: bool = False) -> None:
@@ -288,9 +296,10 @@ class MCPServer:
         else:  # asyncio.Event is not thread-safe: set it on its own loop
             with contextlib.suppress(RuntimeError):  # that loop closed meanwhile
                 connection.loop.call_soon_threadsafe(connection.closing.set)
-        for loop, current in list(self._connections.items()):
-            if current is connection:
-                del self._connections[loop]
+        with self._lock:
+            for loop, current in list(self._connections.items()):
+                if current is connection:
+                    del self._connections[loop]
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
