@@ -74,6 +74,7 @@ def test_a_langgraph_agentrun_survives_sigkill_mid_tool_and_charges_once(
     assert stored is not None and stored.status == "completed"
     assert final["stateVersion"] == stored.version, "status.stateVersion must mirror the store's version"
     assert count_effects(str(effects))["charges"] == 1, "GUARANTEE BROKEN: charged twice after SIGKILL"
+    assert final["toolCalls"]["replayed"] >= 1, f"the ledger's replays do not reach the status: {final['toolCalls']}"
 
 
 def test_a_langgraph_interrupt_is_phase_interrupted_and_spec_resume_completes_it(

@@ -95,6 +95,10 @@ def test_a_langgraph_graph_charged_once_across_sigkill_after_charge_card(pod_env
     status, node, meta = latest(pod_env)
     assert (status, node) == ("completed", None)
     assert meta["result"]["message"].startswith("Done: "), meta
+    # lookup_order and charge_card came from the ledger on resume (the counts of the killed attempt's
+    # unfinished step died with it, as with our own engine); the status shows them.
+    calls = meta["tool_calls"]
+    assert calls["replayed"] >= 2 and calls["executed"] + calls["replayed"] >= 3, calls
 
 
 def test_a_langgraph_interrupt_waits_and_spec_resume_answers_it(pod_env: dict[str, str]) -> None:

@@ -21,7 +21,8 @@ becomes the run's Waiting state and ``spec.resume`` becomes
 ``Command(resume=...)`` (one value, or a map of interrupt id to value).
 
 HAZARDS
-- Tool-call counts and model token usage are not mirrored yet (status shows 0).
+- Tool-call counts are those of ``LedgerToolNode`` (executed, replayed,
+  failed, in doubt); model token usage is not mirrored yet.
 - A graph error is recorded as failed and the attempt exits as a crash (the
   operator retries with backoff); LangGraph's ``GraphRecursionError`` is
   permanent (exit 5).
@@ -45,9 +46,11 @@ from langgraph.types import Command as LangGraphCommand
 
 from agentrun.checkpoint.base import RESULT_MESSAGE_LIMIT, Checkpoint, Checkpointer, CheckpointWrite, RunStatus
 from agentrun.config import RunConfig
+from agentrun.context import ToolCounts
 from agentrun.errors import GraphRecursionError, GraphReferenceError, RunPreempted, RunStopped
 
 from .saver import AgentrunSaver
+from .tools import track
 
 log = logging.getLogger("agentrun.integrations.langgraph")
 
@@ -100,11 +103,15 @@ class _Mirror:
     cfg: RunConfig
     version: int
     meta: dict[str, Any] = field(default_factory=dict)
+    counts: ToolCounts = field(default_factory=ToolCounts)
     node: str | None = None
     step: int = 0
     first: bool = True
 
     async def write(self, status: RunStatus) -> None:
+        self.meta["tool_calls"] = self.counts.as_dict()
+        if self.counts.last_error is not None:
+            self.meta["last_tool_error"] = self.counts.last_error
         write = CheckpointWrite(
             values={},
             current_node=self.node,
@@ -160,7 +167,9 @@ async def run_turn(
     meta.update(run_uid=cfg.run_uid, engine="langgraph")
     if cfg.request_key:
         meta["request_key"] = cfg.request_key
-    mirror = _Mirror(store, cfg, existing.version if existing else 0, meta=meta)
+    # The turn's tool calls (LedgerToolNode counts them), carried on from the previous attempt of the turn.
+    counts = ToolCounts.from_meta(existing.meta) if existing is not None and payload is None else ToolCounts()
+    mirror = _Mirror(store, cfg, existing.version if existing else 0, meta=meta, counts=counts)
     if existing is not None:
         mirror.node, mirror.step = existing.current_node, existing.step
     await mirror.write("running")
@@ -184,6 +193,7 @@ async def run_turn(
                     "resumable"
                 )
 
+    track(cfg.thread_id, counts)
     task = asyncio.ensure_future(steps())
     try:
         reason = await _supervise(task, store, cfg, preemption)
@@ -196,6 +206,8 @@ async def run_turn(
         if not isinstance(e, RunStopped):
             await _fail(mirror, e)
         raise
+    finally:
+        track(cfg.thread_id, None)
     if reason is not None:
         mirror.meta["stop_reason"] = reason
         await mirror.write("stopped")

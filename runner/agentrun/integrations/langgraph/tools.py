@@ -63,6 +63,7 @@ from langgraph.types import Command, interrupt
 
 from agentrun import blocking
 from agentrun.checkpoint.base import Checkpointer
+from agentrun.context import ToolCounts
 from agentrun.errors import (
     DeterminismError,
     FencedError,
@@ -110,6 +111,28 @@ class _Call:
     idempotency_key: str
     name: str
     call_id: str
+
+
+# The tool-call counts of the turns the runner runs in this process, by thread id (``track``): what the mirror
+# of a LangGraph run checkpoints in meta ``tool_calls``, so the AgentRun status shows them.
+_tracked: dict[str, ToolCounts] = {}
+
+
+def track(thread_id: str, counts: ToolCounts | None) -> None:
+    """Count ``thread_id``'s tool calls into ``counts`` from now on (``None``: stop counting)."""
+    if counts is None:
+        _tracked.pop(thread_id, None)
+    else:
+        _tracked[thread_id] = counts
+
+
+def _count(call: _Call | None, outcome: str, result: Any = None) -> None:
+    counts = None if call is None else _tracked.get(call.thread_id)
+    if counts is None or call is None:
+        return
+    if outcome == "executed" and isinstance(result, ToolMessage) and result.status == "error":
+        counts.fail(call.name, "TOOL_ERROR_001", str(result.content))
+    setattr(counts, outcome, getattr(counts, outcome) + 1)
 
 
 def current_idempotency_key() -> str | None:
@@ -204,6 +227,7 @@ class _Ledger:
             log.warning("ledger entry %s (%s) is not a tool message; treating it as not recorded", call.key, call.name)
             return None
         log.info("tool call %s (%s) replayed from ledger; the tool is not called again", call.key, call.name)
+        _count(call, "replayed")
         return message
 
     async def _in_doubt(self, call: _Call) -> bool:
@@ -252,6 +276,7 @@ class _Ledger:
 
     def _decide_in_doubt(self, call: _Call) -> ToolMessage | None:
         """The in-doubt policy: ``None`` to run the call again, else the answer to give instead."""
+        _count(call, "in_doubt")
         policy = self.in_doubt.get(call.name, "interrupt")
         what = (
             f"tool call {call.key} ({call.name}) started before the previous attempt ended and its outcome is "
@@ -316,6 +341,7 @@ class _Ledger:
                 call.name,
                 e,
             )
+            _count(call, "unrecorded")
             return
         if not recorded:
             log.warning(
@@ -365,6 +391,7 @@ class _Ledger:
             await self._mark_paused(call)
             raise
         fault_point("after_tool", call.name)
+        _count(call, "executed", result)
         await self._record(call, result)
         return result
 
@@ -412,6 +439,7 @@ class _Ledger:
         finally:
             _idempotency_key.reset(token)
         fault_point("after_tool", call.name)
+        _count(call, "executed", result)
         blocking.run(lambda: self._record(call, result), caller="ledger record")
         return result
 
@@ -485,4 +513,4 @@ class LedgerToolNode(ToolNode):
         return result
 
 
-__all__ = ["InDoubtPolicy", "LedgerToolNode", "current_idempotency_key"]
+__all__ = ["InDoubtPolicy", "LedgerToolNode", "current_idempotency_key", "track"]
