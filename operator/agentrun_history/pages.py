@@ -21,6 +21,7 @@ from agentrun.history import Digest, RunHistory
 
 PHASES = ("Pending", "Running", "Interrupted", "Stopping", "Stopped", "Succeeded", "Failed")
 TERMINAL = ("Stopped", "Succeeded", "Failed")
+SHORT_BYTES = 120
 
 
 def e(value: Any) -> str:
@@ -132,6 +133,8 @@ def _age(stamp: str | None, now: datetime) -> str:
 def _digest(value: Digest | None, *, label: str) -> str:
     if value is None:
         return "-"
+    if value.bytes <= SHORT_BYTES and "\n" not in value.preview:  # short: shown as is
+        return f'<code class="{e(label)}" title="sha256 {e(value.sha256)}">{e(value.preview)}</code>'
     cut = " (preview cut)" if value.truncated else ""
     return (
         f"<details><summary><code>{e(value.sha256[:12])}</code> {e(value.bytes)} B{e(cut)}</summary>"
@@ -262,10 +265,11 @@ def _tool_calls(history: RunHistory) -> str:
     rows = []
     for c in history.tool_calls:
         replayed = ", ".join(str(n) for n in c.replayed_in) or "-"
+        retried = f" (in doubt in attempt {', '.join(map(str, c.in_doubt_in))}, ran again)" if c.in_doubt_in else ""
         rows.append(
             f'<tr class="call outcome-{e(c.outcome)}"><td class=tool>{e(c.name)}</td>'
             f"<td><code>{e(c.call_id)}</code></td>"
-            f'<td><span class="badge out-{e(c.outcome)}">{e(c.outcome.replace("_", " "))}</span></td>'
+            f'<td><span class="badge out-{e(c.outcome)}">{e(c.outcome.replace("_", " "))}</span>{e(retried)}</td>'
             f"<td>{e(c.attempt or '-')}</td><td>{e(replayed)}</td><td>{e(seconds(c.duration_seconds))}</td>"
             f"<td>{_digest(c.arguments, label='arguments')}</td><td>{_digest(c.result, label='tool-result')}</td>"
             f"<td><code class=idem>{e(c.idempotency_key or '-')}</code></td></tr>"

@@ -22,7 +22,13 @@ How each fact is derived (nothing extra is written on the step's path):
   from the ledger instead of calling the tool (a crash between the record and
   the checkpoint, or an interrupted node run again);
 - **in doubt**: an intent without a record: the call started and its outcome
-  is unknown (the tool's in-doubt policy decided what came next);
+  is unknown (the tool's in-doubt policy decided what came next); a record of
+  a later attempt than its intent was in doubt there and ran again
+  (``in_doubt_in``);
+- an interrupt's answer is the resume value of the first checkpoint after it
+  that carries its id (state meta ``resume``), before that the operator's
+  run inputs for the next attempt; who answered is in the API server's audit
+  log (the answer is a patch of the AgentRun by that person);
 - **failed**: the answer is a tool error message (``is_error``);
 - digests are SHA-256 of the arguments' JSON text and of the recorded result
   envelope's text, with their sizes in bytes; previews are cut at
@@ -34,6 +40,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -72,6 +79,8 @@ class ToolCallRecord(BaseModel):
     # The attempt that ran the tool (its ledger record or, in doubt, its intent) and those that replayed it.
     attempt: int | None = None
     replayed_in: list[int] = Field(default_factory=list)
+    # An intent of an earlier attempt than the record's: the call was in doubt there and ran again (retry policy).
+    in_doubt_in: list[int] = Field(default_factory=list)
     requested_version: int | None = None
     started_at: float | None = None
     finished_at: float | None = None
@@ -270,6 +279,10 @@ def _tool_call(
         outcome = "requested"
     started = (intent or {}).get("at")
     finished = (record or {}).get("at")
+    intent_attempt = (intent or {}).get("attempt")
+    in_doubt_in = [intent_attempt] if record is not None and intent_attempt not in (None, ran_in) else []
+    if in_doubt_in:
+        started = None  # the intent's start belongs to the attempt that died, not to the call that recorded
     return ToolCallRecord(
         name=str(call.get("name") or (record or intent or {}).get("tool_name") or "?"),
         call_id=call.get("id") or (key.split(":", 1)[1] if key and ":" in key else None),
@@ -278,6 +291,7 @@ def _tool_call(
         outcome=outcome,
         attempt=ran_in,
         replayed_in=replayed,
+        in_doubt_in=in_doubt_in,
         requested_version=version,
         started_at=started,
         finished_at=finished,
@@ -289,32 +303,50 @@ def _tool_call(
 
 def _interrupts(states: Sequence[Mapping[str, Any]], inputs: Sequence[Mapping[str, Any]]) -> list[InterruptRecord]:
     found: list[InterruptRecord] = []
-    for row in states:
+    for position, row in enumerate(states):
         if row["status"] != "interrupted":
             continue
         raw = _loads(row.get("interrupts")) or []
         ids = [str(i.get("id")) for i in raw if isinstance(i, dict) and i.get("id")]
         first = next((i for i in raw if isinstance(i, dict)), {})
-        payload = first.get("payload") if "payload" in first else first.get("value")
-        found.append(
-            InterruptRecord(
-                ids=ids,
-                message=str(first.get("message") or ""),
-                payload=digest(_json_text(payload)) if payload is not None else None,
-                version=int(row["version"]),
-                attempt=row.get("attempt"),
-                at=float(row["at"]),
-            )
+        payload = first.get("payload")
+        interrupt = InterruptRecord(
+            ids=ids,
+            message=str(first.get("message") or ""),
+            payload=digest(_json_text(payload)) if payload is not None else None,
+            version=int(row["version"]),
+            attempt=row.get("attempt"),
+            at=float(row["at"]),
         )
-    # The answer: the first attempt started after the interrupt with a resume value (the operator writes it).
-    for interrupt in found:
-        for entry in inputs:
-            if entry.get("resume") and float(entry["at"]) >= interrupt.at:
-                interrupt.answered_at = float(entry["at"])
-                interrupt.answered_in_attempt = int(entry["attempt"])
-                interrupt.answer = digest(str(entry["resume"]))
+        # The answer: the run's resume values (state meta "resume", by interrupt id) in the first checkpoint
+        # after the interrupt that holds one of its ids; the attempt that wrote it is the one that resumed.
+        for later in states[position + 1 :]:
+            resume = _loads(later.get("resume"))
+            if isinstance(resume, dict) and any(i in resume for i in ids):
+                answers = {i: resume[i] for i in ids if i in resume}
+                value = next(iter(answers.values())) if len(answers) == 1 else answers
+                interrupt.answer = digest(_json_text(value))
+                interrupt.answered_at = float(later["at"])
+                interrupt.answered_in_attempt = later.get("attempt")
                 break
+        else:  # not resumed yet: the operator may already hold the answer for the next attempt
+            for entry in inputs:
+                if entry.get("resume") and float(entry["at"]) >= interrupt.at:
+                    interrupt.answer = digest(str(entry["resume"]))
+                    interrupt.answered_at = float(entry["at"])
+                    interrupt.answered_in_attempt = int(entry["attempt"])
+                    break
+        found.append(interrupt)
     return found
+
+
+def _epoch(value: Any) -> float | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 def _attempts(
@@ -349,6 +381,7 @@ def _attempts(
             continue
         item = entry(listed)
         item.pod = raw.get("podName") or item.pod
+        item.started_at = _epoch(raw.get("startTime")) or item.started_at
         item.outcome = raw.get("outcome") or item.outcome
         item.exit_code = raw.get("exitCode") if isinstance(raw.get("exitCode"), int) else item.exit_code
         item.reason = raw.get("reason") or item.reason
@@ -369,6 +402,10 @@ def build(
     """The history of AgentRun ``namespace/name`` on ``thread_id`` from its rows and (optionally) its status."""
     status = status or {}
     attempt_starts = {int(r["attempt"]): float(r["at"]) for r in rows.inputs}
+    for raw in status.get("attempts") or []:  # the store keeps only the latest attempt's inputs
+        started = _epoch(raw.get("startTime"))
+        if isinstance(raw.get("attempt"), int) and started is not None:
+            attempt_starts.setdefault(raw["attempt"], started)
     steps = _steps(rows.states, attempt_starts)
     version_attempt = {s.version: s.attempt for s in steps}
     calls = _tool_calls(rows, thread_id, version_attempt)

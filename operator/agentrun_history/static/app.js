@@ -2,10 +2,17 @@
 // The server renders every value escaped; this script only swaps in the server's own HTML fragment.
 "use strict";
 
+var lastMessage = "";  // the last action's answer, kept across live updates of the page
+
+function say(text) {
+  lastMessage = text;
+  var out = document.getElementById("act-result");
+  if (out) { out.textContent = text; }
+}
+
 function bindButtons() {
   document.querySelectorAll("button.act").forEach(function (button) {
     button.addEventListener("click", function () {
-      var out = document.getElementById("act-result");
       button.disabled = true;
       // The custom header makes this a CORS-preflighted request: no other site can forge it.
       fetch(button.dataset.action, {method: "POST", headers: {"X-Agentrun-Action": "1"}, credentials: "same-origin"})
@@ -13,11 +20,11 @@ function bindButtons() {
           return response.json().then(function (body) { return {ok: response.ok, body: body}; });
         })
         .then(function (r) {
-          if (out) { out.textContent = r.ok ? r.body.message : "refused: " + r.body.message; }
+          say(r.ok ? r.body.message : "refused: " + r.body.message);
           if (!r.ok) { button.disabled = false; }
           refresh();
         })
-        .catch(function (err) { if (out) { out.textContent = String(err); } button.disabled = false; });
+        .catch(function (err) { say(String(err)); button.disabled = false; });
     });
   });
 }
@@ -31,6 +38,7 @@ function refresh() {
       if (text === null) { return; }
       root.innerHTML = text;  // the server's fragment: every value in it is escaped there
       bindButtons();
+      say(lastMessage);
       root.dataset.updated = String(Date.now());
       document.body.dataset.updates = String(Number(document.body.dataset.updates || "0") + 1);
     });

@@ -1,0 +1,362 @@
+"""The run history server as people use it: Debian's chromium on its web view, ``kubectl agentrun ui`` and ``history``.
+
+kubesim enforces RBAC (``kubesim.rbac``) for two token users, bound to the chart's own user ClusterRoles
+(``templates/userroles.yaml``): alice may view and edit AgentRuns in ``default``, bob may only view them in
+``team-b``. The history server (``python -m agentrun_history``) holds no identity of its own: it is started
+with the cluster's address and CA only, and reads the real store. Each person reaches it through their own
+``kubectl agentrun ui`` (a local proxy that carries the kubeconfig's token; alice's comes from an exec
+credential plugin), and the browser is the real chromium, driven by Playwright.
+
+What it proves, in one cluster (the runs take most of the time):
+- the list shows the runs the person may list;
+- a run SIGKILLed after ``charge_card`` was recorded and rescheduled shows two attempts and ``charge_card``
+  replayed from the ledger in attempt 2 (charged once);
+- approving a waiting run with the button resumes it, and the page follows it to Succeeded live (server-sent
+  events), without a reload;
+- bob gets 403 for a run in ``default`` (the API server's answer to his own token), and his approve of a run
+  he may only view is refused by the API server: the server never acts with rights of its own;
+- an unknown run is a 404 page; a 300 kB tool result is shown as a cut preview with its size; ``<script>``
+  and ``onerror`` in tool output are text, never run;
+- ``kubectl agentrun history`` prints the same history (table and ``-o json``).
+
+Screenshots go to the test's tmp dir, and to ``$AGENTRUN_SCREENSHOTS`` when set (the README's come from
+``AGENTRUN_SCREENSHOTS=docs/history pytest tests/cluster/test_history_ui.py``). Skipped, saying so, when
+chromium or Playwright is missing (``make chromium`` installs Debian's chromium).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import helm_python
+import pytest
+import yaml
+
+from agentrun.devservers import free_port
+from kubesim import KUBECTL, EmulatedCluster, KubeletThread
+from kubesim.rbac import AUTHENTICATED, User
+from tests.cluster.operator_harness import (
+    OperatorProcess,
+    agentrun,
+    apply,
+    start_operator,
+    store_secret,
+    wait_node,
+    wait_phase,
+)
+from tests.cluster.test_kube_client import exec_user, kubeconfig_doc, write_plugin, write_yaml
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(420)]
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "agentrun"
+BIN = Path(sys.executable).parent
+CHROMIUM = Path("/usr/bin/chromium")
+TOKENS = {"alice": "alice-token-7f3a", "bob": "bob-token-19c2"}
+
+playwright_api = pytest.importorskip("playwright.sync_api", reason="Playwright for Python is not installed")
+if not CHROMIUM.exists():
+    pytest.skip("Debian's chromium is not installed (make chromium / scripts/chromium.sh)", allow_module_level=True)
+
+
+def user_roles() -> list[dict[str, Any]]:
+    """The chart's ClusterRoles for people (agentrun-view, agentrun-edit), as helm renders them."""
+    with helm_python.Chart.load(CHART) as chart:
+        rendered = chart.render(values={}, name="agentrun", namespace="agentrun-system")
+    text = next(t for path, t in rendered.items() if path.endswith("templates/userroles.yaml"))
+    return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+def binding(namespace: str, user: str, role: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": f"{user}-{role}", "namespace": namespace},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+    }
+
+
+def call(url: str, token: str | None = None, method: str = "GET", headers: dict[str, str] | None = None) -> int:
+    request = urllib.request.Request(url, method=method, headers=dict(headers or {}))
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=20) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as e:
+        with e:
+            return e.code
+    except urllib.error.URLError:
+        return 0  # not listening (yet)
+
+
+class Process:
+    def __init__(self, argv: list[str], env: dict[str, str], log: Path) -> None:
+        self.log_path = log
+        self._log = log.open("w")
+        self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=self._log, text=True, cwd=ROOT)
+
+    def stop(self) -> None:
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+
+def user_env(kubeconfig: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBE", "AGENTRUN_"))}
+    env.update(KUBECONFIG=str(kubeconfig), KUBECTL=KUBECTL, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+    env["PATH"] = os.pathsep.join([str(BIN), env.get("PATH", "/usr/bin:/bin")])
+    return env
+
+
+def start_ui(kubeconfig: Path, server: str, log: Path, started: list[Any]) -> tuple[Process, str]:
+    """``kubectl agentrun ui`` for the kubeconfig's identity; returns it and its 127.0.0.1 address."""
+    ui = Process(
+        [KUBECTL, "agentrun", "ui", "--server", server, "--port", "0", "--no-browser"], user_env(kubeconfig), log
+    )
+    started.append(ui)
+    assert ui.proc.stdout is not None
+    line = ui.proc.stdout.readline()
+    found = re.search(r"http://127\.0\.0\.1:\d+", line)
+    assert found, f"kubectl agentrun ui printed no address: {line!r}\n{ui.log()}"
+    return ui, found.group(0)
+
+
+@pytest.fixture
+def world(cluster: EmulatedCluster, kubelet: KubeletThread, dsn: str, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    for namespace in ("team-b",):
+        made = cluster.kubectl("create", "namespace", namespace)
+        assert made.returncode == 0, made.stderr
+    store_secret(cluster, dsn)
+    store_secret(cluster, dsn, namespace="team-b")
+    rbac = [*user_roles(), binding("default", "alice", "agentrun-view"), binding("default", "alice", "agentrun-edit")]
+    rbac.append(binding("team-b", "bob", "agentrun-view"))
+    applied = cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(rbac))
+    assert applied.returncode == 0, applied.stderr
+
+    def enforce() -> None:
+        assert cluster.emulator is not None
+        cluster.emulator.token_users = {token: User(name, (AUTHENTICATED,)) for name, token in TOKENS.items()}
+        cluster.emulator.authorization = True
+
+    cluster.call(enforce)
+    started: list[Any] = []
+    try:
+        operator = start_operator(cluster, tmp_path)
+        started.append(operator)
+        port = free_port()
+        # The server gets the cluster's address from a kubeconfig, and drops its user: it has no identity.
+        server_env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBE", "AGENTRUN_"))}
+        server_env.update(
+            KUBECONFIG=str(cluster.kubeconfig),
+            PYTHONPATH=str(ROOT),
+            AGENTRUN_HISTORY_POSTGRES_DSN=dsn,
+            AGENTRUN_HISTORY_HOST="127.0.0.1",
+            AGENTRUN_HISTORY_PORT=str(port),
+        )
+        server = Process([sys.executable, "-m", "agentrun_history"], server_env, tmp_path / "history.log")
+        started.append(server)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            cluster.wait_for(lambda: call(url + "/healthz") == 200, timeout=30, message="the history server answers")
+        except AssertionError:
+            raise AssertionError(f"the history server did not start:\n{server.log()[-3000:]}") from None
+        # alice's kubeconfig gets her token from an exec credential plugin; bob's holds his token.
+        plugin_dir = tmp_path / "alice-plugin"
+        plugin_dir.mkdir()
+        (plugin_dir / "token").write_text(TOKENS["alice"])
+        alice_config = write_yaml(
+            tmp_path / "alice.kubeconfig", kubeconfig_doc(cluster.url, exec_user(write_plugin(plugin_dir), plugin_dir))
+        )
+        bob_config = write_yaml(tmp_path / "bob.kubeconfig", kubeconfig_doc(cluster.url, {"token": TOKENS["bob"]}))
+        _, alice_url = start_ui(alice_config, url, tmp_path / "ui-alice.log", started)
+        _, bob_url = start_ui(bob_config, url, tmp_path / "ui-bob.log", started)
+        yield {
+            "operator": operator,
+            "server": url,
+            "alice": alice_url,
+            "bob": bob_url,
+            "alice_config": alice_config,
+            "server_process": server,
+        }
+    finally:
+        for process in reversed(started):
+            process.stop()
+
+
+def shoot(page: Any, tmp_path: Path, name: str) -> Path:
+    path = tmp_path / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    if target := os.environ.get("AGENTRUN_SCREENSHOTS"):
+        Path(target).mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, Path(target) / path.name)
+    return path
+
+
+def row_of(page: Any, tool: str) -> Any:
+    return page.locator("table.calls tr.call", has=page.locator("td.tool", has_text=tool))
+
+
+def test_the_history_view_in_a_real_browser(
+    cluster: EmulatedCluster, kubelet: KubeletThread, world: dict[str, Any], dsn: str, tmp_path: Path
+) -> None:
+    operator: OperatorProcess = world["operator"]
+    # A run SIGKILLed after charge_card was recorded (send_receipt still running), then rescheduled.
+    apply(
+        cluster,
+        agentrun(
+            "crash-run",
+            thread="crash-run",
+            effects=tmp_path / "crash.db",
+            env={"SUPPORT_TOOL_DELAY_SEND_RECEIPT": "2.5"},
+            restartPolicy={"maxRestarts": 3, "backoffSeconds": 1},
+        ),
+    )
+    apply(
+        cluster,
+        agentrun(
+            "approve-run", thread="approve-run", graph="tests.cluster.graphs:approval", effects=tmp_path / "approve.db"
+        ),
+    )
+    apply(
+        cluster,
+        agentrun(
+            "hostile-run",
+            thread="hostile-run",
+            graph="tests.cluster.history_graphs:hostile",
+            effects=tmp_path / "hostile.db",
+        ),
+    )
+    apply(
+        cluster,
+        agentrun("other-run", thread="other-run", graph="tests.cluster.graphs:approval", effects=tmp_path / "other.db"),
+        namespace="team-b",
+    )
+    wait_node(dsn, "default/crash-run", "tools")
+    time.sleep(1.0)  # charge_card (no delay) is recorded; send_receipt sleeps 2.5 s
+    kubelet.kill("crash-run-1")
+    wait_phase(cluster, operator, "crash-run", "Succeeded", timeout=90)
+    wait_phase(cluster, operator, "approve-run", "Interrupted", timeout=60)
+    wait_phase(cluster, operator, "hostile-run", "Succeeded", timeout=60)
+    wait_phase(cluster, operator, "other-run", "Interrupted", timeout=60, namespace="team-b")
+
+    # Without a token, nothing; with bob's, not a run of default (the API server's own 403).
+    server = world["server"]
+    history_api = server + "/api/v1/namespaces/default/agentruns/crash-run/history"
+    assert call(history_api) == 401, "GUARANTEE BROKEN: the history was served without credentials"
+    assert call(history_api, TOKENS["bob"]) == 403, "GUARANTEE BROKEN: bob read a run of a namespace he may not view"
+    assert call(history_api, TOKENS["alice"]) == 200
+    forged = call(server + "/runs/default/approve-run/approve", TOKENS["alice"], "POST")
+    assert forged == 403, "an action without the page's X-Agentrun-Action header (a cross-site form) must be refused"
+
+    with playwright_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            errors: list[str] = []
+            page.on("pageerror", lambda error: errors.append(str(error)))
+
+            # The list: alice's three runs in default.
+            page.goto(world["alice"] + "/runs?namespace=default")
+            for name in ("crash-run", "approve-run", "hostile-run"):
+                assert page.locator("a.run", has_text=name).count() == 1, f"{name} is missing from the list"
+            shoot(page, tmp_path, "list")
+
+            # The crashed and rescheduled run: two attempts, charge_card replayed from the ledger in attempt 2.
+            page.locator("a.run", has_text="crash-run").click()
+            page.wait_for_selector("table.calls")
+            attempts = page.locator("table.attempts tbody tr")
+            assert attempts.count() == 2, page.locator("table.attempts").inner_text()
+            assert "crash-run-1" in attempts.nth(0).inner_text() and "crash-run-2" in attempts.nth(1).inner_text()
+            charge = row_of(page, "charge_card")
+            assert charge.count() == 1, page.locator("table.calls").inner_text()
+            cells = charge.locator("td")
+            assert cells.nth(2).inner_text().strip() == "replayed", charge.inner_text()
+            assert cells.nth(3).inner_text().strip() == "1" and cells.nth(4).inner_text().strip() == "2"
+            assert "ar-" in cells.nth(8).inner_text(), "the idempotency key is shown"
+            shoot(page, tmp_path, "crashed-run")
+
+            # Approve with the button, then watch it finish without reloading.
+            page.goto(world["alice"] + "/runs/default/approve-run")
+            assert "Interrupted" in page.locator("#phase").inner_text()
+            assert "approve a refund of 120?" in page.locator("table.interrupts").inner_text()
+            page.evaluate("window.__sameDocument = true")
+            page.locator("button.approve").click()
+            # Locators, not wait_for_function: the page's Content-Security-Policy forbids eval.
+            page.locator("#phase", has_text="Succeeded").wait_for(timeout=60_000)
+            assert page.evaluate("window.__sameDocument") is True, "the page reloaded instead of updating live"
+            assert int(page.evaluate("document.body.dataset.updates || '0'")) >= 2, "no live update arrived"
+            answered = page.locator("table.interrupts").inner_text()
+            assert "true" in answered and "waiting" not in answered, answered
+            shoot(page, tmp_path, "approved-run")
+
+            # Hostile and huge tool output: text, never markup; the preview is cut, the size is the whole.
+            page.goto(world["alice"] + "/runs/default/hostile-run")
+            fetch = row_of(page, "fetch_page")
+            fetch.locator("details").last.locator("summary").click()
+            shown = fetch.inner_text()
+            assert "<script>window.__pwned = 1</script>" in shown, shown[:500]
+            assert "preview cut" in shown and re.search(r"\b3\d{5} B\b", shown), shown[:300]
+            assert "<script>" in page.locator("pre.result").inner_text()
+            assert page.evaluate("typeof window.__pwned") == "undefined", "GUARANTEE BROKEN: tool output ran as code"
+            assert page.locator("table.calls img").count() == 0
+            shoot(page, tmp_path, "hostile-run")
+
+            # An unknown run.
+            missing = page.goto(world["alice"] + "/runs/default/no-such-run")
+            assert missing is not None and missing.status == 404
+            assert "does not exist" in page.inner_text("body")
+
+            # bob: view in team-b only.
+            denied = page.goto(world["bob"] + "/runs/default/crash-run")
+            assert denied is not None and denied.status == 403, "GUARANTEE BROKEN: bob saw a run in default"
+            assert "Forbidden" in page.inner_text("body")
+            shoot(page, tmp_path, "forbidden")
+            allowed = page.goto(world["bob"] + "/runs/team-b/other-run")
+            assert allowed is not None and allowed.status == 200
+            page.locator("button.approve").click()
+            page.locator("#act-result", has_text="refused").wait_for(timeout=20_000)
+            assert "forbidden" in page.locator("#act-result").inner_text().lower()
+            assert errors == [], errors
+        finally:
+            browser.close()
+    # bob's approve was his own patch, refused by the API server: the run still waits.
+    other = cluster.get("agentruns", "other-run", "team-b") or {}
+    assert "resume" not in other.get("spec", {}) and other["status"]["phase"] == "Interrupted"
+
+    # kubectl agentrun history: the same model, as alice (her exec plugin's token).
+    env = user_env(world["alice_config"])
+    argv = [KUBECTL, "agentrun", "history", "crash-run", "--server", server]
+    shown = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    line = next(li for li in shown.stdout.splitlines() if li.strip().startswith("charge_card"))
+    assert "replayed" in line, shown.stdout
+    as_json = subprocess.run([*argv, "-o", "json"], capture_output=True, text=True, env=env, timeout=60)
+    assert as_json.returncode == 0, as_json.stderr
+    found = json.loads(as_json.stdout)
+    (charge_call,) = [c for c in found["tool_calls"] if c["name"] == "charge_card"]
+    assert charge_call["outcome"] == "replayed" and charge_call["attempt"] == 1 and charge_call["replayed_in"] == [2]
+    assert [a["attempt"] for a in found["attempts"]] == [1, 2]
+    server_log = world["server_process"].log()
+    assert "Traceback" not in server_log, server_log[-3000:]

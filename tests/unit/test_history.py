@@ -1,0 +1,229 @@
+"""The run history model (agentrun.history) from hand-made store rows, and the web view's escaping (pure)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from agentrun.checkpoint.pg_history import ThreadRows
+from agentrun.history import PREVIEW_CHARS, build
+from agentrun.ledger import idempotency_key
+from agentrun_history import pages
+
+pytestmark = pytest.mark.unit
+
+THREAD = "default/order-1"
+
+
+def state(version: int, node: str, status: str, attempt: int, at: float, **meta: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {"version": version, "current_node": node, "step": version - 1, "status": status}
+    row.update(attempt=attempt, run_uid="uid-1", at=at)
+    for key in ("interrupts", "error", "result", "stop_reason", "tool_calls", "resume"):
+        row[key] = json.dumps(meta[key]) if key in meta else None
+    return row
+
+
+def message(idx: int, version: int, body: dict[str, Any]) -> dict[str, Any]:
+    return {"idx": idx, "message_id": body.get("id"), "body": json.dumps(body), "version": version}
+
+
+def request(*calls: tuple[str, str, str]) -> dict[str, Any]:
+    return {
+        "id": "m-ai",
+        "role": "assistant",
+        "tool_calls": [{"id": i, "name": n, "arguments": a} for i, n, a in calls],
+    }
+
+
+def answer(call_id: str, name: str, content: str, *, error: bool = False) -> dict[str, Any]:
+    return {
+        "id": f"m-{call_id}",
+        "role": "tool",
+        "tool_call_id": call_id,
+        "name": name,
+        "content": content,
+        "is_error": error,
+    }
+
+
+def envelope(content: str, name: str, call_id: str, *, error: bool = False) -> str:
+    return json.dumps({"__kind__": "message", "value": answer(call_id, name, content, error=error)})
+
+
+def crashed_run() -> ThreadRows:
+    """charge_card recorded by attempt 1, which died; attempt 2 checkpointed its answer from the ledger."""
+    return ThreadRows(
+        states=[
+            state(1, "model", "running", 1, 100.0),
+            state(2, "tools", "running", 1, 100.5),
+            state(3, "model", "running", 2, 110.0),
+            state(4, "__end__", "completed", 2, 110.2, result={"message": "Done", "digest": "sha256:ab"}),
+        ],
+        messages=[
+            message(1, 2, request(("call_1", "charge_card", '{"order_id": "1"}'), ("call_2", "send_receipt", "{}"))),
+            message(2, 3, answer("call_1", "charge_card", "charged")),
+            message(3, 3, answer("call_2", "send_receipt", "sent")),
+        ],
+        ledger=[
+            {
+                "tool_call_id": "m-ai:call_1",
+                "tool_name": "charge_card",
+                "result": envelope("charged", "charge_card", "call_1"),
+                "attempt": 1,
+                "run_uid": "uid-1",
+                "at": 101.0,
+            },
+            {
+                "tool_call_id": "m-ai:call_2",
+                "tool_name": "send_receipt",
+                "result": envelope("sent", "send_receipt", "call_2"),
+                "attempt": 2,
+                "run_uid": "uid-1",
+                "at": 109.5,
+            },
+        ],
+        intents=[
+            {
+                "tool_call_id": "m-ai:call_1",
+                "tool_name": "charge_card",
+                "idempotency_key": "ar-x",
+                "attempt": 1,
+                "run_uid": "uid-1",
+                "at": 100.75,
+            },
+            {
+                "tool_call_id": "m-ai:call_2",
+                "tool_name": "send_receipt",
+                "idempotency_key": "ar-y",
+                "attempt": 1,
+                "run_uid": "uid-1",
+                "at": 100.8,
+            },
+        ],
+        inputs=[{"attempt": 2, "resume": None, "at": 108.0}],
+    )
+
+
+def test_a_call_recorded_by_a_dead_attempt_and_answered_by_the_next_is_replayed() -> None:
+    history = build(
+        crashed_run(),
+        namespace="default",
+        name="order-1",
+        thread_id=THREAD,
+        status={
+            "phase": "Succeeded",
+            "attempts": [
+                {
+                    "attempt": 1,
+                    "podName": "order-1-1",
+                    "outcome": "Crashed",
+                    "exitCode": 137,
+                    "startTime": "2026-01-01T00:00:00Z",
+                },
+                {"attempt": 2, "podName": "order-1-2", "outcome": "Completed", "exitCode": 0},
+            ],
+        },
+    )
+    charge, receipt = history.tool_calls
+    assert (charge.name, charge.outcome, charge.attempt, charge.replayed_in) == ("charge_card", "replayed", 1, [2])
+    assert charge.duration_seconds == 0.25 and charge.idempotency_key == "ar-x"
+    assert charge.arguments is not None and charge.arguments.preview == '{"order_id": "1"}'
+    assert charge.result is not None and charge.result.preview == "charged" and charge.result.bytes > 7
+    # In doubt in attempt 1 (an intent, no record), run again and recorded by attempt 2.
+    assert (receipt.outcome, receipt.attempt, receipt.in_doubt_in, receipt.duration_seconds) == (
+        "executed",
+        2,
+        [1],
+        None,
+    )
+    first, second = history.attempts
+    assert (first.pod, first.exit_code, first.steps, first.tool_calls_executed) == ("order-1-1", 137, 2, 1)
+    assert (second.pod, second.started_at, second.tool_calls_replayed, second.tool_calls_executed) == (
+        "order-1-2",
+        108.0,
+        1,
+        1,
+    )
+    assert [s.duration_seconds for s in history.steps] == [None, 0.5, 2.0, 0.2]
+    assert history.result is not None and history.result.sha256 == "ab" and history.status == "completed"
+
+
+def test_an_intent_without_a_record_is_in_doubt_and_an_error_answer_is_failed() -> None:
+    rows = ThreadRows(
+        states=[state(1, "tools", "running", 1, 1.0), state(2, "model", "running", 1, 2.0)],
+        messages=[
+            message(1, 1, request(("c1", "refund", "{}"), ("c2", "lookup", "{bad"))),
+            message(2, 2, answer("c1", "refund", "in doubt: a human must check", error=False)),
+            message(3, 2, answer("c2", "lookup", "Error: invalid JSON arguments", error=True)),
+        ],
+        intents=[
+            {
+                "tool_call_id": "m-ai:c1",
+                "tool_name": "refund",
+                "idempotency_key": None,
+                "attempt": 1,
+                "run_uid": None,
+                "at": 1.5,
+            }
+        ],
+    )
+    refund, lookup = build(rows, namespace="default", name="r", thread_id=THREAD).tool_calls
+    assert refund.outcome == "in_doubt" and refund.idempotency_key == idempotency_key(THREAD, "m-ai:c1")
+    assert lookup.outcome == "failed" and lookup.result is not None and lookup.result.preview.startswith("Error")
+
+
+def test_an_interrupt_shows_its_question_and_the_answer_the_resumed_attempt_used() -> None:
+    question = [{"id": "i-1", "payload": {"amount": 120}, "message": "approve?", "node": "tools"}]
+    rows = ThreadRows(
+        states=[
+            state(1, "tools", "interrupted", 1, 5.0, interrupts=question),
+            state(2, "model", "running", 2, 9.0, resume={"i-1": True}),
+        ],
+    )
+    (interrupt,) = build(rows, namespace="default", name="r", thread_id=THREAD).interrupts
+    assert (interrupt.ids, interrupt.message, interrupt.answered_in_attempt) == (["i-1"], "approve?", 2)
+    assert interrupt.answer is not None and interrupt.answer.preview == "true" and interrupt.answered_at == 9.0
+    assert interrupt.payload is not None and json.loads(interrupt.payload.preview) == {"amount": 120}
+
+
+def test_a_huge_result_keeps_its_size_and_digest_and_a_cut_preview() -> None:
+    huge = "x" * (PREVIEW_CHARS * 50)
+    rows = ThreadRows(
+        states=[state(1, "tools", "running", 1, 1.0), state(2, "model", "running", 1, 2.0)],
+        messages=[message(1, 1, request(("c1", "fetch", "{}"))), message(2, 2, answer("c1", "fetch", huge))],
+        ledger=[
+            {
+                "tool_call_id": "m-ai:c1",
+                "tool_name": "fetch",
+                "result": envelope(huge, "fetch", "c1"),
+                "attempt": 1,
+                "run_uid": None,
+                "at": 1.5,
+            }
+        ],
+    )
+    (call,) = build(rows, namespace="default", name="r", thread_id=THREAD).tool_calls
+    assert call.result is not None and call.result.truncated and len(call.result.preview) == PREVIEW_CHARS
+    assert call.result.bytes > len(huge)  # the whole recorded envelope
+
+
+def test_nothing_recorded_is_said_so() -> None:
+    history = build(ThreadRows(), namespace="default", name="r", thread_id=THREAD)
+    assert not history.recorded and history.tool_calls == [] and history.attempts == []
+
+
+def test_the_web_view_renders_hostile_tool_output_as_text() -> None:
+    hostile = '<script>alert(1)</script><img src=x onerror="alert(2)">'
+    rows = ThreadRows(
+        states=[state(1, "tools", "running", 1, 1.0), state(2, "model", "running", 1, 2.0)],
+        messages=[
+            message(1, 1, request(("c1", hostile, json.dumps({"q": hostile})))),
+            message(2, 2, answer("c1", hostile, hostile)),
+        ],
+    )
+    history = build(rows, namespace="default", name="r", thread_id=THREAD, status={"phase": "Running"})
+    html = pages.timeline(history, {"status": {"phase": "Running"}, "spec": {}})
+    assert "<script>" not in html and "<img" not in html and 'onerror="' not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
