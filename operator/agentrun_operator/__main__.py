@@ -22,7 +22,7 @@ from agentrun.logs import configure_logging
 
 from .io import metrics
 from .io.caches import SecretCache
-from .io.handlers import register
+from .io.handlers import Handlers
 from .io.health import HealthServer, Heartbeat, freeze_on_signal
 from .io.kube import KubeClient
 from .io.leader import LeaderElector
@@ -89,7 +89,7 @@ async def run(settings: OperatorSettings) -> int:
             ", ".join(settings.namespaces) if settings.namespaces else "all namespaces",
         )
         registry = kopf.OperatorRegistry()
-        register(registry, Reconciler(kube, settings, stores), settings)
+        Handlers(Reconciler(kube, settings, stores), settings).register(registry)
         kopf_stop = asyncio.Event()
 
         @kopf.on.cleanup(registry=registry)

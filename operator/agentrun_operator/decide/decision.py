@@ -46,6 +46,8 @@ class Decision:
     waits_for_pods: tuple[str, ...] = ()
     # Nothing to decide: the run ended (or is being deleted); only its ttl may wake it.
     at_rest: bool = False
+    # Delete the AgentRun: it finished longer than spec.ttlSecondsAfterFinished ago (Job parity).
+    expire: bool = False
     # Reconcile again within this many seconds (something could not be done yet), whatever else is due.
     retry_after: float | None = None
     delete_pod: str | None = None

@@ -77,3 +77,9 @@ def retry_of(raw_spec: object) -> int:
     """``spec.retry`` of a raw (unvalidated) spec: 0 unless it is a non-negative integer."""
     value = raw_spec.get("retry") if isinstance(raw_spec, dict) else None
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def ttl_of(raw_spec: object) -> int | None:
+    """``spec.ttlSecondsAfterFinished`` of a raw spec (None when unset or not a non-negative integer)."""
+    value = raw_spec.get("ttlSecondsAfterFinished") if isinstance(raw_spec, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None

@@ -4,7 +4,8 @@
 answers, the access checks, the clock) and applies the returned ``Decision``; it decides nothing. The
 rules, in the order they apply:
 
-1. a run that ended (and ``spec.retry`` does not re-open it) or is being deleted is at rest;
+1. a run that ended (and ``spec.retry`` does not re-open it) or is being deleted is at rest; one that
+   finished longer than ``spec.ttlSecondsAfterFinished`` ago is deleted;
 2. a spec the operator refuses ends the run Failed ``InvalidSpec`` (``run.rejected``), so does a store
    Secret the run may not use, before its first attempt (``access.store_secret_problem``);
 3. ``run.decide``: the run's next step from its status, pod, progress and thread;
@@ -72,7 +73,8 @@ class Inputs:
 def verdict(i: Inputs) -> Decision:
     """Every decision of one reconcile (the module docstring's rules)."""
     if i.at_rest:
-        return Decision(at_rest=True)
+        ttl = jobparity.ttl_of(i.raw_spec)
+        return Decision(at_rest=True, expire=not i.deleting and jobparity.expired(ttl, i.status, now=i.now))
     if i.spec is None:
         return rejected(i.spec_error or InvalidSpec("spec: not a valid AgentRun spec"))
     spec = i.spec

@@ -1,10 +1,9 @@
 """``spec.ttlSecondsAfterFinished``: delete a finished AgentRun once its time to live is over (Job parity).
 
-Called from the periodic timer for runs at rest (the timer already visits
-every run; a run not yet due costs no API call). The delete carries a uid
-precondition, so a run re-created under the same name meanwhile is never
-deleted in its predecessor's place. Deleting an AgentRun removes its pods
-(``handlers.on_run``, on its DELETED event) and keeps its thread data in the store.
+The verdict decides it (``Decision.expire``, from ``jobparity.expired``) when a run at rest is reconciled,
+which its ttl deadline does (``decide.wake.next_wake``). The delete carries a uid precondition, so a run
+re-created under the same name meanwhile is never deleted in its predecessor's place. Deleting an AgentRun
+removes its pods (``Handlers.on_run``, on its DELETED event) and keeps its thread data in the store.
 """
 
 from __future__ import annotations
@@ -21,20 +20,10 @@ from .kube import Conflict, KubeClient, NotFound, run_path
 log = logging.getLogger("agentrun_operator")
 
 
-def ttl_of(body: Mapping[str, Any]) -> int | None:
-    """``spec.ttlSecondsAfterFinished`` of a raw body (None when unset or not a non-negative integer)."""
-    value = (body.get("spec") or {}).get("ttlSecondsAfterFinished")
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
-
-
 async def expire(kube: KubeClient, body: Mapping[str, Any], status: AgentRunStatus) -> bool:
-    """Delete the run of ``body`` if it finished more than its ttl ago; True when it was deleted."""
+    """Delete the finished run of ``body`` (its ttl is over); True when it was deleted."""
     meta = body["metadata"]
-    if meta.get("deletionTimestamp"):
-        return False
-    ttl = ttl_of(body)
-    if not jobparity.expired(ttl, status, now=datetime.now(UTC)):
-        return False
+    ttl = jobparity.ttl_of(body.get("spec"))
     options = {"propagationPolicy": "Background", "preconditions": {"uid": meta["uid"]}}
     try:
         await kube.request("DELETE", run_path(meta["namespace"], meta["name"]), options)

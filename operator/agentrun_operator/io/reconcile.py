@@ -22,7 +22,7 @@ may not have arrived yet), and deciding on an old status would repeat a
 transition (a second pod for the same attempt is harmless, a second restart
 counted is not). The operator is the only writer of status and a single
 leader, so the status returned by our last patch is the newest there is:
-it replaces the body's status whenever we have one (``_written``); after an
+it replaces the body's status whenever we have one (``RunRecord.written``); after an
 operator restart there is none, and kopf's freshly listed body is current.
 The same record freshens the thread index, so a run that just ended frees its
 thread at once for a waiter.
@@ -35,13 +35,13 @@ import copy
 import logging
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from agentrun.checkpoint.base import ControlStore, Progress
 
-from ..decide import answers
+from ..decide import answers, jobparity
 from ..decide.conditions import QUIET_SECONDS, deferrable, status_patch
 from ..decide.decision import Decision, Limits, StoreProblem
 from ..decide.identity import RecordedTurn
@@ -56,10 +56,9 @@ from ..settings import OperatorSettings
 from . import metrics
 from .access import AccessChecker
 from .caches import PodCache, SecretCache
-from .expiry import ttl_of
+from .expiry import expire
 from .kube import Conflict, KubeClient, events_path, pod_path, run_path
 from .stores import StoreRegistry, StoreUnavailable
-from .wakeups import Wakeups
 
 log = logging.getLogger("agentrun_operator")
 
@@ -103,6 +102,34 @@ def controller_uid(pod: Mapping[str, Any] | None) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class Pass:
+    """What one reconcile leaves for its caller: the status after it and when the run wants waking.
+
+    ``thread``: the store thread whose progress should wake the run (None: the run is at rest, only its
+    deadline may wake it); ``live``: the slow resync applies.
+    """
+
+    status: AgentRunStatus
+    wake: datetime | None = None
+    live: bool = False
+    thread: str | None = None
+
+
+@dataclass
+class RunRecord:
+    """What the operator keeps of one run between its reconciles (``Reconciler.forget`` drops it whole)."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    written: dict[str, Any] | None = None  # .status as our last patch left it (newer than the watch's copy)
+    phase: str | None = None  # for the runs-by-phase gauge
+    namespace: str = ""
+    wake: datetime | None = None  # the next deadline the last pass found
+    thread: str | None = None  # the store thread of a live run (None: at rest)
+    deferred: datetime | None = None  # when a deferred (quiet) status patch is due
+    pod_created: float | None = None  # monotonic time its latest pod was created (pod start latency)
+
+
 class Reconciler:
     def __init__(
         self,
@@ -118,47 +145,46 @@ class Reconciler:
         self.stores = stores
         self.pods = pods if pods is not None else PodCache(kube)
         self.access = AccessChecker(secrets if secrets is not None else stores.secrets, settings)
-        self.wakeups: Wakeups | None = None  # set by the handlers: deadlines, progress, resync
-        self._wake: dict[str, tuple[datetime | None, bool]] = {}  # uid -> (next deadline, live) of the last pass
-        self._deferred: dict[str, datetime] = {}  # uid -> when a deferred (quiet) status patch is due
         self.limits = Limits(
             stop_grace=settings.stop_grace_seconds,
             lost_node_timeout=settings.lost_node_timeout_seconds,
             max_disruptions=settings.max_disruptions,
             max_backoff=settings.max_backoff_seconds,
         )
-        self._locks: dict[str, asyncio.Lock] = {}
-        self._written: dict[str, dict[str, Any]] = {}  # uid -> .status as our last patch left it
-        self.phases: dict[str, str] = {}
-        self._namespace: dict[str, str] = {}  # uid -> namespace, for the runs-by-phase gauge
-        self._pod_created: dict[str, float] = {}
+        self.runs: dict[str, RunRecord] = {}  # uid -> what the operator keeps of a run between reconciles
+        self._namespaces: set[str] = set()  # every namespace a run was seen in, for the runs-by-phase gauge
         # (namespace, pod) -> the run waiting for that name, held by a deleted run's terminating pod: its
         # deletion event reconciles the waiting run at once (io/handlers.py), rather than its next retry.
         self.name_waiters: dict[tuple[str, str], str] = {}
 
+    def _record(self, uid: str) -> RunRecord:
+        record = self.runs.get(uid)
+        if record is None:
+            record = self.runs[uid] = RunRecord()
+        return record
+
+    @property
+    def phases(self) -> dict[str, str]:
+        """uid -> the phase of every run the operator keeps a record of."""
+        return {uid: r.phase for uid, r in self.runs.items() if r.phase is not None}
+
     def forget(self, uid: str) -> None:
         for key in [k for k, waiting in self.name_waiters.items() if waiting == uid]:
             del self.name_waiters[key]
-        if self.wakeups is not None:
-            self.wakeups.forget(uid)
         self.stores.release(uid)
-        self._wake.pop(uid, None)
-        self._deferred.pop(uid, None)
-        self._locks.pop(uid, None)
-        self._written.pop(uid, None)
-        self.phases.pop(uid, None)
-        self._namespace.pop(uid, None)
-        self._pod_created.pop(uid, None)
+        self.runs.pop(uid, None)
         self._publish_phases()
 
     def status_of(self, body: Mapping[str, Any]) -> AgentRunStatus:
         """The run's newest status: ours if we wrote one, else the body's (see the module docstring)."""
-        raw = self._written.get(str(body["metadata"]["uid"]))
+        record = self.runs.get(str(body["metadata"]["uid"]))
+        raw = record.written if record is not None else None
         return AgentRunStatus.parse(body.get("status") if raw is None else raw)
 
     def fresh(self, peer: ThreadPeer) -> ThreadPeer:
         """A thread index entry with the status of our own last write, which the index may not have seen."""
-        raw = self._written.get(peer.uid)
+        record = self.runs.get(peer.uid)
+        raw = record.written if record is not None else None
         if raw is None:
             return peer
         seen = AgentRunStatus.parse(raw)
@@ -173,22 +199,23 @@ class Reconciler:
 
     def _publish_phases(self) -> None:
         counts: dict[tuple[str, str], int] = {}
-        for uid, phase in self.phases.items():
-            key = (phase, self._namespace.get(uid, ""))
-            counts[key] = counts.get(key, 0) + 1
-        for namespace in set(self._namespace.values()):
+        for record in self.runs.values():
+            if record.phase is not None:
+                key = (record.phase, record.namespace)
+                counts[key] = counts.get(key, 0) + 1
+        for namespace in self._namespaces:
             for phase in Phase:
                 metrics.RUNS.labels(phase=phase, namespace=namespace).set(counts.get((phase, namespace), 0))
 
-    async def reconcile(self, body: Mapping[str, Any], *, peers: Iterable[ThreadPeer] = ()) -> AgentRunStatus:
+    async def reconcile(self, body: Mapping[str, Any], *, peers: Iterable[ThreadPeer] = ()) -> Pass:
         """Reconcile the run of ``body``; ``peers``: the runs on its thread (read under the run's lock).
 
-        Returns the run's status afterwards, so the caller can tell whether it ended.
+        Returns the run's status afterwards (so the caller can tell whether it ended) and when to wake it.
         """
         run = copy.deepcopy(run_view(body))
         uid = str(run["metadata"]["uid"])
-        lock = self._locks.setdefault(uid, asyncio.Lock())
-        async with lock:
+        record = self._record(uid)
+        async with record.lock:
             started = time.perf_counter()
             try:
                 await self._reconcile(run, [self.fresh(p) for p in peers])
@@ -197,22 +224,23 @@ class Reconciler:
                 raise
             finally:
                 metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
-            wake, live = self._wake.pop(uid, (None, False))
-            if self.wakeups is not None:
-                self.wakeups.after(uid, wake=wake, live=live)
-            return self.status_of(run)
+            return Pass(self.status_of(run), wake=record.wake, live=record.thread is not None, thread=record.thread)
 
     async def _reconcile(self, run: dict[str, Any], peers: list[ThreadPeer]) -> None:
         """Gather ``verdict.Inputs``, take the verdict, apply it: nothing is decided here."""
         ref = RunRef.from_body(run)
         status = self.status_of(run)
-        self.phases[ref.uid] = status.phase or Phase.PENDING
-        self._namespace[ref.uid] = ref.namespace
+        record = self._record(ref.uid)
+        record.phase = status.phase or Phase.PENDING
+        record.namespace = ref.namespace
+        self._namespaces.add(ref.namespace)
         metrics.namespace_seen(ref.namespace, tuple(Phase))
         now = datetime.now(UTC)
         inputs, store = await self._gather(run, status, peers, now)
         decision = verdict(inputs)
         if decision.at_rest:
+            if decision.expire and await expire(self.kube, run, status):
+                return  # its DELETED event forgets it
             self._at_rest(run, status, now)
             self._publish_phases()
             return
@@ -232,9 +260,9 @@ class Reconciler:
         if decision.retry_after is not None:
             soon = now + timedelta(seconds=decision.retry_after)
             wake = soon if wake is None else min(wake, soon)
-        if (deferred := self._deferred.get(ref.uid)) is not None and deferred > now:
+        if (deferred := record.deferred) is not None and deferred > now:
             wake = deferred if wake is None else min(wake, deferred)
-        self._wake[ref.uid] = (wake, True)
+        record.wake = wake
 
     async def _gather(
         self, run: dict[str, Any], status: AgentRunStatus, peers: list[ThreadPeer], now: datetime
@@ -265,8 +293,7 @@ class Reconciler:
             return replace(base, spec=spec, store_access=refused), None  # before that database is opened
         thread = thread_key(ref.namespace, spec.threadId)
         secret = store_secret(spec, self.settings)
-        if self.wakeups is not None:
-            self.wakeups.track(ref.uid, thread)
+        self._record(ref.uid).thread = thread
         store: ControlStore | None = None
         problem: StoreProblem | None = None
         try:
@@ -310,15 +337,16 @@ class Reconciler:
     def _at_rest(self, run: dict[str, Any], status: AgentRunStatus, now: datetime) -> None:
         """The run needs nothing more than its ttl (if any): no store, no progress, no resync."""
         uid = str(run["metadata"]["uid"])
-        if self.wakeups is not None:
-            self.wakeups.untrack(uid)
         self.stores.release(uid)
         wake = (
             None
             if run["metadata"].get("deletionTimestamp")
-            else next_wake(spec=None, status=status, pod=None, limits=self.limits, now=now, ttl=ttl_of(run))
+            else next_wake(
+                spec=None, status=status, pod=None, limits=self.limits, now=now, ttl=jobparity.ttl_of(run.get("spec"))
+            )
         )
-        self._wake[uid] = (wake, False)
+        record = self._record(uid)
+        record.wake, record.thread = wake, None
 
     async def _turn(self, ref: RunRef, store: ControlStore | None, thread: str, key: str) -> RecordedTurn | None:
         """The request key's turn, read before the first pod (``decide.identity``); None if unknown."""
@@ -380,7 +408,7 @@ class Reconciler:
                 log.info("[%s/%s] pod %s already exists; adopting it", namespace, name, pod)  # a retried create
             # Until the pod watch reports it: the next reconcile must not take it for a missing pod.
             self.pods.assume(namespace, created or manifest)
-            self._pod_created[ref.uid] = time.monotonic()
+            self._record(ref.uid).pod_created = time.monotonic()
             if decision.reschedule_reason is not None:
                 metrics.RESCHEDULES.labels(reason=decision.reschedule_reason, namespace=namespace).inc()
 
@@ -429,11 +457,11 @@ class Reconciler:
             return
         if not decision.events and deferrable(status, patch, now=now):
             if status.last_checkpoint_time is not None:  # written once it is stale, even if the run goes quiet
-                self._deferred[ref.uid] = status.last_checkpoint_time + timedelta(seconds=QUIET_SECONDS)
+                self._record(ref.uid).deferred = status.last_checkpoint_time + timedelta(seconds=QUIET_SECONDS)
             return
-        self._deferred.pop(ref.uid, None)
+        self._record(ref.uid).deferred = None
         written = await self.kube.merge_patch(run_path(ref.namespace, ref.name, status=True), {"status": patch})
-        self._written[ref.uid] = dict(written.get("status") or {})
+        self._record(ref.uid).written = dict(written.get("status") or {})
         for tool, count in decision.tool_failures.items():  # once written, so a retried reconcile never recounts
             metrics.tool_failed(tool, count)
         if (calls := decision.status.get("toolCalls")) is not None and not decision.recorded_counts:
@@ -450,7 +478,7 @@ class Reconciler:
                 patch.get("reason"),
                 patch.get("message"),
             )
-            self.phases[ref.uid] = patch["phase"]
+            self._record(ref.uid).phase = patch["phase"]
             self._publish_phases()
         for event in decision.events:
             await self._event(run, event.type, event.reason, event.message, now=now)
@@ -467,10 +495,12 @@ class Reconciler:
         if patch["phase"] == Phase.STOPPED and requested is not None:
             metrics.STOP_LATENCY.observe(max(0.0, (now - requested).total_seconds()))
         # Kept across the Pending (PodCreated) transition written with the pod itself: measured at Running.
-        if patch["phase"] == Phase.RUNNING and (created := self._pod_created.pop(uid, None)) is not None:
+        record = self._record(uid)
+        if patch["phase"] == Phase.RUNNING and (created := record.pod_created) is not None:
+            record.pod_created = None
             metrics.POD_START_LATENCY.observe(time.monotonic() - created)
         elif patch["phase"] in TERMINAL:
-            self._pod_created.pop(uid, None)
+            record.pod_created = None
 
     async def _event(self, run: dict[str, Any], kind: str, reason: str, message: str, *, now: datetime) -> None:
         meta = run["metadata"]
