@@ -39,6 +39,7 @@ bench: $(STAMP)  ## what durability costs: agentrun vs LangGraph vs the PostgreS
 	bash scripts/services.sh
 	$(BIN)/python -m bench.runtime $(BENCH_ARGS)
 	$(BIN)/python -m bench.runtime profile
+	$(BIN)/python -m bench.langgraph_saver
 	$(BIN)/python -m bench.operator $(OPERATOR_BENCH_ARGS)
 
 chaos: $(STAMP)  ## the seeded fault campaign: 220 trials, every fault kind, figures in bench/results/reliability.json and bench/RELIABILITY.md (CHAOS_ARGS: --trials N --first-seed S --concurrency C; replay: python -m bench.chaos replay SEED)

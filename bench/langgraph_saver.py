@@ -135,7 +135,7 @@ async def main(steps: int, runs: int) -> list[dict[str, Any]]:
 
 
 def _cell(value: Any) -> str:
-    return "–" if value is None else str(value)
+    return "-" if value is None else str(value)
 
 
 def run() -> None:
