@@ -346,6 +346,7 @@ async def job_cold_start(p: Params) -> dict[str, Any]:
     import asyncpg
 
     from agentrun.checkpoint.postgres import PgCheckpointer
+    from agentrun.contract import Env, RunnerInputs
 
     # The runner's store is the default schema ("agentrun") of the bench database, migrated already
     # (as a pod's store is).
@@ -357,17 +358,18 @@ async def job_cold_start(p: Params) -> dict[str, Any]:
     try:
         for _ in range(p.cold_starts):
             thread = f"cold-{uuid.uuid4().hex}"
+            # The pod's environment as the operator renders it (contract.RunnerInputs), plus the store's DSN
+            # (a secretKeyRef in a pod) and no termination log file.
+            inputs = RunnerInputs(
+                graph="bench.graphs:runner_graph", thread_id=thread, input={"items": []}, metrics_port=0
+            )
             env = {
-                **os.environ,
+                **{k: v for k, v in os.environ.items() if k != Env.FAULT_POINT},
                 "PYTHONPATH": os.pathsep.join([*sys.path[:1], os.environ.get("PYTHONPATH", ""), str(ROOT)]),
-                "AGENTRUN_GRAPH": "bench.graphs:runner_graph",
-                "AGENTRUN_THREAD_ID": thread,
-                "AGENTRUN_INPUT": json.dumps({"items": []}),
-                "AGENTRUN_POSTGRES_DSN": dsn(),
-                "AGENTRUN_METRICS_PORT": "0",
-                "AGENTRUN_TERMINATION_LOG": os.devnull,
+                **{e["name"]: e["value"] for e in inputs.to_env()},
+                Env.POSTGRES_DSN: dsn(),
+                Env.TERMINATION_LOG: os.devnull,
             }
-            env.pop("AGENTRUN_FAULT_POINT", None)
             started = time.perf_counter()
             process = await asyncio.create_subprocess_exec(
                 sys.executable,

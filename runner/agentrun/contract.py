@@ -100,6 +100,11 @@ class Env(enum.StrEnum):
 
 # Store Secret key -> the variable it fills in the runner pod.
 STORE_SECRET_KEYS: dict[Env, str] = {Env.POSTGRES_DSN: "postgresDsn", Env.REDIS_URL: "redisUrl"}
+POSTGRES_DSN_KEY, REDIS_URL_KEY = STORE_SECRET_KEYS[Env.POSTGRES_DSN], STORE_SECRET_KEYS[Env.REDIS_URL]
+
+# The AgentRun resource (crds/agentrun.dev_agentruns.yaml): the operator, the kubectl plugin and the
+# history server address it by these.
+GROUP, VERSION, PLURAL, KIND = "agentrun.dev", "v1alpha1", "agentruns", "AgentRun"
 # The variables the operator never sets inline (they come from the Secret) or never sets at all.
 _NOT_RENDERED = {
     "postgres_dsn",

@@ -416,7 +416,9 @@ def main() -> int:
         settings = RunnerSettings()  # type: ignore[call-arg]
     except ValidationError as e:
         configure_logging("text")
-        problems = "; ".join(f"AGENTRUN_{'_'.join(map(str, err['loc'])).upper()}: {err['msg']}" for err in e.errors())
+        problems = "; ".join(
+            f"{ENV_PREFIX}{'_'.join(map(str, err['loc'])).upper()}: {err['msg']}" for err in e.errors()
+        )
         log.error("invalid runner environment: %s", problems)
         line = _one_line(f"{BadInput.code}: invalid runner environment: {problems}")
         _termination(None, line)

@@ -14,13 +14,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agentrun.contract import STORE_SECRET_KEYS, Env, RunnerInputs
+from agentrun.contract import GROUP, KIND, PLURAL, STORE_SECRET_KEYS, VERSION, Env, RunnerInputs
 
 from ..settings import OperatorSettings
 from .identity import request_key
 from .spec import AgentRunSpec, thread_key
 
-GROUP, VERSION, PLURAL, KIND = "agentrun.dev", "v1alpha1", "agentruns", "AgentRun"
+__all__ = ["GROUP", "KIND", "PLURAL", "VERSION"]  # re-exported: the operator's modules import them from here
 RUN_LABEL = "agentrun.dev/run"
 ATTEMPT_LABEL = "agentrun.dev/attempt"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "agentrun-operator"}

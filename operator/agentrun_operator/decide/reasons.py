@@ -83,3 +83,10 @@ class DisruptionReason(enum.StrEnum):
     NODE_LOST = "NodeLost"
     POD_DELETED = "PodDeleted"
     PREEMPTED = "Preempted"  # exit 6 without a condition: the runner got SIGTERM and checkpointed
+
+
+class RescheduleReason(enum.StrEnum):
+    """Why an attempt follows another besides a crash or a disruption (the reschedule metric's label)."""
+
+    RETRY = "Retry"  # spec.retry re-opened a Failed run
+    RESUME = "Resume"  # spec.resume answered an interrupt

@@ -51,7 +51,7 @@ from .decision import Decision, Limits, StoreProblem
 from .identity import RecordedTurn
 from .messages import human, reason_for
 from .podstart import IMAGE_PULL, image_pull_timed_out, start_error
-from .reasons import CONFIG_ERRORS, TERMINAL, DisruptionReason, Phase, Reason
+from .reasons import CONFIG_ERRORS, TERMINAL, DisruptionReason, Phase, Reason, RescheduleReason
 from .spec import AgentRunSpec, InvalidSpec
 from .status import AgentRunStatus, InterruptInfo, StatusPatch, iso, parse_time
 from .thread import OrphanedTurn, ThreadPeer, blocker
@@ -280,7 +280,7 @@ class _Run:
             d.status["restarts"] = 0
             d.status["disruptions"] = 0
         if retry:
-            d.reschedule_reason = "Retry"
+            d.reschedule_reason = RescheduleReason.RETRY
             message = f"spec.retry {self.spec.retry}: attempt {attempt} resumes the failed turn; runner pod created"
             return d.phase(Phase.PENDING, Reason.POD_CREATED, message)
         return d.phase(Phase.PENDING, Reason.POD_CREATED, f"attempt {attempt}: runner pod created")
@@ -333,7 +333,7 @@ class _Run:
             answer = {"values": {pending[0]: answer_spec.value}} if pending else {"value": answer_spec.value}
         d.status["resumeDigest"] = answer_spec.digest()
         d.status["interrupt"] = None
-        d.reschedule_reason = "Resume"
+        d.reschedule_reason = RescheduleReason.RESUME
         return self.start(d, self.attempt + 1, resume=answer)
 
     def turn_completed(self) -> bool:

@@ -9,6 +9,8 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from agentrun.metrics import build_info
 
+from ..decide.reasons import DisruptionReason, Phase, Reason, RescheduleReason
+
 RUNS = Gauge(
     "agentrun_operator_runs", "AgentRuns known to this operator, by phase and namespace", ["phase", "namespace"]
 )
@@ -123,8 +125,13 @@ LOOP_LAG = Gauge(
 )
 
 # Reschedule reasons the operator itself coins (decide/run.py); the cluster's disruption reasons join as seen.
-RESCHEDULE_REASONS = ("BackOff", "Retry", "Resume", "NodeLost", "PodDeleted", "Preempted", "EvictionByEvictionAPI")
-FINAL_PHASES = ("Succeeded", "Failed", "Stopped")
+RESCHEDULE_REASONS = (
+    Reason.BACK_OFF.value,
+    *(r.value for r in RescheduleReason),
+    *(r.value for r in DisruptionReason),
+    "EvictionByEvictionAPI",  # the cluster's, the commonest
+)
+FINAL_PHASES = tuple(p.value for p in (Phase.SUCCEEDED, Phase.FAILED, Phase.STOPPED))
 _namespaces: set[str] = set()
 
 

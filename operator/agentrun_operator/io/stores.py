@@ -23,6 +23,7 @@ from urllib.parse import quote, unquote, urlsplit
 
 from agentrun import checkpoint
 from agentrun.checkpoint.base import Checkpointer, ControlStore
+from agentrun.contract import POSTGRES_DSN_KEY, REDIS_URL_KEY
 from agentrun.errors import AgentRunError, StoreConfigError, StoreUnavailableError
 
 from ..decide.decision import StoreProblem
@@ -185,13 +186,13 @@ class StoreRegistry:
 
     def _resolve(self, namespace: str, secret: str, view: SecretView) -> _Resolved:
         data = view.data
-        if "postgresDsn" not in data:
+        if POSTGRES_DSN_KEY not in data:
             raise StoreUnavailable(
-                Reason.STORE_SECRET_INVALID, f"store secret {namespace}/{secret} has no key postgresDsn"
+                Reason.STORE_SECRET_INVALID, f"store secret {namespace}/{secret} has no key {POSTGRES_DSN_KEY}"
             )
         try:
-            dsn = base64.b64decode(data["postgresDsn"]).decode()
-            redis_url = base64.b64decode(data["redisUrl"]).decode() if data.get("redisUrl") else None
+            dsn = base64.b64decode(data[POSTGRES_DSN_KEY]).decode()
+            redis_url = base64.b64decode(data[REDIS_URL_KEY]).decode() if data.get(REDIS_URL_KEY) else None
         except ValueError:
             raise StoreUnavailable(
                 Reason.STORE_SECRET_INVALID, f"store secret {namespace}/{secret} is not valid base64 text"
