@@ -423,7 +423,13 @@ def test_known_images_match_by_normalized_reference() -> None:
 
 
 # A pod that holds on until its go-file exists, then exits with 3.
-HOLD = "import os, time\nprint('ready', flush=True)\nwhile not os.path.exists({go!r}): time.sleep(0.1)\nraise SystemExit(3)"
+HOLD = """
+import os, time
+print('ready', flush=True)
+while not os.path.exists({go!r}):
+    time.sleep(0.1)
+raise SystemExit(3)
+"""
 
 
 def test_every_pod_exit_is_seen_with_fifty_pods_alive(
@@ -447,3 +453,23 @@ def test_every_pod_exit_is_seen_with_fifty_pods_alive(
         (tmp_path / f"go-{i}").touch()
     for name in names[:40]:
         wait_pod(cluster, name, "Failed", timeout=10)
+
+
+def test_kubectl_logs_of_a_pod_not_started_is_empty_unbound_and_waiting_once_bound(
+    cluster: EmulatedCluster, kubelet: KubeletThread
+) -> None:
+    """As kube-apiserver answers (test_real.py): no node, no location, an empty log; on a node, the
+    kubelet's "waiting to start"."""
+    create_pod(cluster, python_pod("nowhere", "print(1)", nodeSelector={"disk": "none"}))
+    unbound = cluster.kubectl("logs", "nowhere")
+    assert (unbound.returncode, unbound.stdout) == (0, ""), unbound.stderr
+    pod = python_pod("unpullable", "print(1)")
+    pod["spec"]["containers"][0]["image"] = "registry.example/absent:1"
+    create_pod(cluster, pod)
+    cluster.wait_for(
+        lambda: "is waiting to start" in cluster.kubectl("logs", "unpullable").stderr,
+        message="kubectl logs says the container waits",
+    )
+    waiting = cluster.kubectl("logs", "unpullable")
+    assert waiting.returncode == 1
+    assert 'container "main" in pod "unpullable" is waiting to start: ' in waiting.stderr, waiting.stderr

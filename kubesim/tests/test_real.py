@@ -292,3 +292,21 @@ def test_every_pod_exit_is_seen_with_fifty_pods_alive(
         (tmp_path / f"go-{i}").touch()
     for name in names[:40]:
         wait_pod(real_cluster, namespace, name, "Failed", timeout=15)
+
+
+def test_kubectl_logs_of_a_pod_not_started_is_empty_unbound_and_waiting_once_bound(
+    real_cluster: RealControlPlane, real_kubelet: KubeletThread, namespace: str
+) -> None:
+    create_pod(real_cluster, namespace, python_pod("nowhere", "print(1)", nodeSelector={"disk": "none"}))
+    unbound = real_cluster.kubectl("logs", "-n", namespace, "nowhere")
+    assert (unbound.returncode, unbound.stdout) == (0, ""), unbound.stderr
+    pod = python_pod("unpullable", "print(1)")
+    pod["spec"]["containers"][0]["image"] = "registry.example/absent:1"
+    create_pod(real_cluster, namespace, pod)
+    real_cluster.wait_for(
+        lambda: "is waiting to start" in real_cluster.kubectl("logs", "-n", namespace, "unpullable").stderr,
+        message="kubectl logs says the container waits",
+    )
+    waiting = real_cluster.kubectl("logs", "-n", namespace, "unpullable")
+    assert waiting.returncode == 1
+    assert 'container "main" in pod "unpullable" is waiting to start: ' in waiting.stderr, waiting.stderr

@@ -44,19 +44,27 @@ def random_suffix(length: int = 5) -> str:
 def name_errors(kind: str, name: str | None, *, label: bool = False) -> list[FieldError]:
     if not name:
         return [FieldError("metadata.name", "FieldValueRequired", "Required value: name or generateName is required")]
-    rule, limit, what = (
-        (DNS1123_LABEL, 63, "RFC 1123 label") if label else (DNS1123_SUBDOMAIN, 253, "RFC 1123 subdomain")
-    )
-    if len(name) > limit or not rule.match(name):
-        return [
-            FieldError(
-                "metadata.name",
-                "FieldValueInvalid",
-                f'Invalid value: "{name}": a lowercase {what} must consist of lower case alphanumeric '
-                f"characters, '-' or '.', and must start and end with an alphanumeric character",
+    # apimachinery's IsDNS1123Label / IsDNS1123Subdomain, one error per failed rule, worded as there.
+    problems: list[str] = []
+    limit = 63 if label else 253
+    if len(name) > limit:
+        problems.append(f"must be no more than {limit} characters")
+    if label and not DNS1123_LABEL.match(name):
+        if DNS1123_SUBDOMAIN.match(name):
+            problems.append("must not contain dots")
+        else:
+            problems.append(
+                "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must "
+                "start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for "
+                "validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')"
             )
-        ]
-    return []
+    elif not label and not DNS1123_SUBDOMAIN.match(name):
+        problems.append(
+            "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and "
+            "must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation "
+            "is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
+        )
+    return [FieldError("metadata.name", "FieldValueInvalid", f'Invalid value: "{name}": {p}') for p in problems]
 
 
 TOTAL_ANNOTATION_SIZE_LIMIT = 256 * 1024  # apimachinery's TotalAnnotationSizeLimitB

@@ -728,7 +728,16 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             raise apierrors.bad_request(
                 f"a container name must be specified for pod {p.name}, choose one of: {containers}"
             )
-        node = self.registry.get(self.resource_def("nodes"), None, pod["spec"].get("nodeName") or "")
+        raw_request = request._raw_request
+        assert raw_request is not None
+        if not pod["spec"].get("nodeName"):
+            # kube-apiserver's LogLocation: a pod not yet bound has no location, and the log is empty
+            # (200, no body); "waiting to start" is the kubelet's answer once the pod is on a node.
+            empty = aiohttp.web.StreamResponse(headers={"Content-Type": "text/plain"})
+            await empty.prepare(raw_request)
+            await empty.write_eof()
+            return empty
+        node = self.registry.get(self.resource_def("nodes"), None, pod["spec"]["nodeName"])
         port = (node or {}).get("status", {}).get("daemonEndpoints", {}).get("kubeletEndpoint", {}).get("Port")
         if not port or not pod.get("status", {}).get("startTime"):
             raise apierrors.bad_request(
@@ -736,8 +745,6 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             )
         params = {k: v for k, v in request.params.items() if k in ("follow", "tailLines", "limitBytes")}
         url = f"http://127.0.0.1:{port}/containerLogs/{p.namespace}/{p.name}/{container}"
-        raw_request = request._raw_request
-        assert raw_request is not None
         async with aiohttp.ClientSession() as session, session.get(url, params=params) as upstream:
             if upstream.status != 200:
                 raise apierrors.bad_request(await upstream.text())

@@ -291,6 +291,10 @@ class Kubelet:
                 await session.close()
         if self._log_server is not None:
             await self._log_server.cleanup()
+        if self.access.server.startswith("https:") or self.serving_tls is not None:
+            # TLS transports finish closing on the next turns of the loop (aiohttp's advice for a
+            # graceful shutdown): a loop stopped at once leaves them to the garbage collector.
+            await asyncio.sleep(0.25)
 
     async def _serve_logs(self) -> None:
         """The kubelet's log endpoint, which the API server proxies ``kubectl logs`` to."""
@@ -306,6 +310,14 @@ class Kubelet:
         runtime = self.pods.get((request.match_info["namespace"], request.match_info["pod"]))
         if runtime is None:
             raise aiohttp.web.HTTPNotFound(text="pod not found on this node")
+        if runtime.process is None and runtime.exit_code is None:
+            # The kubelet's validateContainerLogStatus: no container yet, say what it waits for.
+            statuses = runtime.pod.get("status", {}).get("containerStatuses") or [{}]
+            reason = (statuses[0].get("state", {}).get("waiting") or {}).get("reason") or "ContainerCreating"
+            container = request.match_info["container"]
+            raise aiohttp.web.HTTPBadRequest(
+                text=f'container "{container}" in pod "{runtime.name}" is waiting to start: {reason}'
+            )
         response = aiohttp.web.StreamResponse(headers={"Content-Type": "text/plain"})
         await response.prepare(request)
         text = _read_log(runtime.log_path, 0)

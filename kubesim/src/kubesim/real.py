@@ -20,8 +20,8 @@ Hazards, first:
   also has ``PR_SET_PDEATHSIG``: a SIGKILLed Python parent takes them down with it. The work
   folder (etcd's data, certificates, logs in ``logs/``) is the caller's to remove.
 - A new namespace has no ``default`` ServiceAccount until the serviceaccount controller writes
-  it, and ServiceAccount admission refuses pods until then (a real cluster has the same window):
-  ``create_namespace()`` waits for it; ``start()`` waits for the one in ``default``.
+  it a moment later (pods are admitted meanwhile; a token request or a RoleBinding test that
+  needs the account is not): ``create_namespace()`` waits for it, ``start()`` for ``default``'s.
 - The scheduler is not run: the kubelet stand-in binds pods itself with the admin identity
   (``binder``), as kubesim's does, since a node may not bind pods (see kubelet.py).
 """
@@ -519,7 +519,7 @@ class RealControlPlane:
                 return ApiResponse(e.code, _json(e.read()), dict(e.headers))
 
     def create_namespace(self, name: str, labels: Mapping[str, str] | None = None, timeout: float = 30) -> None:
-        """Create a namespace and wait for its ``default`` ServiceAccount (pods are refused before)."""
+        """Create a namespace and wait for its ``default`` ServiceAccount (the controller's, a moment later)."""
         body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": dict(labels or {})}}
         response = self.api("POST", "/api/v1/namespaces", body)
         if response.status not in (201, 409):
