@@ -22,7 +22,9 @@ becomes the run's Waiting state and ``spec.resume`` becomes
 
 HAZARDS
 - Tool-call counts are those of ``LedgerToolNode`` (executed, replayed,
-  failed, in doubt); model token usage is not mirrored yet.
+  failed, in doubt); model usage is metered by a LangChain callback on every
+  chat model the graph calls (tokens from ``usage_metadata``), so a model
+  called outside LangChain's callbacks is not counted.
 - A graph error is recorded as failed and the attempt exits as a crash (the
   operator retries with backoff); LangGraph's ``GraphRecursionError`` is
   permanent (exit 5).
@@ -34,11 +36,14 @@ import asyncio
 import hashlib
 import importlib.metadata
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage
+from langchain_core.outputs import ChatGeneration, LLMResult
 from langgraph.errors import GraphRecursionError as LangGraphRecursionError
 from langgraph.graph import StateGraph as LangGraphStateGraph
 from langgraph.pregel import Pregel
@@ -48,6 +53,9 @@ from agentrun.checkpoint.base import RESULT_MESSAGE_LIMIT, Checkpoint, Checkpoin
 from agentrun.config import RunConfig
 from agentrun.context import ToolCounts
 from agentrun.errors import GraphRecursionError, GraphReferenceError, RunPreempted, RunStopped
+from agentrun.metrics import MODEL_REQUEST_SECONDS, MODEL_TOKENS
+from agentrun.usage import META_KEY as MODEL_USAGE
+from agentrun.usage import ModelUsage
 
 from .saver import AgentrunSaver
 from .tools import track
@@ -95,6 +103,42 @@ def prepare(target: object, reference: str) -> Pregel[Any, Any, Any, Any]:
     return target
 
 
+class _Metering(BaseCallbackHandler):
+    """Every LangChain chat model call of the graph into the turn's ``ModelUsage`` and the runner's metrics."""
+
+    def __init__(self, usage: ModelUsage) -> None:
+        self.usage = usage
+        self._started: dict[Any, tuple[str, float]] = {}
+
+    def on_chat_model_start(self, serialized: dict[str, Any], messages: Any, *, run_id: Any, **kwargs: Any) -> None:
+        params = kwargs.get("invocation_params") or {}
+        model = params.get("model") or params.get("model_name") or (serialized or {}).get("name") or "unknown"
+        self._started[run_id] = (str(model), time.perf_counter())
+
+    def _ended(self, run_id: Any, status: str) -> str:
+        model, started = self._started.pop(run_id, ("unknown", time.perf_counter()))
+        seconds = time.perf_counter() - started
+        MODEL_REQUEST_SECONDS.observe(seconds)
+        self.usage.add_request(model, status, seconds)
+        return model
+
+    def on_llm_end(self, response: LLMResult, *, run_id: Any, **kwargs: Any) -> None:
+        model = self._ended(run_id, "ok")
+        for generation in (g for batch in response.generations for g in batch):
+            message = generation.message if isinstance(generation, ChatGeneration) else None
+            usage = message.usage_metadata if isinstance(message, AIMessage) else None
+            if not usage:
+                continue
+            for kind, key in (("prompt", "input_tokens"), ("completion", "output_tokens")):
+                count = usage.get(key)
+                if isinstance(count, int) and count > 0:
+                    MODEL_TOKENS.labels(model, kind).inc(count)
+                    self.usage.add_tokens(model, kind, count)
+
+    def on_llm_error(self, error: BaseException, *, run_id: Any, **kwargs: Any) -> None:
+        self._ended(run_id, "error")
+
+
 @dataclass
 class _Mirror:
     """Our state rows for a LangGraph turn: what the operator and ``runner.plan`` read."""
@@ -104,6 +148,7 @@ class _Mirror:
     version: int
     meta: dict[str, Any] = field(default_factory=dict)
     counts: ToolCounts = field(default_factory=ToolCounts)
+    usage: ModelUsage = field(default_factory=ModelUsage)
     node: str | None = None
     step: int = 0
     first: bool = True
@@ -112,6 +157,8 @@ class _Mirror:
         self.meta["tool_calls"] = self.counts.as_dict()
         if self.counts.last_error is not None:
             self.meta["last_tool_error"] = self.counts.last_error
+        if self.usage:
+            self.meta[MODEL_USAGE] = self.usage.as_dict()
         write = CheckpointWrite(
             values={},
             current_node=self.node,
@@ -168,8 +215,11 @@ async def run_turn(
     if cfg.request_key:
         meta["request_key"] = cfg.request_key
     # The turn's tool calls (LedgerToolNode counts them), carried on from the previous attempt of the turn.
-    counts = ToolCounts.from_meta(existing.meta) if existing is not None and payload is None else ToolCounts()
-    mirror = _Mirror(store, cfg, existing.version if existing else 0, meta=meta, counts=counts)
+    continuing = existing is not None and payload is None
+    counts = ToolCounts.from_meta(existing.meta) if existing is not None and continuing else ToolCounts()
+    usage = ModelUsage.from_meta(existing.meta) if existing is not None and continuing else ModelUsage()
+    mirror = _Mirror(store, cfg, existing.version if existing else 0, meta=meta, counts=counts, usage=usage)
+    config["callbacks"] = [_Metering(usage)]
     if existing is not None:
         mirror.node, mirror.step = existing.current_node, existing.step
     await mirror.write("running")
