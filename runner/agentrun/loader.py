@@ -23,7 +23,8 @@ def load_graph(reference: str) -> StateGraph:
     if isinstance(target, StateGraph):
         return target
     raise GraphReferenceError(
-        f"graph reference {reference!r} is a {type(target).__name__}, not a StateGraph or compiled graph"
+        f"graph reference {reference!r} is a {type(target).__name__}, not a StateGraph or compiled graph "
+        "(agentrun's, or a LangGraph graph compiled without a checkpointer)"
     )
 
 
