@@ -541,16 +541,16 @@ class HistoryServer:
         self.url = (args.server or os.environ.get("AGENTRUN_HISTORY_URL") or "").rstrip("/")
         self._forward: subprocess.Popen[str] | None = None
         if not self.url:
-            self._port_forward(kubectl, args.history_namespace)
+            self._port_forward(kubectl, args.history_namespace, args.history_service)
 
-    def _port_forward(self, kubectl: Kubectl, namespace: str) -> None:
+    def _port_forward(self, kubectl: Kubectl, namespace: str, service: str) -> None:
         argv = kubectl.argv(
             "port-forward",
             "--address",
             "127.0.0.1",
             "-n",
             namespace,
-            f"service/{HISTORY_SERVICE}",
+            f"service/{service}",
             ":80",
             namespaced=False,
         )
@@ -561,7 +561,7 @@ class HistoryServer:
             error = self._forward.stderr.read() if self._forward.stderr else ""
             self.close()
             raise PluginError(
-                f"cannot reach the history server (service/{HISTORY_SERVICE} in namespace {namespace}): "
+                f"cannot reach the history server (service/{service} in namespace {namespace}): "
                 f"{(error or line).strip()}; pass --server URL or set AGENTRUN_HISTORY_URL"
             )
         self.url = "http://127.0.0.1:" + line.split("127.0.0.1:", 1)[1].split()[0]
@@ -775,6 +775,9 @@ def parser() -> argparse.ArgumentParser:
             "--history-namespace",
             default="agentrun-system",
             help="where the chart installed the history server (for the port-forward)",
+        )
+        sub.add_argument(
+            "--history-service", default=HISTORY_SERVICE, help="its Service (the chart's <release>-history)"
         )
     return top
 

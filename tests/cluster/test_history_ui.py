@@ -400,5 +400,10 @@ def test_the_history_view_in_a_real_browser(world: dict[str, Any], dsn: str, tmp
     (charge_call,) = [c for c in found["tool_calls"] if c["name"] == "charge_card"]
     assert charge_call["outcome"] == "replayed" and charge_call["attempt"] == 1 and charge_call["replayed_in"] == [2]
     assert [a["attempt"] for a in found["attempts"]] == [1, 2]
+    # No --server and no history Service to port-forward to: one line that says what to do.
+    lost = subprocess.run(
+        [KUBECTL, "agentrun", "history", "crash-run"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert lost.returncode == 1 and "--server URL" in lost.stderr and "Traceback" not in lost.stderr, lost.stderr
     server_log = world["server_process"].log()
     assert "Traceback" not in server_log, server_log[-3000:]
