@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -310,3 +311,58 @@ def test_kubectl_logs_of_a_pod_not_started_is_empty_unbound_and_waiting_once_bou
     waiting = real_cluster.kubectl("logs", "-n", namespace, "unpullable")
     assert waiting.returncode == 1
     assert 'container "main" in pod "unpullable" is waiting to start: ' in waiting.stderr, waiting.stderr
+
+
+def test_a_node_that_vanishes_is_marked_by_the_node_lifecycle_controller_and_its_pods_evicted(
+    tmp_path: Path,
+) -> None:
+    """What a real lost node looks like (kubesim's per-pod ``lose_node`` writes phase Unknown itself):
+    the node lifecycle controller sees the Lease stop, marks the node and the pod, taints the node
+    ``unreachable:NoExecute``, and the taint eviction controller deletes the pod; with no kubelet to
+    confirm, it stays Terminating. Heartbeats every second keep the node Ready until then."""
+    plane = RealControlPlane(
+        tmp_path / "plane",
+        bins=binaries(),
+        apiserver_args=["--default-unreachable-toleration-seconds=2"],
+        controller_manager_args=["--node-monitor-grace-period=6s", "--node-monitor-period=1s"],
+    )
+    with plane:
+        # A healthy second node: when every node of a zone is unreachable, the controller suspects
+        # its own connectivity ("full disruption") and taints and evicts nothing.
+        steady = plane.start_kubelet(tmp_path / "steady", node_name="steady", lease_interval=1.0)
+        kubelet = plane.start_kubelet(tmp_path / "kubelet", node_name="vanishing", lease_interval=1.0)
+        try:
+            plane.create_namespace("lost", RESTRICTED)
+            create_pod(plane, "lost", python_pod("stranded", SLEEPER, nodeName="vanishing"))
+            wait_ready(plane, kubelet, "lost", "stranded")
+            time.sleep(8)  # longer than the grace period: renewed leases keep the node Ready
+            node = plane.get("nodes", "vanishing", None)
+            assert node is not None and not node["spec"].get("taints"), node["spec"]
+            pid = kubelet.pid("stranded", "lost")
+            kubelet.lose_whole_node()
+            assert pid is not None
+            plane.wait_for(lambda: not Path(f"/proc/{pid}").exists(), message="the process gone with its node")
+
+            def tainted() -> list[dict[str, Any]] | None:
+                node = plane.get("nodes", "vanishing", None)
+                return [t for t in (node or {}).get("spec", {}).get("taints") or [] if t["effect"] == "NoExecute"]
+
+            taints = plane.wait_for(tainted, timeout=30, interval=0.5, message="the unreachable NoExecute taint")
+            assert taints[0]["key"] == "node.kubernetes.io/unreachable"
+            node = plane.get("nodes", "vanishing", None)
+            assert node is not None
+            ready = {c["type"]: c for c in node["status"]["conditions"]}["Ready"]
+            assert (ready["status"], ready["reason"]) == ("Unknown", "NodeStatusUnknown")
+            pod = plane.wait_for(
+                lambda: (p := plane.get("pods", "stranded", "lost")) and p["metadata"].get("deletionTimestamp") and p,
+                timeout=30,
+                interval=0.5,
+                message="the taint eviction controller deleting the pod",
+            )
+            conditions = {c["type"]: c for c in pod["status"]["conditions"]}
+            assert conditions["Ready"]["status"] == "False"
+            assert conditions["DisruptionTarget"]["reason"] == "DeletionByTaintManager"
+            assert pod["status"]["phase"] == "Running", "no kubelet is left to report the end"
+        finally:
+            kubelet.stop()
+            steady.stop()

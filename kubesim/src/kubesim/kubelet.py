@@ -242,6 +242,8 @@ class Kubelet:
         self._session: aiohttp.ClientSession | None = None
         self._binder_session: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._lease_task: asyncio.Task[None] | None = None
+        self.node_lost = False  # lose_whole_node(): the kubelet is silent, as a node that is gone
         self._node_uid: str | None = None
         self._unschedulable: set[str] = set()
         self._log_server: aiohttp.web.AppRunner | None = None
@@ -267,8 +269,9 @@ class Kubelet:
                 self._watch_pods("spec.nodeName=", self._on_unbound_pod, self._binder_session, unbound),
                 name="kubelet-binder-watch",
             ),
-            asyncio.create_task(self._renew_lease(), name="kubelet-lease"),
         ]
+        self._lease_task = asyncio.create_task(self._renew_lease(), name="kubelet-lease")
+        self._tasks.append(self._lease_task)
         await asyncio.gather(bound, unbound)
 
     async def stop(self) -> None:
@@ -542,6 +545,8 @@ class Kubelet:
 
     async def _on_unbound_pod(self, type_: str, pod: dict[str, Any]) -> None:
         """The scheduler's watch: bind what is pending (leaving the selection shows as DELETED)."""
+        if self.node_lost:
+            return  # a scheduler binds nothing to a node that stopped renewing its lease
         if (
             type_ != "DELETED"
             and not pod.get("spec", {}).get("nodeName")
@@ -550,6 +555,8 @@ class Kubelet:
             await self._schedule(pod)
 
     async def _on_pod(self, type_: str, pod: dict[str, Any]) -> None:
+        if self.node_lost:
+            return
         meta, spec = pod["metadata"], pod.get("spec", {})
         key = (meta["namespace"], meta["name"])
         runtime = self.pods.get(key)
@@ -1013,6 +1020,22 @@ class Kubelet:
         self._signal(runtime, signal.SIGCONT)
         self._signal(runtime, signal.SIGKILL)
 
+    async def lose_whole_node(self) -> None:
+        """The node vanishes as a real one does: every process SIGKILLed, and from now on no status, no
+        lease renewal, no deletion confirmed. Unlike ``lose_node`` it writes nothing: on the real
+        server the node lifecycle controller then marks the node and its pods (Ready Unknown/False
+        after ``--node-monitor-grace-period``, the ``unreachable`` NoExecute taint) and the taint
+        eviction controller deletes the pods (after their 300 s toleration); the pods stay
+        Terminating, since no kubelet confirms. kubesim runs neither controller: there the pods
+        stay as last reported."""
+        self.node_lost = True
+        if self._lease_task is not None:
+            self._lease_task.cancel()
+        for runtime in self.pods.values():
+            runtime.lost = True
+            self._signal(runtime, signal.SIGCONT)
+            self._signal(runtime, signal.SIGKILL)
+
     async def pause(self, name: str, namespace: str = "default") -> None:
         runtime = self.runtime(name, namespace)
         runtime.paused = self._signal(runtime, signal.SIGSTOP)
@@ -1116,6 +1139,7 @@ class KubeletThread:
         node_name: str = NODE_NAME,
         binder: ApiAccess | None = None,
         serving_tls: ssl.SSLContext | None = None,
+        lease_interval: float = LEASE_SECONDS / 4,
     ) -> None:
         self.kubelet = Kubelet(
             api,
@@ -1125,6 +1149,7 @@ class KubeletThread:
             node_name=node_name,
             binder=binder,
             serving_tls=serving_tls,
+            lease_interval=lease_interval,
         )
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="kubelet", daemon=True)
@@ -1163,6 +1188,9 @@ class KubeletThread:
 
     def lose_node(self, name: str, namespace: str = "default") -> None:
         self._run(self.kubelet.lose_node(name, namespace))
+
+    def lose_whole_node(self) -> None:
+        self._run(self.kubelet.lose_whole_node())
 
     def pause(self, name: str, namespace: str = "default") -> None:
         self._run(self.kubelet.pause(name, namespace))

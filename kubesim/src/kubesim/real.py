@@ -52,7 +52,7 @@ import yaml
 from kubesim import pki
 from kubesim.access import ApiAccess
 from kubesim.cluster import KUBECTL, ApiResponse
-from kubesim.kubelet import KNOWN_IMAGES, NODE_NAME, KubeletThread
+from kubesim.kubelet import KNOWN_IMAGES, LEASE_SECONDS, NODE_NAME, KubeletThread
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
@@ -182,11 +182,16 @@ class RealControlPlane:
         nodes: Sequence[str] = (NODE_NAME,),
         controllers: Sequence[str] = CONTROLLERS,
         apiserver_args: Sequence[str] = (),
+        controller_manager_args: Sequence[str] = (),
         bins: Binaries | None = None,
     ) -> None:
+        """``users``: static token users (name -> groups) besides the admin and the ``nodes``'
+        kubelets; ``apiserver_args`` / ``controller_manager_args``: flags appended to the defaults
+        (``--node-monitor-grace-period=6s`` to see a lost node sooner, say)."""
         self.workdir = workdir
         self.controllers = tuple(controllers)
         self.apiserver_args = tuple(apiserver_args)
+        self.controller_manager_args = tuple(controller_manager_args)
         self._bins = bins
         self._users = _Users()
         self._users.add(ADMIN_USER, [MASTERS])
@@ -347,6 +352,7 @@ class RealControlPlane:
                 "--use-service-account-credentials=true",
                 "--leader-elect=false",
                 "--profiling=false",
+                *self.controller_manager_args,
             )
             self.write_kubeconfig(self.kubeconfig, self.admin)
             deadline = started + timeout
@@ -443,6 +449,7 @@ class RealControlPlane:
         node_name: str = NODE_NAME,
         known_images: Iterable[str] = KNOWN_IMAGES,
         base_env: dict[str, str] | None = None,
+        lease_interval: float = LEASE_SECONDS / 4,
     ) -> KubeletThread:
         """A kubelet stand-in for ``node_name``, as that node's identity, binding with the admin's."""
         return KubeletThread(
@@ -453,6 +460,7 @@ class RealControlPlane:
             node_name=node_name,
             binder=self.admin,
             serving_tls=self.kubelet_serving_tls(node_name),
+            lease_interval=lease_interval,
         ).start()
 
     # --- clients ---------------------------------------------------------------------------------
