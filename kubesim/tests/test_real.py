@@ -146,6 +146,18 @@ def test_kubectl_logs_goes_through_the_real_server_to_the_kubelet_over_tls(
     assert tail.stdout == "line two\n", tail.stderr
 
 
+def test_kubectl_logs_follow_streams_through_the_real_server_until_the_process_ends(
+    real_cluster: RealControlPlane, real_kubelet: KubeletThread, namespace: str
+) -> None:
+    script = "import time\nfor i in range(5):\n    print('tick', i, flush=True)\n    time.sleep(0.4)"
+    create_pod(real_cluster, namespace, python_pod("ticker", script))
+    wait_pod(real_cluster, namespace, "ticker", "Running")
+    follow = real_cluster.kubectl_popen("logs", "-f", "-n", namespace, "ticker")
+    output, errors = follow.communicate(timeout=30)
+    assert follow.returncode == 0, errors
+    assert output == "".join(f"tick {i}\n" for i in range(5)), output
+
+
 def test_a_pod_violating_restricted_is_refused_by_pod_security(real_cluster: RealControlPlane, namespace: str) -> None:
     pod = python_pod("rootful", "print('no')")
     response = real_cluster.api("POST", f"/api/v1/namespaces/{namespace}/pods", pod)
@@ -311,6 +323,9 @@ def test_kubectl_logs_of_a_pod_not_started_is_empty_unbound_and_waiting_once_bou
     waiting = real_cluster.kubectl("logs", "-n", namespace, "unpullable")
     assert waiting.returncode == 1
     assert 'container "main" in pod "unpullable" is waiting to start: ' in waiting.stderr, waiting.stderr
+    events = real_cluster.list_objects("events", namespace)
+    reasons = {e["reason"] for e in events if e["involvedObject"]["name"] == "unpullable"}
+    assert "Failed" in reasons, f"the node's events were not written: {reasons}"
 
 
 def test_a_node_that_vanishes_is_marked_by_the_node_lifecycle_controller_and_its_pods_evicted(
