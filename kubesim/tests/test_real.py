@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from kubesim import KubeletThread
-from kubesim.real import RealControlPlane, binaries
+from kubesim.real import Binaries, RealControlPlane
 from kubesim.testing import python_pod, terminated
 
 RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted"}
@@ -92,8 +92,10 @@ def _port_free(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) != 0
 
 
-def test_the_control_plane_starts_in_seconds_and_stops_without_leftovers(tmp_path: Path) -> None:
-    plane = RealControlPlane(tmp_path / "plane", bins=binaries())
+def test_the_control_plane_starts_in_seconds_and_stops_without_leftovers(
+    tmp_path: Path, real_binaries: Binaries
+) -> None:
+    plane = RealControlPlane(tmp_path / "plane", bins=real_binaries)
     with plane:
         pids = plane.pids()
         port = int(plane.url.rsplit(":", 1)[1])
@@ -329,7 +331,7 @@ def test_kubectl_logs_of_a_pod_not_started_is_empty_unbound_and_waiting_once_bou
 
 
 def test_a_node_that_vanishes_is_marked_by_the_node_lifecycle_controller_and_its_pods_evicted(
-    tmp_path: Path,
+    tmp_path: Path, real_binaries: Binaries
 ) -> None:
     """What a real lost node looks like (kubesim's per-pod ``lose_node`` writes phase Unknown itself):
     the node lifecycle controller sees the Lease stop, marks the node and the pod, taints the node
@@ -337,7 +339,7 @@ def test_a_node_that_vanishes_is_marked_by_the_node_lifecycle_controller_and_its
     confirm, it stays Terminating. Heartbeats every second keep the node Ready until then."""
     plane = RealControlPlane(
         tmp_path / "plane",
-        bins=binaries(),
+        bins=real_binaries,
         apiserver_args=["--default-unreachable-toleration-seconds=2"],
         controller_manager_args=["--node-monitor-grace-period=6s", "--node-monitor-period=1s"],
     )

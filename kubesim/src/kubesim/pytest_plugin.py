@@ -13,7 +13,10 @@ The real control plane (``kubesim.real``) has its own pair:
 
 - ``real_cluster`` (session-scoped): a ``RealControlPlane`` (etcd, kube-apiserver,
   kube-controller-manager) whose binaries come from ``hack/k8s/build.sh`` (built once,
-  then cached); it FAILS the test, never skips it, when they are absent and cannot be built;
+  then cached); it FAILS the test, never skips it, when they are absent and cannot be built.
+  The build runs right after collection when a collected test uses ``real_binaries`` (which
+  ``real_cluster`` does): a cold build takes minutes, outside every test's timeout;
+- ``real_binaries`` (session-scoped): those binaries (``kubesim.real.Binaries``);
 - ``real_kubelet``: a ``KubeletThread`` on it, as node ``kubesim-<n>`` (a new node per test:
   nothing left by one test's kubelet runs under the next), same faults and helpers.
 
@@ -40,9 +43,22 @@ import pytest
 if TYPE_CHECKING:  # imported by the fixtures: a session without a cluster does not load the emulator
     from kubesim.cluster import EmulatedCluster
     from kubesim.kubelet import KubeletThread
-    from kubesim.real import RealControlPlane
+    from kubesim.real import Binaries, RealControlPlane
 
 _NODES = itertools.count(1)
+_BINARIES = pytest.StashKey[object]()  # kubesim.real.Binaries, or the ControlPlaneError of the build
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Build (or find) the real control plane's binaries once, before any test, when one needs them."""
+    if not any("real_binaries" in getattr(item, "fixturenames", ()) for item in items):
+        return
+    from kubesim.real import ControlPlaneError, binaries
+
+    try:
+        config.stash[_BINARIES] = binaries()
+    except ControlPlaneError as e:
+        config.stash[_BINARIES] = e
 
 
 @pytest.fixture
@@ -108,16 +124,31 @@ def kubesim_real_users() -> Mapping[str, Sequence[str]]:
 
 
 @pytest.fixture(scope="session")
-def real_cluster(
-    tmp_path_factory: pytest.TempPathFactory, kubesim_real_users: Mapping[str, Sequence[str]]
-) -> Iterator[RealControlPlane]:
-    from kubesim.real import ControlPlaneError, RealControlPlane, binaries
+def real_binaries(pytestconfig: pytest.Config) -> Binaries:
+    """The real control plane's binaries, built after collection (see the module docstring)."""
+    from kubesim.real import Binaries, ControlPlaneError, binaries
 
-    try:
-        bins = binaries()
-    except ControlPlaneError as e:
-        pytest.fail(f"the real control plane's binaries are absent and could not be built: {e}", pytrace=False)
-    plane = RealControlPlane(tmp_path_factory.mktemp("real-cluster"), users=kubesim_real_users, bins=bins)
+    found = pytestconfig.stash.get(_BINARIES, None)
+    if found is None:  # collected without the hook (a plugin reordering items, say): build now
+        try:
+            found = binaries()
+        except ControlPlaneError as e:
+            found = e
+    if isinstance(found, ControlPlaneError):
+        pytest.fail(f"the real control plane's binaries are absent and could not be built: {found}", pytrace=False)
+    assert isinstance(found, Binaries)
+    return found
+
+
+@pytest.fixture(scope="session")
+def real_cluster(
+    tmp_path_factory: pytest.TempPathFactory,
+    kubesim_real_users: Mapping[str, Sequence[str]],
+    real_binaries: Binaries,
+) -> Iterator[RealControlPlane]:
+    from kubesim.real import RealControlPlane
+
+    plane = RealControlPlane(tmp_path_factory.mktemp("real-cluster"), users=kubesim_real_users, bins=real_binaries)
     plane.start()
     try:
         yield plane
