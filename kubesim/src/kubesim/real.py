@@ -34,6 +34,7 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import signal
 import ssl
 import subprocess
@@ -266,9 +267,27 @@ class RealControlPlane:
     # --- lifecycle -------------------------------------------------------------------------------
 
     def start(self, timeout: float = 90) -> RealControlPlane:
-        """Start etcd, kube-apiserver and kube-controller-manager; ControlPlaneError if one fails."""
+        """Start etcd, kube-apiserver and kube-controller-manager; ControlPlaneError if one fails.
+
+        Ports are chosen free, but another process may bind one first: then the component exits
+        with "address already in use" and the whole plane is started again on new ports (3 tries).
+        """
         started = time.monotonic()
         bins = self._bins or binaries()
+        for attempt in range(3):
+            try:
+                self._start(bins, started + timeout)
+                break
+            except ControlPlaneError as e:
+                if "address already in use" not in str(e) or attempt == 2:
+                    raise
+                logger.warning("a port was taken before the control plane bound it; starting again: %s", e)
+                for leftover in ("etcd", "logs"):
+                    shutil.rmtree(self.workdir / leftover, ignore_errors=True)
+        self.started_in = time.monotonic() - started
+        return self
+
+    def _start(self, bins: Binaries, deadline: float) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         (self.workdir / "logs").mkdir(exist_ok=True)
         pki_dir = self.workdir / "pki"
@@ -292,13 +311,13 @@ class RealControlPlane:
             self._spawn(
                 "etcd",
                 bins.path("etcd"),
-                "--name=default",
+                "--name=kubesim",
                 f"--data-dir={self.workdir / 'etcd'}",
                 f"--listen-client-urls=http://127.0.0.1:{etcd_port}",
                 f"--advertise-client-urls=http://127.0.0.1:{etcd_port}",
                 f"--listen-peer-urls=http://127.0.0.1:{peer_port}",
                 f"--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}",
-                f"--initial-cluster=default=http://127.0.0.1:{peer_port}",
+                f"--initial-cluster=kubesim=http://127.0.0.1:{peer_port}",
                 "--unsafe-no-fsync",  # a test cluster: durability across a host crash is not wanted
                 "--log-level=warn",
             )
@@ -355,7 +374,6 @@ class RealControlPlane:
                 *self.controller_manager_args,
             )
             self.write_kubeconfig(self.kubeconfig, self.admin)
-            deadline = started + timeout
             self._wait_http("kube-apiserver", self.url + "/readyz", deadline, self.admin.ssl_context())
             insecure = ssl.create_default_context()
             insecure.check_hostname, insecure.verify_mode = False, ssl.CERT_NONE  # its own self-signed cert
@@ -364,8 +382,6 @@ class RealControlPlane:
         except BaseException:
             self.stop()
             raise
-        self.started_in = time.monotonic() - started
-        return self
 
     def stop(self) -> None:
         """Stop every process by its PID, one after the other, newest first (SIGTERM, then SIGKILL
