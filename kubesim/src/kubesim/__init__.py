@@ -8,6 +8,12 @@ stand-in (``Kubelet`` / ``KubeletThread``) runs the pods as local processes
 and injects faults. ``kubesim.pytest_plugin`` gives tests ``cluster`` and
 ``kubelet`` fixtures. README.md says what is faithful and what is left out.
 
+``kubesim.real`` (``RealControlPlane``) starts the real thing beside it: etcd,
+kube-apiserver and kube-controller-manager built by ``hack/k8s/build.sh``, on
+loopback with certificates from ``kubesim.pki``, and the same kubelet stand-in
+as its node; the plugin's ``real_cluster`` and ``real_kubelet`` fixtures give it
+to tests.
+
 The names below are imported on first use: pytest loads the plugin in every
 session, and a session that uses no cluster should not pay for the emulator's
 imports (kmock, aiohttp, the CEL engine, the upstream schemas).

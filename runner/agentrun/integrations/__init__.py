@@ -1,14 +1,17 @@
-"""Adapters for tools and models users already have: MCP servers and LangChain.
+"""Adapters for what users already have: MCP servers, LangChain tools and models, LangGraph graphs.
 
 Each adapter is an optional extra and is never imported by agentrun itself
 until it is used: ``agentrun.integrations.mcp`` needs ``agentrun[mcp]``,
-``agentrun.integrations.langchain`` needs ``agentrun[langchain]``. Importing
+``agentrun.integrations.langchain`` needs ``agentrun[langchain]``,
+``agentrun.integrations.langgraph`` needs ``agentrun[langgraph]``. Importing
 one without its extra raises ``ImportError`` naming the extra to install.
 
-What they produce are ordinary agentrun tools (``tools.SchemaTool``) and
-model nodes, so the tool node runs MCP and LangChain tools exactly like
+``mcp`` and ``langchain`` produce ordinary agentrun tools (``tools.SchemaTool``)
+and model nodes, so the tool node runs MCP and LangChain tools exactly like
 native ones: ledger, idempotency key, intents with the in-doubt policy the
-user declares per tool, the tool deadline, stop.
+user declares per tool, the tool deadline, stop. ``langgraph/`` goes the other
+way: a LangGraph graph keeps LangGraph's engine and gets agentrun's store
+(``AgentrunSaver``) and ledger (``LedgerToolNode``); see its package docstring.
 """
 
 from __future__ import annotations
