@@ -7,9 +7,8 @@
   (completed, failed, stopped, fenced) keeps it: the deadline ends runs that
   are still going, including one waiting in Interrupted for an answer, or in
   backoff for its next attempt. A run being stopped (``spec.stop``) ends
-  Stopped as asked. Checked on every reconcile: the operator's periodic timer
-  reaches every live run at least once per interval, so a deadline is
-  noticed within that interval and needs no polling of its own.
+  Stopped as asked. Checked on every reconcile; the operator wakes the run
+  at the deadline itself (``wake.next_wake`` schedules it), so no polling.
 - ``spec.ttlSecondsAfterFinished``: a run that reached Succeeded, Failed or
   Stopped is deleted ``ttl`` seconds after ``status.completionTime`` (0: at
   once). Deleting an AgentRun removes its pods and keeps its thread data.

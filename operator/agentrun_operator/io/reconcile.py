@@ -12,9 +12,9 @@ happen only when something changed. Creating a pod that already exists is
 success, so a restarted operator never makes two pods for one attempt; the
 status patch is written only after the pod exists.
 
-Which copy of the run is used. The caller hands in kopf's body (the event's,
-the timer's live one, or the watch-fed index's); it is never re-read from the
-API. Its spec and metadata are as new as the last event kopf processed, and
+Which copy of the run is used. The caller hands in kopf's body (the AgentRun
+event's, or for a pod event or a wake-up the watch-fed index's); it is never
+re-read from the API. Its spec and metadata are as new as the last event kopf processed, and
 reconciles of one run are serialised by a FIFO lock in call order, so a
 reconcile never sees an older spec than the one before it. Its *status*,
 though, may predate our own last status patch (the watch event for that patch
