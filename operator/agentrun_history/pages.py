@@ -270,7 +270,8 @@ def _tool_calls(history: RunHistory) -> str:
             f'<tr class="call outcome-{e(c.outcome)}"><td class=tool>{e(c.name)}</td>'
             f"<td><code>{e(c.call_id)}</code></td>"
             f'<td><span class="badge out-{e(c.outcome)}">{e(c.outcome.replace("_", " "))}</span>{e(retried)}</td>'
-            f"<td>{e(c.attempt or '-')}</td><td>{e(replayed)}</td><td>{e(seconds(c.duration_seconds))}</td>"
+            f"<td>{e(c.attempt or '-')}</td><td>{e(replayed)}</td>"
+            f"<td>{e(('≤ ' if c.duration_from == 'node' else '') + seconds(c.duration_seconds))}</td>"
             f"<td>{_digest(c.arguments, label='arguments')}</td><td>{_digest(c.result, label='tool-result')}</td>"
             f"<td><code class=idem>{e(c.idempotency_key or '-')}</code></td></tr>"
         )

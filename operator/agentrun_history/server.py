@@ -134,7 +134,8 @@ async def answers(request: web.Request, handler: Handler) -> web.StreamResponse:
             )
     response.headers.setdefault("Content-Security-Policy", CSP)
     response.headers.setdefault("X-Content-Type-Options", "nosniff")
-    response.headers.setdefault("Referrer-Policy", "no-referrer")
+    # same-origin, not no-referrer: with no-referrer a browser sends "Origin: null" on form posts (the login).
+    response.headers.setdefault("Referrer-Policy", "same-origin")
     response.headers.setdefault("Cache-Control", "no-store")
     return response
 
@@ -256,7 +257,10 @@ async def events(request: web.Request) -> web.StreamResponse:
     hub, kube = request.app[HUB], request.app[KUBE]
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"})
     response.headers["Content-Security-Policy"] = CSP
-    await response.prepare(request)
+    try:
+        await response.prepare(request)
+    except ConnectionResetError:  # the page went away before the stream started (a navigation)
+        return response
     woken = hub.subscribe(thread)
     last = (meta.get("resourceVersion"), None)
     quiet = 0.0

@@ -25,7 +25,7 @@ from typing import Any
 
 import asyncpg
 
-from agentrun.checkpoint import _listen_option
+from agentrun.checkpoint import _listen_option, from_url
 from agentrun.checkpoint.pg_history import ThreadRows
 from agentrun.checkpoint.pg_progress import CHANNEL
 from agentrun.checkpoint.postgres import PgCheckpointer
@@ -38,11 +38,12 @@ class HistoryStore:
     """The store, read only; ``rows`` of a thread for ``agentrun.history.build``."""
 
     def __init__(self, dsn: str) -> None:
-        self.dsn, _ = _listen_option(dsn)
-        # No stop listener: this process never runs a graph. A short retry bound: a person is waiting.
-        self.store = PgCheckpointer(
-            self.dsn, listen_for_stops=False, retry_timeout=5.0, min_pool_size=1, max_pool_size=4
-        )
+        # The runners' own URL parsing (agentrun_* parameters included). A short retry bound: a person waits.
+        # No stop listener opens: this process never watches a run's stops.
+        store = from_url(dsn, retry_timeout=5.0)
+        if not isinstance(store, PgCheckpointer):
+            raise ValueError("the history server reads a PostgreSQL store (postgresql://...), not " + dsn.split(":")[0])
+        self.store = store
 
     async def rows(self, thread_id: str, run_uid: str | None) -> ThreadRows:
         return await self.store.thread_rows(thread_id, run_uid=run_uid)

@@ -15,8 +15,10 @@ How each fact is derived (nothing extra is written on the step's path):
 - a tool call comes from the assistant message that asked for it; its ledger
   key (``ledger.ledger_key``) finds the ledger record (executed, by which
   attempt, when) and the intent (started when, with which idempotency key);
-  its duration is intent start to record, so only calls that record an
-  intent (tools with side effects) have one;
+  its duration runs from its intent (recorded just before the call, by tools
+  with side effects) to its record, else from the start of its tool node
+  (the checkpoint that scheduled it, in the same attempt) to its record: an
+  upper bound, which ``duration_from`` says;
 - **replayed**: the tool's answer was checkpointed by a later attempt than
   the one that recorded it in the ledger, so that attempt took the result
   from the ledger instead of calling the tool (a crash between the record and
@@ -85,6 +87,9 @@ class ToolCallRecord(BaseModel):
     started_at: float | None = None
     finished_at: float | None = None
     duration_seconds: float | None = None
+    # Where the start comes from: "intent" (recorded just before the call) or "node" (the checkpoint that
+    # scheduled the tool node, or the attempt's start: an upper bound, shared by parallel siblings).
+    duration_from: Literal["intent", "node"] | None = None
     arguments: Digest | None = None
     result: Digest | None = None
 
@@ -296,9 +301,28 @@ def _tool_call(
         started_at=started,
         finished_at=finished,
         duration_seconds=round(finished - started, 3) if started is not None and finished is not None else None,
+        duration_from="intent" if started is not None and finished is not None else None,
         arguments=digest(_json_text(arguments)) if arguments is not None else None,
         result=result,
     )
+
+
+def _node_durations(
+    calls: Sequence[ToolCallRecord], steps: Sequence[StepRecord], attempt_starts: Mapping[int, float]
+) -> None:
+    """A call without an intent: from the start of its tool node (in the attempt that recorded it) to its record."""
+    at_version = {s.version: s for s in steps}
+    for call in calls:
+        if call.duration_seconds is not None or call.finished_at is None or call.attempt is None:
+            continue
+        scheduled = at_version.get(call.requested_version) if call.requested_version is not None else None
+        start = scheduled.at if scheduled is not None and scheduled.attempt == call.attempt else None
+        if start is None:
+            start = attempt_starts.get(call.attempt)
+        if start is not None and start <= call.finished_at:
+            call.started_at = start
+            call.duration_seconds = round(call.finished_at - start, 3)
+            call.duration_from = "node"
 
 
 def _interrupts(states: Sequence[Mapping[str, Any]], inputs: Sequence[Mapping[str, Any]]) -> list[InterruptRecord]:
@@ -409,6 +433,7 @@ def build(
     steps = _steps(rows.states, attempt_starts)
     version_attempt = {s.version: s.attempt for s in steps}
     calls = _tool_calls(rows, thread_id, version_attempt)
+    _node_durations(calls, steps, attempt_starts)
     last = rows.states[-1] if rows.states else None
     result = _loads(last.get("result")) if last else None
     history = RunHistory(

@@ -15,6 +15,7 @@ What it proves, in one cluster (the runs take most of the time):
   events), without a reload;
 - bob gets 403 for a run in ``default`` (the API server's answer to his own token), and his approve of a run
   he may only view is refused by the API server: the server never acts with rights of its own;
+- a shared install's token login (a pasted token in an HttpOnly cookie) authorizes as that person;
 - an unknown run is a 404 page; a 300 kB tool result is shown as a cut preview with its size; ``<script>``
   and ``onerror`` in tool output are text, never run;
 - ``kubectl agentrun history`` prints the same history (table and ``-o json``).
@@ -26,6 +27,7 @@ chromium or Playwright is missing (``make chromium`` installs Debian's chromium)
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -44,9 +46,8 @@ import pytest
 import yaml
 
 from agentrun.devservers import free_port
-from kubesim import KUBECTL
+from kubesim import KUBECTL, EmulatedCluster, KubeletThread
 from kubesim.rbac import AUTHENTICATED, User
-from tests.cluster.conftest import CRD_FILES
 from tests.cluster.operator_harness import (
     agentrun,
     apply,
@@ -56,8 +57,9 @@ from tests.cluster.operator_harness import (
     wait_phase,
 )
 from tests.cluster.test_kube_client import exec_user, kubeconfig_doc, write_plugin, write_yaml
+from tests.support.databases import create_database, drop_database
 
-pytestmark = [pytest.mark.cluster, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.cluster, pytest.mark.real_server, pytest.mark.timeout(420)]
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "agentrun"
@@ -143,48 +145,39 @@ def start_ui(kubeconfig: Path, server: str, log: Path, started: list[Any]) -> tu
     return ui, found.group(0)
 
 
-def real_users(plane: Any, namespace: str) -> dict[str, str]:
+def real_users(cluster: Any, namespace: str) -> dict[str, str]:
     """On the real API server: alice and bob are ServiceAccounts with tokens from the TokenRequest API."""
     tokens = {}
     for name in TOKENS:
-        made = plane.kubectl("create", "serviceaccount", name, "-n", namespace)
-        assert made.returncode == 0, made.stderr
-        token = plane.kubectl("create", "token", name, "-n", namespace, "--duration=1h")
+        made = cluster.kubectl("create", "serviceaccount", name, "-n", namespace)
+        assert made.returncode == 0 or "AlreadyExists" in made.stderr, made.stderr
+        token = cluster.kubectl("create", "token", name, "-n", namespace, "--duration=1h")
         assert token.returncode == 0, token.stderr
         tokens[name] = token.stdout.strip()
     return tokens
 
 
-def install_crds(plane: Any) -> None:
-    for crd in CRD_FILES:
-        applied = plane.kubectl("apply", "--server-side", "-f", str(crd))
-        if applied.returncode != 0 and "compilation failed" in applied.stderr:
-            # The real API server type-checks the CRD's CEL rules, which kubesim does not yet: until the CRD
-            # passes there (issue 25), this scenario runs on kubesim only, and says why.
-            pytest.skip(f"the real kube-apiserver refuses the AgentRun CRD: {applied.stderr.strip()[:300]}")
-        assert applied.returncode == 0, applied.stderr
-    ready = plane.kubectl("wait", "--for=condition=established", "--timeout=60s", "crd", "--all")
-    assert ready.returncode == 0, ready.stderr
+@pytest.fixture
+def dsn() -> Iterator[str]:
+    """A fresh database per test (the runs' thread ids repeat on each API server)."""
+    database = asyncio.run(create_database())
+    try:
+        yield database
+    finally:
+        asyncio.run(drop_database(database))
 
 
-@pytest.fixture(params=["kubesim", "real"])
-def world(request: pytest.FixtureRequest, dsn: str, tmp_path: Path) -> Iterator[dict[str, Any]]:
-    """The cluster (kubesim with RBAC on, or the real kube-apiserver with its RBAC authorizer), the operator,
-    the history server and each person's ``kubectl agentrun ui``."""
-    real = request.param == "real"
-    if real:
-        cluster = request.getfixturevalue("real_cluster")
-        kubelet = request.getfixturevalue("real_kubelet")
-        install_crds(cluster)
-        suffix = os.urandom(3).hex()  # the real cluster lives for the session: names of this test only
-        ns, other_ns = f"hist-{suffix}", f"hist-b-{suffix}"
-    else:
-        cluster = request.getfixturevalue("cluster")
-        kubelet = request.getfixturevalue("kubelet")
-        ns, other_ns = "default", "team-b"
-    for namespace in {ns, other_ns} - {"default"}:
-        made = cluster.kubectl("create", "namespace", namespace)
-        assert made.returncode == 0, made.stderr
+@pytest.fixture
+def world(cluster: Any, kubelet: KubeletThread, dsn: str, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """The cluster with RBAC enforced, the operator, the history server and each person's ``kubectl agentrun ui``.
+
+    The one thing that differs by server, and why: how a person gets a token. kubesim maps static tokens to
+    users (``token_users``); the real kube-apiserver issues ServiceAccount tokens (TokenRequest).
+    """
+    real = not isinstance(cluster, EmulatedCluster)
+    ns, other_ns = "default", "team-b"
+    made = cluster.kubectl("create", "namespace", other_ns)
+    assert made.returncode == 0, made.stderr
     store_secret(cluster, dsn, namespace=ns)
     store_secret(cluster, dsn, namespace=other_ns)
     if real:
@@ -209,7 +202,7 @@ def world(request: pytest.FixtureRequest, dsn: str, tmp_path: Path) -> Iterator[
             cluster.emulator.authorization = True
 
         cluster.call(enforce)
-    tls = {"certificate-authority": str(cluster.ca.pair.cert)} if real else {}
+    tls = {"certificate-authority": str(cluster.plane.ca.pair.cert)} if real else {}
     started: list[Any] = []
     try:
         operator = start_operator(cluster, tmp_path)
@@ -223,6 +216,7 @@ def world(request: pytest.FixtureRequest, dsn: str, tmp_path: Path) -> Iterator[
             AGENTRUN_HISTORY_POSTGRES_DSN=dsn,
             AGENTRUN_HISTORY_HOST="127.0.0.1",
             AGENTRUN_HISTORY_PORT=str(port),
+            AGENTRUN_HISTORY_TOKEN_LOGIN="true",  # for the shared-install scenario; the proxies send headers
         )
         server = Process([sys.executable, "-m", "agentrun_history"], server_env, tmp_path / "history.log")
         started.append(server)
@@ -380,6 +374,20 @@ def test_the_history_view_in_a_real_browser(world: dict[str, Any], dsn: str, tmp
             page.locator("button.approve").click()
             page.locator("#act-result", has_text="refused").wait_for(timeout=20_000)
             assert "forbidden" in page.locator("#act-result").inner_text().lower()
+
+            # A shared install's token login: a pasted token, kept in an HttpOnly cookie, authorizes as bob.
+            login = browser.new_page()
+            first = login.goto(f"{server}/runs/{other_ns}/other-run")
+            assert first is not None and first.status == 401 and login.locator("input[name=token]").count() == 1
+            login.fill("input[name=token]", tokens["bob"])
+            with login.expect_navigation():
+                login.click("form button[type=submit]")
+            assert login.url.endswith("/runs"), (login.url, login.inner_text("body")[:500])
+            again = login.goto(f"{server}/runs/{other_ns}/other-run")
+            assert again is not None and again.status == 200
+            assert any(c["name"] == "agentrun_token" and c["httpOnly"] for c in login.context.cookies())
+            refused = login.goto(f"{server}/runs/{ns}/crash-run")
+            assert refused is not None and refused.status == 403, "the cookie is bob's identity, not the server's"
             assert errors == [], errors
         finally:
             browser.close()

@@ -128,16 +128,14 @@ def test_a_call_recorded_by_a_dead_attempt_and_answered_by_the_next_is_replayed(
     )
     charge, receipt = history.tool_calls
     assert (charge.name, charge.outcome, charge.attempt, charge.replayed_in) == ("charge_card", "replayed", 1, [2])
-    assert charge.duration_seconds == 0.25 and charge.idempotency_key == "ar-x"
+    assert (charge.duration_seconds, charge.duration_from) == (0.25, "intent") and charge.idempotency_key == "ar-x"
     assert charge.arguments is not None and charge.arguments.preview == '{"order_id": "1"}'
     assert charge.result is not None and charge.result.preview == "charged" and charge.result.bytes > 7
     # In doubt in attempt 1 (an intent, no record), run again and recorded by attempt 2.
-    assert (receipt.outcome, receipt.attempt, receipt.in_doubt_in, receipt.duration_seconds) == (
-        "executed",
-        2,
-        [1],
-        None,
-    )
+    # In doubt in attempt 1 (an intent, no record), run again and recorded by attempt 2: its duration runs
+    # from attempt 2's start (its inputs), an upper bound.
+    assert (receipt.outcome, receipt.attempt, receipt.in_doubt_in) == ("executed", 2, [1])
+    assert (receipt.duration_seconds, receipt.duration_from) == (1.5, "node")
     first, second = history.attempts
     assert (first.pod, first.exit_code, first.steps, first.tool_calls_executed) == ("order-1-1", 137, 2, 1)
     assert (second.pod, second.started_at, second.tool_calls_replayed, second.tool_calls_executed) == (
