@@ -188,7 +188,7 @@ def _summary(history: RunHistory, status: dict[str, Any], spec: dict[str, Any]) 
         ),
     ]
     if history.reason or history.message:
-        rows.append(("Reason", f"{history.reason or ''} {history.message or ''}".strip()))
+        rows.append(("Reason", ": ".join(x for x in (history.reason, history.message) if x)))
     if history.stop is not None:
         rows.append(("Stop requested", f"{when(history.stop.requested_at)} {history.stop.reason}"))
     if history.error:
