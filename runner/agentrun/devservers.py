@@ -1,11 +1,12 @@
-"""Private servers for tests and benchmarks: a PostgreSQL and a redis-server of one's own, on free ports.
+"""Private servers for tests and benchmarks: a PostgreSQL, a redis-server and a PgBouncer of one's own, on free ports.
 
 A test or a fault campaign that stops, kills or restarts the store must not touch the machine's shared
 servers: these run from a temporary directory on a free 127.0.0.1 port and are gone after ``destroy()``
 (PostgreSQL) or ``stop()``/``kill()`` (Redis). Not used by the runtime itself.
 
 HAZARD: PostgreSQL runs with ``fsync=off`` and Redis without persistence; a restart here is a clean stop
-and start (``pg_ctl -m fast``, Redis SHUTDOWN), never a power cut.
+and start (``pg_ctl -m fast``, Redis SHUTDOWN), never a power cut. PgBouncer trusts every loopback client
+(``auth_type = trust``): a test fixture, never a deployment.
 """
 
 from __future__ import annotations
@@ -153,3 +154,110 @@ class PrivateRedis:
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGKILL)
             self.process.wait(timeout=10)
+
+
+def pgbouncer_bin() -> str:
+    """Debian's ``pgbouncer`` (``scripts/pgbouncer.sh`` installs it); raises ``RuntimeError`` when missing."""
+    found = shutil.which("pgbouncer") or ("/usr/sbin/pgbouncer" if Path("/usr/sbin/pgbouncer").exists() else None)
+    if found is None:
+        raise RuntimeError("pgbouncer not found: bash scripts/pgbouncer.sh (apt-get install pgbouncer)")
+    return found
+
+
+class PrivatePgBouncer:
+    """A PgBouncer process of one's own in front of the PostgreSQL at ``server_port``, in transaction mode.
+
+    Every database name is forwarded (``* = host=127.0.0.1 port=...``), so a client's DSN only changes its
+    port. ``pool_size``: server connections per database and user; ``max_db_connections``: per database, all
+    users (0: no cap). Trust authentication on loopback; as root it runs as the ``postgres`` OS user
+    (PgBouncer refuses to run as root). ``dsn(database)`` is a client's URL, ``agentrun_pooler=transaction`` in it.
+    """
+
+    def __init__(
+        self,
+        server_port: int,
+        *,
+        pool_size: int = 20,
+        max_db_connections: int = 0,
+        max_client_conn: int = 4000,
+        prefix: str = "agentrun-pgbouncer-",
+    ) -> None:
+        self.port = free_port()
+        self.server_port = server_port
+        self.root = Path(tempfile.mkdtemp(prefix=prefix))
+        self.log = self.root / "pgbouncer.log"
+        self.pool_size = pool_size
+        self.max_db_connections = max_db_connections
+        self.max_client_conn = max_client_conn
+        self.process: subprocess.Popen[bytes] | None = None
+        self._as_user: list[str] = []
+        if os.geteuid() == 0:
+            shutil.chown(self.root, user="postgres")
+            self._as_user = ["runuser", "-u", "postgres", "--"]
+
+    def dsn(self, database: str = "postgres", *, user: str = "postgres") -> str:
+        return f"postgresql://{user}@127.0.0.1:{self.port}/{database}?agentrun_pooler=transaction"
+
+    def _config(self) -> str:
+        users = self.root / "userlist.txt"
+        users.write_text('"postgres" ""\n')
+        return "\n".join(
+            [
+                "[databases]",
+                f"* = host=127.0.0.1 port={self.server_port}",
+                "[pgbouncer]",
+                "listen_addr = 127.0.0.1",
+                f"listen_port = {self.port}",
+                "unix_socket_dir =",
+                "auth_type = trust",
+                f"auth_file = {users}",
+                "pool_mode = transaction",
+                f"default_pool_size = {self.pool_size}",
+                f"max_db_connections = {self.max_db_connections}",
+                f"max_client_conn = {self.max_client_conn}",
+                "admin_users = postgres",
+                f"logfile = {self.log}",
+                "log_connections = 0",
+                "log_disconnections = 0",
+                "",
+            ]
+        )
+
+    def start(self) -> None:
+        ini = self.root / "pgbouncer.ini"
+        ini.write_text(self._config())
+        if self._as_user:
+            for path in self.root.iterdir():
+                shutil.chown(path, user="postgres")
+        self.process = subprocess.Popen(
+            [*self._as_user, pgbouncer_bin(), str(ini)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        try:
+            wait_for_port(self.port, 10, self.process)
+        except RuntimeError:
+            log = self.log.read_text(errors="replace")[-2000:] if self.log.exists() else ""
+            raise RuntimeError(f"pgbouncer did not start on 127.0.0.1:{self.port}: {log}") from None
+
+    def stop(self) -> None:
+        """SIGINT: PgBouncer's safe shutdown (SIGKILL after 10 s)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def destroy(self) -> None:
+        self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[PrivatePgBouncer]:
+        """Started for the ``with`` block; stopped and its files removed after it."""
+        try:
+            self.start()
+            yield self
+        finally:
+            self.destroy()

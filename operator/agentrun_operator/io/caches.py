@@ -34,12 +34,12 @@ from typing import Any
 
 import kopf
 
-from agentrun.contract import STORE_SECRET_KEYS
+from agentrun.contract import OPERATOR_STORE_KEYS
 
 from ..decide.classify import PodView
 from .kube import KubeClient, NotFound, pod_path, secret_path
 
-STORE_KEYS = tuple(STORE_SECRET_KEYS.values())
+STORE_KEYS = OPERATOR_STORE_KEYS
 ASSUME_SECONDS = 30.0
 
 SecretKey = tuple[str, str]  # (namespace, name)

@@ -6,7 +6,9 @@ thread (``agentrun/checkpoint/pg_progress.py``; the runner's stop check uses
 channel ``agentrun_stop``, same payload). The operator holds one
 dedicated connection per distinct DSN (``Listeners.open``, called when the
 store's pool opens) and hands each thread id to ``on_progress``; nothing is
-queried per run.
+queried per run. A store whose DSN goes through a pooler in transaction mode
+(PgBouncer) is listened to on the Secret's direct ``postgresListenDsn``, or not
+at all (``stores.py``): a LISTEN through such a pooler hears nothing.
 
 A notification is a wake-up, not the data: the reconcile it triggers reads
 the progress. PostgreSQL delivers a notification only to sessions listening
@@ -65,13 +67,16 @@ class Listeners:
         self.on_progress = on_progress
         self.on_resync = on_resync
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._listen_dsn: dict[str, str] = {}  # store DSN -> the DSN its LISTEN connects to
         self._redis: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._ready: dict[str, asyncio.Event] = {}  # set while the store's LISTEN is in place
         self._ever: set[str] = set()  # stores listened to at least once
         self._gap: set[str] = set()  # stores whose progress may have been read while nobody listened
 
-    def open(self, dsn: str) -> None:
+    def open(self, dsn: str, listen_dsn: str | None = None) -> None:
+        """Listen for the progress of store ``dsn``, on ``listen_dsn`` (a direct DSN of the same database) if given."""
         if dsn not in self._tasks:
+            self._listen_dsn[dsn] = listen_dsn or dsn
             self._ready[dsn] = asyncio.Event()
             # An empty context, not the opening reconcile's: that holds kopf's cause (a whole body) (wakeups.py).
             self._tasks[dsn] = asyncio.create_task(
@@ -112,6 +117,7 @@ class Listeners:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._ready.pop(dsn, None)
+        self._listen_dsn.pop(dsn, None)
         self._ever.discard(dsn)
         self._gap.discard(dsn)
 
@@ -129,7 +135,9 @@ class Listeners:
             conn: asyncpg.Connection[Any] | None = None
             try:
                 conn = await asyncpg.connect(
-                    dsn, timeout=CONNECT_TIMEOUT, server_settings={"application_name": "agentrun-operator-listen"}
+                    self._listen_dsn.get(dsn, dsn),
+                    timeout=CONNECT_TIMEOUT,
+                    server_settings={"application_name": "agentrun-operator-listen"},
                 )
                 lost = asyncio.Event()
                 conn.add_termination_listener(_setter(lost))

@@ -1,7 +1,9 @@
 """The operator's view of run stores: one ControlStore per store Secret, read for progress, written for stops.
 
 An AgentRun names its store by Secret (``spec.store.secretRef``, keys
-``postgresDsn`` and optional ``redisUrl``). The operator reads that Secret
+``postgresDsn`` and optional ``redisUrl`` and ``postgresListenDsn``: a direct
+DSN for the progress LISTEN when ``postgresDsn`` goes through a pooler in
+transaction mode; contract.py). The operator reads that Secret
 in the run's namespace once and then follows it by watch (``caches.SecretCache``),
 and keeps one connection pool per distinct DSN: Secrets in many namespaces that
 name the same database share it. A pool no live run uses is closed after
@@ -23,7 +25,7 @@ from urllib.parse import quote, unquote, urlsplit
 
 from agentrun import checkpoint
 from agentrun.checkpoint.base import Checkpointer, ControlStore
-from agentrun.contract import POSTGRES_DSN_KEY, REDIS_URL_KEY
+from agentrun.contract import POSTGRES_DSN_KEY, POSTGRES_LISTEN_DSN_KEY, REDIS_URL_KEY
 from agentrun.errors import AgentRunError, StoreConfigError, StoreUnavailableError
 
 from ..decide.decision import StoreProblem
@@ -193,6 +195,9 @@ class StoreRegistry:
         try:
             dsn = base64.b64decode(data[POSTGRES_DSN_KEY]).decode()
             redis_url = base64.b64decode(data[REDIS_URL_KEY]).decode() if data.get(REDIS_URL_KEY) else None
+            direct = (
+                base64.b64decode(data[POSTGRES_LISTEN_DSN_KEY]).decode() if data.get(POSTGRES_LISTEN_DSN_KEY) else None
+            )
         except ValueError:
             raise StoreUnavailable(
                 Reason.STORE_SECRET_INVALID, f"store secret {namespace}/{secret} is not valid base64 text"
@@ -212,19 +217,49 @@ class StoreRegistry:
                 raise StoreUnavailable(
                     Reason.INVALID_STORE,
                     f"{StoreConfigError.code}: store secret {namespace}/{secret}: postgresDsn is not a store URL "
-                    f"({redact(str(e), _sensitive(dsn, redis_url))})",
+                    f"({redact(str(e), _sensitive(dsn, redis_url, direct))})",
                 ) from None
+            listen = None if local else self._listen_dsn(namespace, secret, dsn, direct, redis_url)
             pool = self._pools[dsn] = _Pool(pg, {None: pg})
             log.info("store pool opened for secret %s/%s (%d pools)", namespace, secret, len(self._pools))
-            if self.listeners is not None and not local:  # SQLite cannot notify: the resync finds its progress
-                self.listeners.open(dsn)
+            if self.listeners is not None and listen is not None:  # SQLite cannot notify: the resync finds it
+                self.listeners.open(dsn, listen)
         store = pool.stores.get(redis_url)
         if store is None:
             assert redis_url is not None
             store = pool.stores[redis_url] = _cached(pool.pg, redis_url)
             if self.listeners is not None:
                 self.listeners.open_redis(dsn, redis_url, store)
-        return _Resolved(view, dsn, store, _sensitive(dsn, redis_url))
+        return _Resolved(view, dsn, store, _sensitive(dsn, redis_url, direct))
+
+    @staticmethod
+    def _listen_dsn(namespace: str, secret: str, dsn: str, direct: str | None, redis_url: str | None) -> str | None:
+        """Where to LISTEN for the store's progress: ``postgresListenDsn``, else ``postgresDsn`` unless pooled.
+
+        Raises ``StoreUnavailable`` (InvalidStore) when ``postgresListenDsn`` is no direct PostgreSQL URL.
+        """
+        try:
+            listen = checkpoint.listen_dsn(direct) if direct is not None else checkpoint.listen_dsn(dsn)
+        except ValueError as e:
+            listen, problem = None, redact(str(e), _sensitive(dsn, redis_url, direct))
+        else:
+            problem = "it goes through a transaction pooler" if listen is None else ""
+        if direct is not None and (problem or not direct.startswith(("postgresql://", "postgres://"))):
+            raise StoreUnavailable(
+                Reason.INVALID_STORE,
+                f"{StoreConfigError.code}: store secret {namespace}/{secret}: {POSTGRES_LISTEN_DSN_KEY} must be a "
+                f"direct postgresql:// URL ({problem or 'another scheme'})",
+            )
+        if listen is None:
+            log.info(
+                "store of secret %s/%s: no LISTEN (postgresDsn goes through a transaction pooler and the Secret has "
+                "no %s); its progress arrives by %s, pod events and the resync",
+                namespace,
+                secret,
+                POSTGRES_LISTEN_DSN_KEY,
+                "Redis pub/sub" if redis_url else "(no redisUrl)",
+            )
+        return listen
 
     async def sweep(self) -> int:
         """Close the pools no live run has used for ``idle_seconds``; returns how many were closed."""

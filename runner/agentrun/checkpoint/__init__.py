@@ -6,7 +6,6 @@ agentrun imports neither asyncpg nor redis.
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING, Any
 
 from .base import (
@@ -22,6 +21,7 @@ from .base import (
     StateStore,
 )
 from .memory import InMemoryCheckpointer
+from .pg_url import parse_store_url, without_params
 from .sqlite import SqliteCheckpointer
 
 if TYPE_CHECKING:
@@ -39,28 +39,24 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-# ``agentrun_listen=off`` in a PostgreSQL URL: runs poll for stop requests instead of LISTENing
-# (PgBouncer in transaction mode). Ours, so it is taken out before asyncpg sees the URL.
-_LISTEN_PARAM = re.compile(r"([?&])agentrun_listen=([^&#]*)")
-_OFF = frozenset({"0", "false", "no", "off"})
-_ON = frozenset({"1", "true", "yes", "on"})
-
-
 def _listen_option(url: str) -> tuple[str, bool]:
-    """``url`` without ``agentrun_listen``, and whether it asks to listen (the default)."""
-    match = _LISTEN_PARAM.search(url)
-    if match is None:
-        return url, True
-    value = match.group(2).lower()
-    if value not in _OFF | _ON:
-        raise ValueError(f"agentrun_listen={match.group(2)!r} in the store URL must be on or off")
-    before, after = url[: match.start()], url[match.end() :]
-    if match.group(1) == "?":
-        after = after.removeprefix("&")
-        rest = f"?{after}" if after and not after.startswith("#") else after
-    else:
-        rest = after
-    return before + rest, value in _ON
+    """``url`` without ``agentrun_listen``, and whether it asks to listen (the default).
+
+    Other agentrun parameters (``agentrun_pooler``) stay in: ``PgCheckpointer`` reads them itself.
+    Raises ``ValueError`` for an unknown agentrun parameter or value (``pg_url``).
+    """
+    return without_params(url, frozenset({"agentrun_listen"})), parse_store_url(url).listen
+
+
+def listen_dsn(url: str) -> str | None:
+    """The DSN on which a LISTEN for this store's notifications works, or ``None`` if it would not.
+
+    ``None`` for a URL through a transaction pooler (``agentrun_pooler=transaction``); else the URL
+    without agentrun's parameters (``agentrun_listen=off`` is about runs only). Raises ``ValueError``
+    as ``pg_url.parse_store_url`` does.
+    """
+    parsed = parse_store_url(url)
+    return parsed.dsn if parsed.pooler is None else None
 
 
 def from_url(url: str, *, retry_timeout: float | None = None) -> Checkpointer:
@@ -68,9 +64,11 @@ def from_url(url: str, *, retry_timeout: float | None = None) -> Checkpointer:
 
     A bare path is a SQLite file. ``retry_timeout``: how long PostgreSQL may be
     unreachable before calls give up (``PgCheckpointer``'s default if ``None``).
-    A PostgreSQL URL may carry ``agentrun_listen=off``: runs poll for stop
-    requests instead of listening (behind PgBouncer in transaction mode).
-    Raises ``ValueError`` for an unknown scheme or ``agentrun_listen`` value.
+    A PostgreSQL URL may carry ``agentrun_pooler=transaction`` (it goes
+    through PgBouncer in transaction mode: no session state, runs hear of stop
+    requests on Redis or by polling) and ``agentrun_listen=off`` (runs poll
+    for stop requests instead of listening); ``pg_url`` says more. Raises
+    ``ValueError`` for an unknown scheme or agentrun parameter.
     """
     if url.startswith("memory:"):
         return InMemoryCheckpointer()
@@ -79,11 +77,10 @@ def from_url(url: str, *, retry_timeout: float | None = None) -> Checkpointer:
     if url.startswith(("postgres://", "postgresql://")):
         from .postgres import PgCheckpointer
 
-        dsn, listen = _listen_option(url)
-        options: dict[str, Any] = {} if listen else {"listen_for_stops": False}
+        options: dict[str, Any] = {}
         if retry_timeout is not None:
             options["retry_timeout"] = retry_timeout
-        return PgCheckpointer(dsn, **options)
+        return PgCheckpointer(url, **options)
     if "://" not in url:
         return SqliteCheckpointer(url)
     raise ValueError(f"unknown store URL scheme in {url.split('://')[0]!r}:// (use sqlite:///, postgresql://)")
@@ -127,5 +124,6 @@ __all__ = [
     "SqliteCheckpointer",
     "StateStore",
     "from_url",
+    "listen_dsn",
     "open_store",
 ]

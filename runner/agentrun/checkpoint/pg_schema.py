@@ -7,15 +7,19 @@ databases in the field already ran it.
 
 Safety when several pods start at once: ``apply_migrations`` first reads
 the version without any lock (the fast path every pod takes once the schema
-is current), and only when something is missing takes a session-level
-advisory lock, re-reads the version under it, and applies each missing step
-together with its version row in one transaction. A second migrator waits
-on the lock, then finds the work done. PostgreSQL DDL is transactional, so a
-step that fails leaves nothing behind and the version where it was.
+is current), and only when something is missing applies each missing step
+in a transaction of its own that takes a transaction-level advisory lock,
+re-reads the version under it, and applies the next step together with its
+version row. A second migrator waits on the lock, then finds the step done.
+PostgreSQL DDL is transactional, so a step that fails leaves nothing behind
+and the version where it was. The lock is released by the step's COMMIT or
+ROLLBACK (or the end of the session): no session state, so the same code
+runs behind PgBouncer in transaction mode, where a session-level lock would
+stay on a server connection some other client gets next.
 
 HAZARDS
-- The advisory lock is held for the whole migration; a migrator that hangs
-  (not one that dies: the lock goes with its session) holds up every other
+- A step holds the advisory lock while it runs; a migrator that hangs
+  (not one that dies: the lock goes with its transaction) holds up every other
   pod's ``setup()``, which waits at most the connection's ``lock_timeout``
   (``PgCheckpointer(lock_timeout=...)``) and then fails with
   ``StorageError``; the pod restarts and tries again. Migrations here are
@@ -31,9 +35,11 @@ HAZARDS
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import re
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeAlias
 
@@ -662,10 +668,9 @@ _CURRENT_VERSION = "SELECT COALESCE(MAX(version), 0) FROM agentrun_migrations"
 _FIRST_TYPE = "SELECT thread_id_type FROM agentrun_migrations WHERE version = 1"
 _RECORD_VERSION = "INSERT INTO agentrun_migrations (version, description, thread_id_type) VALUES ($1, $2, $3)"
 _SCHEMA_EXISTS = "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)"
-# Session-level lock: it spans several transactions (one per step) and is released by
-# pg_advisory_unlock, or by PostgreSQL when the session ends, so a killed migrator frees it.
-_LOCK = "SELECT pg_advisory_lock($1)"
-_UNLOCK = "SELECT pg_advisory_unlock($1)"
+# Transaction-level lock, one per step: released at the step's COMMIT or ROLLBACK, or when a killed
+# migrator's session ends; it shares its key space with session-level locks (pg_advisory_lock).
+_LOCK = "SELECT pg_advisory_xact_lock($1)"
 
 
 def normalize_thread_id_type(value: str) -> str:
@@ -698,66 +703,81 @@ async def schema_version(conn: Connection) -> int:
     return int(await conn.fetchval(_CURRENT_VERSION))
 
 
+@contextlib.asynccontextmanager
+async def transaction(conn: Connection, begin: str = "BEGIN") -> AsyncIterator[None]:
+    """``begin`` (one simple query: ``BEGIN`` and any ``SET LOCAL``), the block, then ``COMMIT``.
+
+    Rolled back when the block raises (if the connection still can); raises what asyncpg raises.
+    A block must not open ``conn.transaction()`` inside (asyncpg refuses it in a manual transaction).
+    """
+    await conn.execute(begin)
+    try:
+        yield
+    except BaseException:
+        if not conn.is_closed() and conn.is_in_transaction():
+            with contextlib.suppress(asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
+                await conn.execute("ROLLBACK")
+        raise
+    await conn.execute("COMMIT")
+
+
 async def apply_migrations(
     conn: Connection,
     migrations: list[Migration],
     *,
     schema: str,
     thread_id_type: str = "text",
+    begin: str = "BEGIN",
 ) -> list[int]:
     """Bring ``schema`` up to ``len(migrations)``; returns the versions this call applied.
 
-    ``conn`` must have ``search_path`` set to ``schema``. Raises
+    ``begin`` opens each transaction: ``"BEGIN"`` when ``conn`` has ``search_path``
+    set to ``schema``; behind a transaction pooler also the ``SET LOCAL`` of
+    ``search_path`` and the other settings (``PgCheckpointer``). Raises
     ``MigrationError`` when a step fails (that step is rolled back, earlier
     ones stay) and ``StorageError`` when the database cannot be reached.
     """
     target = len(migrations)
+    key = lock_key(schema)
+    applied: list[int] = []
     try:
-        current = await schema_version(conn)
-        if current >= target:
-            if current > 0:
-                _warn_if_newer(current, target)
-                await _warn_if_type_differs(conn, thread_id_type)
-            return []
-        key = lock_key(schema)
-        await conn.execute(_LOCK, key)
-        try:
-            return await _migrate_locked(conn, migrations, schema=schema, thread_id_type=thread_id_type)
-        finally:
-            if not conn.is_closed():
-                await conn.execute(_UNLOCK, key)
+        while True:
+            async with transaction(conn, begin):
+                current = await schema_version(conn)
+                if current < target:
+                    await conn.execute(_LOCK, key)
+                    current = await _locked_version(conn, schema)
+                if current >= target:
+                    _warn_if_newer(current, target)
+                    if current > 0 and not applied:
+                        await _warn_if_type_differs(conn, thread_id_type)
+                    return applied
+                version, migration = current + 1, migrations[current]
+                try:
+                    await conn.execute(migration.render(thread_id_type))
+                    await conn.execute(_RECORD_VERSION, version, migration.description, thread_id_type)
+                except (asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+                    raise MigrationError(
+                        f"schema migration {version} ({migration.description}) failed: {e}; "
+                        f"the schema stays at version {version - 1}"
+                    ) from e
+            log.info("applied agentrun schema migration %d: %s", version, migration.description)
+            applied.append(version)
     except MigrationError:
         raise
     except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as e:
         raise StorageError(f"could not migrate the agentrun schema {schema!r}: {e}") from e
 
 
-async def _migrate_locked(
-    conn: Connection, migrations: list[Migration], *, schema: str, thread_id_type: str
-) -> list[int]:
+async def _locked_version(conn: Connection, schema: str) -> int:
+    """Under the lock: the schema and its version table made to exist, then the version read again."""
     if not await conn.fetchval(_SCHEMA_EXISTS, schema):
         # Only when missing: CREATE SCHEMA needs CREATE on the database even with IF NOT EXISTS,
         # and a DBA may have created the schema for a role that lacks it.
         await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
     await conn.execute(_CREATE_VERSION_TABLE)
-    # Re-read under the lock: another process may have migrated while this one waited.
-    current = await schema_version(conn)
-    applied: list[int] = []
-    for version, migration in enumerate(migrations[current:], start=current + 1):
-        try:
-            async with conn.transaction():
-                await conn.execute(migration.render(thread_id_type))
-                await conn.execute(_RECORD_VERSION, version, migration.description, thread_id_type)
-        except (asyncpg.PostgresError, asyncpg.InterfaceError) as e:
-            raise MigrationError(
-                f"schema migration {version} ({migration.description}) failed: {e}; "
-                f"the schema stays at version {version - 1}"
-            ) from e
-        log.info("applied agentrun schema migration %d: %s", version, migration.description)
-        applied.append(version)
-    if not applied:
-        await _warn_if_type_differs(conn, thread_id_type)
-    return applied
+    # Another process may have migrated while this one waited.
+    return await schema_version(conn)
 
 
 def _warn_if_newer(current: int, target: int) -> None:

@@ -81,9 +81,20 @@ HAZARDS (what this store cannot promise, and what to do):
 - With ``durable_checkpoint_every_step: false`` a crash resumes from the
   last durable version: the non-durable steps run again (tool calls among
   them are durable before they run, so the ledger still holds their results).
-- Thread ids are at most 253 characters (``MAX_THREAD_ID_LENGTH``). Behind
-  PgBouncer in transaction mode, pass ``pool_options={"statement_cache_size": 0}``
-  and ``listen_for_stops=False`` (or ``agentrun_listen=off`` in the store URL).
+- Thread ids are at most 253 characters (``MAX_THREAD_ID_LENGTH``).
+- Behind PgBouncer in transaction mode (``agentrun_pooler=transaction`` in the
+  URL, or ``pooler="transaction"``) a server session lasts one transaction,
+  so the store keeps none: no LISTEN (runs hear of stops on Redis or poll),
+  no prepared-statement cache (``statement_cache_size=0``: asyncpg parses each
+  statement again, one more round trip per statement), the session settings
+  (``search_path``, ``lock_timeout``, ``idle_in_transaction_session_timeout``)
+  sent as ``SET LOCAL`` in the same round trip as ``BEGIN`` of every call, so
+  every call is a transaction (a one-statement call costs four round trips
+  instead of one), and the migration lock taken per transaction
+  (``pg_schema``). PgBouncer refuses those settings as startup parameters; a
+  store that forgot the URL parameter fails at connect, it does not run
+  unsafely. Without it, behind such a pooler, the migration's session lock and
+  LISTEN would silently land on server connections other clients then get.
 - A state channel changed without going through a node's update (a value a
   node returned and keeps mutating from elsewhere) is not seen as changed,
   so it is not rewritten until it is updated or the next snapshot; as in
@@ -95,13 +106,14 @@ HAZARDS (what this store cannot promise, and what to do):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import random
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
@@ -139,6 +151,8 @@ from .pg_schema import (
     normalize_thread_id_type,
     validate_schema_name,
 )
+from .pg_schema import transaction as in_transaction
+from .pg_url import TRANSACTION, parse_store_url
 
 if TYPE_CHECKING:
     from .pg_schema import Connection
@@ -330,8 +344,19 @@ _POOL_ONLY = frozenset(
 _MAX_CHAINS = 10_000
 # The meta key of a checkpoint's write id (stripped when a checkpoint is read).
 _WRITE_ID = "write_id"
+# The startup parameters PgBouncer tracks per client (it refuses any other that is not in its
+# ignore_startup_parameters): behind a transaction pooler every other server setting is SET LOCAL.
+_POOLER_STARTUP_PARAMETERS = frozenset(
+    {"application_name", "client_encoding", "datestyle", "timezone", "standard_conforming_strings"}
+)
+_SNAPSHOT_BEGIN = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 _PASSWORD_IN_URL = re.compile(r"(://[^:/@\s]*:)([^@\s]*)(@)")
 _PASSWORD_PARAM = re.compile(r"(password=)([^&\s]*)", re.IGNORECASE)
+
+
+def _literal(value: object) -> str:
+    """A setting's value as an SQL string literal (``SET LOCAL name = '...'``)."""
+    return "'" + str(value).replace("'", "''") + "'"
 
 
 def _dumps(value: Any, *, what: str) -> str:
@@ -476,6 +501,9 @@ class PgCheckpointer(Checkpointer):
     connection of their own (``pg_listen``); ``False`` polls instead (behind
     PgBouncer in transaction mode). ``stop_sweep_interval``: how often that
     connection is checked (seconds).
+    ``pooler``: ``"transaction"`` when ``dsn`` goes through a pooler in
+    transaction mode (no session state kept; implies ``listen_for_stops=False``);
+    ``agentrun_pooler=transaction`` in ``dsn`` says the same (``pg_url``).
     ``snapshot_every``: a state row holds only the channels its step changed,
     with a full snapshot at least every this many rows (0: always full).
     """
@@ -498,8 +526,13 @@ class PgCheckpointer(Checkpointer):
         listen_for_stops: bool = True,
         stop_sweep_interval: float = 10.0,
         snapshot_every: int = 256,
+        pooler: str | None = None,
     ) -> None:
-        self.dsn = dsn
+        url = parse_store_url(dsn)  # ValueError for an unknown agentrun parameter
+        self.dsn = url.dsn
+        if pooler not in (None, TRANSACTION):
+            raise ValueError(f"pooler must be None or {TRANSACTION!r}, not {pooler!r}")
+        self.pooler = pooler or url.pooler
         self.retry_timeout = max(0.0, retry_timeout)
         self.retry_base_delay = 0.05
         self.retry_max_delay = 2.0
@@ -520,13 +553,25 @@ class PgCheckpointer(Checkpointer):
             "reset": _keep_session,
             **(pool_options or {}),
         }
+        # What each call's transaction starts with: "BEGIN" on a session of its own, else also the
+        # session's settings as SET LOCAL, in one simple-query round trip (_connection).
+        self._begin = "BEGIN"
+        if self.pooler == TRANSACTION:
+            settings = dict(self._pool_kwargs.pop("server_settings", {}))
+            # PgBouncer passes only the parameters it tracks at connect (application_name among them).
+            self._pool_kwargs["server_settings"] = {
+                k: settings.pop(k) for k in list(settings) if k in _POOLER_STARTUP_PARAMETERS
+            }
+            self._pool_kwargs["statement_cache_size"] = 0  # a named statement would outlive the transaction
+            self._begin = "; ".join(["BEGIN", *(f"SET LOCAL {k} = {_literal(v)}" for k, v in settings.items())])
+            listen_for_stops = False
         self._pool: asyncpg.Pool[asyncpg.Record] | None = None
         self._pool_lock = asyncio.Lock()
         self._setup_done = False
         # ledger_get calls waiting for this loop turn's one query, by thread: key -> its waiters.
         self._lookups: dict[str, dict[str, list[asyncio.Future[LedgerEntry | None]]]] = {}
         self._lookup_tasks: set[asyncio.Task[None]] = set()
-        self.listen_for_stops = listen_for_stops
+        self.listen_for_stops = listen_for_stops and url.listen
         self.stop_sweep_interval = stop_sweep_interval
         self._stop_listener: StopListener | None = None
         self.snapshot_every = max(0, snapshot_every)
@@ -551,7 +596,9 @@ class PgCheckpointer(Checkpointer):
                     ) from None
             if not self._setup_done:
                 async with self._pool.acquire() as conn:
-                    await apply_migrations(conn, MIGRATIONS, schema=self.schema, thread_id_type=self.thread_id_type)
+                    await apply_migrations(
+                        conn, MIGRATIONS, schema=self.schema, thread_id_type=self.thread_id_type, begin=self._begin
+                    )
                 self._setup_done = True
         return self._pool
 
@@ -571,6 +618,11 @@ class PgCheckpointer(Checkpointer):
                 raise
             except _CONFIG as e:
                 raise StoreConfigError(self._config_problem(e)) from None  # the cause may quote the DSN
+            except asyncpg.exceptions.ProtocolViolationError as e:
+                if "startup parameter" not in str(e):
+                    raise StorageError(f"postgres {op} failed: {self._describe(e)}") from e
+                # A pooler (PgBouncer) refusing the session settings: the URL lacks agentrun_pooler.
+                raise StoreConfigError(self._config_problem(e)) from None
             except (StaleStateError, StoreUnavailableError):
                 raise
             except StorageError as e:  # pg_schema wraps what the migration met; retry it if that was an outage
@@ -643,16 +695,37 @@ class PgCheckpointer(Checkpointer):
             problem = self._scrub(str(error))
         elif isinstance(error, asyncpg.exceptions.InsufficientPrivilegeError):
             problem = f"permission denied: {self._scrub(str(error))}"
+        elif isinstance(error, asyncpg.exceptions.ProtocolViolationError):
+            problem = (
+                f"{self._scrub(str(error))}: a pooler in transaction mode (PgBouncer) refuses session settings; "
+                "add agentrun_pooler=transaction to the URL"
+            )
         else:
             problem = f"malformed PostgreSQL DSN: {self._scrub(str(error))}"
         return f"PostgreSQL store at {where}: {problem}; check the store Secret's postgresDsn"
+
+    @contextlib.asynccontextmanager
+    async def _connection(self, *, txn: bool = False, snapshot: bool = False) -> AsyncIterator[Connection]:
+        """A pooled connection for one call; in a transaction when asked, or always behind a transaction pooler.
+
+        ``snapshot``: a read-only repeatable-read transaction (one snapshot for several reads). Behind a
+        transaction pooler the transaction starts with the session's settings (``self._begin``); nothing
+        outlives it. Raises what asyncpg raises (``_call`` classifies it).
+        """
+        pool = await self._get_pool()
+        async with pool.acquire() as conn:
+            if not (txn or snapshot or self.pooler):
+                yield conn
+                return
+            begin = self._begin.replace("BEGIN", _SNAPSHOT_BEGIN, 1) if snapshot else self._begin
+            async with in_transaction(conn, begin):
+                yield conn
 
     async def _write(self, op: str, txn: Callable[[Connection], Awaitable[T]]) -> T:
         """Run ``txn`` in one transaction, retried as ``_call`` says (``txn`` must be safe to run again)."""
 
         async def once() -> T:
-            pool = await self._get_pool()
-            async with pool.acquire() as conn, conn.transaction():
+            async with self._connection(txn=True) as conn:
                 return await txn(conn)
 
         return await self._call(op, once)
@@ -663,13 +736,9 @@ class PgCheckpointer(Checkpointer):
         """Run a read, retried as ``_call`` says."""
 
         async def once() -> T:
-            pool = await self._get_pool()
-            async with pool.acquire() as conn:
-                if not snapshot:
-                    return await query(conn)
-                # One snapshot for the state row and its messages (messages are updated in place).
-                async with conn.transaction(isolation="repeatable_read", readonly=True):
-                    return await query(conn)
+            # snapshot: one snapshot for the state row and its messages (messages are updated in place).
+            async with self._connection(snapshot=snapshot) as conn:
+                return await query(conn)
 
         return await self._call(op, once, patient=patient)
 
@@ -810,6 +879,7 @@ class PgCheckpointer(Checkpointer):
     async def _notify_progress(self, thread_id: str) -> None:
         pool = await self._get_pool()
         async with pool.acquire() as conn:
+            # Its own transaction in one simple query (no setting of the session needed): pooler or not.
             await conn.execute(notify_sql(thread_id))
 
     def _delta(self, chain: _Chain | None, write: CheckpointWrite, expected_version: int) -> str | None:
@@ -838,12 +908,11 @@ class PgCheckpointer(Checkpointer):
         self, thread_id: str, args: tuple[Any, ...], expected_version: int, attempt: int | None, run_uid: str | None
     ) -> Commit:
         """``_PUT_CHECKPOINT`` on a pooled connection (autocommit); the outcome turned into a commit or an error."""
-        pool = await self._get_pool()
-        async with pool.acquire() as conn:
+        async with self._connection() as conn:
             try:
                 if armed("in_checkpoint_txn"):
                     # The crash tests' fault point: killed after the insert, before the commit.
-                    async with conn.transaction():
+                    async with contextlib.nullcontext() if self.pooler else conn.transaction():
                         row = await conn.fetchrow(_PUT_CHECKPOINT, *args)
                         if row is not None and row["o_outcome"] == "ok":
                             fault_point("in_checkpoint_txn", str(row["o_version"]))
@@ -975,8 +1044,7 @@ class PgCheckpointer(Checkpointer):
         async def once() -> bool:
             nonlocal tries
             tries += 1
-            pool = await self._get_pool()
-            async with pool.acquire() as conn:
+            async with self._connection() as conn:
                 row = await conn.fetchrow(
                     _PUT_TOOL_ROW, "tool_executions", thread_id, key, tool_name, queryable, body, None, attempt, run_uid
                 )
@@ -1075,8 +1143,7 @@ class PgCheckpointer(Checkpointer):
         check_thread_id(thread_id)
 
         async def once() -> None:
-            pool = await self._get_pool()
-            async with pool.acquire() as conn:
+            async with self._connection() as conn:
                 row = await conn.fetchrow(
                     _PUT_TOOL_ROW,
                     "tool_intents",

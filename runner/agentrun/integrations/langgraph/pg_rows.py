@@ -181,8 +181,7 @@ class PgRows(RowStore):
         """One autocommitted statement of the fenced functions (migration 14), retried as the store retries."""
 
         async def once() -> None:
-            pool = await self.store._get_pool()
-            async with pool.acquire() as conn:
+            async with self.store._connection() as conn:  # a transaction of its own behind a transaction pooler
                 row = await conn.fetchrow(sql, *args)
             _tool_row_outcome(thread_id, row, attempt=fence.attempt, run_uid=fence.run_uid)
 
