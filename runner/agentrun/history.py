@@ -458,4 +458,9 @@ def build(
     )
     if rows.stop is not None:
         history.stop = StopRecord(reason=str(rows.stop["reason"]), requested_at=float(rows.stop["at"]))
+    else:  # acknowledged and cleared: the checkpoint that stopped the run keeps the reason
+        stopped = next((r for r in reversed(rows.states) if r.get("stop_reason")), None)
+        if stopped is not None:
+            reason = _loads(stopped["stop_reason"])
+            history.stop = StopRecord(reason=str(reason or "stop requested"), requested_at=float(stopped["at"]))
     return history

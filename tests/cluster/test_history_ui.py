@@ -13,6 +13,7 @@ What it proves, in one cluster (the runs take most of the time):
   replayed from the ledger in attempt 2 (charged once);
 - approving a waiting run with the button resumes it, and the page follows it to Succeeded live (server-sent
   events), without a reload;
+- stopping a run with the button (``spec.stop``, alice's patch) is followed live to Stopped;
 - bob gets 403 for a run in ``default`` (the API server's answer to his own token), and his approve of a run
   he may only view is refused by the API server: the server never acts with rights of its own;
 - a shared install's token login (a pasted token in an HttpOnly cookie) authorizes as that person;
@@ -289,6 +290,7 @@ def test_the_history_view_in_a_real_browser(world: dict[str, Any], dsn: str, tmp
     hostile = "tests.cluster.history_graphs:hostile"
     apply(cluster, agentrun("hostile-run", thread="hostile-run", graph=hostile, effects=tmp_path / "h.db"), ns)
     apply(cluster, agentrun("other-run", thread="other-run", graph=approval, effects=tmp_path / "o.db"), other_ns)
+    apply(cluster, agentrun("stop-run", thread="stop-run", graph=approval, effects=tmp_path / "s.db"), ns)
     wait_node(dsn, f"{ns}/crash-run", "tools")
     time.sleep(1.0)  # charge_card (no delay) is recorded; send_receipt sleeps 2.5 s
     kubelet.kill("crash-run-1", namespace=ns)
@@ -296,6 +298,7 @@ def test_the_history_view_in_a_real_browser(world: dict[str, Any], dsn: str, tmp
     wait_phase(cluster, operator, "approve-run", "Interrupted", timeout=60, namespace=ns)
     wait_phase(cluster, operator, "hostile-run", "Succeeded", timeout=60, namespace=ns)
     wait_phase(cluster, operator, "other-run", "Interrupted", timeout=60, namespace=other_ns)
+    wait_phase(cluster, operator, "stop-run", "Interrupted", timeout=60, namespace=ns)
 
     # Without a token, nothing; with bob's, not a run of ns (the API server's own 403).
     server = world["server"]
@@ -346,6 +349,12 @@ def test_the_history_view_in_a_real_browser(world: dict[str, Any], dsn: str, tmp
             answered = page.locator("table.interrupts").inner_text()
             assert "true" in answered and "waiting" not in answered, answered
             shoot(page, tmp_path, "approved-run")
+
+            # Stop with the button: spec.stop as alice's own patch; the page follows the run to Stopped.
+            page.goto(f"{world['alice']}/runs/{ns}/stop-run")
+            page.locator("button.stop").click()
+            page.locator("#phase", has_text="Stopped").wait_for(timeout=60_000)
+            assert page.locator("button.stop").count() == 0, "a stopped run offers no Stop"
 
             # Hostile and huge tool output: text, never markup; the preview is cut, the size is the whole.
             page.goto(f"{world['alice']}/runs/{ns}/hostile-run")

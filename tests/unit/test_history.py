@@ -225,3 +225,14 @@ def test_the_web_view_renders_hostile_tool_output_as_text() -> None:
     html = pages.timeline(history, {"status": {"phase": "Running"}, "spec": {}})
     assert "<script>" not in html and "<img" not in html and 'onerror="' not in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+
+
+def test_a_stop_shows_while_requested_and_after_it_was_acknowledged() -> None:
+    requested = ThreadRows(states=[state(1, "tools", "running", 1, 1.0)], stop={"reason": "user", "at": 2.0})
+    stop = build(requested, namespace="default", name="r", thread_id=THREAD).stop
+    assert stop is not None and (stop.reason, stop.requested_at) == ("user", 2.0)
+    done = ThreadRows(
+        states=[state(1, "tools", "running", 1, 1.0), state(2, "tools", "stopped", 1, 3.0, stop_reason="spec.stop")]
+    )
+    stop = build(done, namespace="default", name="r", thread_id=THREAD).stop
+    assert stop is not None and (stop.reason, stop.requested_at) == ("spec.stop", 3.0)
