@@ -7,6 +7,7 @@ cold), then reused; a machine where they cannot be built FAILS here, it does not
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import os
@@ -19,6 +20,7 @@ from typing import Any
 import pytest
 
 from kubesim import KubeletThread
+from kubesim.access import ApiAccess
 from kubesim.real import Binaries, RealControlPlane
 from kubesim.testing import python_pod, terminated
 
@@ -383,3 +385,56 @@ def test_a_node_that_vanishes_is_marked_by_the_node_lifecycle_controller_and_its
         finally:
             kubelet.stop()
             steady.stop()
+
+
+def test_a_service_account_token_authenticates_and_rbac_judges_it(
+    real_cluster: RealControlPlane, namespace: str
+) -> None:
+    """The operator's path on a real cluster: a ServiceAccount's token (the TokenRequest API, and a
+    token Secret the serviceaccount-token controller fills), judged by RBAC."""
+    created = real_cluster.kubectl("create", "serviceaccount", "-n", namespace, "robot")
+    assert created.returncode == 0, created.stderr
+    issued = real_cluster.kubectl("create", "token", "-n", namespace, "robot")
+    assert issued.returncode == 0, issued.stderr
+    secret = {
+        "metadata": {"name": "robot-token", "annotations": {"kubernetes.io/service-account.name": "robot"}},
+        "type": "kubernetes.io/service-account-token",
+    }
+    assert real_cluster.api("POST", f"/api/v1/namespaces/{namespace}/secrets", secret).status == 201
+    filled = real_cluster.wait_for(
+        lambda: ((real_cluster.get("secrets", "robot-token", namespace) or {}).get("data") or {}).get("token"),
+        message="the serviceaccount-token controller filling the Secret",
+    )
+    user = f"system:serviceaccount:{namespace}:robot"
+    for token in (issued.stdout.strip(), base64.b64decode(filled).decode()):
+        robot = ApiAccess(real_cluster.url, ca_file=real_cluster.ca.pair.cert, token=token)
+        denied = real_cluster.api("GET", f"/api/v1/namespaces/{namespace}/pods", access=robot)
+        assert denied.status == 403 and f'User "{user}"' in denied.body["message"], denied.body
+    binding = {
+        "metadata": {"name": "robot-view"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "view"},
+        "subjects": [{"kind": "ServiceAccount", "name": "robot", "namespace": namespace}],
+    }
+    path = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings"
+    assert real_cluster.api("POST", path, binding).status == 201
+    robot = ApiAccess(real_cluster.url, ca_file=real_cluster.ca.pair.cert, token=issued.stdout.strip())
+    real_cluster.wait_for(
+        lambda: real_cluster.api("GET", f"/api/v1/namespaces/{namespace}/pods", access=robot).status == 200,
+        message="the robot allowed to list pods",
+    )
+
+
+def test_deleting_a_namespace_terminates_its_running_pods_and_removes_it(
+    real_cluster: RealControlPlane, real_kubelet: KubeletThread, namespace: str, tmp_path: Path
+) -> None:
+    marker = tmp_path / "terminated"
+    create_pod(real_cluster, namespace, python_pod("tenant", PREEMPTIBLE.format(marker=str(marker)), grace=10))
+    wait_ready(real_cluster, real_kubelet, namespace, "tenant")
+    assert real_cluster.api("DELETE", f"/api/v1/namespaces/{namespace}").status == 200
+    real_cluster.wait_for(
+        lambda: real_cluster.get("namespaces", namespace, None) is None,
+        timeout=60,
+        interval=0.2,
+        message="the namespace controller removing the namespace",
+    )
+    assert marker.read_text() == "SIGTERM", "the pod was not terminated gracefully"
