@@ -88,6 +88,8 @@ class DevCluster:
     cluster: Any = None
     kubelet: Any = None
     operator: OperatorProcess | None = None
+    history: subprocess.Popen[bytes] | None = None
+    history_port: int = 0
 
     @property
     def kubeconfig(self) -> Path:
@@ -152,6 +154,9 @@ class DevCluster:
         except OperatorNotReady as e:
             raise DevClusterError(str(e)) from None
         say("operator")
+        if self.postgres_dsn:  # the history server reads PostgreSQL only
+            self._start_history()
+            say("history server")
 
     def _kubectl(self, *args: str) -> subprocess.CompletedProcess[str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("KUBE")}
@@ -200,8 +205,33 @@ class DevCluster:
         )
         return self.operator
 
+    def _start_history(self) -> None:
+        """``python -m agentrun_history`` on 127.0.0.1: the run history, as the kubeconfig's identity (its user)."""
+        with socket.socket() as probe:
+            probe.bind((self.host, 0))
+            self.history_port = probe.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBE", "AGENTRUN_"))}
+        env.update(
+            KUBECONFIG=str(self.kubeconfig),
+            AGENTRUN_HISTORY_POSTGRES_DSN=self.store_url,
+            AGENTRUN_HISTORY_HOST=self.host,
+            AGENTRUN_HISTORY_PORT=str(self.history_port),
+        )
+        with open(self.workdir / "history.log", "wb") as log:
+            self.history = subprocess.Popen(
+                [sys.executable, "-m", "agentrun_history"], env=env, stdout=log, stderr=subprocess.STDOUT
+            )
+
     def stop(self) -> None:
-        """Stop the operator, then the pods (SIGTERM, then SIGKILL after their grace), then the API server."""
+        """Stop the history server and the operator, then the pods (SIGTERM, then SIGKILL after their grace), then
+        the API server."""
+        if self.history is not None:
+            self.history.terminate()
+            try:
+                self.history.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.history.kill()
+                self.history.wait()
         if self.operator is not None:
             self.operator.stop()
         if self.kubelet is not None:
@@ -225,6 +255,12 @@ class DevCluster:
                 "  kubectl apply -f examples/agentrun.yaml",
                 "  kubectl agentrun watch support-order-4821",
                 "  kubectl agentrun list",
+                (
+                    f"  kubectl agentrun ui --server http://{self.host}:{self.history_port}"
+                    "      # the run history in your browser"
+                    if self.history is not None
+                    else "  (kubectl agentrun ui / history need the PostgreSQL store: AGENTRUN_DEV_POSTGRES_DSN)"
+                ),
                 "",
                 "Ctrl-C stops the cluster and every pod (AgentRuns live in memory; the store keeps the threads).",
             ]

@@ -653,7 +653,7 @@ def cmd_history(kubectl: Kubectl, args: argparse.Namespace) -> int:
                 c["outcome"],
                 shown(c.get("attempt")) or "-",
                 ",".join(str(n) for n in c.get("replayed_in") or []) or "-",
-                _secs(c.get("duration_seconds")),
+                ("≤" if c.get("duration_from") == "node" else "") + _secs(c.get("duration_seconds")),
                 f"{args_d.get('sha256', '')[:12]} {args_d.get('bytes', '')}B" if args_d else "-",
                 f"{result_d.get('sha256', '')[:12]} {result_d.get('bytes', '')}B" if result_d else "-",
                 c.get("idempotency_key") or "-",
