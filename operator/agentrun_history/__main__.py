@@ -25,6 +25,8 @@ class HistorySettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="AGENTRUN_HISTORY_", extra="ignore")
 
     postgres_dsn: str = ""
+    # The direct DSN for LISTEN when postgres_dsn goes through a transaction pooler (the Secret's postgresListenDsn).
+    postgres_listen_dsn: str = ""
     host: str = "0.0.0.0"
     port: int = 8080
     # In a pod: the API server's CA (the chart mounts the kube-root-ca.crt ConfigMap here, no token).
@@ -54,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     app = make_app(
         kube=UserKube.from_environment(ca_file=settings.kube_ca_file),
         store=HistoryStore(settings.postgres_dsn),
-        hub=ProgressHub(settings.postgres_dsn),
+        hub=ProgressHub(settings.postgres_dsn, listen=settings.postgres_listen_dsn or None),
         token_login=args.token_login,
         secure_cookie=tls is not None,
     )

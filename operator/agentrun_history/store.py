@@ -6,7 +6,8 @@ role needs only ``SELECT`` on the agentrun schema (plus ``LISTEN``, which
 PostgreSQL grants to every role). ``setup()`` still checks the schema version
 first (a no-op once it is current, the runners migrate it).
 
-``ProgressHub`` holds one LISTEN connection on ``agentrun_progress``
+``ProgressHub`` holds one LISTEN connection (never through a transaction
+pooler: the store Secret's ``postgresListenDsn`` then, else none) on ``agentrun_progress``
 (``pg_progress.CHANNEL``: the runner notifies, throttled to about once a
 second per thread plus a trailing one, after its checkpoints commit) and
 wakes the live views of that thread. HAZARDS: a notification is a hint, not
@@ -25,7 +26,7 @@ from typing import Any
 
 import asyncpg
 
-from agentrun.checkpoint import _listen_option, from_url
+from agentrun.checkpoint import from_url, listen_dsn
 from agentrun.checkpoint.pg_history import ThreadRows
 from agentrun.checkpoint.pg_progress import CHANNEL
 from agentrun.checkpoint.postgres import PgCheckpointer
@@ -55,13 +56,18 @@ class HistoryStore:
 class ProgressHub:
     """Wakes the waiters of a thread when the store says it made progress (one LISTEN connection)."""
 
-    def __init__(self, dsn: str) -> None:
-        self.dsn, _ = _listen_option(dsn)
+    def __init__(self, dsn: str, *, listen: str | None = None) -> None:
+        # LISTEN needs a session: never through a transaction pooler (then ``listen`` names the direct DSN,
+        # the store Secret's postgresListenDsn); None: no LISTEN, the live views poll.
+        self.dsn = listen_dsn(listen or dsn)
         self._waiters: dict[str, set[asyncio.Event]] = {}
         self._task: asyncio.Task[None] | None = None
         self.listening = False
 
     def start(self) -> None:
+        if self.dsn is None:
+            log.info("the store is reached through a transaction pooler: no LISTEN, live views poll")
+            return
         self._task = asyncio.get_running_loop().create_task(self._run(), name="agentrun-history-listen")
 
     def subscribe(self, thread_id: str) -> asyncio.Event:
@@ -84,6 +90,7 @@ class ProgressHub:
         while True:
             conn: Any = None
             try:
+                assert self.dsn is not None
                 conn = await asyncpg.connect(self.dsn, server_settings={"application_name": "agentrun-history"})
                 lost = asyncio.Event()
                 conn.add_termination_listener(lambda _c, lost=lost: lost.set())

@@ -67,7 +67,7 @@ def test_the_history_server_holds_no_kubernetes_rights(name: str) -> None:
     if name == "everything":  # devStore on: the dev store's DSN, no Secret at all
         assert secrets_referenced(pod) == set()
     else:
-        assert secrets_referenced(pod) == {("agentrun-store", "postgresDsn")}
+        assert secrets_referenced(pod) == {("agentrun-store", "postgresDsn"), ("agentrun-store", "postgresListenDsn")}
     (container,) = pod["containers"]
     assert container["command"] == ["python", "-m", "agentrun_history"]
     assert restricted_violations(pod) == []
@@ -78,7 +78,8 @@ def test_the_history_server_holds_no_kubernetes_rights(name: str) -> None:
 def test_the_rendered_environment_is_what_the_server_reads(monkeypatch: pytest.MonkeyPatch) -> None:
     (container,) = history_pod(rendering("default").objects)["containers"]
     for var in container["env"]:
-        monkeypatch.setenv(var["name"], var.get("value", "postgresql://from-the-secret"))
+        if var["name"] != "AGENTRUN_HISTORY_POSTGRES_LISTEN_DSN":  # optional: absent from the Secret here
+            monkeypatch.setenv(var["name"], var.get("value", "postgresql://from-the-secret"))
     settings = HistorySettings()
     port = {p["name"]: p["containerPort"] for p in container["ports"]}["http"]
     assert settings.port == port == 8080 and settings.postgres_dsn == "postgresql://from-the-secret"
@@ -100,7 +101,11 @@ def test_tls_ingress_and_token_login_are_off_by_default_and_work_when_on(chart: 
     }
     objects = render(chart, values)
     pod = history_pod(objects)
-    assert secrets_referenced(pod) == {("history-reader", "postgresDsn"), ("history-tls", "*")}
+    assert secrets_referenced(pod) == {
+        ("history-reader", "postgresDsn"),
+        ("history-reader", "postgresListenDsn"),
+        ("history-tls", "*"),
+    }
     env = {v["name"]: v.get("value") for v in pod["containers"][0]["env"]}
     assert env["AGENTRUN_HISTORY_TOKEN_LOGIN"] == "true" and env["AGENTRUN_HISTORY_TLS_CERT_FILE"]
     assert pod["containers"][0]["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"

@@ -236,3 +236,13 @@ def test_a_stop_shows_while_requested_and_after_it_was_acknowledged() -> None:
     )
     stop = build(done, namespace="default", name="r", thread_id=THREAD).stop
     assert stop is not None and (stop.reason, stop.requested_at) == ("spec.stop", 3.0)
+
+
+def test_the_live_views_never_listen_through_a_transaction_pooler() -> None:
+    from agentrun_history.store import ProgressHub
+
+    pooled = "postgresql://u@pgbouncer:6432/agentrun?agentrun_pooler=transaction"
+    assert ProgressHub(pooled).dsn is None
+    direct = "postgresql://u@db:5432/agentrun"
+    assert ProgressHub(pooled, listen=direct).dsn == direct
+    assert ProgressHub(direct + "?agentrun_listen=off").dsn == direct
