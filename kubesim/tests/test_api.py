@@ -262,6 +262,18 @@ def test_pods_get_api_defaults_and_a_token_unless_automount_is_off(cluster: Emul
     assert "volumes" not in tokenless["spec"] and "volumeMounts" not in tokenless["spec"]["containers"][0]
 
 
+@pytest.mark.parametrize(
+    ("port", "message"),
+    [(0, "containerPort: Required value"), (70000, "must be between 1 and 65535, inclusive")],
+)
+def test_a_container_port_must_be_1_to_65535(cluster: EmulatedCluster, port: int, message: str) -> None:
+    """As kube-apiserver words it (an operator sent port 0 for "metrics off": seen on the real server)."""
+    pod = python_pod(f"port-{port}", "pass")
+    pod["spec"]["containers"][0]["ports"] = [{"name": "metrics", "containerPort": port}]
+    refused = cluster.api("POST", PODS, pod)
+    assert refused.status == 422 and message in refused.body["message"], refused
+
+
 def test_pod_spec_is_immutable_except_a_few_fields(cluster: EmulatedCluster) -> None:
     assert cluster.api("POST", PODS, python_pod("immutable", "pass")).status == 201
     changed = cluster.api("PATCH", f"{PODS}/immutable", {"spec": {"restartPolicy": "Always"}}, content_type=MERGE)

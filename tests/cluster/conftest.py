@@ -17,12 +17,16 @@ repository (``examples.*``, ``tests.cluster.graphs``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
-from kubesim import KOPF_PEERING_CRDS, default_base_env
+from kubesim import KOPF_PEERING_CRDS, EmulatedCluster, default_base_env
+from kubesim.kubelet import KubeletThread
+from kubesim.real import RealControlPlane
+from tests.cluster.servers import RealCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = ROOT / "crds" / "agentrun.dev_agentruns.yaml"
@@ -48,3 +52,88 @@ def kubesim_known_images() -> Sequence[str]:
 @pytest.fixture
 def kubesim_base_env() -> dict[str, str]:
     return default_base_env(pythonpath=[ROOT])
+
+
+# --- two API servers (tests/cluster/servers.py) ---------------------------------------------------------------------
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--api-server",
+        choices=("both", "kubesim", "real"),
+        default="both",
+        help="the cluster tier's API server for tests marked real_server (default: both)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "real_server: also run this cluster test on the real control plane")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "api_server" not in metafunc.fixturenames:
+        return
+    servers = ["kubesim", "real"] if metafunc.definition.get_closest_marker("real_server") else ["kubesim"]
+    chosen = metafunc.config.getoption("--api-server")
+    if chosen != "both" and chosen in servers:
+        servers = [chosen]
+    metafunc.parametrize("api_server", servers, scope="function")
+
+
+@pytest.fixture(scope="session")
+def real_agentrun_cluster(real_cluster: RealControlPlane) -> RealCluster:
+    """The session's real control plane with the AgentRun CRD, and ``default`` under restricted Pod Security."""
+    cluster = RealCluster(real_cluster, CRD_FILES)
+    labelled = real_cluster.kubectl(
+        "label", "--overwrite", "namespace", "default", "pod-security.kubernetes.io/enforce=restricted"
+    )
+    assert labelled.returncode == 0, labelled.stderr
+    return cluster
+
+
+@pytest.fixture
+def cluster(
+    request: pytest.FixtureRequest, api_server: str, tmp_path: Path, kubesim_crd_files: Sequence[Path]
+) -> Iterator[EmulatedCluster | RealCluster]:
+    """kubesim's emulator, or the real control plane (tests marked ``real_server`` run on both)."""
+    if api_server == "real":
+        real: RealCluster = request.getfixturevalue("real_agentrun_cluster")
+        real.watch("agentruns")
+        try:
+            yield real
+        finally:
+            real.reset()
+        return
+    emulated = EmulatedCluster(tmp_path / "cluster", crd_files=tuple(kubesim_crd_files)).start()
+    try:
+        yield emulated
+    finally:
+        emulated.stop()
+    assert not emulated.internal_errors, f"the emulator failed while serving: {emulated.internal_errors!r}"
+
+
+@pytest.fixture
+def kubelet(
+    request: pytest.FixtureRequest,
+    api_server: str,
+    cluster: EmulatedCluster | RealCluster,
+    tmp_path: Path,
+    kubesim_known_images: Sequence[str],
+    kubesim_base_env: dict[str, str],
+) -> Iterator[KubeletThread]:
+    """The kubelet stand-in on the test's server (a node of its own on the real one)."""
+    if api_server == "real":
+        yield request.getfixturevalue("real_kubelet")
+        return
+    assert isinstance(cluster, EmulatedCluster)
+    node = KubeletThread(
+        cluster.url, tmp_path / "kubelet", known_images=kubesim_known_images, base_env=kubesim_base_env
+    ).start()
+    try:
+        yield node
+    finally:
+        pids = [r.process.pid for r in node.kubelet.pods.values() if r.process is not None]
+        node.stop()
+        for pid in pids:  # the process group leader is reaped by the kubelet: no pid, no leak
+            with pytest.raises(ProcessLookupError):
+                os.killpg(pid, 0)

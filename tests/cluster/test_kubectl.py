@@ -45,6 +45,7 @@ def table(output: str) -> list[list[str]]:
     return [[line[a:b].strip() for a, b in bounds] for line in (header, *rows)]
 
 
+@pytest.mark.real_server
 def test_kubectl_apply_creates_the_example_with_client_validation_on(cluster: EmulatedCluster) -> None:
     result = cluster.kubectl("apply", "-f", str(EXAMPLE), "-v=6")
     assert result.returncode == 0, result.stderr
@@ -82,6 +83,7 @@ def test_kubectl_apply_again_is_unchanged(cluster: EmulatedCluster) -> None:
     assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"], "a no-op wrote anyway"
 
 
+@pytest.mark.real_server
 @pytest.mark.parametrize("resource", ["ar", "agentruns", "agentrun", "agentruns.agentrun.dev"])
 def test_kubectl_get_prints_phase_node_version_attempt(cluster: EmulatedCluster, resource: str) -> None:
     apply_example(cluster)
@@ -117,6 +119,7 @@ def test_kubectl_get_wide_and_all_namespaces(cluster: EmulatedCluster) -> None:
     assert header[:3] == ["NAMESPACE", "NAME", "PHASE"] and row[:3] == ["default", NAME, "Failed"]
 
 
+@pytest.mark.real_server
 def test_kubectl_get_watch_prints_status_changes(cluster: EmulatedCluster) -> None:
     apply_example(cluster)
     with cluster.kubectl_popen("get", "ar", "-w") as watch:
@@ -151,6 +154,7 @@ def test_short_name_ar_is_unambiguous_in_discovery(cluster: EmulatedCluster) -> 
     assert row == ["agentruns", "ar", "agentrun.dev/v1alpha1", "true", "AgentRun"]
 
 
+@pytest.mark.real_server
 def test_kubectl_explain_shows_the_crd_descriptions(cluster: EmulatedCluster) -> None:
     result = cluster.kubectl("explain", "agentrun.spec.config")
     assert result.returncode == 0, result.stderr
@@ -166,6 +170,7 @@ def test_kubectl_explain_shows_the_crd_descriptions(cluster: EmulatedCluster) ->
     assert "Interrupted" in phase and "Stopping" in phase
 
 
+@pytest.mark.real_server
 @pytest.mark.parametrize("path", INVALID_MANIFESTS, ids=lambda p: p.name)
 def test_kubectl_rejects_invalid_manifest_naming_the_field(cluster: EmulatedCluster, path: Path) -> None:
     result = cluster.kubectl("apply", "-f", str(path))
@@ -177,6 +182,7 @@ def test_kubectl_rejects_invalid_manifest_naming_the_field(cluster: EmulatedClus
     assert cluster.get("agentruns", name) is None, "a rejected object was stored"
 
 
+@pytest.mark.real_server
 def test_kubectl_patch_stop_bumps_generation_but_status_patch_does_not(cluster: EmulatedCluster) -> None:
     created = apply_example(cluster)
     status = cluster.kubectl(
@@ -265,6 +271,7 @@ def test_kubectl_create_namespace_and_delete_it_with_its_contents(cluster: Emula
     assert cluster.get("agentruns", NAME, "team-a") is None
 
 
+@pytest.mark.real_server
 def test_kubectl_describe_agentrun(cluster: EmulatedCluster) -> None:
     apply_example(cluster)
     set_status(cluster, {"phase": "Interrupted", "interrupt": {"id": "int-1", "message": "approve the charge?"}})
@@ -293,6 +300,7 @@ def test_the_crd_is_installed_and_can_be_reapplied_deleted_and_restored(cluster:
     apply_example(cluster)
 
 
+@pytest.mark.real_server
 def test_kubectl_wait_for_a_phase_a_condition_and_deletion(cluster: EmulatedCluster) -> None:
     apply_example(cluster)
     with cluster.kubectl_popen(

@@ -35,7 +35,7 @@ from tests.cluster.operator_harness import (
     wait_phase,
 )
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.real_server]  # every scenario also on the real control plane
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

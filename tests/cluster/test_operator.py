@@ -55,6 +55,7 @@ def operator(cluster: EmulatedCluster, kubelet: KubeletThread, store: str, tmp_p
         process.stop()
 
 
+@pytest.mark.real_server
 def test_kubectl_apply_runs_to_succeeded_and_status_mirrors_the_store(
     cluster: EmulatedCluster, operator: OperatorProcess, store: str, tmp_path: Path
 ) -> None:
@@ -80,6 +81,7 @@ def test_kubectl_apply_runs_to_succeeded_and_status_mirrors_the_store(
     assert "PodCreated" in events and "Completed" in events
 
 
+@pytest.mark.real_server
 def test_sigkill_mid_tool_reschedules_and_charges_once(
     cluster: EmulatedCluster, kubelet: KubeletThread, operator: OperatorProcess, store: str, tmp_path: Path
 ) -> None:
@@ -103,6 +105,7 @@ def test_sigkill_mid_tool_reschedules_and_charges_once(
     assert count_effects(str(effects))["charges"] == 1, "GUARANTEE BROKEN: charged twice after SIGKILL"
 
 
+@pytest.mark.real_server
 def test_crash_loop_fails_with_backoff_limit_exceeded(
     cluster: EmulatedCluster, operator: OperatorProcess, tmp_path: Path
 ) -> None:
@@ -124,6 +127,7 @@ def test_crash_loop_fails_with_backoff_limit_exceeded(
     assert pods_of(cluster, "crashy") == ["crashy-1", "crashy-2", "crashy-3"]
 
 
+@pytest.mark.real_server
 @pytest.mark.parametrize(
     ("graph", "seen"),
     [
@@ -152,6 +156,7 @@ def test_exit_0_without_a_completed_turn_is_a_crash_not_success(
     assert "exited 0 before the run completed" in final["message"] and seen in final["message"], final
 
 
+@pytest.mark.real_server
 def test_kubectl_patch_stop_ends_a_run_hung_in_a_tool(
     cluster: EmulatedCluster, operator: OperatorProcess, store: str, tmp_path: Path
 ) -> None:
@@ -170,6 +175,7 @@ def test_kubectl_patch_stop_ends_a_run_hung_in_a_tool(
     assert "agentrun_operator_stop_latency_seconds_count 1.0" in operator.metrics()
 
 
+@pytest.mark.real_server
 def test_interrupt_then_kubectl_patch_resume_completes_without_rerunning_siblings(
     cluster: EmulatedCluster, operator: OperatorProcess, store: str, tmp_path: Path
 ) -> None:
@@ -197,6 +203,7 @@ def test_interrupt_then_kubectl_patch_resume_completes_without_rerunning_sibling
     assert 'approve:{"approved": true}' in done
 
 
+@pytest.mark.real_server
 def test_operator_sigkilled_mid_run_and_restarted_makes_no_duplicate_pod(
     cluster: EmulatedCluster, kubelet: KubeletThread, store: str, tmp_path: Path
 ) -> None:
@@ -248,6 +255,7 @@ def test_stop_before_start_ends_without_a_pod(
     assert pods_of(cluster, "never") == []
 
 
+@pytest.mark.real_server
 def test_kubectl_delete_removes_pods_and_keeps_thread_data(
     cluster: EmulatedCluster, operator: OperatorProcess, store: str, tmp_path: Path
 ) -> None:
@@ -297,6 +305,7 @@ def test_same_thread_id_in_two_namespaces_is_two_threads(
     assert a.tool_calls == b.tool_calls == expected, "the threads must not share a ledger"
 
 
+@pytest.mark.real_server
 def test_two_replicas_exactly_one_leads_and_the_other_takes_over(
     cluster: EmulatedCluster, kubelet: KubeletThread, store: str, tmp_path: Path
 ) -> None:
@@ -366,6 +375,7 @@ def _delete_pod(cluster: EmulatedCluster, kubelet: KubeletThread, pod: str) -> N
     assert cluster.kubectl("delete", "pod", pod, "--wait=false").returncode == 0
 
 
+@pytest.mark.real_server
 @pytest.mark.parametrize("disrupt", [_evict, _lose_node, _delete_pod], ids=["eviction", "lost-node", "pod-deleted"])
 def test_a_disruption_reschedules_without_counting_a_restart_and_charges_once(
     cluster: EmulatedCluster,
@@ -454,6 +464,7 @@ def _ran_after(cluster: EmulatedCluster, first: dict[str, Any], second: dict[str
     )
 
 
+@pytest.mark.real_server
 def test_a_second_run_on_a_running_thread_waits_then_continues_the_thread(
     cluster: EmulatedCluster, operator: OperatorProcess, store: str, tmp_path: Path
 ) -> None:
@@ -493,6 +504,7 @@ def test_two_runs_applied_at_once_on_one_thread_run_one_after_the_other(
     assert pods_of(cluster, waiter) == [f"{waiter}-1"]
 
 
+@pytest.mark.real_server
 def test_deleting_the_running_holder_lets_the_waiting_run_take_over_the_thread(
     cluster: EmulatedCluster, kubelet: KubeletThread, operator: OperatorProcess, store: str, tmp_path: Path
 ) -> None:

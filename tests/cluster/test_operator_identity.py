@@ -109,6 +109,7 @@ def _reapplied_is_already_completed(
     return second
 
 
+@pytest.mark.real_server
 def test_reapplying_a_deleted_run_repeats_the_answer_not_the_charge(
     cluster: EmulatedCluster, operator: OperatorProcess, tmp_path: Path
 ) -> None:
@@ -213,6 +214,7 @@ def test_active_deadline_seconds_fails_a_hung_run_and_deletes_its_pod(
     cluster.wait_for(lambda: not pods_of(cluster, "slow"), timeout=30, message="the hung pod deleted")
 
 
+@pytest.mark.real_server
 def test_ttl_seconds_after_finished_deletes_the_run_and_keeps_the_thread(
     cluster: EmulatedCluster, operator: OperatorProcess, store: str, tmp_path: Path
 ) -> None:
@@ -224,6 +226,7 @@ def test_ttl_seconds_after_finished_deletes_the_run_and_keeps_the_thread(
     assert stored is not None and stored.status == "completed", "the ttl must never delete the thread's data"
 
 
+@pytest.mark.real_server
 def test_a_run_reapplied_while_its_deleted_predecessors_pod_terminates_gets_its_own_pod(
     cluster: EmulatedCluster, operator: OperatorProcess, store: str, tmp_path: Path
 ) -> None:

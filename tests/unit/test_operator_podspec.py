@@ -406,3 +406,10 @@ def test_runner_resources_default_is_not_best_effort_and_empty_leaves_them_unset
     bare = OperatorSettings(runner_resources={})
     pod = build_pod(RunRef.from_body(run()), make_spec(), attempt=1, settings=bare)
     assert "resources" not in container(pod)
+
+
+def test_metrics_port_0_leaves_the_pod_without_a_port() -> None:
+    """kube-apiserver refuses containerPort 0 (Required value): found on the real control plane."""
+    pod = build_pod(RunRef.from_body(run()), make_spec(), attempt=1, settings=OperatorSettings(runner_metrics_port=0))
+    assert "ports" not in container(pod)
+    assert container(pod_for(make_spec()))["ports"] == [{"name": "metrics", "containerPort": 9090}]

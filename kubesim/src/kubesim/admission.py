@@ -282,6 +282,17 @@ def pod_errors(pod: dict[str, Any]) -> list[FieldError]:
         seen.add(name or "")
         if not container.get("image"):
             errors.append(FieldError(f"spec.containers[{i}].image", "FieldValueRequired", "Required value"))
+        for j, port in enumerate(container.get("ports") or []):
+            number = port.get("containerPort")
+            where = f"spec.containers[{i}].ports[{j}].containerPort"
+            if not number:  # as kube-apiserver: 0 (or absent) is a missing value
+                errors.append(FieldError(where, "FieldValueRequired", "Required value"))
+            elif not isinstance(number, int) or not 1 <= number <= 65535:
+                errors.append(
+                    FieldError(
+                        where, "FieldValueInvalid", f"Invalid value: {number}: must be between 1 and 65535, inclusive"
+                    )
+                )
         for j, env in enumerate(container.get("env") or []):
             if not re.match(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", env.get("name") or ""):
                 errors.append(

@@ -14,8 +14,10 @@ Kubernetes 1.32:
   is then an optional).
 - Null values are not validated; rules on absent fields do not run.
 - A failing rule is a field error at the node (or at ``fieldPath`` below it):
-  ``<path>: Invalid value: "<schema type>": <message>`` (1.32 prints the
-  schema type, not the value; 1.34 and later print scalar values),
+  ``<path>: Invalid value: <value>: <message>`` as kube-apiserver 1.37 prints
+  it: a scalar value of the rule's node as Go does (``"thread-b"``, ``false``,
+  ``3``), nothing for an object or a list (``<path>: Invalid value: <message>``;
+  1.32 printed the schema type, ``"string"``, instead: seen on the real server),
   ``Forbidden: <message>`` / ``Required value: <message>`` with ``reason``;
   no ``message`` gives ``failed rule: <rule>``; ``messageExpression`` is used
   when it evaluates to a string.
@@ -239,7 +241,9 @@ def _field_error(path: str, type_: str, value: Any, detail: str, reason: Any) ->
         case "FieldValueDuplicate":
             return FieldError(path, "FieldValueDuplicate", f"Duplicate value: {go_value(type_)}")
         case _:
-            return FieldError(path, "FieldValueInvalid", f"Invalid value: {go_value(type_)}: {detail}")
+            if isinstance(value, dict | list):  # kube-apiserver omits a structured value
+                return FieldError(path, "FieldValueInvalid", f"Invalid value: {detail}")
+            return FieldError(path, "FieldValueInvalid", f"Invalid value: {go_value(value)}: {detail}")
 
 
 def _runtime_error(error: Exception, rule: Rule) -> str:

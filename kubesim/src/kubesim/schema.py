@@ -190,9 +190,18 @@ def translate(error: jsonschema.ValidationError) -> Iterator[FieldError]:
                 "FieldValueInvalid",
                 f"Invalid value: {go_value(value)}: {path} in body must be of type {rule}: {go_value(value)}",
             )
-        case "oneOf" | "anyOf" | "allOf" | "not":
+        case "oneOf":  # as kube-apiserver words it, with no field (<nil>)
+            failing = {e.relative_schema_path[0] for e in error.context or ()}
+            alternatives = error.validator_value if isinstance(error.validator_value, list) else []
+            valid = len(alternatives) - len(failing)
+            found = "none valid" if valid == 0 else f"{valid} valid alternatives"
+            yield FieldError(
+                "<nil>",
+                "FieldValueInvalid",
+                f'Invalid value: "": "{path}" must validate one and only one schema (oneOf). Found {found}',
+            )
+        case "anyOf" | "allOf" | "not":
             word = {
-                "oneOf": "one and only one schema (oneOf)",
                 "anyOf": "at least one schema (anyOf)",
                 "allOf": "all the schemas (allOf)",
                 "not": "not match the schema (not)",

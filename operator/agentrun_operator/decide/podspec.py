@@ -120,7 +120,6 @@ def build_pod(
         "imagePullPolicy": settings.image_pull_policy,
         "command": list(settings.runner_command),
         "env": env,
-        "ports": [{"name": "metrics", "containerPort": settings.runner_metrics_port}],
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,
@@ -131,6 +130,8 @@ def build_pod(
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
+    if settings.runner_metrics_port > 0:  # 0 turns the runner's /metrics off; a port 0 is an invalid pod
+        container["ports"] = [{"name": "metrics", "containerPort": settings.runner_metrics_port}]
     if template and template.resources:
         container["resources"] = template.resources
     elif settings.runner_resources:  # the operator's default (chart value runner.resources): never BestEffort
