@@ -27,6 +27,8 @@ missing=()
 command -v pg_ctlcluster >/dev/null || missing+=(postgresql)
 command -v redis-server >/dev/null || missing+=(redis-server)
 [ ${#missing[@]} -eq 0 ] || { echo "installing ${missing[*]}"; apt_install "${missing[@]}"; }
+# PgBouncer: installed only, never started as a service (tests and the bench start their own process).
+bash "$(dirname "$0")/pgbouncer.sh"
 
 # PostgreSQL: the newest installed major version's "main" cluster, created when absent.
 version="$(ls /usr/lib/postgresql | sort -V | tail -n1)"
@@ -47,9 +49,14 @@ if ! grep -qF "$marker" "$conf/pg_hba.conf"; then
     pg_ctlcluster --skip-systemctl-redirect "$version" main reload 2>/dev/null || true
 fi
 mkdir -p "$conf/conf.d"
-if [ ! -f "$conf/conf.d/agentrun.conf" ]; then
-    # Loopback only; room for the cluster tier's runner pods (each a pool plus a LISTEN connection).
-    printf "listen_addresses = 'localhost'\nmax_connections = 300\n" >"$conf/conf.d/agentrun.conf"
+# Loopback only; room for the cluster tier's runner pods (each a pool plus a LISTEN connection); no TLS on
+# loopback (Debian's cluster has ssl = on with a snakeoil cert: clients would pay a handshake per connection
+# and the benchmarks would measure TLS).
+settings="listen_addresses = 'localhost'
+max_connections = 300
+ssl = off"
+if [ "$(cat "$conf/conf.d/agentrun.conf" 2>/dev/null)" != "$settings" ]; then
+    printf '%s\n' "$settings" >"$conf/conf.d/agentrun.conf"
     pg_ctlcluster --skip-systemctl-redirect "$version" main restart 2>/dev/null || true
 fi
 if ! pg_isready -h 127.0.0.1 -p 5432 -q 2>/dev/null; then
