@@ -56,7 +56,7 @@ def frozen_operator(cluster: EmulatedCluster, tmp_path: Path) -> Iterator[Operat
         tmp_path,
         AGENTRUN_OPERATOR_LIVENESS_TIMEOUT_SECONDS="2",
         AGENTRUN_OPERATOR_DEBUG_FREEZE_SIGNAL=str(int(signal.SIGUSR2)),
-        AGENTRUN_OPERATOR_DEBUG_FREEZE_SECONDS="6",
+        AGENTRUN_OPERATOR_DEBUG_FREEZE_SECONDS="10",  # a 503 window of about 8 s, even on a loaded machine
     )
     try:
         yield process
@@ -68,10 +68,10 @@ def test_liveness_fails_while_the_event_loop_is_blocked_and_recovers(frozen_oper
     port = frozen_operator.port
     assert wait_probe(port, 200, 20) == "ok", frozen_operator.log()
     frozen_operator.proc.send_signal(signal.SIGUSR2)
-    body = wait_probe(port, 503, 5)
+    body = wait_probe(port, 503, 9)
     assert "event loop unresponsive" in body, "liveness: a blocked loop must fail /healthz with the reason"
     # Prometheus still scrapes a stuck operator: /metrics is not served by the loop.
     assert "agentrun_operator_event_loop_lag_seconds" in frozen_operator.metrics()
     assert frozen_operator.proc.poll() is None
-    assert wait_probe(port, 200, 10) == "ok", "liveness: /healthz must recover once the loop turns again"
+    assert wait_probe(port, 200, 15) == "ok", "liveness: /healthz must recover once the loop turns again"
     assert "debug hook: the event loop runs again" in frozen_operator.log()
