@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: k8s cluster dashboard prometheus chromium bench chaos dev test test-unit test-integration test-postgres test-cluster test-badinput test-chart lint demo demo-local e2e-kind deploy-manifests lock clean
+.PHONY: k8s cluster dashboard prometheus chromium pgbouncer bench chaos dev test test-unit test-integration test-postgres test-cluster test-badinput test-chart lint demo demo-local e2e-kind deploy-manifests lock clean
 
 $(STAMP): pyproject.toml kubesim/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml kubesim/pyproject.toml
 
 dev: $(STAMP)  ## create .venv with the project and its test/lint tools
 
-test: $(STAMP) prometheus chromium k8s  ## every tier (the real control plane's binaries built or reused first); needs PostgreSQL and Redis on 127.0.0.1 (.ci/run starts them)
+test: $(STAMP) prometheus chromium pgbouncer k8s  ## every tier (the real control plane's binaries built or reused first); needs PostgreSQL and Redis on 127.0.0.1 (.ci/run starts them)
 	$(BIN)/pytest -q
 
 test-unit: $(STAMP)
@@ -23,10 +23,10 @@ test-unit: $(STAMP)
 test-integration: $(STAMP)
 	$(BIN)/pytest -q tests/integration
 
-test-postgres: $(STAMP)
+test-postgres: $(STAMP) pgbouncer
 	$(BIN)/pytest -q tests/postgres
 
-test-cluster: $(STAMP) prometheus chromium k8s  ## the emulated cluster and the real control plane (kubesim's self-tests incl. test_real.py, then agentrun's cluster tier)
+test-cluster: $(STAMP) prometheus chromium pgbouncer k8s  ## the emulated cluster and the real control plane (kubesim's self-tests incl. test_real.py, then agentrun's cluster tier)
 	$(BIN)/pytest -q kubesim/tests tests/cluster
 
 test-badinput: $(STAMP)  ## bad input (issue 13): fuzzed specs and tool arguments, damaged ledger rows, 10 MB results, secrets; needs PostgreSQL
@@ -35,12 +35,13 @@ test-badinput: $(STAMP)  ## bad input (issue 13): fuzzed specs and tool argument
 test-chart: $(STAMP)  ## the Helm chart (real Helm), deploy/ and the Dockerfile, without a cluster
 	$(BIN)/pytest -q tests/chart tests/e2e/test_manifests.py
 
-bench: $(STAMP)  ## what durability costs: agentrun vs LangGraph vs the PostgreSQL commit floor; then what the operator costs the cluster (bench/REPORT.md; BENCH_ARGS=--baseline REV, OPERATOR_BENCH_ARGS=--baseline REV)
+bench: $(STAMP) pgbouncer  ## what durability costs: agentrun vs LangGraph vs the PostgreSQL commit floor; then what the operator costs the cluster, then connections and step latency at 300 concurrent runs direct vs through PgBouncer (bench/REPORT.md; BENCH_ARGS=--baseline REV, OPERATOR_BENCH_ARGS=--baseline REV, PGBOUNCER_BENCH_ARGS=--runs N)
 	bash scripts/services.sh
 	$(BIN)/python -m bench.runtime $(BENCH_ARGS)
 	$(BIN)/python -m bench.runtime profile
 	$(BIN)/python -m bench.langgraph_saver
 	$(BIN)/python -m bench.operator $(OPERATOR_BENCH_ARGS)
+	$(BIN)/python -m bench.pgbouncer $(PGBOUNCER_BENCH_ARGS)
 
 chaos: $(STAMP)  ## the seeded fault campaign: 220 trials, every fault kind, figures in bench/results/reliability.json and bench/RELIABILITY.md (CHAOS_ARGS: --trials N --first-seed S --concurrency C; replay: python -m bench.chaos replay SEED)
 	bash scripts/services.sh
@@ -73,6 +74,9 @@ k8s:  ## the real control plane: kube-apiserver, kube-controller-manager (k8s.io
 
 prometheus:  ## Debian's prometheus binary for the metrics test (tests start it themselves; never as a service)
 	bash scripts/prometheus.sh
+
+pgbouncer:  ## Debian's pgbouncer for the PgBouncer tests and bench (they start their own process; never as a service)
+	bash scripts/pgbouncer.sh
 
 chromium:  ## Debian's chromium for the history web view's browser test (Playwright drives it; never downloaded)
 	bash scripts/chromium.sh

@@ -12,8 +12,10 @@ once (their next attempt replays it from the ledger); a stop reaches a run hung 
 (runs poll: LISTEN cannot pass the pooler); PostgreSQL never had more than 50 connections (it would
 refuse the 51st) and the peak is printed.
 
-Size: ``AGENTRUN_PGBOUNCER_RUNS`` (default 30, what ``make test`` runs); ``bench/pgbouncer.py`` and a
-by-hand run with 300 are the full size (bench/REPORT.md has the figures).
+Size: ``AGENTRUN_PGBOUNCER_RUNS`` (default 30, what ``make test`` runs) and
+``AGENTRUN_PGBOUNCER_TOOL_DELAY`` (seconds per tool call, default 1); ``bench/pgbouncer.py`` and a
+by-hand run with 300 are the full size (bench/REPORT.md has the figures). A runner process is about
+50 MB resident: 300 at once need about 15 GB.
 """
 
 from __future__ import annotations
@@ -43,12 +45,14 @@ from tests.cluster.operator_harness import (
 from tests.postgres.helpers import invocations
 
 RUNS = int(os.environ.get("AGENTRUN_PGBOUNCER_RUNS", "30"))
+# Each tool call's seconds (two per run): longer makes more of the runs live at once (300 by hand: 60).
+TOOL_DELAY = os.environ.get("AGENTRUN_PGBOUNCER_TOOL_DELAY", "1")
 MAX_CONNECTIONS = 50
 KILLED = max(1, RUNS // 10)  # SIGKILLed after their charge is recorded (attempt 1 only)
 STOPPED = 2  # hung in a tool, then stopped
 STOP_BOUND = 2.0
 
-pytestmark = pytest.mark.timeout(300 + 3 * RUNS)
+pytestmark = pytest.mark.timeout(300 + 3 * RUNS + 2 * int(float(TOOL_DELAY)))
 
 
 @pytest.fixture
@@ -121,7 +125,7 @@ def test_many_runners_through_pgbouncer_on_fifty_connections_succeed_charge_once
                     agentrun(name, thread=name, effects=tmp_path / f"{name}.db", env={"SUPPORT_TOOL_DELAY": "3600"}),
                 )
             for name in names:
-                env = {"SUPPORT_TOOL_DELAY": "1"}
+                env = {"SUPPORT_TOOL_DELAY": TOOL_DELAY}
                 if name in killed:
                     env["AGENTRUN_FAULT_POINT"] = "after_ledger_record:charge_card@1"
                 apply(

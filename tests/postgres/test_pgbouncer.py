@@ -259,3 +259,23 @@ async def test_a_frozen_writer_is_fenced_by_its_successor_through_pgbouncer(
     finally:
         await old.aclose()
         await new.aclose()
+
+
+def test_the_pgbouncer_bench_runs_and_reports_both_roads(subprocess_env: dict[str, str], tmp_path: Path) -> None:
+    """``make bench``'s PgBouncer job at a few runs: both roads measured, PgBouncer's peak within its cap."""
+    out = tmp_path / "latest.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.pgbouncer", "--quick", "--out", str(out)],
+        env=subprocess_env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert done.returncode == 0, f"the PgBouncer bench failed, so `make bench` is broken:\n{done.stderr[-3000:]}"
+    figures = json.loads(out.read_text())["pgbouncer"]["figures"]
+    for road in ("direct", "pgbouncer"):
+        wanted = {"connections_peak", "step_ms_p50", "step_ms_p95", "checkpoint_commits_per_s", "transactions_per_s"}
+        assert wanted <= set(figures[road]), figures
+    peak = figures["pgbouncer"]["connections_peak"]
+    assert peak <= 10, f"PgBouncer opened {peak} server connections, more than its 10: {figures}"
