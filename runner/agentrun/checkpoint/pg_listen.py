@@ -34,9 +34,10 @@ HAZARDS
   schema with the same thread id wakes this one up for nothing (one wasted
   check, never a wrong stop).
 - Behind PgBouncer in transaction mode LISTEN does not work (the session is
-  not kept): pass ``PgCheckpointer(listen_for_stops=False)``, or put
-  ``agentrun_listen=off`` in the store URL (runner pods: the store Secret),
-  to poll.
+  not kept): put ``agentrun_pooler=transaction`` in the store URL (runner
+  pods: the store Secret; ``pg_url``), which turns this off with the rest of
+  the session state; runs then poll, or hear Redis (``redis_stops``).
+  ``agentrun_listen=off`` (``listen_for_stops=False``) polls without the rest.
 - One more connection per process while a run lasts: size
   ``max_connections`` (or the pooler) for two or more per runner pod.
 """
