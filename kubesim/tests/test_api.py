@@ -384,3 +384,61 @@ def test_openapi_v3_documents_the_crd_for_kubectl(cluster: EmulatedCluster) -> N
     assert schema["properties"]["spec"]["properties"]["owner"]["maxLength"] == 63
     patch = document["paths"]["/apis/kubesim.dev/v1/namespaces/{namespace}/widgets/{name}"]["patch"]
     assert "fieldValidation" in [p["name"] for p in patch["parameters"]]
+
+
+GADGETS_CRD: dict[str, Any] = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "gadgets.probe.dev"},
+    "spec": {
+        "group": "probe.dev",
+        "scope": "Namespaced",
+        "names": {"plural": "gadgets", "singular": "gadget", "kind": "Gadget"},
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "subresources": {"status": {}},
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "properties": {
+                            "spec": {"type": "object", "properties": {"size": {"type": "integer"}}},
+                            "status": {"type": "object", "properties": {"phase": {"type": "string"}}},
+                        },
+                    }
+                },
+            }
+        ],
+    },
+}
+
+
+def test_a_default_added_to_a_crd_later_shows_on_objects_stored_before(cluster: EmulatedCluster) -> None:
+    """kube-apiserver defaults what it reads from etcd with the schema it serves now (test_real.py and
+    test_api.py check the same on both servers): an upgraded CRD's new defaults reach old objects,
+    with no new resourceVersion."""
+    crds = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    assert cluster.api("POST", crds, GADGETS_CRD).status == 201
+    gadgets = "/apis/probe.dev/v1/namespaces/default/gadgets"
+    body = {"apiVersion": "probe.dev/v1", "kind": "Gadget", "metadata": {"name": "old"}, "spec": {}}
+    created = cluster.wait_for(
+        lambda: (r := cluster.api("POST", gadgets, body)).status == 201 and r, message="the CRD served"
+    )
+    assert "status" not in created.body
+    crd = cluster.api("GET", f"{crds}/gadgets.probe.dev").body
+    properties = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+    properties["spec"]["properties"]["size"]["default"] = 3
+    properties["status"]["default"] = {"phase": "Pending"}
+    assert cluster.api("PUT", f"{crds}/gadgets.probe.dev", crd).status == 200
+
+    def defaulted() -> dict[str, Any] | None:
+        found: dict[str, Any] = cluster.api("GET", f"{gadgets}/old").body
+        return found if found.get("spec") == {"size": 3} else None
+
+    old = cluster.wait_for(defaulted, message="the new default on the old object")
+    assert old["status"] == {"phase": "Pending"}
+    assert old["metadata"]["resourceVersion"] == created.body["metadata"]["resourceVersion"]
+    listed = cluster.api("GET", gadgets).body["items"]
+    assert [(g["spec"], g["status"]) for g in listed] == [({"size": 3}, {"phase": "Pending"})]

@@ -438,3 +438,63 @@ def test_deleting_a_namespace_terminates_its_running_pods_and_removes_it(
         message="the namespace controller removing the namespace",
     )
     assert marker.read_text() == "SIGTERM", "the pod was not terminated gracefully"
+
+
+GADGETS_CRD: dict[str, Any] = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "gadgets.real.probe.dev"},
+    "spec": {
+        "group": "real.probe.dev",
+        "scope": "Namespaced",
+        "names": {"plural": "gadgets", "singular": "gadget", "kind": "Gadget"},
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "subresources": {"status": {}},
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "properties": {
+                            "spec": {"type": "object", "properties": {"size": {"type": "integer"}}},
+                            "status": {"type": "object", "properties": {"phase": {"type": "string"}}},
+                        },
+                    }
+                },
+            }
+        ],
+    },
+}
+
+
+def test_a_default_added_to_a_crd_later_shows_on_objects_stored_before(
+    real_cluster: RealControlPlane, namespace: str
+) -> None:
+    """kube-apiserver defaults what it reads from etcd with the schema it serves now (test_real.py and
+    test_api.py check the same on both servers): an upgraded CRD's new defaults reach old objects,
+    with no new resourceVersion."""
+    crds = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    assert real_cluster.api("POST", crds, GADGETS_CRD).status == 201
+    gadgets = f"/apis/real.probe.dev/v1/namespaces/{namespace}/gadgets"
+    body = {"apiVersion": "real.probe.dev/v1", "kind": "Gadget", "metadata": {"name": "old"}, "spec": {}}
+    created = real_cluster.wait_for(
+        lambda: (r := real_cluster.api("POST", gadgets, body)).status == 201 and r, message="the CRD served"
+    )
+    assert "status" not in created.body
+    crd = real_cluster.api("GET", f"{crds}/gadgets.real.probe.dev").body
+    properties = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+    properties["spec"]["properties"]["size"]["default"] = 3
+    properties["status"]["default"] = {"phase": "Pending"}
+    assert real_cluster.api("PUT", f"{crds}/gadgets.real.probe.dev", crd).status == 200
+
+    def defaulted() -> dict[str, Any] | None:
+        found: dict[str, Any] = real_cluster.api("GET", f"{gadgets}/old").body
+        return found if found.get("spec") == {"size": 3} else None
+
+    old = real_cluster.wait_for(defaulted, message="the new default on the old object")
+    assert old["status"] == {"phase": "Pending"}
+    assert old["metadata"]["resourceVersion"] == created.body["metadata"]["resourceVersion"]
+    listed = real_cluster.api("GET", gadgets).body["items"]
+    assert [(g["spec"], g["status"]) for g in listed] == [({"size": 3}, {"phase": "Pending"})]

@@ -193,6 +193,8 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         self._serve_resources([d for d in self.defs if not d.custom] + served)
         for old in gone:
             self.registry.drop_all(old)
+        for new in served:
+            self.registry.default_stored(new)  # defaults apply on read upstream, old objects included
 
     # --- lifecycle -------------------------------------------------------------------------------
 

@@ -130,6 +130,26 @@ class Registry:
         ]
         return [raw for _, _, raw in sorted(found, key=lambda item: (item[0], item[1]))]
 
+    def default_stored(self, rdef: ResourceDef) -> None:
+        """Default the stored objects of a custom resource again, with the schema it has now.
+
+        kube-apiserver defaults every object it reads from etcd with the schema it serves: a default
+        added to a CRD later shows on objects stored before it, with no new resourceVersion and no
+        watch event. Called when a CRD changes, this gives the same reads.
+        """
+        if rdef.schema is None:
+            return
+        for (res, _, _), stored in list(self.objects.items()):
+            if res != rdef.key or stored.deleted:
+                continue
+            before = stored.raw
+            after = crd_schema.apply_defaults(copy.deepcopy(before), rdef.schema)
+            for key in before.keys() - after.keys():
+                del stored[key]
+            for key, value in after.items():
+                if before.get(key, ...) != value:
+                    stored[key] = value  # in the latest version, as kube-apiserver's read shows it
+
     def all_live(self) -> Iterable[tuple[ResourceDef, dict[str, Any]]]:
         for (res, _, _), obj in list(self.objects.items()):
             if not obj.deleted and res in self.defs:
@@ -220,7 +240,7 @@ class Registry:
             if rdef.schema is not None:
                 # The request's status is dropped, but a default for ``status`` (``default: {}``) still shows:
                 # upstream defaults again on every read from etcd; the emulator stores the defaulted object
-                # instead (the same reads, except that a default changed later does not reach older objects).
+                # instead, and defaults the stored objects again when the CRD's schema changes (emulator.py).
                 crd_schema.apply_defaults(obj, rdef.schema)
         if not rdef.custom:
             admission.prepare_create(rdef.kind, obj)
