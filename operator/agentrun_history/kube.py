@@ -89,8 +89,8 @@ class UserKube:
         run: dict[str, Any] = await self.request("GET", run_path(namespace, name), token)
         return run
 
-    async def list_runs(self, token: str, namespace: str | None) -> list[dict[str, Any]]:
-        listing = await self.request("GET", run_path(namespace), token)
+    async def list_runs(self, token: str, namespace: str | None, *, limit: int = 0) -> list[dict[str, Any]]:
+        listing = await self.request("GET", run_path(namespace) + (f"?limit={limit}" if limit else ""), token)
         items: list[dict[str, Any]] = listing.get("items") or []
         return items
 

@@ -168,6 +168,7 @@ def timeline(history: RunHistory, run: dict[str, Any]) -> str:
 def _summary(history: RunHistory, status: dict[str, Any], spec: dict[str, Any]) -> str:
     calls = status.get("toolCalls") or {}
     rows = [
+        *([("AgentRun", "deleted: this is what the store kept of it")] if history.deleted else []),
         ("Graph", history.graph),
         ("Thread", history.thread_id),
         (
@@ -199,11 +200,14 @@ def _summary(history: RunHistory, status: dict[str, Any], spec: dict[str, Any]) 
     cells = "".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in rows)
     return (
         f"<section class=summary><h1><span class=ns>{e(history.namespace)}/</span>{e(history.name)} "
-        f"<span id=phase>{badge(history.phase)}</span></h1><table class=kv>{cells}</table>{result}</section>"
+        f"<span id=phase>{badge('Deleted' if history.deleted else history.phase)}</span></h1>"
+        f"<table class=kv>{cells}</table>{result}</section>"
     )
 
 
 def _actions(history: RunHistory, status: dict[str, Any], spec: dict[str, Any]) -> str:
+    if history.deleted:
+        return ""
     phase = history.phase or "Pending"
     buttons = []
     base = run_url(history.namespace, history.name)

@@ -96,6 +96,39 @@ async def authorized_run(request: web.Request) -> tuple[str, dict[str, Any]]:
         raise _refused(e, f'agentrun "{name}" in namespace "{namespace}"') from None
 
 
+async def readable_run(request: web.Request) -> tuple[dict[str, Any], bool]:
+    """The AgentRun as the caller may see it, or, once deleted, what the store kept of it: (run, deleted).
+
+    A deleted run's history is shown to whoever may list AgentRuns in its namespace (they could see the
+    run while it existed), found by the request key the operator derived from it; anyone else gets 404.
+    """
+    token = token_of(request)
+    namespace, name = request.match_info["namespace"], request.match_info["name"]
+    what = f'agentrun "{name}" in namespace "{namespace}"'
+    try:
+        return await request.app[KUBE].get_run(token, namespace, name), False
+    except KubeError as e:
+        if e.status != 404:
+            raise _refused(e, what) from None
+    try:
+        await request.app[KUBE].list_runs(token, namespace, limit=1)
+        found = await request.app[STORE].find_run(namespace, name)
+    except KubeError:
+        found = None
+    except Exception as e:
+        log.warning("looking up deleted run %s/%s in the store failed: %s", namespace, name, e)
+        found = None
+    if found is None:
+        raise Refused(404, "Not found", f"{what} does not exist")
+    thread, uid = found
+    run = {
+        "metadata": {"namespace": namespace, "name": name, "uid": uid},
+        "spec": {"threadId": thread.split("/", 1)[1] if "/" in thread else thread},
+        "status": {},
+    }
+    return run, True
+
+
 async def run_history(request: web.Request, run: dict[str, Any]) -> history.RunHistory:
     meta, spec = run["metadata"], run.get("spec") or {}
     thread = thread_key(meta["namespace"], str(spec.get("threadId") or meta["name"]))
@@ -171,8 +204,9 @@ def _brief(run: dict[str, Any]) -> dict[str, Any]:
 
 
 async def api_history(request: web.Request) -> web.Response:
-    _, run = await authorized_run(request)
+    run, deleted = await readable_run(request)
     found = await run_history(request, run)
+    found.deleted = deleted
     return web.json_response(text=found.model_dump_json())
 
 
@@ -238,15 +272,17 @@ async def runs_page(request: web.Request) -> web.Response:
 
 
 async def run_page(request: web.Request) -> web.Response:
-    _, run = await authorized_run(request)
+    run, deleted = await readable_run(request)
     found = await run_history(request, run)
-    live = (found.phase or "Pending") not in pages.TERMINAL
+    found.deleted = deleted
+    live = not deleted and (found.phase or "Pending") not in pages.TERMINAL
     return web.Response(text=pages.run_page(found, run, live=live), content_type="text/html")
 
 
 async def timeline(request: web.Request) -> web.Response:
-    _, run = await authorized_run(request)
+    run, deleted = await readable_run(request)
     found = await run_history(request, run)
+    found.deleted = deleted
     return web.Response(text=pages.timeline(found, run), content_type="text/html")
 
 

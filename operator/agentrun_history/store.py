@@ -49,6 +49,9 @@ class HistoryStore:
     async def rows(self, thread_id: str, run_uid: str | None) -> ThreadRows:
         return await self.store.thread_rows(thread_id, run_uid=run_uid)
 
+    async def find_run(self, namespace: str, name: str) -> tuple[str, str | None] | None:
+        return await self.store.find_run(namespace, name)
+
     async def aclose(self) -> None:
         await self.store.aclose()
 

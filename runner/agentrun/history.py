@@ -147,6 +147,7 @@ class RunHistory(BaseModel):
     error: dict[str, Any] | None = None
     result: Digest | None = None
     recorded: bool = True  # False: the store has nothing of this thread (not started, or its data deleted)
+    deleted: bool = False  # the AgentRun is gone; this is what the store kept of it
 
 
 def digest(text: str) -> Digest:

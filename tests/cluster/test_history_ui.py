@@ -17,6 +17,7 @@ What it proves, in one cluster (the runs take most of the time):
 - bob gets 403 for a run in ``default`` (the API server's answer to his own token), and his approve of a run
   he may only view is refused by the API server: the server never acts with rights of its own;
 - a shared install's token login (a pasted token in an HttpOnly cookie) authorizes as that person;
+- a deleted run's history stays readable (from the store) for whoever may list AgentRuns there;
 - an unknown run is a 404 page; a 300 kB tool result is shown as a cut preview with its size; ``<script>``
   and ``onerror`` in tool output are text, never run;
 - ``kubectl agentrun history`` prints the same history (table and ``-o json``).
@@ -306,6 +307,7 @@ def test_the_history_view_in_a_real_browser(world: dict[str, Any], dsn: str, tmp
     assert call(history_api) == 401, "GUARANTEE BROKEN: the history was served without credentials"
     assert call(history_api, tokens["bob"]) == 403, "GUARANTEE BROKEN: bob read a run of a namespace he may not view"
     assert call(history_api, tokens["alice"]) == 200
+    assert call(f"{server}/api/v1/namespaces/{ns}/agentruns/hostile-run/history", tokens["bob"]) == 403
     forged = call(f"{server}/runs/{ns}/approve-run/approve", tokens["alice"], "POST")
     assert forged == 403, "an action without the page's X-Agentrun-Action header (a cross-site form) must be refused"
 
@@ -367,6 +369,14 @@ def test_the_history_view_in_a_real_browser(world: dict[str, Any], dsn: str, tmp
             assert page.evaluate("typeof window.__pwned") == "undefined", "GUARANTEE BROKEN: tool output ran as code"
             assert page.locator("table.calls img").count() == 0
             shoot(page, tmp_path, "hostile-run")
+
+            # A deleted run: its history stays in the store, for whoever may list AgentRuns in its namespace.
+            deleted = cluster.kubectl("delete", "agentrun", "hostile-run", "-n", ns, "--wait=true")
+            assert deleted.returncode == 0, deleted.stderr
+            gone = page.goto(f"{world['alice']}/runs/{ns}/hostile-run")
+            assert gone is not None and gone.status == 200, page.inner_text("body")[:300]
+            assert "Deleted" in page.locator("#phase").inner_text() and row_of(page, "fetch_page").count() == 1
+            assert page.locator("button.act").count() == 0, "a deleted run offers no action"
 
             # An unknown run.
             missing = page.goto(f"{world['alice']}/runs/{ns}/no-such-run")

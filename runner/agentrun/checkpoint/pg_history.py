@@ -54,6 +54,13 @@ _INPUTS = """
     SELECT attempt, resume::text AS resume, extract(epoch FROM created_at)::float8 AS at
     FROM run_inputs WHERE thread_id = $1 AND ($2::text IS NULL OR run_uid = $2) ORDER BY attempt
 """
+# A deleted AgentRun's thread, by the request key the operator derived from it (decide/identity.py:
+# "<namespace>/<name>/<digest of spec.input>"); a run with spec.requestId is not found this way.
+_RUN_BY_REQUEST_KEY = """
+    SELECT thread_id, run_uid FROM turns
+    WHERE thread_id LIKE $1 ESCAPE '\\' AND request_key LIKE $2 ESCAPE '\\'
+    ORDER BY updated_at DESC LIMIT 1
+"""
 _OWNER = "SELECT attempt, run_uid, extract(epoch FROM registered_at)::float8 AS at FROM attempts WHERE thread_id = $1"
 _STOP = "SELECT reason, extract(epoch FROM requested_at)::float8 AS at FROM stop_requests WHERE thread_id = $1"
 
@@ -92,3 +99,13 @@ async def thread_rows_txn(conn: Connection, thread_id: str, run_uid: str | None)
         owner=dict(owner) if owner is not None else None,
         stop=dict(stop) if stop is not None else None,
     )
+
+
+def _like_prefix(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
+
+async def find_run_txn(conn: Connection, namespace: str, name: str) -> tuple[str, str | None] | None:
+    """(thread id, run uid) of the latest turn AgentRun ``namespace/name`` recorded, or None."""
+    row = await conn.fetchrow(_RUN_BY_REQUEST_KEY, _like_prefix(f"{namespace}/"), _like_prefix(f"{namespace}/{name}/"))
+    return (str(row["thread_id"]), row["run_uid"]) if row is not None else None

@@ -141,7 +141,7 @@ from .base import (
     claim,
     turn_fields,
 )
-from .pg_history import ThreadRows, thread_rows_txn
+from .pg_history import ThreadRows, find_run_txn, thread_rows_txn
 from .pg_listen import StopListener
 from .pg_progress import ProgressNotifier, notify_sql
 from .pg_schema import (
@@ -1257,3 +1257,7 @@ class PgCheckpointer(Checkpointer):
         return await self._read(
             "history read", lambda conn: thread_rows_txn(conn, thread_id, run_uid), snapshot=True, patient=False
         )
+
+    async def find_run(self, namespace: str, name: str) -> tuple[str, str | None] | None:
+        """The thread and run uid a (deleted) AgentRun recorded its turn under, by its derived request key."""
+        return await self._read("history lookup", lambda conn: find_run_txn(conn, namespace, name), patient=False)
