@@ -120,8 +120,10 @@ def test_node_registers_and_keeps_its_lease(real_cluster: RealControlPlane, real
     ready = {c["type"]: c for c in node["status"]["conditions"]}["Ready"]
     assert ready["status"] == "True"
     assert node["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"] == real_kubelet.kubelet.port
-    lease = real_cluster.get("leases", node_name, "kube-node-lease")
-    assert lease is not None and lease["spec"]["holderIdentity"] == node_name
+    lease = real_cluster.wait_for(
+        lambda: real_cluster.get("leases", node_name, "kube-node-lease"), message="the node's Lease"
+    )
+    assert lease["spec"]["holderIdentity"] == node_name
     assert lease["metadata"]["ownerReferences"][0]["uid"] == node["metadata"]["uid"]
 
 
