@@ -14,6 +14,19 @@ loopback with certificates from ``kubesim.pki``, and the same kubelet stand-in
 as its node; the plugin's ``real_cluster`` and ``real_kubelet`` fixtures give it
 to tests.
 
+Modules. The API server: ``emulator`` (the server and its routes), ``registry``
+(what a write does to stored objects), ``resources`` (what is served: CRDs and
+built-ins), ``schema`` (a CRD's structural schema: defaults, pruning,
+validation), ``celrules`` (``x-kubernetes-validations``), ``admission`` (built-in
+objects beyond storing them), ``fieldmanager`` (server-side apply),
+``patching``, ``selectors``, ``tables`` (``kubectl get``'s Table), ``openapi``
+(``kubectl explain`` and field validation), ``protobuf`` (bodies kubectl sends
+that way), ``limits`` (sizes and nesting), ``apierrors`` (``v1 Status``),
+``rbac`` (opt-in authorization). Around it: ``cluster`` (a server on a thread,
+driven like a user would), ``access`` (a client's URL and identity),
+``kubelet`` (the stand-in), ``real`` and ``pki`` (the real control plane and its
+certificates), ``pytest_plugin``, ``testing`` (small builders), ``__main__``.
+
 The names below are imported on first use: pytest loads the plugin in every
 session, and a session that uses no cluster should not pay for the emulator's
 imports (kmock, aiohttp, the CEL engine, the upstream schemas).
