@@ -250,14 +250,15 @@ def _attempts(history: RunHistory) -> str:
         exit_code = "-" if a.exit_code is None else a.exit_code
         rows.append(
             f"<tr><td>{e(a.attempt)}</td><td>{e(a.pod or '-')}</td><td>{e(when(a.started_at))}</td>"
-            f"<td>{e(when(a.ended_at))}</td><td>{e(a.outcome or '-')}</td><td>{e(exit_code)}</td>"
+            f"<td>{e(when(a.ended_at))}</td><td>{e(a.last_node or '-')}</td>"
+            f"<td>{e(a.outcome or '-')}</td><td>{e(exit_code)}</td>"
             f"<td>{e(a.reason or '')}</td><td>{e(a.steps)}</td>"
             f"<td>{e(a.tool_calls_executed)} / {e(a.tool_calls_replayed)}</td>"
             f"<td>{e((a.message or '')[:200])}</td></tr>"
         )
     return (
         "<section><h2>Attempts</h2><table class=attempts><thead><tr><th>#</th><th>Pod</th><th>Started</th>"
-        "<th>Last checkpoint</th><th>Outcome</th><th>Exit</th><th>Reason</th><th>Steps</th>"
+        "<th>Last checkpoint</th><th>At node</th><th>Outcome</th><th>Exit</th><th>Reason</th><th>Steps</th>"
         "<th>Tools run / replayed</th><th>Message</th></tr></thead>"
         f"<tbody>{''.join(rows)}</tbody></table></section>"
     )

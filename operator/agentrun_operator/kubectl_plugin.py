@@ -625,7 +625,18 @@ def cmd_history(kubectl: Kubectl, args: argparse.Namespace) -> int:
         print("(nothing recorded in the store for this run yet)")
     print("Attempts:")
     rows = [
-        ["ATTEMPT", "POD", "STARTED", "LAST CHECKPOINT", "OUTCOME", "EXIT", "REASON", "STEPS", "TOOLS RUN/REPLAYED"]
+        [
+            "ATTEMPT",
+            "POD",
+            "STARTED",
+            "LAST CHECKPOINT",
+            "AT NODE",
+            "OUTCOME",
+            "EXIT",
+            "REASON",
+            "STEPS",
+            "TOOLS RUN/REPLAYED",
+        ]
     ]
     for a in found.get("attempts") or []:
         rows.append(
@@ -634,6 +645,7 @@ def cmd_history(kubectl: Kubectl, args: argparse.Namespace) -> int:
                 a.get("pod") or "-",
                 _when(a.get("started_at")),
                 _when(a.get("ended_at")),
+                a.get("last_node") or "-",
                 a.get("outcome") or "-",
                 shown(a.get("exit_code")) or "-",
                 a.get("reason") or "",

@@ -118,6 +118,7 @@ class AttemptHistory(BaseModel):
     steps: int = 0
     first_version: int | None = None
     last_version: int | None = None
+    last_node: str | None = None  # the node its last checkpoint was at (where it stopped, crashed or ended)
     tool_calls_executed: int = 0
     tool_calls_replayed: int = 0
 
@@ -394,6 +395,7 @@ def _attempts(
         item.steps += 1
         item.first_version = item.first_version if item.first_version is not None else step.version
         item.last_version = step.version
+        item.last_node = step.node
         item.ended_at = step.at
     for call in calls:
         if call.attempt is not None and call.outcome in ("executed", "replayed", "failed"):

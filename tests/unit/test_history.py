@@ -138,6 +138,7 @@ def test_a_call_recorded_by_a_dead_attempt_and_answered_by_the_next_is_replayed(
     assert (receipt.duration_seconds, receipt.duration_from) == (1.5, "node")
     first, second = history.attempts
     assert (first.pod, first.exit_code, first.steps, first.tool_calls_executed) == ("order-1-1", 137, 2, 1)
+    assert (first.last_node, second.last_node) == ("tools", "__end__")
     assert (second.pod, second.started_at, second.tool_calls_replayed, second.tool_calls_executed) == (
         "order-1-2",
         108.0,
