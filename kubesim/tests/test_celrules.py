@@ -40,13 +40,13 @@ def schema_validator(**extra: Any) -> celrules.Validator:
 
 def test_rule_defaults_reasons_and_ratcheting() -> None:
     errors, _ = schema_validator().validate({"spec": {"n": 12}}, None, [])
-    assert [str(e) for e in errors] == ['spec.n: Invalid value: 12: failed rule: self < 10']
+    assert [str(e) for e in errors] == ["spec.n: Invalid value: 12: failed rule: self < 10"]
     errors, _ = schema_validator(reason="FieldValueForbidden", message="too big").validate(
         {"spec": {"n": 12}}, None, []
     )
     assert [str(e) for e in errors] == ["spec.n: Forbidden: too big"]
     errors, warnings = schema_validator().validate({"spec": {"n": 12, "deep": {}}}, {"spec": {"n": 12, "deep": {}}}, [])
-    assert errors == [] and warnings == ['spec.n: Invalid value: 12: failed rule: self < 10'], "not ratcheted"
+    assert errors == [] and warnings == ["spec.n: Invalid value: 12: failed rule: self < 10"], "not ratcheted"
     errors, _ = schema_validator().validate({"spec": {"n": 1}}, {"spec": {"n": 1}}, [])
     assert [str(e) for e in errors] == [
         'spec: Invalid value: "object": no such key: deep evaluating rule: deep is immutable'
@@ -63,7 +63,7 @@ def test_rules_see_values_nested_far_deeper_than_the_engine_can_take() -> None:
     for _ in range(9_990):
         changed = {"a": changed}
     errors, _ = validator.validate({"spec": {"deep": changed}}, {"spec": {"deep": deep}}, [])
-    assert [str(e) for e in errors] == ['spec: Invalid value: deep is immutable']
+    assert [str(e) for e in errors] == ["spec: Invalid value: deep is immutable"]
 
 
 def widget(**spec: Any) -> dict[str, Any]:
@@ -95,7 +95,7 @@ def test_a_one_way_field_and_rules_on_list_items(cluster: EmulatedCluster, tmp_p
     assert apply(cluster, widget(stop=True), tmp_path).returncode == 0
     restarted = apply(cluster, widget(stop=False), tmp_path)
     assert restarted.returncode != 0
-    assert 'spec: Invalid value: a stopped widget cannot be started again' in restarted.stderr
+    assert "spec: Invalid value: a stopped widget cannot be started again" in restarted.stderr
     long_value = apply(cluster, widget(stop=True, labels=[{"name": "a", "value": "v" * 21}]), tmp_path)
     assert long_value.returncode != 0
-    assert 'spec.labels[0]: Invalid value: a label value has at most 20 characters' in long_value.stderr
+    assert "spec.labels[0]: Invalid value: a label value has at most 20 characters" in long_value.stderr

@@ -50,12 +50,12 @@ class RealCluster:
         for path in crd_files:
             for doc in yaml.safe_load_all(path.read_text()):
                 if doc and doc.get("kind") == "CustomResourceDefinition":
-                    name = doc["metadata"]["name"]
-                    plane.wait_for(
-                        lambda n=name: _established(plane.get("customresourcedefinitions", n, None)),
-                        timeout=30,
-                        message=f"CRD {name} established",
-                    )
+                    name: str = doc["metadata"]["name"]
+
+                    def established(crd: str = name) -> bool:
+                        return _established(plane.get("customresourcedefinitions", crd, None))
+
+                    plane.wait_for(established, timeout=30, message=f"CRD {name} established")
         self._baseline = {kind: set(self._names(kind)) for kind in CLUSTER_SCOPED}
 
     # -- the EmulatedCluster surface -----------------------------------------------------------------
@@ -151,12 +151,12 @@ class _Recorder:
         self._versions: dict[tuple[str, str], list[dict[str, Any] | None]] = {}
         self._lock = threading.Lock()
         self._stopped = threading.Event()
-        listing = plane.wait_for(
-            lambda: (r := plane.api("GET", self.path)).status == 200 and r,  # 429 while a new CRD's storage starts
-            timeout=30,
-            interval=0.2,
-            message=f"a listing of {self.path}",
-        )
+
+        def listed() -> ApiResponse | None:  # 429 while a new CRD's storage starts
+            response = plane.api("GET", self.path)
+            return response if response.status == 200 else None
+
+        listing = plane.wait_for(listed, timeout=30, interval=0.2, message=f"a listing of {self.path}")
         for item in listing.body["items"]:
             self._add("ADDED", item)
         self._rv = listing.body["metadata"]["resourceVersion"]

@@ -412,4 +412,6 @@ def test_metrics_port_0_leaves_the_pod_without_a_port() -> None:
     """kube-apiserver refuses containerPort 0 (Required value): found on the real control plane."""
     pod = build_pod(RunRef.from_body(run()), make_spec(), attempt=1, settings=OperatorSettings(runner_metrics_port=0))
     assert "ports" not in container(pod)
-    assert container(pod_for(make_spec()))["ports"] == [{"name": "metrics", "containerPort": 9090}]
+    assert container(pod_for(make_spec()))["ports"] == [
+        {"name": "metrics", "containerPort": SETTINGS.runner_metrics_port}
+    ]
