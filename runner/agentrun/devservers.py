@@ -190,10 +190,12 @@ class PrivatePgBouncer:
         self.max_db_connections = max_db_connections
         self.max_client_conn = max_client_conn
         self.process: subprocess.Popen[bytes] | None = None
-        self._as_user: list[str] = []
+        # As root: the child itself switches to postgres (no runuser in between, whose exit would leave
+        # pgbouncer running: stop() signals the process it started).
+        self._user: str | None = None
         if os.geteuid() == 0:
             shutil.chown(self.root, user="postgres")
-            self._as_user = ["runuser", "-u", "postgres", "--"]
+            self._user = "postgres"
 
     def dsn(self, database: str = "postgres", *, user: str = "postgres") -> str:
         return f"postgresql://{user}@127.0.0.1:{self.port}/{database}?agentrun_pooler=transaction"
@@ -226,11 +228,16 @@ class PrivatePgBouncer:
     def start(self) -> None:
         ini = self.root / "pgbouncer.ini"
         ini.write_text(self._config())
-        if self._as_user:
+        if self._user:
             for path in self.root.iterdir():
                 shutil.chown(path, user="postgres")
         self.process = subprocess.Popen(
-            [*self._as_user, pgbouncer_bin(), str(ini)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            [pgbouncer_bin(), str(ini)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            user=self._user,
+            group=self._user,
+            extra_groups=[] if self._user else None,
         )
         try:
             wait_for_port(self.port, 10, self.process)

@@ -29,13 +29,13 @@ from pathlib import Path
 
 import asyncpg
 import pytest
+import yaml
 
 from agentrun.devservers import PrivatePgBouncer, PrivatePostgres
 from examples.support_agent import count_effects
 from kubesim import EmulatedCluster, KubeletThread
 from tests.cluster.operator_harness import (
     agentrun,
-    apply,
     progress,
     start_operator,
     status,
@@ -72,6 +72,7 @@ class ConnectionSampler:
     def __init__(self, dsn: str) -> None:
         self.dsn = dsn
         self.peak = 0
+        self.operator_listening = 0  # the operator's LISTEN connection (postgresListenDsn), seen at least once
         self._stop = threading.Event()
         self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
 
@@ -79,10 +80,13 @@ class ConnectionSampler:
         conn = await asyncpg.connect(self.dsn)
         try:
             while not self._stop.is_set():
-                count = await conn.fetchval(
-                    "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'"
+                row = await conn.fetchrow(
+                    "SELECT count(*) AS n, count(*) FILTER (WHERE application_name = 'agentrun-operator-listen') AS op "
+                    "FROM pg_stat_activity WHERE backend_type = 'client backend'"
                 )
-                self.peak = max(self.peak, int(count))
+                assert row is not None
+                self.peak = max(self.peak, int(row["n"]))
+                self.operator_listening = max(self.operator_listening, int(row["op"]))
                 await asyncio.sleep(0.2)
         finally:
             await conn.close()
@@ -119,28 +123,44 @@ def test_many_runners_through_pgbouncer_on_fifty_connections_succeed_charge_once
     began = time.monotonic()
     try:
         with ConnectionSampler(pg.dsn) as sampler:
-            for name in hung:
-                apply(
-                    cluster,
-                    agentrun(name, thread=name, effects=tmp_path / f"{name}.db", env={"SUPPORT_TOOL_DELAY": "3600"}),
+            manifests = [
+                agentrun(
+                    name,
+                    thread=name,
+                    effects=tmp_path / f"{name}.db",
+                    env={"SUPPORT_TOOL_DELAY": "3600"},
+                    config={"toolTimeoutSeconds": 3600},
                 )
+                for name in hung
+            ]
             for name in names:
                 env = {"SUPPORT_TOOL_DELAY": TOOL_DELAY}
                 if name in killed:
                     env["AGENTRUN_FAULT_POINT"] = "after_ledger_record:charge_card@1"
-                apply(
-                    cluster,
+                manifests.append(
                     agentrun(
                         name,
                         thread=name,
                         effects=tmp_path / f"{name}.db",
                         env=env,
                         restartPolicy={"maxRestarts": 3, "backoffSeconds": 0},
-                    ),
+                    )
                 )
+            # One apply for all (one kubectl per run takes minutes at 300 on a busy machine).
+            listing = {"apiVersion": "v1", "kind": "List", "items": manifests}
+            applied = cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(listing))
+            assert applied.returncode == 0, applied.stderr
             stop_took = []
             for name in hung:
                 wait_node(pg.dsn, f"default/{name}", "tools", timeout=120 + RUNS)
+            # Stop once every runner has started: the start of hundreds of Python processes on a few cores
+            # starves every event loop for seconds, the operator's and the hung runner's included.
+            cluster.wait_for(
+                lambda: all(status(cluster, n).get("phase") in ("Running", "Succeeded") for n in names),
+                timeout=120 + 3 * RUNS,
+                interval=2.0,
+                message="every run started",
+            )
             time.sleep(1.0)
             for name in hung:
                 asked = time.time()
@@ -170,6 +190,7 @@ def test_many_runners_through_pgbouncer_on_fifty_connections_succeed_charge_once
             charged = invocations(str(tmp_path / f"{name}.db"), "charge_card")
             assert charged == 1, f"GUARANTEE BROKEN: {name}'s recorded charge ran again ({charged} calls)"
     assert sampler.peak <= MAX_CONNECTIONS
+    assert sampler.operator_listening, "the operator never held its LISTEN connection on postgresListenDsn"
     assert max(stop_took) <= STOP_BOUND, f"GUARANTEE BROKEN: a stop took {max(stop_took):.2f}s through PgBouncer"
     for name in hung:
         assert status(cluster, name)["reason"] == "Stopped"
