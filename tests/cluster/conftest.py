@@ -17,6 +17,7 @@ repository (``examples.*``, ``tests.cluster.graphs``).
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -27,6 +28,7 @@ from kubesim import KOPF_PEERING_CRDS, EmulatedCluster, default_base_env
 from kubesim.kubelet import KubeletThread
 from kubesim.real import RealControlPlane
 from tests.cluster.servers import RealCluster
+from tests.support.databases import create_database, drop_database
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = ROOT / "crds" / "agentrun.dev_agentruns.yaml"
@@ -98,7 +100,8 @@ def cluster(
     """kubesim's emulator, or the real control plane (tests marked ``real_server`` run on both)."""
     if api_server == "real":
         real: RealCluster = request.getfixturevalue("real_agentrun_cluster")
-        real.watch("agentruns")
+        real.watch("agentruns")  # history(), as kubesim keeps it
+        real.watch("pods")
         try:
             yield real
         finally:
@@ -137,3 +140,27 @@ def kubelet(
         for pid in pids:  # the process group leader is reaped by the kubelet: no pid, no leak
             with pytest.raises(ProcessLookupError):
                 os.killpg(pid, 0)
+
+
+@pytest.fixture(scope="module")
+def module_dsn() -> Iterator[str]:
+    """One PostgreSQL database for a module's kubesim tests (each uses threads of its own)."""
+    database = asyncio.run(create_database())
+    try:
+        yield database
+    finally:
+        asyncio.run(drop_database(database))
+
+
+@pytest.fixture
+def dsn(api_server: str, module_dsn: str) -> Iterator[str]:
+    """The store's database: the module's on kubesim; a fresh one for a test on the real server, which runs the
+    same scenario (same namespace, names, threads and request keys) after its kubesim twin."""
+    if api_server != "real":
+        yield module_dsn
+        return
+    database = asyncio.run(create_database())
+    try:
+        yield database
+    finally:
+        asyncio.run(drop_database(database))

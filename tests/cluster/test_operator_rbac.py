@@ -29,6 +29,7 @@ import pytest
 import yaml
 
 from kubesim import EmulatedCluster, KubeletThread
+from kubesim.access import ApiAccess
 from kubesim.rbac import service_account
 from tests.cluster.operator_harness import (
     OperatorProcess,
@@ -40,9 +41,11 @@ from tests.cluster.operator_harness import (
     wait_node,
     wait_phase,
 )
+from tests.cluster.servers import RealCluster
 from tests.cluster.test_kube_client import kubeconfig_doc, write_yaml
 
-pytestmark = pytest.mark.timeout(180)
+# On kubesim with its RBAC authorizer and on the real kube-apiserver with its own (a ServiceAccount token there).
+pytestmark = [pytest.mark.timeout(180), pytest.mark.real_server]
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "agentrun"
@@ -67,9 +70,12 @@ def chart_rbac() -> list[dict[str, Any]]:
     return documents
 
 
-def operator_call(cluster: EmulatedCluster, path: str) -> int:
+def operator_call(cluster: EmulatedCluster | RealCluster, path: str, token: str) -> int:
     """The HTTP status of a GET with the operator's token."""
-    request = urllib.request.Request(cluster.url + path, headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"})
+    if isinstance(cluster, RealCluster):
+        access = ApiAccess(cluster.url, ca_file=cluster.plane.ca.pair.cert, token=token)
+        return cluster.api("GET", path, access=access).status
+    request = urllib.request.Request(cluster.url + path, headers={"Authorization": f"Bearer {token}"})
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return int(response.status)
@@ -78,15 +84,12 @@ def operator_call(cluster: EmulatedCluster, path: str) -> int:
             return e.code
 
 
-@pytest.fixture
-def operator(cluster: EmulatedCluster, kubelet: KubeletThread, dsn: str, tmp_path: Path) -> Iterator[OperatorProcess]:
-    """The operator as the chart's ServiceAccount, with RBAC enforced and its Lease in the release namespace."""
-    made = cluster.kubectl("create", "namespace", NAMESPACE)
-    assert made.returncode == 0, made.stderr
-    applied = cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(chart_rbac()))
-    assert applied.returncode == 0, applied.stderr
-    secret = cluster.kubectl("create", "secret", "generic", "agentrun-store", f"--from-literal=postgresDsn={dsn}")
-    assert secret.returncode == 0, secret.stderr
+def operator_token(cluster: EmulatedCluster | RealCluster) -> str:
+    """The chart's ServiceAccount's token: a real TokenRequest on the real server, a static token on kubesim."""
+    if isinstance(cluster, RealCluster):
+        made = cluster.kubectl("create", "token", ACCOUNT, "-n", NAMESPACE, "--duration=1h")
+        assert made.returncode == 0, made.stderr
+        return made.stdout.strip()
 
     def enforce() -> None:
         assert cluster.emulator is not None
@@ -94,10 +97,29 @@ def operator(cluster: EmulatedCluster, kubelet: KubeletThread, dsn: str, tmp_pat
         cluster.emulator.authorization = True
 
     cluster.call(enforce)
+    return OPERATOR_TOKEN
+
+
+@pytest.fixture
+def operator(
+    cluster: EmulatedCluster | RealCluster, kubelet: KubeletThread, dsn: str, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    """The operator as the chart's ServiceAccount, with RBAC enforced and its Lease in the release namespace."""
+    made = cluster.kubectl("create", "namespace", NAMESPACE)
+    assert made.returncode == 0, made.stderr
+    applied = cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(chart_rbac()))
+    assert applied.returncode == 0, applied.stderr
+    secret = cluster.kubectl("create", "secret", "generic", "agentrun-store", f"--from-literal=postgresDsn={dsn}")
+    assert secret.returncode == 0, secret.stderr
+    token = operator_token(cluster)
     # Enforced, and narrow: the operator's token may read its AgentRuns but not ConfigMaps.
-    assert operator_call(cluster, "/apis/agentrun.dev/v1alpha1/namespaces/default/agentruns") == 200
-    assert operator_call(cluster, "/api/v1/namespaces/default/configmaps") == 403
-    kubeconfig = write_yaml(tmp_path / "operator-kubeconfig", kubeconfig_doc(cluster.url, {"token": OPERATOR_TOKEN}))
+    assert operator_call(cluster, "/apis/agentrun.dev/v1alpha1/namespaces/default/agentruns", token) == 200
+    assert operator_call(cluster, "/api/v1/namespaces/default/configmaps", token) == 403
+    if isinstance(cluster, RealCluster):
+        access = ApiAccess(cluster.url, ca_file=cluster.plane.ca.pair.cert, token=token)
+        kubeconfig = cluster.plane.write_kubeconfig(tmp_path / "operator-kubeconfig", access)
+    else:
+        kubeconfig = write_yaml(tmp_path / "operator-kubeconfig", kubeconfig_doc(cluster.url, {"token": token}))
     process = start_operator(cluster, tmp_path, KUBECONFIG=str(kubeconfig), AGENTRUN_OPERATOR_LEASE_NAMESPACE=NAMESPACE)
     try:
         yield process
