@@ -4,6 +4,9 @@ It starts, and on Ctrl-C stops, everything it started:
 
 - the emulated Kubernetes API server (kubesim) on a fixed local port
   (``--port``, ``$AGENTRUN_DEV_PORT``, default 6880), serving the AgentRun CRD;
+  or, with ``--api-server real`` (``$AGENTRUN_DEV_K8S=real``), the real control
+  plane (etcd, kube-apiserver, kube-controller-manager from ``make k8s``, on
+  loopback ports of its own, TLS and RBAC as in a cluster: ``kubesim.real``);
 - the kubelet stand-in: runner pods run as local processes with this
   virtualenv's Python and ``PYTHONPATH`` (the current folder first), so a
   graph module of yours runs without building an image;
@@ -90,6 +93,7 @@ class DevCluster:
     operator: OperatorProcess | None = None
     history: subprocess.Popen[bytes] | None = None
     history_port: int = 0
+    api_server: str = "kubesim"  # or "real": the real control plane (kubesim.real)
 
     @property
     def kubeconfig(self) -> Path:
@@ -111,7 +115,9 @@ class DevCluster:
                 "kubectl is not on PATH: the local cluster is used with the real kubectl "
                 "(install it: https://kubernetes.io/docs/tasks/tools/)"
             )
-        if not _port_free(self.host, self.port):
+        if self.api_server not in ("kubesim", "real"):
+            raise DevClusterError(f"--api-server {self.api_server!r}: kubesim or real")
+        if self.api_server == "kubesim" and not _port_free(self.host, self.port):
             raise DevClusterError(
                 f"port {self.port} on {self.host} is taken (another make cluster? see: lsof -i :{self.port}); "
                 f"pick another with AGENTRUN_DEV_PORT=<port> make cluster, or agentrun-dev --port <port>"
@@ -136,14 +142,19 @@ class DevCluster:
             raise DevClusterError(f"no AgentRun CRD in {crds}: run agentrun-dev from a checkout of agentrun")
         self.workdir.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(self.workdir / "kubelet", ignore_errors=True)  # the last run's pod logs went with its pods
-        self.cluster = EmulatedCluster(self.workdir / "cluster", host=self.host, port=self.port, crd_files=crd_files)
-        self.cluster.start()
-        shutil.copyfile(self.cluster.kubeconfig, self.kubeconfig)
-        say("API server")
         base_env = default_base_env(pythonpath=self.pythonpath)
-        self.kubelet = KubeletThread(
-            self.cluster.url, self.workdir / "kubelet", known_images=("*",), base_env=base_env
-        ).start()
+        if self.api_server == "real":
+            self._start_real(crd_files, base_env, say)
+        else:
+            self.cluster = EmulatedCluster(
+                self.workdir / "cluster", host=self.host, port=self.port, crd_files=crd_files
+            )
+            self.cluster.start()
+            shutil.copyfile(self.cluster.kubeconfig, self.kubeconfig)
+            say("API server")
+            self.kubelet = KubeletThread(
+                self.cluster.url, self.workdir / "kubelet", known_images=("*",), base_env=base_env
+            ).start()
         say("kubelet")
         self._setup_store()
         self._store_secret()
@@ -157,6 +168,27 @@ class DevCluster:
         if self.postgres_dsn:  # the history server reads PostgreSQL only
             self._start_history()
             say("history server")
+
+    def _start_real(self, crd_files: tuple[Path, ...], base_env: dict[str, str], say: Any) -> None:
+        """The real control plane (a fresh etcd each start, as kubesim's memory), its CRDs, a kubelet stand-in."""
+        from kubesim.real import ControlPlaneError, RealControlPlane
+
+        shutil.rmtree(self.workdir / "real-cluster", ignore_errors=True)
+        self.cluster = RealControlPlane(self.workdir / "real-cluster")
+        try:
+            self.cluster.start()
+        except ControlPlaneError as e:
+            raise DevClusterError(f"the real control plane did not start (make k8s builds it): {e}") from None
+        shutil.copyfile(self.cluster.kubeconfig, self.kubeconfig)
+        say("API server (real)")
+        for path in crd_files:
+            done = self._kubectl("apply", "--server-side", "-f", str(path))
+            if done.returncode != 0:
+                raise DevClusterError(f"the CRD {path.name} was refused: {done.stderr.strip()}")
+        done = self._kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+        if done.returncode != 0:
+            raise DevClusterError(f"the CRDs were not established: {done.stderr.strip()}")
+        self.kubelet = self.cluster.start_kubelet(self.workdir / "kubelet", known_images=("*",), base_env=base_env)
 
     def _kubectl(self, *args: str) -> subprocess.CompletedProcess[str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("KUBE")}
@@ -274,6 +306,13 @@ def parser() -> argparse.ArgumentParser:
     cli.add_argument(
         "--port", type=int, default=int(os.environ.get("AGENTRUN_DEV_PORT") or DEFAULT_PORT), help="API server port"
     )
+    cli.add_argument(
+        "--api-server",
+        choices=("kubesim", "real"),
+        default=os.environ.get("AGENTRUN_DEV_K8S") or "kubesim",
+        help="kubesim (the emulator, default) or real (kube-apiserver, etcd, kube-controller-manager from make k8s; "
+        "default: $AGENTRUN_DEV_K8S)",
+    )
     cli.add_argument("--workdir", type=Path, default=Path(os.environ.get("AGENTRUN_DEV_WORKDIR") or ".agentrun-dev"))
     cli.add_argument(
         "--postgres-dsn",
@@ -286,7 +325,9 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     pythonpath = [str(Path.cwd())] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    dev = DevCluster(args.workdir, port=args.port, postgres_dsn=args.postgres_dsn, pythonpath=pythonpath)
+    dev = DevCluster(
+        args.workdir, port=args.port, postgres_dsn=args.postgres_dsn, pythonpath=pythonpath, api_server=args.api_server
+    )
     try:
         dev.check()
     except DevClusterError as e:

@@ -88,9 +88,10 @@ def alive(pid: int) -> bool:
 class DevCluster:
     """``make cluster`` as a subprocess: its output read line by line, the group signalled as a terminal does."""
 
-    def __init__(self, workdir: Path, pythonpath: Path, port: int) -> None:
+    def __init__(self, workdir: Path, pythonpath: Path, port: int, api_server: str = "kubesim") -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBE", "AGENTRUN_", "MAKE"))}
         env.update(
+            AGENTRUN_DEV_K8S=api_server,
             AGENTRUN_DEV_PORT=str(port),
             AGENTRUN_DEV_WORKDIR=str(workdir),
             PYTHONPATH=str(pythonpath),
@@ -143,12 +144,13 @@ class DevCluster:
         self.proc.stdout.close()
 
 
-@pytest.fixture
-def dev_cluster(tmp_path: Path) -> Iterator[tuple[DevCluster, Path]]:
+@pytest.fixture(params=["kubesim", "real"])
+def dev_cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[DevCluster, Path]]:
+    """``make cluster`` on kubesim, and with ``AGENTRUN_DEV_K8S=real`` on the real control plane (issue 25 item 6)."""
     graphs = tmp_path / "my-graphs"
     graphs.mkdir()
     (graphs / "my_greeter.py").write_text(GRAPH)
-    started = DevCluster(tmp_path / "dev", graphs, free_port())
+    started = DevCluster(tmp_path / "dev", graphs, free_port(), api_server=request.param)
     try:
         yield started, graphs
     finally:
