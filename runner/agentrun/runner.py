@@ -238,15 +238,6 @@ def explained(code: int, line: str) -> str:
     return _one_line(f"{line} ({meaning})") if line and meaning else line
 
 
-async def run(settings: RunnerSettings) -> int:
-    """One attempt, start to exit code, with the termination message written. Never raises."""
-    code, line = await attempt(settings)
-    line = explained(code, line)
-    if line:
-        _termination(settings, line)
-    return code
-
-
 async def _inputs_from_store(checkpointer: Checkpointer, settings: RunnerSettings) -> RunnerSettings:
     """``settings`` with the input and resume value the operator recorded for this attempt."""
     record = await checkpointer.aget_run_inputs(settings.thread_id, run_uid=settings.run_uid, attempt=settings.attempt)
