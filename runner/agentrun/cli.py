@@ -32,7 +32,7 @@ from .checkpoint import Checkpointer, from_url
 from .contract import Env, ExitCode
 from .errors import AgentRunError, GraphReferenceError, RunStopped, StorageError, ThreadStateError
 from .interrupts import Command
-from .loader import compile_reference
+from .loader import compile_reference, is_langgraph, load_target
 from .messages import Message
 
 DEFAULT_STORE = "sqlite:///agentrun.db"
@@ -64,6 +64,12 @@ def _json_arg(name: str, raw: str) -> Any:
 
 
 async def _run(args: argparse.Namespace, checkpointer: Checkpointer) -> int:
+    if is_langgraph(load_target(args.graph)):
+        raise UsageError(
+            f"{args.graph} is a LangGraph graph: this command runs agentrun graphs. Run it as an AgentRun "
+            "(spec.graph; make cluster for a local one), or in your own process with LangGraph's invoke and "
+            "agentrun.integrations.langgraph.AgentrunSaver (README: Bring your LangGraph graph)"
+        )
     app = compile_reference(args.graph, checkpointer)
     config: dict[str, Any] = _json_arg("--config", args.config) if args.config else {}
     if not isinstance(config, dict):

@@ -108,6 +108,7 @@ def test_cli_bad_graph_reference_is_one_clear_line(env: dict[str, str]) -> None:
         ("examples.support_agent:nope", "module has no attribute 'nope'"),
         ("not a reference", "must look like 'package.module:attribute'"),
         ("examples.support_agent:ORDERS", "is a dict, not a StateGraph"),
+        ("examples.langgraph_support_agent:app", "is a LangGraph graph: this command runs agentrun graphs"),
     ]:
         result = cli(env, "run", ref, "--thread-id", "t", "--input", "hi")
         assert result.returncode == 2, result.stderr
