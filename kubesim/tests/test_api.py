@@ -442,3 +442,32 @@ def test_a_default_added_to_a_crd_later_shows_on_objects_stored_before(cluster: 
     assert old["metadata"]["resourceVersion"] == created.body["metadata"]["resourceVersion"]
     listed = cluster.api("GET", gadgets).body["items"]
     assert [(g["spec"], g["status"]) for g in listed] == [({"size": 3}, {"phase": "Pending"})]
+
+
+def test_delete_answers_as_kube_apiserver_a_pod_with_its_deletion_stamp_other_kinds_a_status(
+    cluster: EmulatedCluster,
+) -> None:
+    """test_real.py checks the same on the real server: a pod's deletion is graceful even at zero
+    seconds (MODIFIED with deletionTimestamp and grace 0, then DELETED, and the DELETE answers with
+    that pod); a ConfigMap removed at once is answered with a Status naming it."""
+    pods = "/api/v1/namespaces/default/pods"
+    created = cluster.api("POST", pods, python_pod("unbound", "print(1)", nodeSelector={"disk": "none"}))
+    assert created.status == 201
+    deleted = cluster.api("DELETE", f"{pods}/unbound")
+    assert deleted.status == 200 and deleted.body["kind"] == "Pod"
+    assert deleted.body["metadata"]["deletionTimestamp"] and deleted.body["metadata"]["deletionGracePeriodSeconds"] == 0
+    versions = cluster.history("pods", "unbound")
+    assert versions[-1] is None
+    marked = versions[-2]
+    assert marked is not None and marked["metadata"]["deletionGracePeriodSeconds"] == 0
+    configmaps = "/api/v1/namespaces/default/configmaps"
+    made = cluster.api("POST", configmaps, {"metadata": {"name": "gone"}})
+    answer = cluster.api("DELETE", f"{configmaps}/gone")
+    assert answer.status == 200
+    assert answer.body == {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Success",
+        "details": {"name": "gone", "kind": "configmaps", "uid": made.body["metadata"]["uid"]},
+    }

@@ -500,3 +500,31 @@ def test_a_default_added_to_a_crd_later_shows_on_objects_stored_before(
     assert old["metadata"]["resourceVersion"] == created.body["metadata"]["resourceVersion"]
     listed = real_cluster.api("GET", gadgets).body["items"]
     assert [(g["spec"], g["status"]) for g in listed] == [({"size": 3}, {"phase": "Pending"})]
+
+
+def test_delete_answers_a_pod_with_its_deletion_stamp_other_kinds_a_status(
+    real_cluster: RealControlPlane, namespace: str
+) -> None:
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    pod = restricted(python_pod("unbound", "print(1)", nodeSelector={"disk": "none"}))
+    created = real_cluster.api("POST", pods, pod)
+    assert created.status == 201, created.body
+    deleted = real_cluster.api("DELETE", f"{pods}/unbound")
+    assert deleted.status == 200 and deleted.body["kind"] == "Pod"
+    assert deleted.body["metadata"]["deletionTimestamp"] and deleted.body["metadata"]["deletionGracePeriodSeconds"] == 0
+    params = {"watch": "true", "resourceVersion": created.body["metadata"]["resourceVersion"], "timeoutSeconds": "1"}
+    replay = real_cluster.api("GET", pods, params=params).body
+    events = [json.loads(line) for line in replay.splitlines()] if isinstance(replay, str) else [replay]
+    assert [e["type"] for e in events] == ["MODIFIED", "DELETED"], events
+    assert events[0]["object"]["metadata"]["deletionGracePeriodSeconds"] == 0
+    configmaps = f"/api/v1/namespaces/{namespace}/configmaps"
+    made = real_cluster.api("POST", configmaps, {"metadata": {"name": "gone"}})
+    answer = real_cluster.api("DELETE", f"{configmaps}/gone")
+    assert answer.status == 200
+    assert answer.body == {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Success",
+        "details": {"name": "gone", "kind": "configmaps", "uid": made.body["metadata"]["uid"]},
+    }

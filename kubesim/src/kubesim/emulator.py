@@ -93,6 +93,20 @@ logger = logging.getLogger(__name__)
 KOPF_PEERING_CRDS = Path(__file__).parent / "crds" / "kopf.dev_peerings.yaml"
 SEED_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 OPENAPI_V2_PROTOBUF = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf"  # as kube-openapi answers
+# The core kinds whose registry sets ReturnDeletedObject: a DELETE that removes one at once answers with
+# the object; every other kind, custom resources included, with a Status (pkg/registry/*/storage).
+RETURNS_DELETED_OBJECT = frozenset(
+    {
+        "pods",
+        "services",
+        "namespaces",
+        "serviceaccounts",
+        "persistentvolumes",
+        "persistentvolumeclaims",
+        "podtemplates",
+        "resourcequotas",
+    }
+)
 WATCH_LIVENESS_CHECK = 2.0  # seconds between checks that a watching client is still connected
 
 
@@ -568,7 +582,10 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             options = _delete_options(request, body)
             obj = self.registry.delete(rdef, p.namespace, p.name, options, dry_run=dry_run)
             self._gc_kick.set()
-            return _json(obj)
+            returns_object = not rdef.group and rdef.plural in RETURNS_DELETED_OBJECT
+            if dry_run or returns_object or self.registry.get(rdef, p.namespace, p.name):
+                return _json(obj)  # kept (finalizers, a grace period) or a kind that answers with the object
+            return _json(_deleted_status(rdef, obj))
         elif method == "DELETE":
             return self._delete_collection(request, rdef, p.namespace)
         else:
@@ -820,6 +837,14 @@ class ClusterEmulator(kmock.KubernetesEmulator):
 
 
 # --- helpers ---------------------------------------------------------------------------------------
+
+
+def _deleted_status(rdef: ResourceDef, obj: dict[str, Any]) -> dict[str, Any]:
+    """What kube-apiserver answers when a DELETE removed the object at once (generic registry)."""
+    details = {"name": obj["metadata"]["name"], "kind": rdef.plural, "uid": obj["metadata"]["uid"]}
+    if rdef.group:
+        details["group"] = rdef.group
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "details": details}
 
 
 def _json(obj: Any, *, status: int = 200, warnings: Iterable[str] = ()) -> aiohttp.web.Response:

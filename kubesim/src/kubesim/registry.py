@@ -508,6 +508,19 @@ class Registry:
             finalizers.append("foregroundDeletion")
         key = (rdef.key, namespace if rdef.namespaced else None, name)
         if not finalizers and not _finalizers(rdef, current) and grace == 0:
+            if rdef.kind == "Pod" and not meta.get("deletionTimestamp"):
+                # A pod's deletion is always graceful upstream, a zero grace period included: the pod is
+                # written with deletionTimestamp and deletionGracePeriodSeconds 0 (MODIFIED), then removed
+                # (DELETED, carrying both), and the DELETE answers with that pod.
+                marked = copy.deepcopy(current)
+                marked["metadata"]["deletionTimestamp"] = datetime.datetime.now(datetime.UTC).strftime(
+                    "%Y-%m-%dT%H:%M:%SZ"
+                )
+                marked["metadata"]["deletionGracePeriodSeconds"] = 0
+                marked["metadata"]["resourceVersion"] = self._next_rv()
+                self.objects[key].history.append(marked)
+                self._record(rdef, "MODIFIED", marked, current)
+                return self._remove(rdef, key, marked, marked)
             return self._remove(rdef, key, current, current)
 
         new = copy.deepcopy(current)
