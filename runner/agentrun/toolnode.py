@@ -25,6 +25,13 @@ parameter from the engine (it is a ``nodes.ContextNode``) and hands each
 call's interrupt scope on explicitly; only the tools themselves, user code,
 find the scope in a context variable, for their own ``interrupt()``.
 
+Each call's story is in the run's log, one line per event, all starting
+``tool <event>:``: ``started`` (the call id, the tool, and the SHA-256 prefix
+and size of the arguments' JSON text, never the arguments themselves: the
+full digest is the one the run history shows), ``finished`` (executed, with
+its duration, and whether it is being recorded), ``replayed`` (answered from
+the ledger, not run), ``failed`` (with its duration, or why it never ran).
+
 Limit: a tool that never returns control (a blocking C call in a sync tool
 running in a thread) cannot be cancelled by a deadline or a stop; make
 tools async, or keep their blocking calls short.
@@ -36,6 +43,7 @@ import asyncio
 import copy
 import hashlib
 import json
+import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -98,6 +106,17 @@ _LOST = "outcome_unknown"
 
 # The metric label for a tool name the model made up: labels must stay a bounded set.
 UNKNOWN_TOOL_LABEL = "<unknown>"
+# How much of the arguments' SHA-256 a log line shows: enough to match the run history's full digest.
+ARGUMENTS_DIGEST_CHARS = 12
+
+
+def arguments_digest(call: ToolCall) -> str:
+    """``sha256:<prefix> (<n> bytes)`` of the arguments' JSON text as the model wrote it; never the text itself.
+
+    The same text the run history digests (``agentrun.history``), so a log line finds its call there.
+    """
+    data = call.arguments.encode("utf-8", "surrogatepass")
+    return f"sha256:{hashlib.sha256(data).hexdigest()[:ARGUMENTS_DIGEST_CHARS]} ({len(data)} bytes)"
 
 
 def _error_message(call: ToolCall, text: str, reason: str, *, known: bool = True) -> Message:
@@ -207,6 +226,9 @@ class ToolNode:
         if t is None:
             known = ", ".join(sorted(self.tools)) or "none"
             text = f"unknown tool {call.name!r} (available: {known})"
+            ctx.log.warning(
+                "tool failed: call %s asks for unknown tool %r; not run, the model gets an error", call.id, call.name
+            )
             return _failed(ctx, call, text, code=ToolError.UNKNOWN, reason="unknown_tool", known=False)
         if key is None and ambiguous:
             ctx.log.warning(
@@ -226,12 +248,19 @@ class ToolNode:
             if isinstance(recorded, ledger.Recorded):
                 ctx.counts.replayed += 1
                 TOOL_CALLS.labels(t.name, "replayed").inc()
-                ctx.log.info("replayed %s (%s) from the ledger; not executed again", key, t.name)
+                ctx.log.info("tool replayed: %s (%s) from the ledger; not executed again", key, t.name)
                 state.update(copy.deepcopy(recorded.state))  # the channels the call changed, as it changed them
                 return _result_message(recorded.result, call, t.name, key)
         try:
             arguments = t.validate_arguments(call.parsed_arguments())
         except (ValueError, ToolArgumentError) as e:
+            # The reason may quote argument values: it goes to the model, not to the log.
+            ctx.log.warning(
+                "tool failed: call %s (%s) has invalid arguments, %s; not run, the model gets an error",
+                call.id,
+                t.name,
+                arguments_digest(call),
+            )
             return _failed(ctx, call, f"{call.name}: {e}", code=ToolError.ARGUMENTS, reason="invalid_arguments")
         idem = ledger.idempotency_key(ctx.thread_id, key)
         if t.side_effects and key is not None:
@@ -277,7 +306,7 @@ class ToolNode:
         ctx.counts.executed += 1
         TOOL_CALLS.labels(t.name, "executed").inc()
         ctx.log.info(
-            "executed %s (%s) in %.3fs%s",
+            "tool finished: executed %s (%s) in %.3fs%s",
             key or f"call {call.id}",
             t.name,
             time.perf_counter() - started,
@@ -443,8 +472,12 @@ class ToolNode:
         state: dict[str, Any],
         idem: str | None,
     ) -> Any:
+        """Start the tool once under its deadline: its result, or ``_ToolFailed``; logs the start and any failure."""
         timeout = ctx.config.tool_timeout if t.timeout is None else (t.timeout if t.timeout > 0 else None)
         deadline = asyncio.timeout(timeout)
+        if ctx.log.isEnabledFor(logging.INFO):  # the digest reads the whole arguments text: only when it is shown
+            ctx.log.info("tool started: call %s (%s), arguments %s", call.id, t.name, arguments_digest(call))
+        started = time.perf_counter()
         # The tool is user code: its own interrupt() finds the call's scope only in the context variable.
         token = current_scope.set(scope)
         try:
@@ -452,26 +485,60 @@ class ToolNode:
                 return await t.ainvoke(arguments, state=state, idempotency_key=idem)
         except TimeoutError as e:
             if not deadline.expired():  # the tool's own TimeoutError (e.g. an HTTP client's): a tool error
-                ctx.log.warning("tool %s (call %s) raised %s: %s", t.name, call.id, type(e).__name__, e)
+                _log_failed(ctx, t, call, e, started)
                 raise _ToolFailed(f"{type(e).__name__}: {e}", code=ToolError.RAISED, reason="exception") from e
             TOOL_TIMEOUTS.labels(t.name).inc()
             err = NodeTimeoutError(
                 f"tool {t.name} did not finish within {timeout:g}s", code=NodeTimeoutError.TOOL, timeout=timeout or 0
             )
-            ctx.log.warning("%s", err)
+            ctx.log.warning("tool failed: call %s (%s) after %.3fs: %s", call.id, t.name, _since(started), err)
             raise _ToolFailed(str(err), code=NodeTimeoutError.TOOL, reason="timeout", answered=False) from None
         except GraphInterrupt:
+            ctx.log.info(
+                "tool paused: call %s (%s) asked a human after %.3fs; it starts again when the run is resumed",
+                call.id,
+                t.name,
+                _since(started),
+            )
+            raise
+        except asyncio.CancelledError:
+            ctx.log.info("tool cancelled: call %s (%s) after %.3fs, with its node", call.id, t.name, _since(started))
             raise
         except ToolOutcomeUnknown as e:
-            ctx.log.warning("tool %s (call %s) lost its answer: %s: %s", t.name, call.id, type(e).__name__, e)
+            _log_failed(ctx, t, call, e, started, verb="lost its answer")
             text = f"{type(e).__name__}: {e}"
             raise _ToolFailed(text, code=ToolError.RAISED, reason=_LOST, answered=False) from e
         except ConnectionError as e:  # it never reached its server: no outcome, nothing happened there
-            ctx.log.warning("tool %s (call %s) raised %s: %s", t.name, call.id, type(e).__name__, e)
+            _log_failed(ctx, t, call, e, started)
             text = f"{type(e).__name__}: {e}"
             raise _ToolFailed(text, code=ToolError.RAISED, reason="exception", answered=False) from e
         except Exception as e:
-            ctx.log.warning("tool %s (call %s) raised %s: %s", t.name, call.id, type(e).__name__, e)
+            _log_failed(ctx, t, call, e, started)
             raise _ToolFailed(f"{type(e).__name__}: {e}", code=ToolError.RAISED, reason="exception") from e
         finally:
             current_scope.reset(token)
+
+
+# A tool's exception text may quote what it was given: a log line keeps this much of it.
+LOGGED_ERROR_CHARS = 500
+
+
+def _since(started: float) -> float:
+    return time.perf_counter() - started
+
+
+def _log_failed(
+    ctx: RunContext, t: Tool, call: ToolCall, error: BaseException, started: float, *, verb: str = "raised"
+) -> None:
+    text = str(error)
+    if len(text) > LOGGED_ERROR_CHARS:
+        text = text[:LOGGED_ERROR_CHARS] + "…"
+    ctx.log.warning(
+        "tool failed: call %s (%s) %s %s after %.3fs: %s",
+        call.id,
+        t.name,
+        verb,
+        type(error).__name__,
+        _since(started),
+        text,
+    )

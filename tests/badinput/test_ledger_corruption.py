@@ -132,7 +132,7 @@ async def test_a_damaged_row_is_a_miss_the_tool_runs_again_with_a_warning_and_th
     malformed = [line for line in warnings if line.startswith("WARNING") and damaged in line and "malformed" in line]
     assert malformed, f"nothing said the {damage} entry was not usable: {warnings}"
     assert "the tool will run again" in malformed[0], malformed[0]
-    assert any(line.startswith("INFO") and f"replayed {intact}" in line for line in warnings), warnings
+    assert any(line.startswith("INFO") and f"tool replayed: {intact}" in line for line in warnings), warnings
     # The fresh result repaired the row: the next replay hits.
     entry = await (await store.open()).ledger_get(THREAD, damaged)
     assert entry is not None and decode(entry.result).result == {"order": "4821", "status": "fresh"}
