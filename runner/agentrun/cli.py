@@ -120,10 +120,38 @@ async def _run(args: argparse.Namespace, checkpointer: Checkpointer) -> int:
     return ExitCode.COMPLETED
 
 
+# How many namespaced ids a "not found" suggests.
+SUGGESTIONS = 5
+
+
+async def _not_found(args: argparse.Namespace, checkpointer: Checkpointer) -> UsageError:
+    """The error for an unknown thread, naming the ``<namespace>/<id>`` threads an AgentRun gave that id.
+
+    The operator keys an AgentRun's thread by namespace (``default/mine-crash``); the list of threads is
+    read only on this error path.
+    """
+    wanted = args.thread_id
+    text = f"thread {wanted!r} not found in {args.store}"
+    if "/" in wanted:
+        return UsageError(text)
+    try:
+        found = [t for t in await checkpointer.list_threads() if t.endswith(f"/{wanted}") and t.count("/") == 1]
+    except Exception:  # the hint is a courtesy: the error stays the error
+        return UsageError(text)
+    if not found:
+        return UsageError(text)
+    found.sort(key=lambda t: (not t.startswith("default/"), t))
+    shown = ", ".join(repr(t) for t in found[:SUGGESTIONS]) + (" …" if len(found) > SUGGESTIONS else "")
+    return UsageError(
+        f"{text}; an AgentRun's thread id has its namespace in front: did you mean {shown}? "
+        f"(agentrun {args.command} --thread-id {found[0]})"
+    )
+
+
 async def _state(args: argparse.Namespace, checkpointer: Checkpointer) -> int:
     checkpoint = await checkpointer.aget(args.thread_id)
     if checkpoint is None:
-        raise UsageError(f"thread {args.thread_id!r} not found in {args.store}")
+        raise await _not_found(args, checkpointer)
     ledger = await checkpointer.ledger_list(args.thread_id)
     stop = await checkpointer.stop_requested(args.thread_id)
     if args.json:
@@ -170,7 +198,7 @@ async def _state(args: argparse.Namespace, checkpointer: Checkpointer) -> int:
 async def _stop(args: argparse.Namespace, checkpointer: Checkpointer) -> int:
     checkpoint = await checkpointer.aget(args.thread_id)
     if checkpoint is None:
-        raise UsageError(f"thread {args.thread_id!r} not found in {args.store}")
+        raise await _not_found(args, checkpointer)
     try:  # the library's rule (lifecycle.check_stoppable), said as a usage error
         lifecycle.check_stoppable(checkpoint.status, thread_id=args.thread_id)
     except ThreadStateError as e:

@@ -128,6 +128,24 @@ def test_cli_missing_thread_and_nothing_to_resume(env: dict[str, str]) -> None:
     assert bad_json.returncode == 2 and "--resume is not valid JSON" in bad_json.stderr
 
 
+def test_cli_state_of_a_bare_id_suggests_the_namespaced_thread_an_agentrun_made(env: dict[str, str]) -> None:
+    """An AgentRun's thread is ``<namespace>/<threadId>`` in the store: the bare id must lead the user there."""
+    for thread in ("default/mine-crash", "team-a/mine-crash", "default/other"):
+        assert cli(env, "run", GRAPH, "--thread-id", thread, "--input", REQUEST, "-q").returncode == 0
+    for command in ("state", "stop"):
+        missing = cli(env, command, "--thread-id", "mine-crash")
+        assert missing.returncode == 2, missing
+        [line] = missing.stderr.strip().splitlines()
+        assert "thread 'mine-crash' not found" in line, line
+        assert "did you mean 'default/mine-crash', 'team-a/mine-crash'?" in line, (
+            f"the namespaced ids must be suggested, default first: {line}"
+        )
+        assert f"(agentrun {command} --thread-id default/mine-crash)" in line, line
+    assert "did you mean" not in cli(env, "state", "--thread-id", "ghost").stderr, "no match, no suggestion"
+    found = cli(env, "state", "--thread-id", "default/mine-crash")
+    assert found.returncode == 0 and "thread:   default/mine-crash" in found.stdout, found
+
+
 def test_cli_store_url_errors_are_clear(env: dict[str, str]) -> None:
     result = cli(dict(env, AGENTRUN_STORE="mysql://x"), "state", "--thread-id", "t")
     assert result.returncode == 2 and "unknown store URL scheme" in result.stderr
