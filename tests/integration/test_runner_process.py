@@ -275,3 +275,32 @@ def test_fail_on_tool_error_exits_5_with_the_tool_error_code(pod_env: dict[str, 
     line = (tmp_path / "termination-log").read_text()
     assert line.startswith("TOOL_ERROR_001: "), line
     assert status(failing) == ("failed", "tools")
+
+
+def test_an_uncompiled_graph_or_one_compiled_with_its_own_store_runs_on_the_runs_store_and_says_so(
+    pod_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Issue 24 item 7: neither case may pass silently; both run, on the run's store, with a WARNING that says so."""
+    own = tmp_path / "module-own.db"
+    (tmp_path / "my_agent.py").write_text(
+        "from agentrun import SqliteCheckpointer\n"
+        "from examples.support_agent import graph\n"
+        f"app = graph.compile(checkpointer=SqliteCheckpointer({str(own)!r}))\n"
+    )
+    env = dict(pod_env, PYTHONPATH=f"{tmp_path}:{pod_env['PYTHONPATH']}")
+    code, err = run(env, AGENTRUN_GRAPH="my_agent:graph", AGENTRUN_THREAD_ID="default/uncompiled")
+    assert code == 0, err
+    warnings = [line for line in err.splitlines() if "WARNING" in line and "my_agent:graph" in line]
+    assert len(warnings) == 1 and "is an uncompiled StateGraph: it is compiled here" in warnings[0], err
+
+    code, err = run(env, AGENTRUN_GRAPH="my_agent:app", AGENTRUN_THREAD_ID="default/own-store")
+    assert code == 0, err
+    warnings = [line for line in err.splitlines() if "WARNING" in line and "my_agent:app" in line]
+    assert len(warnings) == 1, err
+    assert f"compiled with its own checkpointer (SqliteCheckpointer {own})" in warnings[0], warnings[0]
+    assert "nothing is read from or written to the module's checkpointer" in warnings[0], warnings[0]
+    assert not own.exists(), "the module's own store must not be touched: the run's store replaces it"
+    assert status(dict(env, AGENTRUN_THREAD_ID="default/own-store")) == ("completed", "__end__")
+
+    code, err = run(pod_env, AGENTRUN_THREAD_ID="default/plain")  # examples.support_agent:app, compiled bare
+    assert code == 0 and "WARNING" not in err, err

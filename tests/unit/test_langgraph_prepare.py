@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -25,6 +26,17 @@ def test_a_compiled_graph_and_an_uncompiled_state_graph_are_accepted() -> None:
     assert is_langgraph(compiled) and is_langgraph(_graph())
     assert lg_run.prepare(compiled, "m:app") is compiled
     assert lg_run.prepare(_graph(), "m:graph").checkpointer is None
+
+
+def test_an_uncompiled_state_graph_is_compiled_with_a_warning_and_a_compiled_one_without(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="agentrun"):
+        lg_run.prepare(_graph().compile(), "m:app")
+        assert not caplog.records, "a compiled graph is what the runner expects: nothing to warn about"
+        lg_run.prepare(_graph(), "m:graph")
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert "'m:graph' is an uncompiled LangGraph StateGraph: it is compiled here" in warning, warning
 
 
 def test_a_graph_compiled_with_its_own_checkpointer_is_refused_with_what_to_do() -> None:

@@ -88,6 +88,11 @@ def prepare(target: object, reference: str) -> Pregel[Any, Any, Any, Any]:
             "install 'agentrun[langgraph]' in the runner image"
         )
     if isinstance(target, LangGraphStateGraph):
+        log.warning(
+            "graph reference %r is an uncompiled LangGraph StateGraph: it is compiled here (graph.compile()) with "
+            "AgentrunSaver on the run's store; if the module compiles it, name that instead to silence this",
+            reference,
+        )
         target = target.compile()
     if not isinstance(target, Pregel):
         raise GraphReferenceError(
