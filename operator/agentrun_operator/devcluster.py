@@ -17,7 +17,11 @@ It starts, and on Ctrl-C stops, everything it started:
   the local SQLite store.
 
 It writes a kubeconfig into the work folder (``--workdir``, default
-``.agentrun-dev``) and prints the ``export KUBECONFIG=...`` line to use it.
+``.agentrun-dev``) and prints the ``export KUBECONFIG=...`` line to use it,
+and, when ``kubectl agentrun`` would not find this virtualenv's plugin (the
+console script ``kubectl-agentrun`` beside its Python) on the ``PATH`` it was
+started with, the ``export PATH=...`` line that puts it there (a process
+cannot change its parent shell's ``PATH``).
 
 HAZARD: the API server keeps its objects in memory. A restart loses every
 AgentRun, Secret and pod (and the pods' logs); what survives is the store:
@@ -32,11 +36,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +54,25 @@ DEFAULT_PORT = 6880
 STORE_SECRET = "agentrun-store"
 # The runner image every AgentRun gets unless it names one; the kubelet stand-in "has" every image.
 DEFAULT_IMAGE = "agentrun:dev"
+
+
+PLUGIN = "kubectl-agentrun"
+
+
+def plugin_path_line(path: str | None = None) -> str | None:
+    """The ``export PATH=...`` line that lets ``kubectl agentrun`` find this virtualenv's plugin, or ``None``.
+
+    ``None`` when ``path`` (default: this process's ``PATH``) already finds that very script first, or when
+    this environment has no plugin to offer.
+    """
+    scripts = Path(sysconfig.get_path("scripts"))
+    plugin = scripts / PLUGIN
+    if not plugin.is_file():
+        return None
+    found = shutil.which(PLUGIN, path=path if path is not None else os.environ.get("PATH", ""))
+    if found is not None and Path(found).resolve() == plugin.resolve():
+        return None
+    return f"export PATH={shlex.quote(str(scripts))}:$PATH"
 
 
 class DevClusterError(Exception):
@@ -274,15 +299,18 @@ class DevCluster:
     def banner(self) -> str:
         metrics_port = self.operator.port if self.operator is not None else 0
         store = "PostgreSQL (AGENTRUN_DEV_POSTGRES_DSN)" if self.postgres_dsn else f"SQLite {self.store_url}"
+        on_path = plugin_path_line()
         return "\n".join(
             [
                 f"API server  {self.cluster.url}   store {store}",
                 f"operator    metrics http://{self.host}:{metrics_port}/metrics, log {self.operator_log}",
                 f"pods        run here with {sys.executable}; PYTHONPATH={os.pathsep.join(self.pythonpath)}",
                 "",
-                "In another terminal:",
+                "In another terminal"
+                + (f" (the PATH line puts the kubectl agentrun plugin, {PLUGIN}, on it):" if on_path else ":"),
                 "",
                 f"export KUBECONFIG={self.kubeconfig.resolve()}",
+                *([on_path] if on_path else []),
                 "",
                 "  kubectl apply -f examples/agentrun.yaml",
                 "  kubectl agentrun watch support-order-4821",

@@ -56,6 +56,10 @@ GRAPH = textwrap.dedent(
 )
 
 
+def path_without_venv() -> str:
+    return os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep) if p and Path(p) != BIN)
+
+
 def descendants(root: int) -> set[int]:
     """Every live process below ``root`` (from /proc), ``root`` included."""
     children: dict[int, list[int]] = {}
@@ -88,14 +92,17 @@ def alive(pid: int) -> bool:
 class DevCluster:
     """``make cluster`` as a subprocess: its output read line by line, the group signalled as a terminal does."""
 
-    def __init__(self, workdir: Path, pythonpath: Path, port: int, api_server: str = "kubesim") -> None:
+    def __init__(
+        self, workdir: Path, pythonpath: Path, port: int, api_server: str = "kubesim", *, venv_on_path: bool = True
+    ) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBE", "AGENTRUN_", "MAKE"))}
         env.update(
             AGENTRUN_DEV_K8S=api_server,
             AGENTRUN_DEV_PORT=str(port),
             AGENTRUN_DEV_WORKDIR=str(workdir),
             PYTHONPATH=str(pythonpath),
-            PATH=os.pathsep.join([str(BIN), env.get("PATH", "")]),
+            # Without the virtualenv: a terminal where it was never activated, as after a fresh clone.
+            PATH=os.pathsep.join([str(BIN), env.get("PATH", "")]) if venv_on_path else path_without_venv(),
         )
         # -o: the virtualenv counts as installed (no pip run by a test, whatever pyproject.toml's timestamp).
         self.proc = subprocess.Popen(
@@ -251,3 +258,36 @@ def test_a_missing_kubectl_is_a_clear_error(tmp_path: Path) -> None:
     )
     assert result.returncode == 2, result
     assert "kubectl is not on PATH" in result.stderr, result.stderr
+
+
+def test_make_cluster_prints_the_export_path_line_that_makes_kubectl_agentrun_work(tmp_path: Path) -> None:
+    """Issue 24 item 7: the banner's ``kubectl agentrun watch`` must work in a terminal without the virtualenv."""
+    graphs = tmp_path / "my-graphs"
+    graphs.mkdir()
+    dev = DevCluster(tmp_path / "dev", graphs, free_port(), venv_on_path=False)
+    try:
+        dev.read_until(r"Ctrl-C stops")
+        kubeconfig = dev.read_until(r"^export KUBECONFIG=\S+$").group(0)
+        path_line = dev.read_until(r"^export PATH=\S+:\$PATH$").group(0)
+        assert path_line == f"export PATH={BIN}:$PATH", dev.output
+        terminal = {k: v for k, v in os.environ.items() if not k.startswith("KUBE")}
+        terminal["PATH"] = path_without_venv()
+
+        def shell(*lines: str) -> subprocess.CompletedProcess[str]:
+            script = "\n".join([*lines, "kubectl agentrun list"])
+            return subprocess.run(["bash", "-c", script], env=terminal, capture_output=True, text=True, timeout=60)
+
+        before = shell(kubeconfig)
+        assert before.returncode != 0 and 'unknown command "agentrun"' in before.stderr, before
+        after = shell(kubeconfig, path_line)
+        assert after.returncode == 0, f"the printed lines must make kubectl agentrun work: {after}"
+        assert dev.interrupt() in (0, 130, -signal.SIGINT), dev.output
+    finally:
+        dev.kill()
+
+
+def test_no_path_line_when_the_plugin_is_already_found() -> None:
+    from agentrun_operator.devcluster import plugin_path_line
+
+    assert plugin_path_line(str(BIN)) is None, "the virtualenv is on PATH: nothing to export"
+    assert plugin_path_line(path_without_venv()) == f"export PATH={BIN}:$PATH"
