@@ -101,8 +101,8 @@ class Env(enum.StrEnum):
 # Store Secret key -> the variable it fills in the runner pod.
 STORE_SECRET_KEYS: dict[Env, str] = {Env.POSTGRES_DSN: "postgresDsn", Env.REDIS_URL: "redisUrl"}
 POSTGRES_DSN_KEY, REDIS_URL_KEY = STORE_SECRET_KEYS[Env.POSTGRES_DSN], STORE_SECRET_KEYS[Env.REDIS_URL]
-# Optional, the operator's only (no runner pod gets it): a direct DSN of the same database, on which the
-# operator LISTENs for progress when postgresDsn goes through a pooler in transaction mode
+# Optional, never in a runner pod: a direct DSN of the same database, on which the operator (and the
+# history server) LISTEN for progress when postgresDsn goes through a pooler in transaction mode
 # (agentrun_pooler=transaction), where LISTEN cannot work. Without it such a store's progress reaches the
 # operator by Redis pub/sub (redisUrl), pod events and the resync.
 POSTGRES_LISTEN_DSN_KEY = "postgresListenDsn"
