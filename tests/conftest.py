@@ -30,7 +30,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # `examples` is importable from tests, as from the CLI in the repo root
 
 from tests.support.checkpointers import BACKENDS, Backend, postgres_unavailable  # noqa: E402
-from tests.support.databases import create_database, drop_database  # noqa: E402
+from tests.support.databases import throwaway_database  # noqa: E402
 
 _TIERS = {
     "unit": "unit",
@@ -98,11 +98,8 @@ async def checkpointer(backend: Backend) -> Checkpointer:
 @pytest.fixture(scope="module")
 def dsn() -> Iterator[str]:
     """A fresh PostgreSQL database for a whole module (the operator tests: one thread per case); dropped after."""
-    database = asyncio.run(create_database())
-    try:
+    with throwaway_database() as database:
         yield database
-    finally:
-        asyncio.run(drop_database(database))
 
 
 @pytest.fixture

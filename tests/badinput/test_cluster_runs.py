@@ -46,18 +46,15 @@ from tests.cluster.operator_harness import (
     wait_phase,
 )
 from tests.support.checkpointers import postgres_dsn
-from tests.support.databases import create_database, drop_database, with_database
+from tests.support.databases import throwaway_database, with_database
 
 pytestmark = [pytest.mark.cluster, pytest.mark.postgres, pytest.mark.timeout(240)]
 
 
 @pytest.fixture
 def dsn() -> Iterator[str]:
-    database = asyncio.run(create_database())
-    try:
+    with throwaway_database() as database:
         yield database
-    finally:
-        asyncio.run(drop_database(database))
 
 
 @pytest.fixture

@@ -17,8 +17,6 @@ repository (``examples.*``, ``tests.cluster.graphs``).
 
 from __future__ import annotations
 
-import asyncio
-import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -26,9 +24,10 @@ import pytest
 
 from kubesim import KOPF_PEERING_CRDS, EmulatedCluster, default_base_env
 from kubesim.kubelet import KubeletThread
+from kubesim.pytest_plugin import emulated_kubelet
 from kubesim.real import RealControlPlane
 from tests.cluster.servers import RealCluster
-from tests.support.databases import create_database, drop_database
+from tests.support.databases import throwaway_database
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = ROOT / "crds" / "agentrun.dev_agentruns.yaml"
@@ -129,38 +128,16 @@ def kubelet(
         yield request.getfixturevalue("real_kubelet")
         return
     assert isinstance(cluster, EmulatedCluster)
-    node = KubeletThread(
-        cluster.url, tmp_path / "kubelet", known_images=kubesim_known_images, base_env=kubesim_base_env
-    ).start()
-    try:
+    with emulated_kubelet(cluster.url, tmp_path / "kubelet", kubesim_known_images, kubesim_base_env) as node:
         yield node
-    finally:
-        pids = [r.process.pid for r in node.kubelet.pods.values() if r.process is not None]
-        node.stop()
-        for pid in pids:  # the process group leader is reaped by the kubelet: no pid, no leak
-            with pytest.raises(ProcessLookupError):
-                os.killpg(pid, 0)
-
-
-@pytest.fixture(scope="module")
-def module_dsn() -> Iterator[str]:
-    """One PostgreSQL database for a module's kubesim tests (each uses threads of its own)."""
-    database = asyncio.run(create_database())
-    try:
-        yield database
-    finally:
-        asyncio.run(drop_database(database))
 
 
 @pytest.fixture
-def dsn(api_server: str, module_dsn: str) -> Iterator[str]:
-    """The store's database: the module's on kubesim; a fresh one for a test on the real server, which runs the
-    same scenario (same namespace, names, threads and request keys) after its kubesim twin."""
+def dsn(api_server: str, dsn: str) -> Iterator[str]:
+    """The store's database: the module's on kubesim (tests/conftest.py); a fresh one for a test on the real
+    server, which runs the same scenario (same namespace, names, threads and request keys) after its kubesim twin."""
     if api_server != "real":
-        yield module_dsn
+        yield dsn
         return
-    database = asyncio.run(create_database())
-    try:
+    with throwaway_database() as database:
         yield database
-    finally:
-        asyncio.run(drop_database(database))

@@ -29,7 +29,6 @@ chromium or Playwright is missing (``make chromium`` installs Debian's chromium)
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
@@ -59,7 +58,7 @@ from tests.cluster.operator_harness import (
     wait_phase,
 )
 from tests.cluster.test_kube_client import exec_user, kubeconfig_doc, write_plugin, write_yaml
-from tests.support.databases import create_database, drop_database
+from tests.support.databases import throwaway_database
 
 pytestmark = [pytest.mark.cluster, pytest.mark.real_server, pytest.mark.timeout(420)]
 
@@ -162,11 +161,8 @@ def real_users(cluster: Any, namespace: str) -> dict[str, str]:
 @pytest.fixture
 def dsn() -> Iterator[str]:
     """A fresh database per test (the runs' thread ids repeat on each API server)."""
-    database = asyncio.run(create_database())
-    try:
+    with throwaway_database() as database:
         yield database
-    finally:
-        asyncio.run(drop_database(database))
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ runner only when its namespace allows it; hostile objects do not disturb other r
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import Iterator
@@ -38,7 +37,7 @@ from tests.cluster.operator_harness import (
     store_secret,
     wait_phase,
 )
-from tests.support.databases import create_database, drop_database
+from tests.support.databases import throwaway_database
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -67,11 +66,8 @@ def private_pg() -> Iterator[PrivatePostgres]:
 
 @pytest.fixture
 def shared_dsn() -> Iterator[str]:
-    database = asyncio.run(create_database())
-    try:
+    with throwaway_database() as database:
         yield database
-    finally:
-        asyncio.run(drop_database(database))
 
 
 @pytest.fixture

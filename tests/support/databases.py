@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import uuid
+from collections.abc import Iterator
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -33,3 +36,13 @@ async def drop_database(dsn: str) -> None:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         await admin.close()
+
+
+@contextlib.contextmanager
+def throwaway_database() -> Iterator[str]:
+    """A fresh database (its DSN) for a fixture, dropped after it (from synchronous code)."""
+    database = asyncio.run(create_database())
+    try:
+        yield database
+    finally:
+        asyncio.run(drop_database(database))

@@ -32,6 +32,7 @@ A project configures them by overriding these fixtures in its ``conftest.py``:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 from collections.abc import Iterator, Mapping, Sequence
@@ -102,13 +103,27 @@ def kubelet(
     kubesim_known_images: Sequence[str],
     kubesim_base_env: dict[str, str],
 ) -> Iterator[KubeletThread]:
+    with emulated_kubelet(cluster.url, tmp_path / "kubelet", kubesim_known_images, kubesim_base_env) as node:
+        yield node
+
+
+@contextlib.contextmanager
+def emulated_kubelet(
+    url: str, workdir: Path, known_images: Sequence[str], base_env: dict[str, str]
+) -> Iterator[KubeletThread]:
+    """A kubelet stand-in on the emulator at ``url``; afterwards, every pod process it started must be gone."""
     from kubesim.kubelet import KubeletThread
 
-    node = KubeletThread(
-        cluster.url, tmp_path / "kubelet", known_images=kubesim_known_images, base_env=kubesim_base_env
-    ).start()
-    try:
+    node = KubeletThread(url, workdir, known_images=known_images, base_env=base_env).start()
+    with stopped_without_leaks(node):
         yield node
+
+
+@contextlib.contextmanager
+def stopped_without_leaks(node: KubeletThread) -> Iterator[None]:
+    """Stop ``node`` when the block ends and check that none of its pods' process groups survived it."""
+    try:
+        yield
     finally:
         pids = [r.process.pid for r in node.kubelet.pods.values() if r.process is not None]
         node.stop()
@@ -169,11 +184,5 @@ def real_kubelet(
         known_images=kubesim_known_images,
         base_env=kubesim_base_env,
     )
-    try:
+    with stopped_without_leaks(node):
         yield node
-    finally:
-        pids = [r.process.pid for r in node.kubelet.pods.values() if r.process is not None]
-        node.stop()
-        for pid in pids:
-            with pytest.raises(ProcessLookupError):
-                os.killpg(pid, 0)
