@@ -49,6 +49,14 @@ def _logging(fmt: str) -> None:
 
 async def run(settings: OperatorSettings) -> int:
     state = {"role": "starting"}
+    stop = asyncio.Event()
+    # Signal handlers first: once /healthz answers, a signal must find them (the debug hook's SIGUSR2 killed an
+    # operator that answered 200 before it had installed its handler).
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    if settings.debug_freeze_signal:
+        freeze_on_signal(loop, settings.debug_freeze_signal, settings.debug_freeze_seconds)
     heartbeat = Heartbeat(timeout=settings.liveness_timeout_seconds)
     beating = asyncio.create_task(heartbeat.beat())
     http = (
@@ -56,13 +64,7 @@ async def run(settings: OperatorSettings) -> int:
     )
     kube = KubeClient.from_environment()
     stores = StoreRegistry(SecretCache(kube), idle_seconds=settings.store_idle_seconds)
-    stop = asyncio.Event()
     stores.local_stores = settings.local_stores
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    if settings.debug_freeze_signal:
-        freeze_on_signal(loop, settings.debug_freeze_signal, settings.debug_freeze_seconds)
     elector = (
         LeaderElector(
             kube, settings.lease_namespace, settings.lease_name, settings.identity, settings.lease_duration_seconds
