@@ -18,9 +18,9 @@ from urllib.parse import quote
 import aiohttp
 from lightkube.config.models import User
 
+from agentrun.contract import GROUP, PLURAL, VERSION
 from agentrun_operator.io import kubeconfig
 
-GROUP, VERSION, PLURAL = "agentrun.dev", "v1alpha1", "agentruns"
 TIMEOUT_SECONDS = 15.0
 
 
