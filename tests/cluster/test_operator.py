@@ -225,6 +225,7 @@ def test_operator_sigkilled_mid_run_and_restarted_makes_no_duplicate_pod(
     assert count_effects(str(effects))["charges"] == 1
 
 
+@pytest.mark.real_server
 def test_unknown_graph_fails_once_with_a_reason(
     cluster: EmulatedCluster, operator: OperatorProcess, tmp_path: Path
 ) -> None:
@@ -235,6 +236,7 @@ def test_unknown_graph_fails_once_with_a_reason(
     assert pods_of(cluster, "typo") == ["typo-1"], "a permanent failure must not be retried"
 
 
+@pytest.mark.real_server
 def test_missing_store_secret_fails_without_a_pod(
     cluster: EmulatedCluster, operator: OperatorProcess, tmp_path: Path
 ) -> None:
@@ -246,6 +248,7 @@ def test_missing_store_secret_fails_without_a_pod(
     assert pods_of(cluster, "nosecret") == []
 
 
+@pytest.mark.real_server
 def test_stop_before_start_ends_without_a_pod(
     cluster: EmulatedCluster, operator: OperatorProcess, tmp_path: Path
 ) -> None:
@@ -268,6 +271,7 @@ def test_kubectl_delete_removes_pods_and_keeps_thread_data(
     assert progress(store, "default/doomed") is not None, "deleting the AgentRun must keep the thread's data"
 
 
+@pytest.mark.real_server
 def test_an_agentrun_is_deleted_at_once_even_with_no_operator_running(
     cluster: EmulatedCluster, kubelet: KubeletThread, store: str, tmp_path: Path
 ) -> None:
@@ -287,6 +291,7 @@ def test_an_agentrun_is_deleted_at_once_even_with_no_operator_running(
     assert progress(store, "default/orphan") is not None, "deleting the AgentRun must keep the thread's data"
 
 
+@pytest.mark.real_server
 def test_same_thread_id_in_two_namespaces_is_two_threads(
     cluster: EmulatedCluster, operator: OperatorProcess, store: str, tmp_path: Path
 ) -> None:
@@ -346,6 +351,7 @@ def impatient_operator(
         process.stop()
 
 
+@pytest.mark.real_server
 def test_a_runner_that_ignores_stop_is_force_deleted(
     cluster: EmulatedCluster,
     kubelet: KubeletThread,
@@ -395,6 +401,7 @@ def test_a_disruption_reschedules_without_counting_a_restart_and_charges_once(
     assert count_effects(str(effects))["charges"] == 1
 
 
+@pytest.mark.real_server
 def test_a_gracefully_stopped_leader_hands_over_at_once(
     cluster: EmulatedCluster, kubelet: KubeletThread, store: str, tmp_path: Path
 ) -> None:
@@ -421,6 +428,7 @@ def test_a_gracefully_stopped_leader_hands_over_at_once(
         one.stop()
 
 
+@pytest.mark.real_server
 def test_an_operator_watching_one_namespace_leaves_the_others_alone(
     cluster: EmulatedCluster, kubelet: KubeletThread, store: str, tmp_path: Path
 ) -> None:
@@ -479,6 +487,7 @@ def test_a_second_run_on_a_running_thread_waits_then_continues_the_thread(
     _ran_after(cluster, first, second)
 
 
+@pytest.mark.real_server
 def test_two_runs_applied_at_once_on_one_thread_run_one_after_the_other(
     cluster: EmulatedCluster, operator: OperatorProcess, store: str, tmp_path: Path
 ) -> None:
@@ -534,6 +543,7 @@ def test_deleting_the_running_holder_lets_the_waiting_run_take_over_the_thread(
     wait_phase(cluster, operator, "next", "Succeeded", timeout=60)
 
 
+@pytest.mark.real_server
 def test_a_new_run_for_the_next_turn_of_a_finished_thread_starts_and_succeeds(
     cluster: EmulatedCluster, operator: OperatorProcess, store: str, tmp_path: Path
 ) -> None:
