@@ -5,28 +5,10 @@
 # package service left to systemd (there is none here): both servers are started directly and kept running.
 set -euo pipefail
 
-apt_install() {
-    if [ "$(id -u)" != 0 ]; then
-        echo "missing $*; installing it needs root: apt-get install -y $*" >&2
-        exit 1
-    fi
-    # A package's own service must not start during the install (no init system here); policy-rc.d refuses it.
-    local policy=/usr/sbin/policy-rc.d created=0
-    if [ ! -e "$policy" ]; then
-        printf '#!/bin/sh\nexit 101\n' >"$policy"
-        chmod +x "$policy"
-        created=1
-    fi
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
-    [ "$created" = 1 ] && rm -f "$policy"
-    return 0
-}
-
 missing=()
 command -v pg_ctlcluster >/dev/null || missing+=(postgresql)
 command -v redis-server >/dev/null || missing+=(redis-server)
-[ ${#missing[@]} -eq 0 ] || { echo "installing ${missing[*]}"; apt_install "${missing[@]}"; }
+[ ${#missing[@]} -eq 0 ] || { echo "installing ${missing[*]}"; bash "$(dirname "$0")/apt_install.sh" "${missing[@]}"; }
 # PgBouncer: installed only, never started as a service (tests and the bench start their own process).
 bash "$(dirname "$0")/pgbouncer.sh"
 
