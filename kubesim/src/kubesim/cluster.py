@@ -196,14 +196,7 @@ class EmulatedCluster:
         message: str = "condition",
     ) -> T:
         """Poll until ``predicate()`` is truthy and return it; AssertionError naming ``message`` on timeout."""
-        deadline = time.monotonic() + timeout
-        while True:
-            result = predicate()
-            if result:
-                return result
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout}s waiting for: {message}")
-            time.sleep(interval)
+        return poll(predicate, timeout=timeout, interval=interval, message=message)
 
     # --- clients ---------------------------------------------------------------------------------
 
@@ -255,3 +248,18 @@ class EmulatedCluster:
         except urllib.error.HTTPError as e:
             with e:
                 return ApiResponse(e.code, json.loads(e.read() or b"null"), dict(e.headers))
+
+
+def poll(predicate: Callable[[], T | None], *, timeout: float, interval: float, message: str) -> T:
+    """Poll until ``predicate()`` is truthy and return it; AssertionError naming ``message`` on timeout.
+
+    The ``wait_for`` of both servers' test handles (``EmulatedCluster``, ``real.RealControlPlane``).
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for: {message}")
+        time.sleep(interval)

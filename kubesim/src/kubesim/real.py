@@ -52,7 +52,7 @@ import yaml
 
 from kubesim import pki
 from kubesim.access import ApiAccess
-from kubesim.cluster import KUBECTL, ApiResponse
+from kubesim.cluster import KUBECTL, ApiResponse, poll
 from kubesim.kubelet import KNOWN_IMAGES, LEASE_SECONDS, NODE_NAME, KubeletThread
 
 T = TypeVar("T")
@@ -606,14 +606,7 @@ class RealControlPlane:
         message: str = "condition",
     ) -> T:
         """Poll until ``predicate()`` is truthy and return it; AssertionError naming ``message`` on timeout."""
-        deadline = time.monotonic() + timeout
-        while True:
-            result = predicate()
-            if result:
-                return result
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout}s waiting for: {message}")
-            time.sleep(interval)
+        return poll(predicate, timeout=timeout, interval=interval, message=message)
 
 
 def _json(data: bytes) -> Any:
