@@ -1,13 +1,17 @@
 """What the operator costs the cluster: API requests, database queries, CPU and memory per run, and its latencies.
 
-``make bench`` (``python -m bench.operator``) runs, on the emulated cluster
-(kubesim) with the real operator process and a private PostgreSQL database:
+``make bench`` (``python -m bench.operator``) runs, on each API server (``--api-server``:
+``kubesim``, the emulator, and ``real``, kube-apiserver with etcd and kube-controller-manager
+built by ``make k8s``; ``both`` by default, one after the other in one run) with the real
+operator process and a private PostgreSQL database:
 
 1. quiet load: ``--runs`` (1,000) AgentRuns held Running by a kubelet stand-in
    that reported their pods Running and went quiet (no runner processes, so
    runner CPU does not blur the operator's). Over ``--window`` seconds:
    ``operator_api_requests_per_run_per_s`` (every request the operator makes,
-   watches and the Lease included, counted by a proxy only it talks through),
+   watches and the Lease included: on kubesim counted by a proxy only it talks
+   through; on the real server from kube-apiserver's own audit log, which records
+   the operator's user only),
    ``operator_db_queries_per_run_per_s`` (transactions of the private database,
    which only the operator uses here, from ``pg_stat_database``),
    ``operator_cpu_percent`` (of one core, from /proc) and
@@ -24,8 +28,15 @@
 
 ``--baseline REV`` measures the operator of git revision REV the same way (a
 worktree; its runner code too) and stores it as ``before``. Results are merged
-into ``bench/results/latest.json`` under ``operator`` (the runtime benchmark's
-keys are kept). ``--quick`` (the smoke in tests/cluster) runs a few runs of each.
+into ``bench/results/latest.json`` under ``operator``: ``figures`` and ``before``
+hold one set of figures per server (the runtime benchmark's keys are kept).
+``--quick`` (the smoke in tests/cluster) runs a few runs of each.
+
+On the real server the quiet runs' pods are bound to a Node without a kubelet
+(``bench-quiet``) and reported Running by the driver; its controllers run without
+the node lifecycle controllers, so that node is never found unready and its pods
+never evicted while the operator is measured (the pod garbage collector still
+runs: it removes pods of nodes that do not exist, hence the Node object).
 """
 
 # The driver blocks on purpose (it polls the API and the database while the operator works).
@@ -41,25 +52,32 @@ import platform
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import asyncpg
 import yaml
 
 from agentrun.checkpoint.postgres import PgCheckpointer
 from kubesim import KubeletThread, default_base_env, write_kubeconfig
+from kubesim.real import CONTROLLERS, MASTERS, RealControlPlane
 from tests.support.databases import create_database, drop_database
-from tests.support.kubeload import CountingProxy, RunningHolder
+from tests.support.kubeload import MANAGED_BY, CountingProxy, RunningHolder, running_status
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
+SERVERS = ("kubesim", "real")
+OPERATOR_USER = "agentrun-bench-operator"  # the operator's identity on the real server (what its audit log records)
+QUIET_NODE = "bench-quiet"
+NODE_LIFECYCLE = ("node-lifecycle-controller", "taint-eviction-controller")
 KNOWN_IMAGES = ("agentrun:test",)
 TICKER = "tests.cluster.scale_graphs:ticker"
 CHUNK = 100
@@ -82,6 +100,18 @@ class Params:
 
 
 # --- the pieces -------------------------------------------------------------------------------------------------------
+
+
+class Server(Protocol):
+    """What the driver needs of an API server: the emulator (``Cluster``) or the real one (``RealControlPlane``)."""
+
+    kubeconfig: Path  # the admin's
+
+    def kubectl(self, *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]: ...
+
+    def list_objects(self, resource: str, namespace: str) -> list[dict[str, Any]]: ...
+
+    def get(self, resource: str, name: str, namespace: str) -> dict[str, Any] | None: ...
 
 
 class Cluster:
@@ -147,6 +177,120 @@ def emulated(workdir: Path, source: Path) -> Iterator[Cluster]:
         cluster.stop()
 
 
+# kube-apiserver's audit policy: one event per request of the operator's user (when it is received;
+# a watch counts once, as the proxy counts it), nothing for anyone else.
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["ResponseStarted", "ResponseComplete", "Panic"],
+    "rules": [{"level": "Metadata", "users": [OPERATOR_USER]}, {"level": "None"}],
+}
+
+
+@contextlib.contextmanager
+def real(workdir: Path, source: Path, *, node_lifecycle: bool = True) -> Iterator[RealControlPlane]:
+    """kube-apiserver, etcd and kube-controller-manager (``make k8s``) with the CRDs installed and
+    the operator's user (``OPERATOR_USER``, in system:masters) audited to ``workdir/audit.log``."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    policy = workdir / "audit-policy.yaml"
+    policy.write_text(yaml.safe_dump(AUDIT_POLICY))
+    controllers = CONTROLLERS if node_lifecycle else tuple(c for c in CONTROLLERS if c not in NODE_LIFECYCLE)
+    plane = RealControlPlane(
+        workdir / "plane",
+        users={OPERATOR_USER: [MASTERS]},
+        controllers=controllers,
+        apiserver_args=(f"--audit-policy-file={policy}", f"--audit-log-path={workdir / 'audit.log'}"),
+    )
+    with plane:
+        applied = plane.kubectl("apply", "--server-side", "-f", str(source / "crds"))
+        assert applied.returncode == 0, applied.stderr
+        # Established first; a new CRD's storage then answers 429 for a moment.
+        plane.wait_for(
+            lambda: plane.api("GET", "/apis/agentrun.dev/v1alpha1/namespaces/default/agentruns").status == 200,
+            timeout=60,
+            message="agentruns served",
+        )
+        yield plane
+
+
+@contextlib.contextmanager
+def serving(server: str, workdir: Path, source: Path, *, node_lifecycle: bool = True) -> Iterator[Server]:
+    """``server``'s API server ("kubesim" or "real"), up for the block."""
+    if server == "kubesim":
+        with emulated(workdir, source) as cluster:
+            yield cluster
+    else:
+        with real(workdir, source, node_lifecycle=node_lifecycle) as plane:
+            yield plane
+
+
+def operator_kubeconfig(cluster: Server, workdir: Path) -> Path:
+    """The operator's own identity: on the real server the audited ``OPERATOR_USER``."""
+    if isinstance(cluster, RealControlPlane):
+        return cluster.write_kubeconfig(workdir / "operator.kubeconfig", cluster.access(OPERATOR_USER))
+    return cluster.kubeconfig
+
+
+def audited(audit_log: Path, since: float, until: float) -> Counter[str]:
+    """The operator's requests received in [since, until) (epoch seconds), by "verb resource[/subresource]"."""
+    seen: Counter[str] = Counter()
+    with audit_log.open() as lines:
+        for line in lines:
+            event = json.loads(line)
+            if event.get("stage") != "RequestReceived" or event.get("user", {}).get("username") != OPERATOR_USER:
+                continue
+            received = datetime.fromisoformat(event["requestReceivedTimestamp"]).timestamp()
+            if since <= received < until:
+                ref = event.get("objectRef") or {}
+                what = "/".join(p for p in (ref.get("resource"), ref.get("subresource")) if p)
+                seen[f"{event['verb']} {what or event.get('requestURI', '?')}"] += 1
+    return seen
+
+
+class QuietNode:
+    """On the real server: a Node with no kubelet, which the operator's pods are bound to and reported
+    Running on (once each, by the driver), standing in for ``RunningHolder``'s quiet kubelet."""
+
+    def __init__(self, plane: RealControlPlane, interval: float = 1.0) -> None:
+        self.plane, self.interval = plane, interval
+        self.marked: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="quiet-node", daemon=True)
+        node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": QUIET_NODE}}
+        created = plane.api("POST", "/api/v1/nodes", node)
+        assert created.status in (201, 409), created
+
+    def start(self) -> QuietNode:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.hold()
+
+    def hold(self) -> None:
+        pods = self.plane.api("GET", "/api/v1/namespaces/default/pods", params={"labelSelector": MANAGED_BY})
+        for pod in pods.body.get("items") or [] if pods.status == 200 else []:
+            name = pod["metadata"]["name"]
+            if name in self.marked or pod["metadata"].get("deletionTimestamp"):
+                continue
+            path = f"/api/v1/namespaces/default/pods/{name}"
+            if not pod["spec"].get("nodeName"):
+                target = {"apiVersion": "v1", "kind": "Node", "name": QUIET_NODE}
+                binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name}, "target": target}
+                if self.plane.api("POST", path + "/binding", binding).status not in (201, 409):
+                    continue
+            patched = self.plane.api(
+                "PATCH", path + "/status", {"status": running_status()}, content_type="application/merge-patch+json"
+            )
+            if patched.status == 200:
+                self.marked.add(name)
+
+
 async def _migrated() -> str:
     dsn = await create_database()
     store = PgCheckpointer(dsn)  # migrated up front, as a store in use is: no run waits for the schema
@@ -210,7 +354,7 @@ def start_operator(source: Path, kubeconfig: Path, workdir: Path, **env: str) ->
     return Operator(proc, log)
 
 
-def secret(cluster: Cluster, dsn: str) -> None:
+def secret(cluster: Server, dsn: str) -> None:
     result = cluster.kubectl("create", "secret", "generic", "agentrun-store", f"--from-literal=postgresDsn={dsn}")
     assert result.returncode == 0, result.stderr
 
@@ -233,18 +377,18 @@ def run(
     }
 
 
-def apply(cluster: Cluster, manifests: list[dict[str, Any]], chunk: int = 250) -> None:
+def apply(cluster: Server, manifests: list[dict[str, Any]], chunk: int = 250) -> None:
     for start in range(0, len(manifests), chunk):
         listing = {"apiVersion": "v1", "kind": "List", "items": manifests[start : start + chunk]}
         result = cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(listing))
         assert result.returncode == 0, result.stderr
 
 
-def statuses(cluster: Cluster) -> dict[str, dict[str, Any]]:
+def statuses(cluster: Server) -> dict[str, dict[str, Any]]:
     return {r["metadata"]["name"]: r.get("status") or {} for r in cluster.list_objects("agentruns", "default")}
 
 
-def pod_names(cluster: Cluster) -> set[str]:
+def pod_names(cluster: Server) -> set[str]:
     return {p["metadata"]["name"] for p in cluster.list_objects("pods", "default")}
 
 
@@ -297,68 +441,102 @@ def p95(samples: list[float]) -> float:
 # --- 1. quiet load ---------------------------------------------------------------------------------------------------
 
 
-def quiet_load(source: Path, p: Params, workdir: Path) -> dict[str, float]:
-    with database() as dsn, emulated(workdir, source) as cluster:
+def quiet_load(server: str, source: Path, p: Params, workdir: Path) -> dict[str, float]:
+    with (
+        database() as dsn,
+        serving(server, workdir, source, node_lifecycle=False) as cluster,
+        contextlib.ExitStack() as stack,
+    ):
         secret(cluster, dsn)
-        proxy = CountingProxy(cluster.url).start()
-        operator = start_operator(source, write_kubeconfig(workdir / "via-proxy", proxy.url), workdir)
-        holder = RunningHolder(cluster.url, interval=1.0).start()
-        try:
-            started = time.monotonic()
-            # In chunks, each once its pods exist: setting up is not measured, and a burst of 1,000 on the
-            # emulator (validation, CEL rules) would only measure the emulator.
-            for start in range(0, p.runs, CHUNK):
-                upto = min(p.runs, start + CHUNK)
-                apply(cluster, [run(f"quiet-{i}") for i in range(start, upto)])
-                wait(
-                    lambda upto=upto: len(pod_names(cluster)) >= upto,
-                    timeout=600,
-                    what=f"{upto} pods",
-                    operator=operator,
-                    interval=1.0,
-                )
+        kubeconfig, count, holder = _quiet(cluster, workdir, stack)
+        started = time.monotonic()  # the operator's first requests (its watches, the Lease) included
+        operator = start_operator(source, kubeconfig, workdir)
+        stack.callback(operator.stop)
+        # In chunks, each once its pods exist: setting up is not measured, and a burst of 1,000 on the
+        # emulator (validation, CEL rules) would only measure the emulator.
+        for start in range(0, p.runs, CHUNK):
+            upto = min(p.runs, start + CHUNK)
+            apply(cluster, [run(f"quiet-{i}") for i in range(start, upto)])
             wait(
-                lambda: sum(s.get("phase") == "Running" for s in statuses(cluster).values()) >= p.runs,
-                timeout=max(120.0, p.runs * 0.6),
-                what=f"{p.runs} runs Running",
+                lambda upto=upto: len(pod_names(cluster)) >= upto,
+                timeout=600,
+                what=f"{upto} pods",
                 operator=operator,
-                interval=2.0,
+                interval=1.0,
             )
-            print(f"  {p.runs} runs Running after {time.monotonic() - started:.0f}s", flush=True)
-            holder.stop()
-            time.sleep(p.settle)
-            pid = operator.proc.pid
-            xacts0, cpu0, t0 = asyncio.run(_xacts(dsn)), proc_cpu_seconds(pid), time.monotonic()
-            time.sleep(p.window)
-            xacts1, cpu1, t1 = asyncio.run(_xacts(dsn)), proc_cpu_seconds(pid), time.monotonic()
-            rss = proc_rss_mb(pid)
-            seen = proxy.count(t0, t1, watches=True)
-            elapsed = t1 - t0
-            # The two reads of pg_stat_database are transactions too: not the operator's.
-            queries = max(0, xacts1 - xacts0 - 2)
-            print(f"  requests in the window: {dict(seen)}", flush=True)
-            return {
-                "operator_api_requests_per_run_per_s": sum(seen.values()) / p.runs / elapsed,
-                "operator_db_queries_per_run_per_s": queries / p.runs / elapsed,
-                "operator_cpu_percent": 100.0 * (cpu1 - cpu0) / elapsed,
-                # Named for the full benchmark's 1,000 runs; with --runs N it is the RSS at N runs (quiet_runs).
-                "operator_rss_mb_1000_runs": rss,
-                "quiet_runs": float(p.runs),
-                "quiet_window_s": elapsed,
-            }
-        finally:
-            holder.stop()
-            operator.stop()
-            proxy.stop()
+        wait(
+            lambda: sum(s.get("phase") == "Running" for s in statuses(cluster).values()) >= p.runs,
+            timeout=max(120.0, p.runs * 0.6),
+            what=f"{p.runs} runs Running",
+            operator=operator,
+            interval=2.0,
+        )
+        print(f"  {p.runs} runs Running after {time.monotonic() - started:.0f}s", flush=True)
+        holder.stop()
+        time.sleep(p.settle)
+        pid = operator.proc.pid
+        xacts0, cpu0, t0 = asyncio.run(_xacts(dsn)), proc_cpu_seconds(pid), time.monotonic()
+        time.sleep(p.window)
+        xacts1, cpu1, t1 = asyncio.run(_xacts(dsn)), proc_cpu_seconds(pid), time.monotonic()
+        rss = proc_rss_mb(pid)
+        time.sleep(0.5)  # the audit log is written as requests arrive; a moment for the last lines
+        seen, setup = count(t0, t1), count(started, t0)
+        elapsed = t1 - t0
+        # The two reads of pg_stat_database are transactions too: not the operator's.
+        queries = max(0, xacts1 - xacts0 - 2)
+        print(f"  requests in the window: {dict(seen)}", flush=True)
+        return {
+            "operator_api_requests_per_run_per_s": sum(seen.values()) / p.runs / elapsed,
+            # Its requests while the runs were created and started (pods, status): the counter's proof of life.
+            "operator_api_requests_per_run_setup": sum(setup.values()) / p.runs,
+            "operator_db_queries_per_run_per_s": queries / p.runs / elapsed,
+            "operator_cpu_percent": 100.0 * (cpu1 - cpu0) / elapsed,
+            # Named for the full benchmark's 1,000 runs; with --runs N it is the RSS at N runs (quiet_runs).
+            "operator_rss_mb_1000_runs": rss,
+            "quiet_runs": float(p.runs),
+            "quiet_window_s": elapsed,
+        }
+
+
+class _Holder(Protocol):
+    def stop(self) -> None: ...
+
+
+def _quiet(
+    cluster: Server, workdir: Path, stack: contextlib.ExitStack
+) -> tuple[Path, Callable[[float, float], Counter[str]], _Holder]:
+    """The operator's kubeconfig, a count of its requests in a window (monotonic seconds) and the quiet
+    kubelet: on kubesim a counting proxy and ``RunningHolder``; on the real server its audit log and
+    ``QuietNode``."""
+    if isinstance(cluster, RealControlPlane):
+        node = QuietNode(cluster).start()
+        stack.callback(node.stop)
+        offset = time.time() - time.monotonic()
+        audit_log = cluster.workdir.parent / "audit.log"
+        return (
+            operator_kubeconfig(cluster, workdir),
+            lambda t0, t1: audited(audit_log, t0 + offset, t1 + offset),
+            node,
+        )
+    assert isinstance(cluster, Cluster)
+    proxy = CountingProxy(cluster.url).start()
+    stack.callback(proxy.stop)
+    holder = RunningHolder(cluster.url, interval=1.0).start()
+    stack.callback(holder.stop)
+    return (
+        write_kubeconfig(workdir / "via-proxy", proxy.url),
+        lambda t0, t1: proxy.count(t0, t1, watches=True),
+        holder,
+    )
 
 
 # --- 2. burst --------------------------------------------------------------------------------------------------------
 
 
-def burst(source: Path, p: Params, workdir: Path) -> dict[str, float]:
-    with database() as dsn, emulated(workdir, source) as cluster:
+def burst(server: str, source: Path, p: Params, workdir: Path) -> dict[str, float]:
+    with database() as dsn, serving(server, workdir, source) as cluster:
         secret(cluster, dsn)
-        operator = start_operator(source, cluster.kubeconfig, workdir)
+        operator = start_operator(source, operator_kubeconfig(cluster, workdir), workdir)
         try:
             wait(
                 lambda: "leading as" in operator.log.read_text(errors="replace"),
@@ -393,13 +571,18 @@ async def _commits(dsn: str) -> list[tuple[str, int, float]]:
         await conn.close()
 
 
-def active(source: Path, p: Params, workdir: Path) -> dict[str, float]:
-    with database() as dsn, emulated(workdir, source) as cluster:
+def active(server: str, source: Path, p: Params, workdir: Path) -> dict[str, float]:
+    with database() as dsn, serving(server, workdir, source) as cluster:
         secret(cluster, dsn)
-        kubelet = KubeletThread(
-            cluster.url, workdir / "kubelet", known_images=KNOWN_IMAGES, base_env=default_base_env([ROOT])
-        ).start()
-        operator = start_operator(source, cluster.kubeconfig, workdir)
+        base_env = default_base_env([ROOT])
+        if isinstance(cluster, RealControlPlane):
+            kubelet = cluster.start_kubelet(workdir / "kubelet", known_images=KNOWN_IMAGES, base_env=base_env)
+        else:
+            assert isinstance(cluster, Cluster)
+            kubelet = KubeletThread(
+                cluster.url, workdir / "kubelet", known_images=KNOWN_IMAGES, base_env=base_env
+            ).start()
+        operator = start_operator(source, operator_kubeconfig(cluster, workdir), workdir)
         try:
             return {
                 **_status_lag(cluster, dsn, p, operator),
@@ -411,7 +594,7 @@ def active(source: Path, p: Params, workdir: Path) -> dict[str, float]:
             kubelet.stop()
 
 
-def _status_lag(cluster: Cluster, dsn: str, p: Params, operator: Operator) -> dict[str, float]:
+def _status_lag(cluster: Server, dsn: str, p: Params, operator: Operator) -> dict[str, float]:
     names = [f"lag-{i}" for i in range(p.active)]
     apply(cluster, [run(n, graph=TICKER, env={"TICKS": "8", "TICK_SECONDS": "1"}) for n in names])
     shown: dict[tuple[str, int], float] = {}  # (thread, stateVersion) -> first seen (epoch)
@@ -433,7 +616,7 @@ def _status_lag(cluster: Cluster, dsn: str, p: Params, operator: Operator) -> di
     return {"status_lag_p95_s": p95(lags), "status_lag_samples": float(len(lags))}
 
 
-def _stops(cluster: Cluster, p: Params, operator: Operator) -> dict[str, float]:
+def _stops(cluster: Server, p: Params, operator: Operator) -> dict[str, float]:
     names = [f"stop-{i}" for i in range(p.active)]
     apply(cluster, [run(n, graph=TICKER, env={"TICKS": "1000", "TICK_SECONDS": "1"}) for n in names])
     wait(
@@ -456,7 +639,7 @@ def _stops(cluster: Cluster, p: Params, operator: Operator) -> dict[str, float]:
     return {"stop_p95_s": p95(list(done.values())), "stop_samples": float(len(done))}
 
 
-def _reschedules(cluster: Cluster, kubelet: KubeletThread, p: Params, operator: Operator) -> dict[str, float]:
+def _reschedules(cluster: Server, kubelet: KubeletThread, p: Params, operator: Operator) -> dict[str, float]:
     names = [f"resched-{i}" for i in range(p.active)]
     apply(
         cluster,
@@ -482,14 +665,14 @@ def _reschedules(cluster: Cluster, kubelet: KubeletThread, p: Params, operator: 
         try:
             kubelet.kill(f"{n}-1")
             ended = wait(
-                lambda n=n: _terminated(cluster.get("pods", f"{n}-1")) and time.monotonic(),
+                lambda n=n: _terminated(cluster.get("pods", f"{n}-1", "default")) and time.monotonic(),
                 timeout=30,
                 what=f"{n}-1 terminated",
                 operator=operator,
                 interval=0.01,
             )
             created = wait(
-                lambda n=n: cluster.get("pods", f"{n}-2") is not None and time.monotonic(),
+                lambda n=n: cluster.get("pods", f"{n}-2", "default") is not None and time.monotonic(),
                 timeout=30,
                 what=f"{n}-2 created",
                 operator=operator,
@@ -507,15 +690,19 @@ def _reschedules(cluster: Cluster, kubelet: KubeletThread, p: Params, operator: 
 # --- the driver ------------------------------------------------------------------------------------------------------
 
 
-def measure(source: Path, p: Params) -> dict[str, float]:
-    figures: dict[str, float] = {}
+def measure(source: Path, p: Params, servers: tuple[str, ...]) -> dict[str, dict[str, float]]:
+    """Every figure on each server, server after server (one API server up at a time)."""
+    figures: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-operator-") as tmp:
-        work = Path(tmp)
-        for name, phase in (("quiet load", quiet_load), ("burst", burst), ("with runners", active)):
-            print(f"{source.name or source}: {name}", flush=True)
-            (work / name.replace(" ", "-")).mkdir()
-            figures.update(phase(source, p, work / name.replace(" ", "-")))
-    return {k: round(v, 4) for k, v in figures.items()}
+        for server in servers:
+            measured: dict[str, float] = {}
+            for name, phase in (("quiet load", quiet_load), ("burst", burst), ("with runners", active)):
+                print(f"{source.name or source} on {server}: {name}", flush=True)
+                work = Path(tmp) / server / name.replace(" ", "-")
+                work.mkdir(parents=True)
+                measured.update(phase(server, source, p, work))
+            figures[server] = {k: round(v, 4) for k, v in measured.items()}
+    return figures
 
 
 def merge(out: Path, section: dict[str, Any]) -> None:
@@ -541,9 +728,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=float, default=Params.window)
     parser.add_argument("--baseline", help="also measure the operator of this git revision (as 'before')")
     parser.add_argument("--quick", action="store_true", help="the smoke: a few runs of each")
+    parser.add_argument(
+        "--api-server", choices=("both", *SERVERS), default="both", help="the emulator, the real one or both"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "latest.json")
     args = parser.parse_args(argv)
     p = Params.quick() if args.quick else Params(args.runs, args.burst, args.active, args.window)
+    servers = SERVERS if args.api_server == "both" else (args.api_server,)
     section: dict[str, Any] = {
         "meta": {
             "when": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -551,13 +742,13 @@ def main(argv: list[str] | None = None) -> int:
             "params": p.__dict__,
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         },
-        "figures": measure(ROOT, p),
+        "figures": measure(ROOT, p, servers),
     }
     if args.baseline:
         worktree = Path(tempfile.mkdtemp(prefix="bench-operator-baseline-"))
         git("worktree", "add", "--detach", str(worktree), args.baseline)
         try:
-            section["before"] = measure(worktree, p)
+            section["before"] = measure(worktree, p, servers)
             section["meta"]["baseline"] = git("rev-parse", "--short", args.baseline)
         finally:
             git("worktree", "remove", "--force", str(worktree))
