@@ -22,17 +22,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
-
-import asyncpg
 
 from agentrun.checkpoint import from_url, listen_dsn
+from agentrun.checkpoint.listen import Listening, Progressed
 from agentrun.checkpoint.pg_history import ThreadRows
 from agentrun.checkpoint.pg_progress import CHANNEL
 from agentrun.checkpoint.postgres import PgCheckpointer
 
 log = logging.getLogger("agentrun.history")
-RECONNECT_SECONDS = 5.0
 
 
 class HistoryStore:
@@ -85,33 +82,27 @@ class ProgressHub:
             if not waiters:
                 del self._waiters[thread_id]
 
-    def _notified(self, _conn: object, _pid: int, _channel: str, thread_id: str) -> None:
-        for event in self._waiters.get(thread_id, ()):
-            event.set()
-
     async def _run(self) -> None:
-        while True:
-            conn: Any = None
-            try:
-                assert self.dsn is not None
-                conn = await asyncpg.connect(self.dsn, server_settings={"application_name": "agentrun-history"})
-                lost = asyncio.Event()
-                conn.add_termination_listener(lambda _c, lost=lost: lost.set())
-                await conn.add_listener(CHANNEL, self._notified)
-                self.listening = True
-                log.info("listening on %s for run progress", CHANNEL)
-                await lost.wait()
-                log.warning("the progress notification connection was lost; live views poll until it is back")
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:
-                log.warning("cannot listen for progress (%s); retrying in %.0f s", e, RECONNECT_SECONDS)
-            finally:
-                self.listening = False
-                if conn is not None:
-                    with contextlib.suppress(Exception):
-                        await conn.close(timeout=2)
-            await asyncio.sleep(RECONNECT_SECONDS)
+        assert self.dsn is not None
+        # A store object only for its watch_progress (the shared listen-with-backoff loop): it opens no pool.
+        progress = PgCheckpointer(self.dsn).watch_progress(name="agentrun-history")
+        try:
+            async with contextlib.aclosing(progress):
+                async for event in progress:
+                    if isinstance(event, Progressed):
+                        for waiter in self._waiters.get(event.thread_id, ()):
+                            waiter.set()
+                    elif isinstance(event, Listening):
+                        self.listening = True
+                        log.info("listening on %s for run progress", CHANNEL)
+                    elif event.was_up:
+                        self.listening = False
+                        log.warning("the progress notification connection was lost; live views poll until it is back")
+                    else:
+                        self.listening = False
+                        log.warning("cannot listen for progress (%s); retrying in %.0f s", event.error, event.retry_in)
+        finally:
+            self.listening = False
 
     async def aclose(self) -> None:
         if self._task is not None:

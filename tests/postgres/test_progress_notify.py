@@ -106,3 +106,54 @@ async def test_no_trigger_notifies_inside_the_commit_and_any_thread_id_arrives_i
     finally:
         await conn.close()
         await cp.aclose()
+
+
+async def test_watch_progress_hears_postgres_and_redis_as_typed_events_and_closes_everything(
+    pg_dsn: str, redis_prefix: str
+) -> None:
+    """``ControlStore.watch_progress`` (issue 21 item 3): what the operator and the history server consume.
+
+    A store with a Redis cache is heard on both (``Listening`` from each, then ``Progressed`` per commit
+    and per published step; stop events are not progress); closing the generator ends every connection
+    and task (the tier's leaked-task check); a store it cannot reach says ``Deaf`` with a growing backoff.
+    """
+    import contextlib
+
+    from agentrun.checkpoint import open_store
+    from agentrun.checkpoint.cached import CachedStore
+    from agentrun.checkpoint.listen import Deaf, Listening, Progressed
+
+    from .conftest import redis_url
+
+    store = open_store(pg_dsn, redis_url=redis_url(), redis_prefix=redis_prefix)
+    assert isinstance(store, CachedStore)
+    await store.setup()
+    heard: list[object] = []
+    try:
+        async with contextlib.aclosing(store.watch_progress(name="agentrun-test-listen")) as progress:
+            async for event in progress:
+                heard.append(event)
+                if len([e for e in heard if isinstance(e, Listening)]) == 2 and len(heard) == 2:
+                    await store.aput("pg/1", write((0, user("hi")), count=1), expected_version=0)
+                    await store.cache.publish("redis/1", {"type": "stop", "thread_id": "redis/stop"})
+                    await store.cache.publish("redis/1", {"type": "progress", "thread_id": "redis/1"})
+                if {"pg/1", "redis/1"} <= {e.thread_id for e in heard if isinstance(e, Progressed)}:
+                    break
+    finally:
+        await store.aclose()
+    assert {e.source for e in heard if isinstance(e, Listening)} == {"postgres", "redis"}
+    assert {(e.thread_id, e.source) for e in heard if isinstance(e, Progressed)} >= {
+        ("pg/1", "postgres"),
+        ("redis/1", "redis"),
+    }
+    assert "redis/stop" not in {e.thread_id for e in heard if isinstance(e, Progressed)}, "a stop is no progress"
+
+    unreachable = PgCheckpointer("postgresql://postgres@127.0.0.1:1/postgres")
+    deaf: list[Deaf] = []
+    async with contextlib.aclosing(unreachable.watch_progress()) as progress:
+        async for event in progress:
+            assert isinstance(event, Deaf) and not event.was_up, event
+            deaf.append(event)
+            if len(deaf) == 2:
+                break
+    assert [d.retry_in for d in deaf] == [1.0, 2.0], "the listen backs off, doubling"

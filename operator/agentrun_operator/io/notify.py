@@ -6,7 +6,9 @@ thread (``agentrun/checkpoint/pg_progress.py``; the runner's stop check uses
 channel ``agentrun_stop``, same payload). The operator holds one
 dedicated connection per distinct DSN (``Listeners.open``, called when the
 store's pool opens) and hands each thread id to ``on_progress``; nothing is
-queried per run. A store whose DSN goes through a pooler in transaction mode
+queried per run. The listening itself is the store's (``ControlStore.watch_progress``, typed events,
+one listen-with-backoff loop in ``agentrun/checkpoint/listen.py``); this module decides what the
+events mean for reconciles. A store whose DSN goes through a pooler in transaction mode
 (PgBouncer) is listened to on the Secret's direct ``postgresListenDsn``, or not
 at all (``stores.py``): a LISTEN through such a pooler hears nothing.
 
@@ -17,14 +19,15 @@ in place (``listening``: the first connect is waited for, briefly), and after
 an outage or a slow first connect ``on_resync(dsn)`` reconciles every live run
 of that store as soon as the LISTEN is back, which covers whatever was
 committed while no one listened. A connection that dies is seen at once (asyncpg's termination
-callback) or at the next ping (``PING_SECONDS``, for a peer that vanished
-without closing); reconnects back off up to ``MAX_BACKOFF`` seconds.
+callback) or at the next ping (``pg_progress.PING_SECONDS``, for a peer that vanished
+without closing); reconnects back off up to ``pg_progress.MAX_BACKOFF`` seconds.
 
 Redis: when a store has a ``redisUrl``, the runner also publishes each step on
 ``<prefix>:events:<thread>`` (``redis_cache.py``), including the steps of
 ``durableCheckpointEveryStep: false`` runs that reach PostgreSQL only at their
 terminal points. One pattern subscription per Redis URL forwards those to
-``on_progress`` too. Pub/sub is at most once; PostgreSQL stays the record.
+``on_progress`` too (``RedisHotCache.watch_progress``, retried every 30 s while Redis is down).
+Pub/sub is at most once; PostgreSQL stays the record.
 
 The runner's notification is its own transaction with asynchronous commit,
 not part of the checkpoint's: a notifying transaction holds PostgreSQL's
@@ -37,27 +40,15 @@ import asyncio
 import contextlib
 import contextvars
 import logging
-from collections.abc import Callable
-from typing import Any
+from collections.abc import AsyncGenerator, Callable
 
-import asyncpg
-
-from agentrun.checkpoint.base import ControlStore
-from agentrun.checkpoint.pg_progress import CHANNEL
+from agentrun.checkpoint.listen import Deaf, Listening, Progressed, ProgressEvent
 
 log = logging.getLogger("agentrun_operator.notify")
 
-PING_SECONDS = 30.0
-# Reconnects are cheap (one connection per store) and the resync after them is what ends an outage's
-# blind spot: retry often.
-MAX_BACKOFF = 5.0
-REDIS_RETRY = 30.0
-CONNECT_TIMEOUT = 10.0
+# What the operator's LISTEN connections are called on the server (pg_stat_activity).
+LISTEN_NAME = "agentrun-operator-listen"
 FIRST_LISTEN_WAIT = 2.0
-
-
-def _setter(event: asyncio.Event) -> Callable[[Any], None]:
-    return lambda _conn: event.set()
 
 
 class Listeners:
@@ -67,20 +58,18 @@ class Listeners:
         self.on_progress = on_progress
         self.on_resync = on_resync
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._listen_dsn: dict[str, str] = {}  # store DSN -> the DSN its LISTEN connects to
         self._redis: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._ready: dict[str, asyncio.Event] = {}  # set while the store's LISTEN is in place
         self._ever: set[str] = set()  # stores listened to at least once
         self._gap: set[str] = set()  # stores whose progress may have been read while nobody listened
 
-    def open(self, dsn: str, listen_dsn: str | None = None) -> None:
-        """Listen for the progress of store ``dsn``, on ``listen_dsn`` (a direct DSN of the same database) if given."""
+    def open(self, dsn: str, progress: AsyncGenerator[ProgressEvent, None]) -> None:
+        """Follow the PostgreSQL progress of store ``dsn`` (its ``watch_progress``, named ``LISTEN_NAME``)."""
         if dsn not in self._tasks:
-            self._listen_dsn[dsn] = listen_dsn or dsn
             self._ready[dsn] = asyncio.Event()
             # An empty context, not the opening reconcile's: that holds kopf's cause (a whole body) (wakeups.py).
             self._tasks[dsn] = asyncio.create_task(
-                self._listen(dsn), name="agentrun-listen", context=contextvars.Context()
+                self._follow(dsn, progress), name="agentrun-listen", context=contextvars.Context()
             )
 
     async def listening(self, dsn: str) -> None:
@@ -100,15 +89,16 @@ class Listeners:
                 return
         self._gap.add(dsn)
 
-    def open_redis(self, dsn: str, redis_url: str, store: ControlStore) -> None:
+    def open_redis(self, dsn: str, redis_url: str, progress: AsyncGenerator[ProgressEvent, None]) -> None:
+        """Follow the steps store ``dsn``'s runs publish on ``redis_url`` (its cache's ``watch_progress``)."""
         key = (dsn, redis_url)
-        events = getattr(store, "events", None)
-        if key not in self._redis and events is not None:
+        if key not in self._redis:
             self._redis[key] = asyncio.create_task(
-                self._subscribe(events), name="agentrun-subscribe", context=contextvars.Context()
+                self._follow_redis(progress), name="agentrun-subscribe", context=contextvars.Context()
             )
 
     async def close(self, dsn: str) -> None:
+        """Stop following store ``dsn`` (its LISTEN and its Redis subscriptions)."""
         tasks = [self._tasks.pop(dsn)] if dsn in self._tasks else []
         tasks += [self._redis.pop(key) for key in [k for k in self._redis if k[0] == dsn]]
         for task in tasks:
@@ -117,74 +107,50 @@ class Listeners:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._ready.pop(dsn, None)
-        self._listen_dsn.pop(dsn, None)
         self._ever.discard(dsn)
         self._gap.discard(dsn)
 
     async def aclose(self) -> None:
+        """Stop following every store."""
         for dsn in {*self._tasks, *(k[0] for k in self._redis)}:
             await self.close(dsn)
 
-    def _notified(self, _conn: Any, _pid: int, _channel: str, payload: object) -> None:
-        if isinstance(payload, str) and payload:
-            self.on_progress(payload)
+    async def _follow(self, dsn: str, progress: AsyncGenerator[ProgressEvent, None]) -> None:
+        async with contextlib.aclosing(progress):
+            async for event in progress:
+                if isinstance(event, Progressed):
+                    self.on_progress(event.thread_id)
+                elif isinstance(event, Listening):
+                    self._listening(dsn)
+                else:
+                    self._deaf(dsn, event)
 
-    async def _listen(self, dsn: str) -> None:
-        backoff = 1.0
-        while True:
-            conn: asyncpg.Connection[Any] | None = None
-            try:
-                conn = await asyncpg.connect(
-                    self._listen_dsn.get(dsn, dsn),
-                    timeout=CONNECT_TIMEOUT,
-                    server_settings={"application_name": "agentrun-operator-listen"},
-                )
-                lost = asyncio.Event()
-                conn.add_termination_listener(_setter(lost))
-                await conn.add_listener(CHANNEL, self._notified)
-                self._ready[dsn].set()
-                self._ever.add(dsn)
-                backoff = 1.0
-                if dsn in self._gap:  # whatever committed while nobody listened
-                    self._gap.discard(dsn)
-                    log.info("listening for store progress; resyncing the runs read while nobody listened")
-                    self.on_resync(dsn)
-                while not lost.is_set():
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(lost.wait(), PING_SECONDS)
-                    if not lost.is_set():
-                        await conn.fetchval("SELECT 1")
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # any failure: reconnect (the resync follows)
-                if dsn not in self._gap:
-                    log.warning(
-                        "store progress listener lost (%s); reconnecting with backoff, runs of that store are "
-                        "resynced once it is back",
-                        type(e).__name__,
-                    )
-            finally:
-                if conn is not None:
-                    with contextlib.suppress(Exception):
-                        await asyncio.wait_for(conn.close(), 5)
-            self._ready[dsn].clear()
-            if dsn not in self._gap and dsn in self._ever:
-                # The store just went away: reconcile its runs now so their StoreAvailable condition
-                # shows the outage while it lasts, not only the resync once it is back.
-                self.on_resync(dsn)
-            self._gap.add(dsn)
-            await asyncio.sleep(backoff)
-            backoff = min(MAX_BACKOFF, backoff * 2)
+    def _listening(self, dsn: str) -> None:
+        self._ready[dsn].set()
+        self._ever.add(dsn)
+        if dsn in self._gap:  # whatever committed while nobody listened
+            self._gap.discard(dsn)
+            log.info("listening for store progress; resyncing the runs read while nobody listened")
+            self.on_resync(dsn)
 
-    async def _subscribe(self, events: Callable[..., Any]) -> None:
-        while True:
-            try:
-                async for event in events(None):
-                    thread = event.get("thread_id")
-                    if event.get("type") == "progress" and isinstance(thread, str) and thread:
-                        self.on_progress(thread)
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:
-                log.debug("Redis progress subscription failed (%s); retrying in %.0fs", e, REDIS_RETRY)
-            await asyncio.sleep(REDIS_RETRY)
+    def _deaf(self, dsn: str, deaf: Deaf) -> None:
+        if dsn not in self._gap:
+            log.warning(
+                "store progress listener lost (%s); reconnecting with backoff, runs of that store are "
+                "resynced once it is back",
+                type(deaf.error).__name__,
+            )
+        self._ready[dsn].clear()
+        if dsn not in self._gap and dsn in self._ever:
+            # The store just went away: reconcile its runs now so their StoreAvailable condition
+            # shows the outage while it lasts, not only the resync once it is back.
+            self.on_resync(dsn)
+        self._gap.add(dsn)
+
+    async def _follow_redis(self, progress: AsyncGenerator[ProgressEvent, None]) -> None:
+        async with contextlib.aclosing(progress):
+            async for event in progress:
+                if isinstance(event, Progressed):
+                    self.on_progress(event.thread_id)
+                elif isinstance(event, Deaf):
+                    log.debug("Redis progress subscription failed (%s); retrying in %.0fs", event.error, event.retry_in)

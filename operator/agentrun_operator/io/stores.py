@@ -31,11 +31,10 @@ from agentrun.errors import AgentRunError, StoreConfigError, StoreUnavailableErr
 from ..decide.decision import StoreProblem
 from ..decide.reasons import Reason
 from .caches import SecretCache, SecretView
+from .notify import LISTEN_NAME, Listeners
 
 if TYPE_CHECKING:
     from agentrun.checkpoint.cached import CachedStore
-
-    from .notify import Listeners
 
 log = logging.getLogger("agentrun_operator.store")
 
@@ -55,9 +54,12 @@ _CONFIG_ERRORS = frozenset(
 )
 
 
-def open_store(dsn: str, redis_url: str | None) -> Checkpointer:
-    """The one place the operator constructs a store (from a store Secret's keys): the runner's factory."""
-    return checkpoint.open_store(dsn, redis_url=redis_url, retry_timeout=RETRY_SECONDS)
+def open_store(dsn: str, redis_url: str | None, *, listen: str | None = None) -> Checkpointer:
+    """The one place the operator constructs a store (from a store Secret's keys): the runner's factory.
+
+    ``listen``: where its ``watch_progress`` LISTENs (``StoreRegistry._listen_dsn``).
+    """
+    return checkpoint.open_store(dsn, redis_url=redis_url, retry_timeout=RETRY_SECONDS, listen_url=listen)
 
 
 def redact(text: str, secrets: Sequence[str]) -> str:
@@ -89,7 +91,7 @@ class StoreUnavailable(Exception):
         self.problem = StoreProblem(reason=reason, message=message)
 
 
-def _cached(pg: Checkpointer, redis_url: str) -> ControlStore:
+def _cached(pg: Checkpointer, redis_url: str) -> CachedStore:
     """A store's Redis cache over a PostgreSQL pool shared with other Secrets (closed by ``_close``).
 
     Imported here rather than at the top: redis costs the operator about 7 MB, loaded only once a store
@@ -118,6 +120,7 @@ class _Resolved:
     secrets: list[str]  # what no message may quote
 
 
+_POOLED = "it goes through a transaction pooler"
 # A store URL one machine shares (settings.local_stores: agentrun-dev's single-machine cluster).
 LOCAL_STORE = "sqlite:///"
 
@@ -212,24 +215,26 @@ class StoreRegistry:
         pool = self._pools.get(dsn)
         if pool is None:
             try:
-                pg = open_store(dsn, None)
+                listen = None if local else self._listen_dsn(namespace, secret, dsn, direct, redis_url)
+                pg = open_store(dsn, None, listen=listen)
             except ValueError as e:  # an unknown scheme; the factory's message names the scheme only
                 raise StoreUnavailable(
                     Reason.INVALID_STORE,
                     f"{StoreConfigError.code}: store secret {namespace}/{secret}: postgresDsn is not a store URL "
                     f"({redact(str(e), _sensitive(dsn, redis_url, direct))})",
                 ) from None
-            listen = None if local else self._listen_dsn(namespace, secret, dsn, direct, redis_url)
             pool = self._pools[dsn] = _Pool(pg, {None: pg})
             log.info("store pool opened for secret %s/%s (%d pools)", namespace, secret, len(self._pools))
             if self.listeners is not None and listen is not None:  # SQLite cannot notify: the resync finds it
-                self.listeners.open(dsn, listen)
+                self.listeners.open(dsn, pg.watch_progress(name=LISTEN_NAME))
         store = pool.stores.get(redis_url)
         if store is None:
             assert redis_url is not None
-            store = pool.stores[redis_url] = _cached(pool.pg, redis_url)
+            cached = _cached(pool.pg, redis_url)
+            store = pool.stores[redis_url] = cached
             if self.listeners is not None:
-                self.listeners.open_redis(dsn, redis_url, store)
+                # The cache's own subscription: the pool's LISTEN above already hears PostgreSQL.
+                self.listeners.open_redis(dsn, redis_url, cached.cache.watch_progress())
         return _Resolved(view, dsn, store, _sensitive(dsn, redis_url, direct))
 
     @staticmethod
@@ -243,14 +248,14 @@ class StoreRegistry:
         except ValueError as e:
             listen, problem = None, redact(str(e), _sensitive(dsn, redis_url, direct))
         else:
-            problem = "it goes through a transaction pooler" if listen is None else ""
+            problem = _POOLED if listen is None else ""
         if direct is not None and (problem or not direct.startswith(("postgresql://", "postgres://"))):
             raise StoreUnavailable(
                 Reason.INVALID_STORE,
                 f"{StoreConfigError.code}: store secret {namespace}/{secret}: {POSTGRES_LISTEN_DSN_KEY} must be a "
                 f"direct postgresql:// URL ({problem or 'another scheme'})",
             )
-        if listen is None:
+        if listen is None and problem == _POOLED:  # (a malformed postgresDsn: the store's factory says so)
             log.info(
                 "store of secret %s/%s: no LISTEN (postgresDsn goes through a transaction pooler and the Secret has "
                 "no %s); its progress arrives by %s, pod events and the resync",

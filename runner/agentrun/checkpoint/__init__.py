@@ -1,5 +1,12 @@
 """Checkpointers: the protocols (``base``), one module per backend, the Redis hot cache as a wrapper.
 
+Modules: ``base`` (the three protocols, ``Checkpointer``, ``StopWatch``), ``listen`` (the one
+listen-with-backoff loop and the typed events of ``watch_progress``), ``memory``, ``sqlite``,
+``postgres`` with ``pg_schema`` (migrations), ``pg_progress`` (progress NOTIFY and LISTEN),
+``pg_listen`` (stops heard by LISTEN), ``pg_history`` (history reads), ``pg_url`` (agentrun's own
+URL parameters); ``cached`` (the Redis hot cache over any store) with ``redis_cache`` and
+``redis_stops`` (stops heard on Redis).
+
 ``PgCheckpointer`` and ``CachedStore`` load on first use, so importing
 agentrun imports neither asyncpg nor redis.
 """
@@ -59,7 +66,7 @@ def listen_dsn(url: str) -> str | None:
     return parsed.dsn if parsed.pooler is None else None
 
 
-def from_url(url: str, *, retry_timeout: float | None = None) -> Checkpointer:
+def from_url(url: str, *, retry_timeout: float | None = None, listen_url: str | None = None) -> Checkpointer:
     """A checkpointer for a store URL: ``sqlite:///path/file.db``, ``memory://``, ``postgresql://...``.
 
     A bare path is a SQLite file. ``retry_timeout``: how long PostgreSQL may be
@@ -67,7 +74,9 @@ def from_url(url: str, *, retry_timeout: float | None = None) -> Checkpointer:
     A PostgreSQL URL may carry ``agentrun_pooler=transaction`` (it goes
     through PgBouncer in transaction mode: no session state, runs hear of stop
     requests on Redis or by polling) and ``agentrun_listen=off`` (runs poll
-    for stop requests instead of listening); ``pg_url`` says more. Raises
+    for stop requests instead of listening); ``pg_url`` says more.
+    ``listen_url``: a direct DSN of the same PostgreSQL database where
+    ``watch_progress`` LISTENs (``PgCheckpointer``'s ``listen_dsn``). Raises
     ``ValueError`` for an unknown scheme or agentrun parameter.
     """
     if url.startswith("memory:"):
@@ -80,7 +89,7 @@ def from_url(url: str, *, retry_timeout: float | None = None) -> Checkpointer:
         options: dict[str, Any] = {}
         if retry_timeout is not None:
             options["retry_timeout"] = retry_timeout
-        return PgCheckpointer(url, **options)
+        return PgCheckpointer(url, listen_dsn=listen_url, **options)
     if "://" not in url:
         return SqliteCheckpointer(url)
     raise ValueError(f"unknown store URL scheme in {url.split('://')[0]!r}:// (use sqlite:///, postgresql://)")
@@ -93,6 +102,7 @@ def open_store(
     redis_prefix: str = "agentrun",
     cache_ttl: float = 3600.0,
     retry_timeout: float | None = None,
+    listen_url: str | None = None,
 ) -> Checkpointer:
     """The store for ``url`` (see ``from_url``), behind the Redis hot cache when ``redis_url`` is set.
 
@@ -100,7 +110,7 @@ def open_store(
     ``setup()`` or the first call; a Redis that is down costs a warning, the
     store works without it. Raises ``ValueError`` for an unknown scheme.
     """
-    store = from_url(url, retry_timeout=retry_timeout)
+    store = from_url(url, retry_timeout=retry_timeout, listen_url=listen_url)
     if not redis_url:
         return store
     from .cached import CachedStore

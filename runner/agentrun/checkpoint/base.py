@@ -8,9 +8,9 @@ thread (fencing) and stop requests. Backends hold no graph logic.
 - ``StateStore``: versioned reads and writes of thread state. What the Redis
   hot cache (``cached.CachedStore``) wraps.
 - ``LedgerStore``: the tool ledger and intents (what replay-safety rests on).
-- ``ControlStore``: fencing registration, stop requests, progress and the
-  turn records of request keys: all the operator needs, and all it should
-  depend on.
+- ``ControlStore``: fencing registration, stop requests, progress (read, and
+  heard as it happens: ``watch_progress``) and the turn records of request
+  keys: all the operator needs, and all it should depend on.
 - ``Checkpointer``: all three; what the engine takes, and the base class of
   every backend (memory, SQLite, PostgreSQL) and of ``CachedStore``.
 
@@ -44,12 +44,13 @@ import abc
 import asyncio
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from ..errors import FencedError
 from ..messages import Message
+from .listen import ProgressEvent, nothing
 
 RunStatus = Literal["running", "interrupted", "completed", "stopped", "failed"]
 
@@ -187,7 +188,8 @@ class Progress:
     incarnation: str | None = None
     error: dict[str, Any] | None = None
     stop_reason: str | None = None
-    # Keys executed, replayed, failed, in_doubt (older checkpoints: the first two only).
+    # Keys executed, replayed, failed, in_doubt (older checkpoints: the first two only). PostgreSQL's
+    # executed includes the results recorded since the checkpoint (``context.executed_since``).
     tool_calls: dict[str, int] = field(default_factory=dict)
     interrupts: list[dict[str, Any]] = field(default_factory=list)
     # The identity of the thread's latest turn (``Turn.request_key``), if it was started with one.
@@ -247,6 +249,10 @@ class Progress:
             updated_at=checkpoint.created_at,
         )
 
+
+# A ledger key with this suffix marks a call that paused in LangGraph interrupt() (integrations.langgraph.tools):
+# a marker, not a tool's result, so counting the ledger's results skips it.
+PAUSED_SUFFIX = ":paused"
 
 # The meta keys ``Progress.from_meta`` reads: what a backend selects when it reads progress without the whole meta.
 PROGRESS_META = (
@@ -546,6 +552,17 @@ class ControlStore(Protocol):
         """The turn of ``thread_id`` started with ``request_key``, or ``None`` if there is none."""
 
     @abc.abstractmethod
+    def watch_progress(self, *, name: str = "agentrun-progress") -> AsyncGenerator[ProgressEvent, None]:
+        """The progress of every thread of this store as it is told, until the generator is closed.
+
+        Typed events (``listen``): ``Listening`` once the listen is in place (again), ``Progressed`` per
+        thread that committed, ``Deaf`` when it failed (retried with backoff). A hint, never the data;
+        what committed while nobody listened was not heard. ``name``: what the listening connection
+        is called on the server (PostgreSQL's ``application_name``). A store that cannot tell yields
+        nothing and ends (SQLite, memory, PostgreSQL behind a transaction pooler without a direct DSN).
+        """
+
+    @abc.abstractmethod
     async def put_run_inputs(
         self,
         thread_id: str,
@@ -688,6 +705,10 @@ class Checkpointer(StateStore, LedgerStore, ControlStore, abc.ABC):
         PostgreSQL overrides it with a notification (``pg_listen``); SQLite and memory poll.
         """
         return StopWatch()
+
+    def watch_progress(self, *, name: str = "agentrun-progress") -> AsyncGenerator[ProgressEvent, None]:
+        """Nothing to hear, by default: PostgreSQL LISTENs and the Redis cache subscribes (``listen``)."""
+        return nothing()
 
     async def aget_progress(self, thread_id: str) -> Progress | None:
         """Progress from the whole checkpoint (no owner, no incarnation); backends override it."""

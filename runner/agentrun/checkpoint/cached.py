@@ -14,7 +14,8 @@ rules) only makes reads cheaper and news faster:
   ``durable=False`` when it is newer than ``inner``'s step of the same
   version and incarnation, and never understates ``inner``'s version.
 - Progress and stop requests are published (``events()``) for listeners
-  that want them at once rather than by polling; a run also hears stops on
+  that want them at once rather than by polling (``watch_progress`` merges
+  the published steps with ``inner``'s own); a run also hears stops on
   Redis (``redis_stops``), beside the inner store's own watch.
 
 HAZARDS
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -52,6 +53,7 @@ from .base import (
     StopWatch,
     Turn,
 )
+from .listen import ProgressEvent, merged
 from .redis_cache import RedisHotCache
 from .redis_stops import RedisStops
 
@@ -213,6 +215,10 @@ class CachedStore(Checkpointer):
                 yield event
         except (RedisError, OSError, TimeoutError) as e:
             raise StorageError(f"Redis events unavailable: {e}") from e
+
+    def watch_progress(self, *, name: str = "agentrun-progress") -> AsyncGenerator[ProgressEvent, None]:
+        """``inner``'s progress events merged with the steps published on Redis (``RedisHotCache.watch_progress``)."""
+        return merged(self.inner.watch_progress(name=name), self.cache.watch_progress())
 
     async def delete_thread(self, thread_id: str) -> None:
         await self.inner.delete_thread(thread_id)

@@ -54,6 +54,7 @@ from typing import Any
 import asyncpg
 
 from .base import StopWatch, WatchedThreads
+from .listen import Backoff, listen_with_backoff
 
 log = logging.getLogger("agentrun.checkpoint.postgres")
 
@@ -66,6 +67,10 @@ _MIN_BACKOFF = 0.5
 # How long the end of the last run waits for the task to end by itself.
 _STOP_GRACE = 1.0
 _MAX_BACKOFF = 10.0
+
+
+class _Closed(ConnectionError):
+    """The LISTEN connection closed (asyncpg's termination callback): reconnect at once, quietly."""
 
 
 class PgStopWatch(StopWatch):
@@ -162,34 +167,41 @@ class StopListener:
         self._wake.set()  # reconnect now; meanwhile the watches poll (``listening`` is false)
 
     async def _run(self) -> None:
-        backoff = _MIN_BACKOFF
+        await listen_with_backoff(
+            self._session,
+            backoff=Backoff(first=_MIN_BACKOFF, most=_MAX_BACKOFF, after_lost=0.0),
+            deaf=self._deaf,
+            going=lambda: not self._stopping,
+            rest=self._sleep,
+        )
+
+    async def _session(self, up: Callable[[], None]) -> None:
+        """Connect and LISTEN, then sweep every ``sweep_interval`` until the connection fails or the task ends."""
+        await self._listen()
+        up()
         while not self._stopping:
-            if not self.listening:
-                try:
-                    await self._listen()
-                    backoff = _MIN_BACKOFF
-                except Exception as e:  # the watches poll meanwhile; keep trying
-                    self._drop()
-                    if not self._warned:
-                        self._warned = True
-                        log.warning(
-                            "could not LISTEN for stop requests (%s: %s); runs poll every stop_poll_interval "
-                            "until it works, next try in %.1fs",
-                            type(e).__name__,
-                            e,
-                            backoff,
-                        )
-                    await self._sleep(backoff)
-                    backoff = min(_MAX_BACKOFF, backoff * 2)
-                    continue
             await self._sleep(self.sweep_interval)
-            if self._stopping or not self.listening:
-                continue
-            try:
-                await self._sweep()
-            except Exception as e:
-                log.warning("the stop listener's connection failed (%s: %s); reconnecting", type(e).__name__, e)
-                self._drop()
+            if self._stopping:
+                return
+            if not self.listening:
+                raise _Closed("the LISTEN connection closed")
+            await self._sweep()
+
+    def _deaf(self, error: Exception, retry_in: float, was_up: bool) -> None:
+        """The watches poll meanwhile (``listening`` is false); the loop tries again."""
+        self._drop()
+        if was_up:
+            if not isinstance(error, _Closed):
+                log.warning("the stop listener's connection failed (%s: %s); reconnecting", type(error).__name__, error)
+        elif not self._warned:
+            self._warned = True
+            log.warning(
+                "could not LISTEN for stop requests (%s: %s); runs poll every stop_poll_interval "
+                "until it works, next try in %.1fs",
+                type(error).__name__,
+                error,
+                retry_in,
+            )
 
     async def _sleep(self, seconds: float) -> None:
         """Wait ``seconds``, or less if woken (connection lost, stopping)."""

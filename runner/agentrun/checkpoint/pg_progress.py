@@ -14,6 +14,12 @@ notification is its own transaction, off the step's path (a task), with ``synchr
 (a notification lost in a server crash only delays the operator to its resync), so it holds that
 lock for microseconds, at most twice per second per thread. Best effort throughout: a failure is
 logged at debug level and the operator's resync (30 s) covers it.
+
+The listening side is here too (``hear``, behind ``PgCheckpointer.watch_progress``): one connection
+that LISTENs on ``CHANNEL``, pinged every ``PING_SECONDS`` (a peer that vanished without closing is
+found then; a closed connection at once, by asyncpg's termination callback), reconnected with backoff
+(``listen.listen_with_backoff``: 1 s doubling to ``MAX_BACKOFF``; the operator's resync after a
+reconnect is what ends an outage's blind spot, so it retries often).
 """
 
 from __future__ import annotations
@@ -22,10 +28,17 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
+
+import asyncpg
+
+from .listen import Backoff, Deaf, Emit, Listening, Progressed, listen_with_backoff
 
 log = logging.getLogger("agentrun.checkpoint")
 
 CHANNEL = "agentrun_progress"
+PING_SECONDS = 30.0
+MAX_BACKOFF = 5.0
 # Prune the per-thread clock beyond this many threads (a long-lived process that ran many threads).
 _MAX_THREADS = 1024
 
@@ -93,3 +106,39 @@ class ProgressNotifier:
         if self._tasks:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.gather(*self._tasks, return_exceptions=True), timeout=5)
+
+
+class _Closed(ConnectionError):
+    """The LISTEN connection closed (asyncpg's termination callback)."""
+
+
+async def hear(connect: Callable[[], Awaitable[asyncpg.Connection[Any]]], emit: Emit) -> None:
+    """LISTEN on ``CHANNEL`` on connections from ``connect``, emitting what is heard, until cancelled."""
+
+    def notified(_conn: object, _pid: int, _channel: str, payload: object) -> None:
+        if isinstance(payload, str) and payload:
+            emit(Progressed(payload, "postgres"))
+
+    async def session(up: Callable[[], None]) -> None:
+        conn = await connect()
+        try:
+            lost = asyncio.Event()
+            conn.add_termination_listener(lambda _conn: lost.set())
+            await conn.add_listener(CHANNEL, notified)
+            up()
+            emit(Listening("postgres"))
+            while not lost.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(lost.wait(), PING_SECONDS)
+                if not lost.is_set():
+                    await conn.fetchval("SELECT 1")
+            raise _Closed("the LISTEN connection closed")
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(conn.close(), 5)
+
+    await listen_with_backoff(
+        session,
+        backoff=Backoff(first=1.0, most=MAX_BACKOFF),
+        deaf=lambda error, retry_in, was_up: emit(Deaf("postgres", error, retry_in, was_up)),
+    )

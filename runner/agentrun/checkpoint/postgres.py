@@ -113,7 +113,7 @@ import random
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
@@ -124,6 +124,7 @@ from ..errors import FencedError, StaleStateError, StorageError, StoreConfigErro
 from ..faults import armed, fault_point
 from ..messages import Message
 from .base import (
+    PAUSED_SUFFIX,
     PROGRESS_META,
     Checkpoint,
     Checkpointer,
@@ -141,9 +142,10 @@ from .base import (
     claim,
     turn_fields,
 )
+from .listen import ProgressEvent, events, nothing
 from .pg_history import ThreadRows, find_run_txn, thread_rows_txn
 from .pg_listen import StopListener
-from .pg_progress import ProgressNotifier, notify_sql
+from .pg_progress import ProgressNotifier, hear, notify_sql
 from .pg_schema import (
     MAX_THREAD_ID_LENGTH,
     MIGRATIONS,
@@ -215,6 +217,10 @@ _LATEST = """
     ORDER BY s.version
 """
 _MESSAGES = "SELECT body FROM messages WHERE thread_id = $1 AND idx < $2 ORDER BY idx"
+# ``executed_since``: the results recorded after the latest checkpoint (``context.executed_since``, the same
+# rule the runner applies when it resumes): a call counts as executed once it is recorded, not only at its
+# step's checkpoint, and one whose process died before that checkpoint still counts. A scan of the thread's
+# ledger rows on its primary key.
 _PROGRESS = """
     SELECT t.incarnation::text AS incarnation, s.version, s.current_node, s.step, s.status,
            extract(epoch FROM s.created_at)::float8 AS updated_at,
@@ -222,7 +228,10 @@ _PROGRESS = """
            s.meta -> 'tool_calls' AS tool_calls, s.meta -> 'interrupts' AS interrupts,
            s.meta -> 'request_key' AS request_key, s.meta -> 'result' AS result,
            s.meta -> 'last_tool_error' AS last_tool_error, s.meta -> 'model_usage' AS model_usage,
-           a.attempt, a.run_uid
+           a.attempt, a.run_uid,
+           (SELECT count(*) FROM tool_executions e
+            WHERE e.thread_id = t.thread_id AND e.created_at > s.created_at
+              AND e.tool_call_id NOT LIKE '%' || $2) AS executed_since
     FROM threads t LEFT JOIN attempts a ON a.thread_id = t.thread_id JOIN states s ON s.thread_id = t.thread_id
     WHERE t.thread_id = $1 ORDER BY s.version DESC LIMIT 1
 """
@@ -506,6 +515,9 @@ class PgCheckpointer(Checkpointer):
     ``agentrun_pooler=transaction`` in ``dsn`` says the same (``pg_url``).
     ``snapshot_every``: a state row holds only the channels its step changed,
     with a full snapshot at least every this many rows (0: always full).
+    ``listen_dsn``: where ``watch_progress`` LISTENs, a direct DSN of the same
+    database (the store Secret's ``postgresListenDsn``); by default ``dsn``
+    itself, or nowhere when ``dsn`` goes through a transaction pooler.
     """
 
     backend = "postgres"
@@ -527,12 +539,14 @@ class PgCheckpointer(Checkpointer):
         stop_sweep_interval: float = 10.0,
         snapshot_every: int = 256,
         pooler: str | None = None,
+        listen_dsn: str | None = None,
     ) -> None:
         url = parse_store_url(dsn)  # ValueError for an unknown agentrun parameter
         self.dsn = url.dsn
         if pooler not in (None, TRANSACTION):
             raise ValueError(f"pooler must be None or {TRANSACTION!r}, not {pooler!r}")
         self.pooler = pooler or url.pooler
+        self.listen_dsn = listen_dsn if listen_dsn is not None else (None if self.pooler else self.dsn)
         self.retry_timeout = max(0.0, retry_timeout)
         self.retry_base_delay = 0.05
         self.retry_max_delay = 2.0
@@ -940,11 +954,16 @@ class PgCheckpointer(Checkpointer):
 
     async def aget_progress(self, thread_id: str) -> Progress | None:
         """Latest version, node, step, owner and outcome from one indexed query (no messages read)."""
-        row = await self._read("progress", lambda conn: conn.fetchrow(_PROGRESS, thread_id))
+        row = await self._read("progress", lambda conn: conn.fetchrow(_PROGRESS, thread_id, PAUSED_SUFFIX))
         if row is None:
             return None
+        meta = {key: _loads(row[key]) for key in PROGRESS_META}  # each a JSON value of the meta (_PROGRESS)
+        if row["executed_since"]:
+            calls = dict(meta.get("tool_calls") or {})
+            calls["executed"] = int(calls.get("executed") or 0) + int(row["executed_since"])
+            meta["tool_calls"] = calls
         return Progress.from_meta(
-            {key: _loads(row[key]) for key in PROGRESS_META},  # each a JSON value of the meta (_PROGRESS)
+            meta,
             thread_id=thread_id,
             version=int(row["version"]),
             current_node=row["current_node"],
@@ -1049,6 +1068,8 @@ class PgCheckpointer(Checkpointer):
                     _PUT_TOOL_ROW, "tool_executions", thread_id, key, tool_name, queryable, body, None, attempt, run_uid
                 )
                 if _tool_row_outcome(thread_id, row, attempt=attempt, run_uid=run_uid):
+                    # The operator counts a call once it is recorded (``_PROGRESS``), not at the step's end.
+                    self._progress.committed(thread_id, final=False)
                     return True
                 # A retry whose first try committed unacknowledged: exactly this writer's row means it landed.
                 return tries > 1 and bool(
@@ -1232,6 +1253,21 @@ class PgCheckpointer(Checkpointer):
         if self._stop_listener is None:
             self._stop_listener = StopListener(self._connect_listener, sweep_interval=self.stop_sweep_interval)
         return self._stop_listener.watch(thread_id)
+
+    def watch_progress(self, *, name: str = "agentrun-progress") -> AsyncGenerator[ProgressEvent, None]:
+        """Progress as notified on ``listen_dsn`` (``pg_progress.hear``); nothing without a ``listen_dsn``.
+
+        Opens no pool and never migrates: a listener (the operator, the history server) needs no schema.
+        """
+        dsn = self.listen_dsn
+        if dsn is None:
+            return nothing()
+        timeout = self._pool_kwargs["timeout"]
+
+        async def connect() -> asyncpg.Connection[asyncpg.Record]:
+            return await asyncpg.connect(dsn, timeout=timeout, server_settings={"application_name": name})
+
+        return events(lambda emit: hear(connect, emit))
 
     async def _connect_listener(self) -> asyncpg.Connection[asyncpg.Record]:
         """A connection of its own for LISTEN, with the pool's settings; raises what asyncpg raises."""

@@ -42,7 +42,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
@@ -53,10 +53,13 @@ from redis.exceptions import RedisError
 from ..messages import Message
 from ..metrics import CACHE_AVAILABLE, CACHE_ERRORS, CACHE_READS
 from .base import Checkpoint, CheckpointWrite
+from .listen import Backoff, Deaf, Emit, Listening, Progressed, ProgressEvent, events, listen_with_backoff
 
 log = logging.getLogger("agentrun.checkpoint.redis")
 
 T = TypeVar("T")
+# Seconds between tries of a progress subscription that failed (Redis down): PostgreSQL stays the record.
+PROGRESS_RETRY = 30.0
 
 # Progress compare-and-set, shared by both write scripts. Order: (version, step); a durable write
 # wins a tie and replaces an entry of another incarnation (a deleted thread's leftovers).
@@ -433,17 +436,52 @@ class RedisHotCache:
             else:
                 await pubsub.subscribe(self.channel(thread_id))
             while True:
-                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-                if message is None or message.get("type") not in ("message", "pmessage"):
-                    continue
-                try:
-                    event = json.loads(message["data"])
-                except ValueError:
-                    continue
-                if isinstance(event, dict):
+                event = _event(await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0))
+                if event is not None:
                     yield event
         finally:
             await pubsub.aclose()
 
+    def watch_progress(self) -> AsyncGenerator[ProgressEvent, None]:
+        """Every thread's published steps (progress events only), one pattern subscription held with backoff.
+
+        Pub/sub is at most once: a ``Deaf`` (Redis down) is retried every ``PROGRESS_RETRY`` seconds.
+        """
+
+        async def hear(emit: Emit) -> None:
+            async def session(up: Callable[[], None]) -> None:
+                pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+                try:
+                    await pubsub.psubscribe(f"{self.prefix}:events:*")
+                    up()
+                    emit(Listening("redis"))
+                    while True:
+                        message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                        event = _event(message)
+                        thread = event.get("thread_id") if event is not None else None
+                        if event is not None and event.get("type") == "progress" and isinstance(thread, str) and thread:
+                            emit(Progressed(thread, "redis"))
+                finally:
+                    await pubsub.aclose()
+
+            await listen_with_backoff(
+                session,
+                backoff=Backoff(first=PROGRESS_RETRY, most=PROGRESS_RETRY),
+                deaf=lambda error, retry_in, was_up: emit(Deaf("redis", error, retry_in, was_up)),
+            )
+
+        return events(hear)
+
     async def aclose(self) -> None:
         await self.client.aclose()
+
+
+def _event(message: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The JSON object a published message carries, or ``None`` (no message, a subscription notice, not JSON)."""
+    if message is None or message.get("type") not in ("message", "pmessage"):
+        return None
+    try:
+        event = json.loads(message["data"])
+    except ValueError:
+        return None
+    return event if isinstance(event, dict) else None

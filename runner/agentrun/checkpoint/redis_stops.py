@@ -24,16 +24,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
-from redis.exceptions import RedisError
-
 from .base import StopWatch, WatchedThreads
+from .listen import Backoff, listen_with_backoff
 from .redis_cache import RedisHotCache
 
 log = logging.getLogger("agentrun.checkpoint.redis")
 
-_ERRORS = (RedisError, OSError, TimeoutError)
 # Seconds between tries of a subscription that failed (Redis down).
 _RETRY = 5.0
 
@@ -111,10 +110,11 @@ class RedisStops:
         self._watches.notify(channel.removeprefix(self.cache.stop_channel("")))
 
     async def _run(self, token: object) -> None:
-        while self._live is token:
+        async def session(up: Callable[[], None]) -> None:
             pubsub = self.cache.client.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.psubscribe(self.cache.stop_channel("*"))
+                up()
                 if self._warned:
                     self._warned = False
                     log.warning("hearing stop requests on Redis again")
@@ -122,17 +122,19 @@ class RedisStops:
                     message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                     if message is not None and message.get("type") == "pmessage":
                         self._heard(message)
-            except _ERRORS as e:
-                if not self._warned:
-                    self._warned = True
-                    log.warning(
-                        "cannot hear stop requests on Redis (%s: %s); runs rely on the store's own watch, "
-                        "next try in %.0fs",
-                        type(e).__name__,
-                        e,
-                        _RETRY,
-                    )
             finally:
                 await pubsub.aclose()
-            if self._live is token:
-                await asyncio.sleep(_RETRY)
+
+        await listen_with_backoff(
+            session, backoff=Backoff(first=_RETRY, most=_RETRY), deaf=self._deaf, going=lambda: self._live is token
+        )
+
+    def _deaf(self, error: Exception, retry_in: float, was_up: bool) -> None:
+        if not self._warned:
+            self._warned = True
+            log.warning(
+                "cannot hear stop requests on Redis (%s: %s); runs rely on the store's own watch, next try in %.0fs",
+                type(error).__name__,
+                error,
+                retry_in,
+            )
