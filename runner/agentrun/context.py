@@ -17,9 +17,11 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from .checkpoint.base import TOOL_ERROR_MESSAGE_LIMIT, Checkpointer
+from .checkpoint.base import PAUSED_SUFFIX, TOOL_ERROR_MESSAGE_LIMIT, Checkpointer
 from .config import RunConfig
 from .usage import ModelUsage
+
+log = logging.getLogger("agentrun.ledger")
 
 
 class RunLogger(logging.LoggerAdapter[logging.Logger]):
@@ -77,6 +79,25 @@ class ToolCounts:
         """Count a failed call and remember it as the last tool error."""
         self.failed += 1
         self.last_error = {"tool": tool[:253], "code": code, "message": message[:TOOL_ERROR_MESSAGE_LIMIT]}
+
+
+async def executed_since(store: Checkpointer, thread_id: str, since: float) -> int:
+    """How many results were recorded after the checkpoint written at ``since``: calls no checkpoint counted.
+
+    A tool's result is recorded as soon as it returns, its count is checkpointed with the step, so a
+    process that dies in between takes the count with it while the record stays. An attempt that resumes
+    from that checkpoint adds these to its ``executed`` (the operator's progress read applies the same rule
+    to the latest checkpoint, ``checkpoint.postgres._PROGRESS``), so the calls of every attempt count once.
+
+    Reads the thread's ledger once per resume. A failed read counts nothing: counts report, they never
+    fail a run. LIMIT: a result a human gave for an in-doubt call counts here as executed.
+    """
+    try:
+        entries = await store.ledger_list(thread_id)
+    except Exception as e:
+        log.warning("thread %s: cannot read the ledger to count the calls of the previous attempt: %s", thread_id, e)
+        return 0
+    return sum(1 for e in entries if e.created_at > since and not e.key.endswith(PAUSED_SUFFIX))
 
 
 @dataclass

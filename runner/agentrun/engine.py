@@ -32,7 +32,7 @@ from .checkpoint.base import Checkpoint, Checkpointer, RunStatus, StopWatch
 from .checkpoint.memory import InMemoryCheckpointer
 from .config import RunConfig
 from .constants import END, START
-from .context import RunContext, ToolCounts, run_logger
+from .context import RunContext, ToolCounts, executed_since, run_logger
 from .errors import (
     AgentRunError,
     FencedError,
@@ -245,6 +245,8 @@ class CompiledGraph:
         else:
             assert checkpoint is not None  # decide() resumes only a thread that exists
             run = Run.from_checkpoint(checkpoint, schema)
+            # Results recorded after that checkpoint ran in an attempt that died before counting them.
+            run.counts.executed += await executed_since(self.checkpointer, cfg.thread_id, checkpoint.created_at)
         if cfg.run_uid is not None:  # the run that carries the turn on (a re-applied request resumes it)
             run.meta["run_uid"] = cfg.run_uid
         run.status = "running"

@@ -75,6 +75,11 @@ def test_a_langgraph_agentrun_survives_sigkill_mid_tool_and_charges_once(
     assert final["stateVersion"] == stored.version, "status.stateVersion must mirror the store's version"
     assert count_effects(str(effects))["charges"] == 1, "GUARANTEE BROKEN: charged twice after SIGKILL"
     assert final["toolCalls"]["replayed"] >= 1, f"the ledger's replays do not reach the status: {final['toolCalls']}"
+    # Every call counted once across both attempts (issue 24): lookup_order executed in attempt 1 (recorded, then
+    # the kill came before the step's checkpoint) and replayed in attempt 2; each call in flight at the kill ran
+    # again in attempt 2 (in doubt, retried with its key).
+    calls = final["toolCalls"]
+    assert calls["executed"] == 3 and calls["executed"] == calls["replayed"] + calls.get("inDoubt", 0), calls
 
 
 def test_a_langgraph_interrupt_is_phase_interrupted_and_spec_resume_completes_it(

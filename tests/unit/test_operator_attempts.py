@@ -188,6 +188,8 @@ def test_a_patch_of_unshown_fields_waits_while_the_status_is_fresh() -> None:
     shown = status_patch(current, {"stateVersion": 8, "step": 4}, now=later(1), generation=1)
     assert not deferrable(current, shown, now=later(1)), "a change kubectl shows is written at once"
     assert not deferrable(current, {}, now=later(1))
+    counted = status_patch(current, {"toolCalls": {"executed": 1, "replayed": 0}}, now=later(1), generation=1)
+    assert not deferrable(current, counted, now=later(1)), "a recorded tool call must show at once"
 
 
 def test_a_new_attempt_is_named_at_once_when_the_run_is_known() -> None:

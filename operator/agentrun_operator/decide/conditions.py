@@ -28,8 +28,9 @@ MESSAGE_LIMIT = 1024
 # Status fields that no printer column shows and nothing waits on: a patch of these alone is deferred
 # (``deferrable``), so ``kubectl get ar -w`` does not print a row identical to the one before it. A
 # decision's Events and metrics go out with the write, so they wait with it (they are derived again from
-# the status not yet written, never lost).
-QUIET = frozenset({"lastCheckpointTime", "step", "toolCalls", "modelUsage"})
+# the status not yet written, never lost). Not ``toolCalls``: a recorded call shows at once (``describe``,
+# issue 24), and its growth is the metric's (the runner notifies at most once a second per thread).
+QUIET = frozenset({"lastCheckpointTime", "step", "modelUsage"})
 QUIET_SECONDS = 10.0
 
 

@@ -51,7 +51,7 @@ from langgraph.types import Command as LangGraphCommand
 
 from agentrun.checkpoint.base import RESULT_MESSAGE_LIMIT, Checkpoint, Checkpointer, CheckpointWrite, RunStatus
 from agentrun.config import RunConfig
-from agentrun.context import ToolCounts
+from agentrun.context import ToolCounts, executed_since
 from agentrun.errors import GraphRecursionError, GraphReferenceError, RunPreempted, RunStopped
 from agentrun.metrics import MODEL_REQUEST_SECONDS, MODEL_TOKENS
 from agentrun.usage import META_KEY as MODEL_USAGE
@@ -222,6 +222,8 @@ async def run_turn(
     # The turn's tool calls (LedgerToolNode counts them), carried on from the previous attempt of the turn.
     continuing = existing is not None and payload is None
     counts = ToolCounts.from_meta(existing.meta) if existing is not None and continuing else ToolCounts()
+    if existing is not None and continuing:  # results recorded after it: an attempt died before counting them
+        counts.executed += await executed_since(store, cfg.thread_id, existing.created_at)
     usage = ModelUsage.from_meta(existing.meta) if existing is not None and continuing else ModelUsage()
     mirror = _Mirror(store, cfg, existing.version if existing else 0, meta=meta, counts=counts, usage=usage)
     config["callbacks"] = [_Metering(usage)]

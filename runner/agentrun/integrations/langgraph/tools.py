@@ -62,7 +62,7 @@ from langgraph.runtime import Runtime
 from langgraph.types import Command, interrupt
 
 from agentrun import blocking
-from agentrun.checkpoint.base import Checkpointer
+from agentrun.checkpoint.base import PAUSED_SUFFIX, Checkpointer
 from agentrun.context import ToolCounts
 from agentrun.errors import (
     DeterminismError,
@@ -81,8 +81,9 @@ log = logging.getLogger("agentrun.integrations.langgraph")
 
 InDoubtPolicy = Literal["retry", "report", "interrupt"]
 DEFAULT_TOOL_TIMEOUT = 300.0
-# The ledger key suffix marking a side-effect call that paused in interrupt() (not in doubt on resume).
-PAUSED = ":paused"
+# The ledger key suffix marking a side-effect call that paused in interrupt() (not in doubt on resume);
+# checkpoint.base owns it, so counting the ledger's results skips these markers.
+PAUSED = PAUSED_SUFFIX
 _CHECKPOINTER_KEY = "__pregel_checkpointer"  # langgraph._internal._constants.CONFIG_KEY_CHECKPOINTER
 # Errors that must end the run whatever the node's handle_tool_errors says (a fenced attempt, a store down).
 _FATAL = (FencedError, StoreUnavailableError, StoreConfigError, DeterminismError)
