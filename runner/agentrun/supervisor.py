@@ -9,7 +9,7 @@ notify) or when a preemption asks to end now (``Preempted``). Tool calls
 that completed before the cancellation are already in the ledger, so
 whoever resumes replays them.
 
-A node that runs longer than ``HEARTBEAT_SECONDS`` gets a heartbeat line
+A node that runs longer than ``heartbeat.HEARTBEAT_SECONDS`` gets a heartbeat line
 in the run's log every ``HEARTBEAT_SECONDS`` while it runs (node, step,
 elapsed, time left before its deadline): a timer on the event loop, no I/O
 and nothing for a node that ends sooner. A node that blocks the event loop
@@ -29,14 +29,13 @@ from typing import Any
 from .checkpoint.base import Checkpointer, StopWatch
 from .context import CallScope, RunContext, RunLogger, current_run, current_scope
 from .errors import NodeTimeoutError, Preempted, StopRequested
+from .heartbeat import Heartbeat
 from .metrics import NODE_TIMEOUTS
 from .nodes import Node
 from .state import node_input
 
 # How long a cancelled node may take to unwind before the engine stops waiting for it.
 CANCEL_GRACE_SECONDS = 5.0
-# A node running longer than this says so in the log, again after each further period.
-HEARTBEAT_SECONDS = 10.0
 
 
 @dataclass
@@ -90,7 +89,12 @@ async def run_node(
     # Armed once the node outlived its first wake (a fast node pays nothing for it): a notified stop
     # then wakes the supervisor at once instead of at its next wake.
     heard: asyncio.Future[None] | None = None
-    heartbeat = _Heartbeat(node.name, ctx, loop, deadline)
+
+    def alive(elapsed: float, left: float | None) -> None:
+        until = "" if left is None else f"; its deadline is in {left:.0f}s"
+        log.info("node %s still running after %.0fs (step %d)%s", node.name, elapsed, ctx.step, until)
+
+    heartbeat = Heartbeat(alive, loop, deadline)
     try:
         while True:
             wait = cfg.stop_poll_interval
@@ -130,29 +134,6 @@ async def run_node(
             await asyncio.gather(heard, return_exceptions=True)
         if not task.done():
             await cancel(task, log)
-
-
-class _Heartbeat:
-    """A log line every ``HEARTBEAT_SECONDS`` of a node's run, from a loop timer (no task, no I/O)."""
-
-    def __init__(self, node: str, ctx: RunContext, loop: asyncio.AbstractEventLoop, deadline: float | None) -> None:
-        self.node, self.ctx, self.loop, self.deadline = node, ctx, loop, deadline
-        self.started = loop.time()
-        self.handle: asyncio.TimerHandle = loop.call_at(self.started + HEARTBEAT_SECONDS, self.beat)
-
-    def beat(self) -> None:
-        now = self.loop.time()
-        left = "" if self.deadline is None else f"; its deadline is in {max(0.0, self.deadline - now):.0f}s"
-        self.ctx.log.info(
-            "node %s still running after %.0fs (step %d)%s", self.node, now - self.started, self.ctx.step, left
-        )
-        # On the next multiple of the period since the start: a late beat (a blocked loop) neither pushes
-        # the next ones back nor is followed by a burst of the ones it missed.
-        periods = (now - self.started) // HEARTBEAT_SECONDS + 1
-        self.handle = self.loop.call_at(self.started + periods * HEARTBEAT_SECONDS, self.beat)
-
-    def cancel(self) -> None:
-        self.handle.cancel()
 
 
 async def cancel(task: asyncio.Task[Any], log: RunLogger) -> None:

@@ -9,6 +9,7 @@ import io
 import json
 import logging
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -197,3 +198,46 @@ async def test_a_step_running_longer_than_ten_seconds_logs_a_heartbeat_every_ten
         f"[thread=t-beat attempt=1] node slow still running after {s}s (step 0); its deadline is in {100 - s}s"
         for s in (10, 20, 30)
     ], f"a 35 s step must say it is alive at 10, 20 and 30 s, and a 9 s step never: {lines}"
+
+
+@pytest.mark.looptime
+async def test_a_langgraph_step_running_longer_than_ten_seconds_logs_a_heartbeat_every_ten_seconds(
+    looptime: Any, tmp_path: Path
+) -> None:
+    from langgraph.graph import START as LG_START
+    from langgraph.graph import StateGraph as LangGraphStateGraph
+
+    from agentrun.checkpoint import SqliteCheckpointer
+    from agentrun.config import RunConfig
+    from agentrun.integrations.langgraph.run import prepare, run_turn
+    from agentrun.supervisor import Preemption
+
+    async def slow(state: dict[str, Any]) -> dict[str, Any]:
+        await asyncio.sleep(state["seconds"])
+        return {"seconds": 0}
+
+    graph = LangGraphStateGraph(dict)  # type: ignore[type-var]
+    graph.add_node("slow", slow)
+    graph.add_node("quick", slow)
+    graph.add_edge(LG_START, "slow")
+    graph.add_edge("slow", "quick")
+    store = SqliteCheckpointer(tmp_path / "agentrun.db")  # AgentrunSaver needs a store with rows
+    await store.setup()
+    lines: list[str] = []
+    try:
+        with _capture(lines):
+            status, _ = await run_turn(
+                prepare(graph.compile(), "test:graph"),
+                store=store,
+                cfg=RunConfig.from_any({"thread_id": "ns/lg-beat"}),
+                payload={"seconds": 25},
+                existing=None,
+                preemption=Preemption(),
+            )
+    finally:
+        await store.aclose()
+    assert status == "completed"
+    beats = [line for line in lines if "still running" in line]
+    assert beats == [f"thread ns/lg-beat: node slow still running after {s}s (LangGraph step 0)" for s in (10, 20)], (
+        f"a 25 s LangGraph step must say it is alive at 10 and 20 s, its quick next step never: {lines}"
+    )

@@ -53,6 +53,7 @@ from agentrun.checkpoint.base import RESULT_MESSAGE_LIMIT, Checkpoint, Checkpoin
 from agentrun.config import RunConfig
 from agentrun.context import ToolCounts, executed_since
 from agentrun.errors import GraphRecursionError, GraphReferenceError, RunPreempted, RunStopped
+from agentrun.heartbeat import Heartbeat
 from agentrun.metrics import MODEL_REQUEST_SECONDS, MODEL_TOKENS
 from agentrun.usage import META_KEY as MODEL_USAGE
 from agentrun.usage import ModelUsage
@@ -231,6 +232,18 @@ async def run_turn(
         mirror.node, mirror.step = existing.current_node, existing.step
     await mirror.write("running")
 
+    def alive(elapsed: float, left: float | None) -> None:
+        log.info(
+            "thread %s: node %s still running after %.0fs (LangGraph step %d)",
+            cfg.thread_id,
+            mirror.node or "-",
+            elapsed,
+            mirror.step,
+        )
+
+    # A step (the nodes between two LangGraph checkpoints) running longer than HEARTBEAT_SECONDS says so.
+    heartbeat = Heartbeat(alive, asyncio.get_running_loop(), None)
+
     async def steps() -> None:
         stream: AsyncIterator[Any] = graph.astream(
             payload if resume is None else LangGraphCommand(resume=resume[0]),
@@ -244,6 +257,7 @@ async def run_turn(
             mirror.step = max(0, int((checkpoint.get("metadata") or {}).get("step", mirror.step)))
             mirror.meta["langgraph_checkpoint_id"] = checkpoint["config"]["configurable"].get("checkpoint_id")
             await mirror.write("running")
+            heartbeat.restart()
             if preemption.requested and following:
                 raise RunPreempted(
                     f"thread {cfg.thread_id!r} preempted before node {mirror.node!r} (LangGraph step {mirror.step}); "
@@ -264,6 +278,7 @@ async def run_turn(
             await _fail(mirror, e)
         raise
     finally:
+        heartbeat.cancel()
         track(cfg.thread_id, None)
     if reason is not None:
         mirror.meta["stop_reason"] = reason
