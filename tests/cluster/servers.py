@@ -92,11 +92,14 @@ class RealCluster:
 
     # -- between tests -------------------------------------------------------------------------------
 
-    def reset(self) -> None:
-        """Delete what the last test left (see the module docstring) and wait until it is gone."""
+    def stop_watches(self) -> None:
         for recorder in self._recorders.values():
             recorder.stop()
         self._recorders.clear()
+
+    def reset(self) -> None:
+        """Delete what the last test left (see the module docstring) and wait until it is gone."""
+        self.stop_watches()
         namespaces = [
             n for n in self._names("namespaces") if n not in ("kube-system", "kube-public", "kube-node-lease")
         ]

@@ -401,12 +401,15 @@ class Entry:
         return entry
 
     def describe(self) -> str:
-        """How a conflict names the manager (``printManager`` upstream)."""
+        """How a conflict names the manager (``printManager`` upstream).
+
+        Upstream prints "at <time>" only when the manager's key carries a time, and the key it
+        builds never does: kube-apiserver 1.37 says ``"kubectl-patch" using v1``, no time."""
         text = json.dumps(self.manager)
         if self.subresource:
             text += f" with subresource {json.dumps(self.subresource)}"
         if self.operation == UPDATE:
-            text += f" using {self.api_version} at {self.time}"
+            text += f" using {self.api_version}"
         return text
 
 
