@@ -6,10 +6,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: k8s cluster dashboard prometheus chromium pgbouncer bench chaos dev test test-unit test-integration test-postgres test-cluster test-badinput test-chart lint demo demo-local e2e-kind deploy-manifests lock clean
 
-$(STAMP): pyproject.toml kubesim/pyproject.toml
+$(STAMP): pyproject.toml kubesim/pyproject.toml devtools/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ./kubesim -e '.[dev,bench]'
+	$(BIN)/python -m pip install --quiet -e ./kubesim -e ./devtools -e '.[dev,bench]'
 	touch $(STAMP)
 
 dev: $(STAMP)  ## create .venv with the project and its test/lint tools
@@ -48,8 +48,8 @@ chaos: $(STAMP)  ## the seeded fault campaign: 220 trials, every fault kind, fig
 	$(BIN)/python -m bench.chaos run $(CHAOS_ARGS)
 
 lint: $(STAMP)  ## ruff (lint and format), mypy --strict (product, kubesim and test support code), import layers
-	$(BIN)/ruff check runner operator kubesim tests examples bench
-	$(BIN)/ruff format --check runner operator kubesim tests examples bench
+	$(BIN)/ruff check runner operator kubesim devtools tests examples bench
+	$(BIN)/ruff format --check runner operator kubesim devtools tests examples bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 

@@ -20,7 +20,7 @@ operator process and a private PostgreSQL database:
    seconds from the apply's return (the operator sees them with the watch
    events the apply causes) until every pod exists;
 3. with runners (the kubelet stand-in running real runner processes of the current code, ``--active`` runs
-   of ``tests.cluster.scale_graphs:ticker``): ``status_lag_p95_s`` (a checkpoint's
+   of ``agentrun_dev.graphs:ticker``): ``status_lag_p95_s`` (a checkpoint's
    commit time in PostgreSQL to the moment the AgentRun shows that
    ``stateVersion``), ``stop_p95_s`` (``spec.stop`` patched to phase Stopped),
    ``reschedule_p95_s`` (a SIGKILLed runner's pod reported terminated to the next
@@ -67,10 +67,12 @@ import asyncpg
 import yaml
 
 from agentrun.checkpoint.postgres import PgCheckpointer
+from agentrun_dev import launch
+from agentrun_dev.databases import create_database, drop_database
+from agentrun_dev.kubeload import MANAGED_BY, CountingProxy, RunningHolder, running_status
+from agentrun_dev.launch import OperatorProcess
 from kubesim import KubeletThread, default_base_env, write_kubeconfig
 from kubesim.real import CONTROLLERS, MASTERS, RealControlPlane
-from tests.support.databases import create_database, drop_database
-from tests.support.kubeload import MANAGED_BY, CountingProxy, RunningHolder, running_status
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -79,7 +81,7 @@ OPERATOR_USER = "agentrun-bench-operator"  # the operator's identity on the real
 QUIET_NODE = "bench-quiet"
 NODE_LIFECYCLE = ("node-lifecycle-controller", "taint-eviction-controller")
 KNOWN_IMAGES = ("agentrun:test",)
-TICKER = "tests.cluster.scale_graphs:ticker"
+TICKER = "agentrun_dev.graphs:ticker"
 CHUNK = 100
 # A Lease renewed every 20 s rather than 5 s: an emulator busy with the setup must not cost the leader its
 # Lease (old and new operator alike); in steady state it is 0.1 request per second, whatever the runs.
@@ -310,48 +312,16 @@ def database() -> Iterator[str]:
         asyncio.run(drop_database(dsn))
 
 
-@dataclass
-class Operator:
-    proc: subprocess.Popen[bytes]
-    log: Path
-
-    def tail(self) -> str:
-        return self.log.read_text(errors="replace")[-3000:] if self.log.exists() else ""
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
-def start_operator(source: Path, kubeconfig: Path, workdir: Path, **env: str) -> Operator:
-    environment = {k: v for k, v in os.environ.items() if not k.startswith(("KUBE", "AGENTRUN_"))}
-    environment.update(
-        KUBECONFIG=str(kubeconfig),
-        PYTHONPATH=os.pathsep.join(str(source / p) for p in ("operator", "runner", ".")),
-        AGENTRUN_OPERATOR_IDENTITY="bench",
-        AGENTRUN_OPERATOR_METRICS_PORT="0",
-        AGENTRUN_OPERATOR_LEASE_NAMESPACE="default",
-        AGENTRUN_OPERATOR_RUNNER_METRICS_PORT="0",
-        AGENTRUN_OPERATOR_DEFAULT_IMAGE="agentrun:test",
-        AGENTRUN_OPERATOR_LOG_FORMAT="text",
-        AGENTRUN_OPERATOR_LEASE_DURATION_SECONDS=LEASE_SECONDS,
-        **env,
+def start_operator(source: Path, kubeconfig: Path, workdir: Path, **env: str) -> OperatorProcess:
+    """The operator of the ``source`` tree (this one, or ``--baseline``'s checkout), by the one launcher."""
+    return launch.start_operator(
+        kubeconfig,
+        identity="bench",
+        log_path=workdir / f"operator-{time.monotonic_ns()}.log",
+        settings={"default_image": "agentrun:test", "log_format": "text", "lease_duration_seconds": LEASE_SECONDS},
+        env={"PYTHONPATH": os.pathsep.join(str(source / p) for p in ("operator", "runner", ".")), **env},
+        cwd=source,
     )
-    log = workdir / f"operator-{time.monotonic_ns()}.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "agentrun_operator"],
-            env=environment,
-            cwd=source,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    return Operator(proc, log)
 
 
 def secret(cluster: Server, dsn: str) -> None:
@@ -392,13 +362,13 @@ def pod_names(cluster: Server) -> set[str]:
     return {p["metadata"]["name"] for p in cluster.list_objects("pods", "default")}
 
 
-def wait(predicate: Any, *, timeout: float, what: str, operator: Operator, interval: float = 0.2) -> Any:
+def wait(predicate: Any, *, timeout: float, what: str, operator: OperatorProcess, interval: float = 0.2) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if value := predicate():
             return value
         time.sleep(interval)
-    raise RuntimeError(f"timed out waiting for {what}; operator log:\n{operator.tail()}")
+    raise RuntimeError(f"timed out waiting for {what}; operator log:\n{operator.log()[-3000:]}")
 
 
 def proc_cpu_seconds(pid: int) -> float:
@@ -539,7 +509,7 @@ def burst(server: str, source: Path, p: Params, workdir: Path) -> dict[str, floa
         operator = start_operator(source, operator_kubeconfig(cluster, workdir), workdir)
         try:
             wait(
-                lambda: "leading as" in operator.log.read_text(errors="replace"),
+                lambda: "leading as" in operator.log(),
                 timeout=60,
                 what="leader",
                 operator=operator,
@@ -594,7 +564,7 @@ def active(server: str, source: Path, p: Params, workdir: Path) -> dict[str, flo
             kubelet.stop()
 
 
-def _status_lag(cluster: Server, dsn: str, p: Params, operator: Operator) -> dict[str, float]:
+def _status_lag(cluster: Server, dsn: str, p: Params, operator: OperatorProcess) -> dict[str, float]:
     names = [f"lag-{i}" for i in range(p.active)]
     apply(cluster, [run(n, graph=TICKER, env={"TICKS": "8", "TICK_SECONDS": "1"}) for n in names])
     shown: dict[tuple[str, int], float] = {}  # (thread, stateVersion) -> first seen (epoch)
@@ -616,7 +586,7 @@ def _status_lag(cluster: Server, dsn: str, p: Params, operator: Operator) -> dic
     return {"status_lag_p95_s": p95(lags), "status_lag_samples": float(len(lags))}
 
 
-def _stops(cluster: Server, p: Params, operator: Operator) -> dict[str, float]:
+def _stops(cluster: Server, p: Params, operator: OperatorProcess) -> dict[str, float]:
     names = [f"stop-{i}" for i in range(p.active)]
     apply(cluster, [run(n, graph=TICKER, env={"TICKS": "1000", "TICK_SECONDS": "1"}) for n in names])
     wait(
@@ -639,7 +609,7 @@ def _stops(cluster: Server, p: Params, operator: Operator) -> dict[str, float]:
     return {"stop_p95_s": p95(list(done.values())), "stop_samples": float(len(done))}
 
 
-def _reschedules(cluster: Server, kubelet: KubeletThread, p: Params, operator: Operator) -> dict[str, float]:
+def _reschedules(cluster: Server, kubelet: KubeletThread, p: Params, operator: OperatorProcess) -> dict[str, float]:
     names = [f"resched-{i}" for i in range(p.active)]
     apply(
         cluster,

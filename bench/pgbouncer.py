@@ -1,7 +1,7 @@
 """PostgreSQL connections, step latency and commits/s at N concurrent runs: direct vs through PgBouncer.
 
 ``make bench`` (``python -m bench.pgbouncer``) starts a private PostgreSQL and a private PgBouncer in
-transaction mode in front of it (``agentrun.devservers``; PgBouncer may open at most ``--server-conns``
+transaction mode in front of it (``agentrun_dev.servers``; PgBouncer may open at most ``--server-conns``
 server connections, 40 by default: what a PostgreSQL with ``max_connections = 50`` leaves after its
 reserve), then runs the same load twice, once per road, each in a fresh database:
 
@@ -39,7 +39,7 @@ from typing import Any
 
 import asyncpg
 
-from agentrun.devservers import PrivatePgBouncer, PrivatePostgres
+from agentrun_dev.servers import PrivatePgBouncer, PrivatePostgres
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"

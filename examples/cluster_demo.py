@@ -26,8 +26,8 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import yaml
 
-from agentrun_operator import launch
-from agentrun_operator.launch import OperatorProcess
+from agentrun_dev import launch
+from agentrun_dev.launch import OperatorProcess
 from kubesim import KOPF_PEERING_CRDS, EmulatedCluster, KubeletThread, default_base_env
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install Debian's pgbouncer package when /usr/sbin/pgbouncer is missing. Tests and the bench start their own
-# pgbouncer process (agentrun.devservers.PrivatePgBouncer: a temporary config, pool_mode=transaction, a free
+# pgbouncer process (agentrun_dev.servers.PrivatePgBouncer: a temporary config, pool_mode=transaction, a free
 # loopback port); the package's own service must not start: policy-rc.d refuses service starts during the
 # install, and it is removed afterwards. Called by scripts/services.sh.
 set -euo pipefail

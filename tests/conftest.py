@@ -29,8 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # `examples` is importable from tests, as from the CLI in the repo root
 
+from agentrun_dev.databases import throwaway_database  # noqa: E402
 from tests.support.checkpointers import BACKENDS, Backend, postgres_unavailable  # noqa: E402
-from tests.support.databases import throwaway_database  # noqa: E402
 
 _TIERS = {
     "unit": "unit",

@@ -19,8 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agentrun.devservers import PrivatePostgres, PrivateRedis
-from agentrun_operator.launch import OperatorProcess, start_operator
+from agentrun_dev.launch import OperatorProcess, start_operator
+from agentrun_dev.servers import PrivatePostgres, PrivateRedis
 from kubesim import KOPF_PEERING_CRDS, EmulatedCluster, KubeletThread, default_base_env
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -156,9 +156,8 @@ class DevCluster:
         return kubectl
 
     def start(self, progress: Progress | None = None) -> None:
+        from agentrun.contract import GROUP
         from kubesim import KOPF_PEERING_CRDS, EmulatedCluster, KubeletThread, default_base_env
-
-        from .decide.podspec import GROUP
 
         say = progress.step if progress is not None else (lambda _: None)
         crds = Path(__file__).resolve().parents[2] / "crds"

@@ -1,16 +1,23 @@
-"""Throwaway PostgreSQL databases for tests (created on the server at ``AGENTRUN_TEST_POSTGRES_DSN``)."""
+"""Throwaway PostgreSQL databases for tests and benchmarks (created on the server at ``AGENTRUN_TEST_POSTGRES_DSN``)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import uuid
 from collections.abc import Iterator
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from tests.support.checkpointers import postgres_dsn
+POSTGRES_DSN_ENV = "AGENTRUN_TEST_POSTGRES_DSN"
+DEFAULT_POSTGRES_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+def postgres_dsn() -> str:
+    """The PostgreSQL server tests and benchmarks use (``AGENTRUN_TEST_POSTGRES_DSN``, else this machine's)."""
+    return os.environ.get(POSTGRES_DSN_ENV, DEFAULT_POSTGRES_DSN)
 
 
 def with_database(dsn: str, database: str) -> str:

@@ -1,4 +1,4 @@
-"""Graphs for the operator's scale tests and benchmark (importable as ``tests.cluster.scale_graphs:<name>``).
+"""Graphs for the operator's scale tests and benchmark (importable as ``agentrun_dev.graphs:<name>``).
 
 ``ticker``: ``TICKS`` steps (default 5), each waiting ``TICK_SECONDS`` (default 1) in an async node (so a stop
 cancels it at once) and then checkpointing: progress at a known pace, with no pod event in between.

@@ -1,7 +1,8 @@
 """The real operator process (``python -m agentrun_operator``) on one machine, against a kubeconfig.
 
-The one launcher for every operator that runs outside a Deployment: ``agentrun-dev`` (``devcluster.py``),
-``make demo``, the cluster tests and the chaos campaign (``bench/chaos``). It gives the process a clean
+The one launcher for every operator that runs outside a Deployment: ``agentrun-dev`` (``cluster.py``),
+``make demo``, the cluster tests, the operator benchmark (``bench/operator.py``) and the chaos campaign
+(``bench/chaos``). It gives the process a clean
 environment (none of the caller's ``KUBE*``/``AGENTRUN_*`` variables leak in), a free metrics port to
 probe it on, and settings checked against ``OperatorSettings`` before it starts: a misspelled knob is an
 error here, not a setting the operator silently ignores.
@@ -24,9 +25,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentrun.devservers import free_port
+from agentrun_operator.settings import OperatorSettings
 
-from .settings import OperatorSettings
+from .servers import free_port
 
 ENV_PREFIX = "AGENTRUN_OPERATOR_"
 HOST = "127.0.0.1"

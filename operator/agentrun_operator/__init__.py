@@ -24,6 +24,7 @@ Split by role (import-linter enforces the layers: ``__main__`` > ``io`` > ``deci
   ``wakeups`` (reconciles besides watch events: progress, deadlines, the resync, retries), ``expiry``
   (the ttl delete), ``leader`` (the Lease), ``metrics``, ``health`` (liveness and the HTTP endpoints);
 - ``settings`` the operator's configuration; ``__main__`` the process;
-- beside them, for people and for one machine: ``kubectl_plugin`` (``kubectl agentrun``),
-  ``devcluster`` (``agentrun-dev``, ``make cluster``), ``launch`` (the operator process on one machine).
+- beside them, for people: ``kubectl_plugin`` (``kubectl agentrun``). What runs the operator on one
+  machine (``agentrun-dev``, the launcher) is a development helper outside the image: ``agentrun_dev``
+  (``devtools/``).
 """

@@ -31,8 +31,8 @@ import asyncpg
 import pytest
 
 from agentrun.checkpoint import Checkpointer, SqliteCheckpointer
+from agentrun_dev.databases import create_database, drop_database
 from tests.support.checkpointers import postgres_unavailable
-from tests.support.databases import create_database, drop_database
 
 
 class Store:

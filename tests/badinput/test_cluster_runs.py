@@ -30,7 +30,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-from agentrun.devservers import free_port
+from agentrun_dev.databases import postgres_dsn, throwaway_database, with_database
+from agentrun_dev.servers import free_port
 from kubesim import EmulatedCluster, KubeletThread
 from tests.badinput.graphs import BIG, TOKEN_DIR
 from tests.cluster.operator_harness import (
@@ -45,8 +46,6 @@ from tests.cluster.operator_harness import (
     store_secret,
     wait_phase,
 )
-from tests.support.checkpointers import postgres_dsn
-from tests.support.databases import throwaway_database, with_database
 
 pytestmark = [pytest.mark.cluster, pytest.mark.postgres, pytest.mark.timeout(240)]
 

@@ -33,9 +33,9 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from agentrun_dev.databases import create_database, drop_database
 from kubesim import EmulatedCluster, KubeletThread
 from tests.cluster.operator_harness import OperatorProcess, agentrun, apply, start_operator, status, store_secret
-from tests.support.databases import create_database, drop_database
 
 pytestmark = [pytest.mark.cluster, pytest.mark.postgres, pytest.mark.timeout(300)]
 

@@ -2,7 +2,8 @@
 
 Guarantees: dependencies only from the hashed lock generated from pyproject.toml, a base
 image pinned to an exact release (and by digest when released), no pip and no examples/ in
-the runtime image, examples only in the ``demo`` target, a non-root user, hadolint clean.
+the runtime image, examples only in the ``demo`` target, no development helpers (``devtools/``) in
+the wheel it installs, a non-root user, hadolint clean.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import setuptools
 from dockerfile_parse import DockerfileParser
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -149,6 +151,40 @@ def test_the_build_context_holds_what_the_dockerfile_copies() -> None:
         *sources, _ = instruction["value"].split()
         for source in sources:
             assert source.rstrip("/") in included, f"COPY {source}: not in the build context (.dockerignore)"
+
+
+def test_the_image_ships_no_development_helpers(tmp_path: Path) -> None:
+    """What the build stage copies makes a wheel of agentrun, agentrun_operator and agentrun_history only.
+
+    The development helpers (``devtools/agentrun_dev``: the operator launcher, the private PostgreSQL,
+    Redis and PgBouncer servers, ``agentrun-dev``, the API-request counter, test databases) are a
+    distribution of their own that the build context does not even hold.
+    """
+    ignore = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()]
+    included = {p.removeprefix("!").rstrip("/") for p in ignore if p.startswith("!")}
+    assert not any(p.startswith(("devtools", "tests", "bench", "kubesim")) for p in included), included
+    context = tmp_path / "context"
+    sources = []
+    for instruction in stages()["build"]:
+        if instruction["instruction"] == "COPY" and not instruction["value"].startswith("--from="):
+            sources += instruction["value"].split()[:-1]
+    for source in sources:
+        path = ROOT / source.rstrip("/")
+        if path.is_dir():
+            shutil.copytree(path, context / path.name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            (context / path.parent.relative_to(ROOT)).mkdir(parents=True, exist_ok=True)
+            shutil.copy(path, context / path.relative_to(ROOT))
+    # The wheel's packages are what setuptools finds where pyproject.toml says, in that copy (the build stage's
+    # own wheel build needs the locked setuptools, not this virtualenv's).
+    find = PYPROJECT["tool"]["setuptools"]["packages"]["find"]
+    packages = {p.split(".")[0] for where in find["where"] for p in setuptools.find_packages(str(context / where))}
+    assert packages == {"agentrun", "agentrun_operator", "agentrun_history"}, packages
+    helpers = ("devservers.py", "launch.py", "devcluster.py", "kubeload.py", "databases.py")
+    shipped = [p for where in find["where"] for p in (context / where).rglob("*.py")]
+    assert not [p for p in shipped if p.name in helpers], "a development helper is in the runtime wheel"
+    scripts = PYPROJECT["project"]["scripts"]
+    assert not [s for s, target in scripts.items() if "dev" in s or target.startswith("agentrun_dev")], scripts
 
 
 def hadolint() -> str | None:

@@ -22,12 +22,12 @@ from pathlib import Path
 
 import pytest
 
+from agentrun_dev.databases import throwaway_database
 from kubesim import KOPF_PEERING_CRDS, EmulatedCluster, default_base_env
 from kubesim.kubelet import KubeletThread
 from kubesim.pytest_plugin import emulated_kubelet
 from kubesim.real import RealControlPlane
 from tests.cluster.servers import RealCluster
-from tests.support.databases import throwaway_database
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = ROOT / "crds" / "agentrun.dev_agentruns.yaml"

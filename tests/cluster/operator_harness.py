@@ -12,8 +12,8 @@ import yaml
 
 from agentrun.checkpoint.base import Progress
 from agentrun.checkpoint.postgres import PgCheckpointer
-from agentrun_operator import launch
-from agentrun_operator.launch import OperatorProcess
+from agentrun_dev import launch
+from agentrun_dev.launch import OperatorProcess
 from kubesim import EmulatedCluster
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from bench.chaos import campaign
 from bench.chaos.plan import KILL_DURING_RESUME, KINDS, plan
 from bench.chaos.verdict import LOSSES

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agentrun.devservers import free_port
+from agentrun_dev.servers import free_port
 from kubesim import KUBECTL
 
 pytestmark = pytest.mark.timeout(180)
@@ -250,7 +250,7 @@ def test_a_taken_port_is_a_clear_error(tmp_path: Path) -> None:
 def test_a_missing_kubectl_is_a_clear_error(tmp_path: Path) -> None:
     env = {**os.environ, "PATH": str(tmp_path)}  # no kubectl anywhere on PATH
     result = subprocess.run(
-        [sys.executable, "-m", "agentrun_operator.devcluster", "--port", str(free_port())],
+        [sys.executable, "-m", "agentrun_dev.cluster", "--port", str(free_port())],
         capture_output=True,
         text=True,
         env=env,
@@ -287,7 +287,7 @@ def test_make_cluster_prints_the_export_path_line_that_makes_kubectl_agentrun_wo
 
 
 def test_no_path_line_when_the_plugin_is_already_found() -> None:
-    from agentrun_operator.devcluster import plugin_path_line
+    from agentrun_dev.cluster import plugin_path_line
 
     assert plugin_path_line(str(BIN)) is None, "the virtualenv is on PATH: nothing to export"
     assert plugin_path_line(path_without_venv()) == f"export PATH={BIN}:$PATH"

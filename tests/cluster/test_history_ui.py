@@ -46,7 +46,8 @@ import helm_python
 import pytest
 import yaml
 
-from agentrun.devservers import free_port
+from agentrun_dev.databases import throwaway_database
+from agentrun_dev.servers import free_port
 from kubesim import KUBECTL, EmulatedCluster, KubeletThread
 from kubesim.rbac import AUTHENTICATED, User
 from tests.cluster.operator_harness import (
@@ -58,7 +59,6 @@ from tests.cluster.operator_harness import (
     wait_phase,
 )
 from tests.cluster.test_kube_client import exec_user, kubeconfig_doc, write_plugin, write_yaml
-from tests.support.databases import throwaway_database
 
 pytestmark = [pytest.mark.cluster, pytest.mark.real_server, pytest.mark.timeout(420)]
 

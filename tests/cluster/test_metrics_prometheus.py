@@ -34,7 +34,8 @@ from typing import Any
 import pytest
 import yaml
 
-from agentrun.devservers import free_port
+from agentrun_dev.databases import create_database, drop_database
+from agentrun_dev.servers import free_port
 from kubesim import EmulatedCluster, KubeletThread
 from tests.cluster.operator_harness import (
     OperatorProcess,
@@ -45,7 +46,6 @@ from tests.cluster.operator_harness import (
     wait_node,
     wait_phase,
 )
-from tests.support.databases import create_database, drop_database
 
 pytestmark = pytest.mark.timeout(120)
 

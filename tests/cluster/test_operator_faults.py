@@ -1,7 +1,7 @@
 """The operator under infrastructure faults and bad input (issue 8), on the emulated cluster.
 
 Real operator process, real runner processes, real kubectl, real PostgreSQL. The store outages run
-against a PRIVATE PostgreSQL server (``agentrun.devservers.PrivatePostgres``: its own data
+against a PRIVATE PostgreSQL server (``agentrun_dev.servers.PrivatePostgres``: its own data
 directory and port) that the test stops and starts, so no other test's database ever goes away.
 
 Guarantees: a PostgreSQL restart mid-run costs no restart budget and re-executes no tool; a store
@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 import yaml
 
-from agentrun.devservers import PrivatePostgres
+from agentrun_dev.databases import throwaway_database
+from agentrun_dev.servers import PrivatePostgres
 from examples.support_agent import count_effects
 from kubesim import EmulatedCluster, KubeletThread
 from tests.cluster.operator_harness import (
@@ -37,7 +38,6 @@ from tests.cluster.operator_harness import (
     store_secret,
     wait_phase,
 )
-from tests.support.databases import throwaway_database
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -3,7 +3,7 @@
 Guarantees under test (README, "How the operator watches"):
 
 - a run that is Running and quiet costs the API server nothing: no request per run beyond the watches
-  (counted by a proxy that sees only the operator's requests, ``tests/support/kubeload.py``);
+  (counted by a proxy that sees only the operator's requests, ``devtools/agentrun_dev/kubeload.py``);
 - store progress reaches ``status.stateVersion`` within about a second without any periodic timer
   (the resync is set to an hour here): PostgreSQL LISTEN/NOTIFY wakes the run;
 - deadlines fire on time without polling: the backoff after a crash, the stop grace of a runner that
@@ -26,9 +26,9 @@ from typing import Any
 import pytest
 import yaml
 
+from agentrun_dev.kubeload import CountingProxy, RunningHolder
 from kubesim import EmulatedCluster, KubeletThread, write_kubeconfig
 from tests.cluster.operator_harness import OperatorProcess, agentrun, progress, start_operator, status, wait_phase
-from tests.support.kubeload import CountingProxy, RunningHolder
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -130,7 +130,7 @@ def test_progress_reaches_status_within_a_second_with_the_resync_at_an_hour(
         run = agentrun(
             "ticks",
             thread="ticks",
-            graph="tests.cluster.scale_graphs:ticker",
+            graph="agentrun_dev.graphs:ticker",
             effects=tmp_path / "e.db",
             env={"TICKS": "6", "TICK_SECONDS": "1.5"},
         )
@@ -208,7 +208,7 @@ def test_the_stop_grace_ends_on_time_with_the_resync_at_an_hour(
         run = agentrun(
             "frozen",
             thread="frozen",
-            graph="tests.cluster.scale_graphs:ticker",
+            graph="agentrun_dev.graphs:ticker",
             effects=tmp_path / "e.db",
             env={"TICKS": "100", "TICK_SECONDS": "1"},
         )

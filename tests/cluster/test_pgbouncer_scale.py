@@ -2,7 +2,7 @@
 
 Issue 26 item 4. Real operator, real runner processes (the kubelet stand-in runs the pods), a PRIVATE
 PostgreSQL started with ``max_connections=50`` and a private PgBouncer in front of it
-(``agentrun.devservers``), the store Secret as README "PgBouncer" shows it: ``postgresDsn`` through
+(``agentrun_dev.servers``), the store Secret as README "PgBouncer" shows it: ``postgresDsn`` through
 PgBouncer with ``agentrun_pooler=transaction``, ``postgresListenDsn`` direct (the operator's one
 LISTEN connection). Without the pooler each runner holds a pool plus a LISTEN connection, so this many
 runs need more than 50 server connections.
@@ -31,7 +31,7 @@ import asyncpg
 import pytest
 import yaml
 
-from agentrun.devservers import PrivatePgBouncer, PrivatePostgres
+from agentrun_dev.servers import PrivatePgBouncer, PrivatePostgres
 from examples.support_agent import count_effects
 from kubesim import EmulatedCluster, KubeletThread
 from tests.cluster.operator_harness import (

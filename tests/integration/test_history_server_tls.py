@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agentrun.devservers import free_port
+from agentrun_dev.servers import free_port
 from kubesim.pki import CertificateAuthority
 
 pytestmark = pytest.mark.integration

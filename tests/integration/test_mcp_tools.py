@@ -36,10 +36,10 @@ from typing import Any
 import pytest
 
 from agentrun import Command, InMemoryCheckpointer, RunStopped, blocking
-from agentrun.devservers import free_port
 from agentrun.engine import CompiledGraph
 from agentrun.integrations.mcp import MCPServer, amcp_tools, mcp_tools
 from agentrun.metrics import TOOL_TIMEOUTS
+from agentrun_dev.servers import free_port
 from tests.unit.helpers import call, calling_model, tool_graph, tool_messages
 
 ROOT = Path(__file__).resolve().parents[2]

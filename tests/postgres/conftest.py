@@ -12,7 +12,7 @@ Isolation: every test gets a fresh database (``pg_dsn``), created on the
 server at ``AGENTRUN_TEST_POSTGRES_DSN`` and dropped afterwards, and a Redis
 key prefix of its own (``redis_prefix``) whose keys are deleted afterwards.
 Tests that kill or restart a server start a private one (``private_redis``,
-``private_postgres``, from ``agentrun.devservers``) on a free port in a temporary directory.
+``private_postgres``, from ``agentrun_dev.servers``) on a free port in a temporary directory.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ import redis.asyncio as aioredis
 from agentrun.checkpoint import Checkpointer
 from agentrun.checkpoint.cached import CachedStore
 from agentrun.checkpoint.postgres import PgCheckpointer
-from agentrun.devservers import PrivatePostgres, PrivateRedis
+from agentrun_dev.databases import create_database, drop_database
+from agentrun_dev.servers import PrivatePostgres, PrivateRedis
 from tests.support.checkpointers import Backend
-from tests.support.databases import create_database, drop_database
 
 REDIS_URL_ENV = "AGENTRUN_TEST_REDIS_URL"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"

@@ -23,7 +23,7 @@ from agentrun import END, START, StateGraph, ToolCall, ToolNode, assistant, tool
 from agentrun.blocking import run
 from agentrun.checkpoint.postgres import PgCheckpointer
 from agentrun.engine import CompiledGraph
-from tests.support.databases import create_database, drop_database
+from agentrun_dev.databases import create_database, drop_database
 
 
 @pytest.fixture

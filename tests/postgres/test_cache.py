@@ -15,9 +15,9 @@ import redis.asyncio as aioredis
 from agentrun import END, START, StaleStateError, StateGraph
 from agentrun.checkpoint.cached import CachedStore
 from agentrun.checkpoint.postgres import PgCheckpointer
-from agentrun.devservers import PrivateRedis
 from agentrun.messages import assistant, user
 from agentrun.metrics import CACHE_ERRORS, CACHE_READS
+from agentrun_dev.servers import PrivateRedis
 from tests.support.checkpointers import write
 
 from .conftest import cached_store, redis_url

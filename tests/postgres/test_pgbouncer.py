@@ -1,7 +1,7 @@
 """The store through a real PgBouncer in transaction mode (``agentrun_pooler=transaction`` in the URL).
 
 Real PgBouncer (Debian's package, ``scripts/pgbouncer.sh``; each test starts its own process on a free
-loopback port, ``agentrun.devservers.PrivatePgBouncer``), the shared PostgreSQL behind it, real runner
+loopback port, ``agentrun_dev.servers.PrivatePgBouncer``), the shared PostgreSQL behind it, real runner
 processes (``python -m agentrun.runner``) with the store Secret's DSN pointing at PgBouncer.
 
 Guarantees: the schema migrates through the pooler, also with several processes at once, and leaves
@@ -32,11 +32,11 @@ from agentrun.checkpoint import open_store
 from agentrun.checkpoint.pg_schema import MIGRATIONS
 from agentrun.checkpoint.postgres import PgCheckpointer
 from agentrun.contract import Env
-from agentrun.devservers import PrivatePgBouncer
 from agentrun.errors import StoreConfigError
+from agentrun_dev.databases import postgres_dsn
+from agentrun_dev.servers import PrivatePgBouncer
 from examples.support_agent import count_effects
 from tests.conftest import ROOT
-from tests.support.checkpointers import postgres_dsn
 
 from .conftest import redis_url
 from .helpers import fetchval, invocations

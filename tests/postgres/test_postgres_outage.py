@@ -12,7 +12,7 @@ import asyncio
 
 from agentrun.checkpoint.postgres import PgCheckpointer
 from agentrun.contract import Env
-from agentrun.devservers import PrivatePostgres
+from agentrun_dev.servers import PrivatePostgres
 from examples.support_agent import count_effects
 
 from .helpers import REQUEST, drive, driver_args, fetch, fetchval, finish, invocations, spawn, wait_for_line, wait_until

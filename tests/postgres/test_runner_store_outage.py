@@ -25,7 +25,7 @@ import asyncpg
 import pytest
 
 from agentrun.contract import Env, ExitCode
-from agentrun.devservers import PrivatePostgres, free_port
+from agentrun_dev.servers import PrivatePostgres, free_port
 from tests.conftest import ROOT
 
 from .helpers import fetch, fetchval, invocations, wait_until

@@ -17,7 +17,6 @@ per test, deleted at teardown) and filter ``list_threads()`` by them.
 from __future__ import annotations
 
 import importlib.util
-import os
 import socket
 import uuid
 from functools import cache
@@ -29,19 +28,13 @@ import pytest
 
 from agentrun.checkpoint import Checkpointer, CheckpointWrite, InMemoryCheckpointer, SqliteCheckpointer
 from agentrun.messages import Message
-
-POSTGRES_DSN_ENV = "AGENTRUN_TEST_POSTGRES_DSN"
-DEFAULT_POSTGRES_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
+from agentrun_dev.databases import POSTGRES_DSN_ENV, postgres_dsn
 
 BACKENDS = [
     pytest.param("memory", id="memory"),
     pytest.param("sqlite", id="sqlite"),
     pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
 ]
-
-
-def postgres_dsn() -> str:
-    return os.environ.get(POSTGRES_DSN_ENV, DEFAULT_POSTGRES_DSN)
 
 
 @cache

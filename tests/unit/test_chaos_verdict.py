@@ -11,11 +11,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from agentrun.ledger import idempotency_key
 from bench.chaos.evidence import Evidence, ThreadRows
 from bench.chaos.plan import DEADLINE_TOOL, FAULT_POINTS, KILL_IN_TOOL, KINDS, MCP_SIBLING_TIMEOUT, SCENARIOS, plan
 from bench.chaos.verdict import LOSSES, failed, judge
-
-from agentrun.ledger import idempotency_key
 
 THREAD = "default/t1"
 
