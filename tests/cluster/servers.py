@@ -29,7 +29,17 @@ from kubesim.cluster import ApiResponse
 from kubesim.real import RealControlPlane
 
 # Namespaced kinds a test may leave behind, deleted after it (in every namespace it touched).
-NAMESPACED = ("agentruns", "pods", "secrets", "configmaps", "events", "leases", "roles", "rolebindings")
+NAMESPACED = (
+    "agentruns",
+    "pods",
+    "secrets",
+    "configmaps",
+    "events",
+    "leases",
+    "roles",
+    "rolebindings",
+    "deployments",
+)
 CLUSTER_SCOPED = ("clusterroles", "clusterrolebindings", "customresourcedefinitions", "namespaces", "nodes")
 KEPT_CONFIGMAPS = ("kube-root-ca.crt",)
 SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")

@@ -284,6 +284,14 @@ def test_helm_uninstall_removes_the_release_objects_but_keeps_the_crd(
 # --- server-side apply with the real kubectl -------------------------------------------------------
 
 
+@pytest.fixture
+def ssa_cluster(cluster: Cluster) -> Cluster:
+    """The tier's cluster (on [real] the session's control plane), its ConfigMaps' versions recorded."""
+    if isinstance(cluster, RealCluster):
+        cluster.watch("configmaps")
+    return cluster
+
+
 def config_map(**data: str) -> str:
     return yaml.safe_dump({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ssa"}, "data": data})
 
@@ -298,26 +306,26 @@ def owners(cluster: Cluster) -> dict[str, dict[str, Any]]:
     return {f"{e['manager']}/{e['operation']}": e["fieldsV1"] for e in obj["metadata"]["managedFields"]}
 
 
-def test_server_side_apply_creates_and_records_the_applier_as_owner(bare_cluster: Cluster) -> None:
-    result = apply(bare_cluster, config_map(a="1", b="2"))
+def test_server_side_apply_creates_and_records_the_applier_as_owner(ssa_cluster: Cluster) -> None:
+    result = apply(ssa_cluster, config_map(a="1", b="2"))
     assert result.returncode == 0, result.stderr
     assert "serverside-applied" in result.stdout
-    assert owners(bare_cluster) == {"kubectl/Apply": {"f:data": {"f:a": {}, "f:b": {}}}}
-    again = apply(bare_cluster, config_map(a="1", b="2"))
+    assert owners(ssa_cluster) == {"kubectl/Apply": {"f:data": {"f:a": {}, "f:b": {}}}}
+    again = apply(ssa_cluster, config_map(a="1", b="2"))
     assert again.returncode == 0
-    assert len(bare_cluster.history("configmaps", "ssa")) == 1, "applying the same configuration wrote the object"
+    assert len(ssa_cluster.history("configmaps", "ssa")) == 1, "applying the same configuration wrote the object"
 
 
-def test_server_side_apply_conflict_between_two_managers_and_force(bare_cluster: Cluster) -> None:
-    assert apply(bare_cluster, config_map(a="1", b="2")).returncode == 0
+def test_server_side_apply_conflict_between_two_managers_and_force(ssa_cluster: Cluster) -> None:
+    assert apply(ssa_cluster, config_map(a="1", b="2")).returncode == 0
 
-    conflict = apply(bare_cluster, config_map(a="changed"), "--field-manager=other")
+    conflict = apply(ssa_cluster, config_map(a="changed"), "--field-manager=other")
     assert conflict.returncode != 0, "a conflicting apply by another manager succeeded"
     assert 'Apply failed with 1 conflict: conflict with "kubectl": .data.a' in conflict.stderr, conflict.stderr
-    obj = bare_cluster.get("configmaps", "ssa")
+    obj = ssa_cluster.get("configmaps", "ssa")
     assert obj is not None and obj["data"] == {"a": "1", "b": "2"}
 
-    raw = bare_cluster.api(
+    raw = ssa_cluster.api(
         "PATCH",
         f"{CONFIGMAPS}/ssa",
         yaml.safe_dump(
@@ -333,54 +341,54 @@ def test_server_side_apply_conflict_between_two_managers_and_force(bare_cluster:
         {"reason": "FieldManagerConflict", "message": 'conflict with "kubectl"', "field": ".data.b"},
     ]
 
-    forced = apply(bare_cluster, config_map(a="changed"), "--field-manager=other", "--force-conflicts")
+    forced = apply(ssa_cluster, config_map(a="changed"), "--field-manager=other", "--force-conflicts")
     assert forced.returncode == 0, forced.stderr
-    obj = bare_cluster.get("configmaps", "ssa")
+    obj = ssa_cluster.get("configmaps", "ssa")
     assert obj is not None and obj["data"] == {"a": "changed", "b": "2"}
-    assert owners(bare_cluster) == {
+    assert owners(ssa_cluster) == {
         "kubectl/Apply": {"f:data": {"f:b": {}}},
         "other/Apply": {"f:data": {"f:a": {}}},
     }, "force did not move the field to its new manager"
 
 
 def test_server_side_apply_shares_equal_values_and_removes_fields_no_longer_applied(
-    bare_cluster: Cluster,
+    ssa_cluster: Cluster,
 ) -> None:
-    assert apply(bare_cluster, config_map(a="1", b="2", c="3")).returncode == 0
-    shared = apply(bare_cluster, config_map(a="1"), "--field-manager=other")
+    assert apply(ssa_cluster, config_map(a="1", b="2", c="3")).returncode == 0
+    shared = apply(ssa_cluster, config_map(a="1"), "--field-manager=other")
     assert shared.returncode == 0, f"the same value by another manager is not a conflict: {shared.stderr}"
 
-    assert apply(bare_cluster, config_map(c="3")).returncode == 0
-    obj = bare_cluster.get("configmaps", "ssa")
+    assert apply(ssa_cluster, config_map(c="3")).returncode == 0
+    obj = ssa_cluster.get("configmaps", "ssa")
     assert obj is not None
     assert obj["data"] == {"a": "1", "c": "3"}, "b (kubectl's alone) must go; a (shared with other) must stay"
-    assert owners(bare_cluster) == {"kubectl/Apply": {"f:data": {"f:c": {}}}, "other/Apply": {"f:data": {"f:a": {}}}}
+    assert owners(ssa_cluster) == {"kubectl/Apply": {"f:data": {"f:c": {}}}, "other/Apply": {"f:data": {"f:a": {}}}}
 
 
-def test_an_update_takes_ownership_and_a_later_apply_conflicts_with_it(bare_cluster: Cluster) -> None:
-    assert apply(bare_cluster, config_map(a="1")).returncode == 0
-    patched = bare_cluster.kubectl("patch", "configmap", "ssa", "--type", "merge", "-p", '{"data":{"a":"2"}}')
+def test_an_update_takes_ownership_and_a_later_apply_conflicts_with_it(ssa_cluster: Cluster) -> None:
+    assert apply(ssa_cluster, config_map(a="1")).returncode == 0
+    patched = ssa_cluster.kubectl("patch", "configmap", "ssa", "--type", "merge", "-p", '{"data":{"a":"2"}}')
     assert patched.returncode == 0, patched.stderr
-    assert owners(bare_cluster)["kubectl-patch/Update"] == {"f:data": {"f:a": {}}}
-    assert "kubectl/Apply" not in owners(bare_cluster), "the patch did not take the field from the applier"
+    assert owners(ssa_cluster)["kubectl-patch/Update"] == {"f:data": {"f:a": {}}}
+    assert "kubectl/Apply" not in owners(ssa_cluster), "the patch did not take the field from the applier"
 
-    conflict = apply(bare_cluster, config_map(a="3"))
+    conflict = apply(ssa_cluster, config_map(a="3"))
     assert conflict.returncode != 0
     assert 'conflict with "kubectl-patch" using v1: .data.a' in conflict.stderr, conflict.stderr
 
 
-def test_apply_requires_a_field_manager_and_force_only_applies(bare_cluster: Cluster) -> None:
+def test_apply_requires_a_field_manager_and_force_only_applies(ssa_cluster: Cluster) -> None:
     body = json.dumps({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ssa"}})
-    missing = bare_cluster.api("PATCH", f"{CONFIGMAPS}/ssa", body, content_type="application/apply-patch+yaml")
+    missing = ssa_cluster.api("PATCH", f"{CONFIGMAPS}/ssa", body, content_type="application/apply-patch+yaml")
     assert missing.status == 422
     assert missing.body["message"] == (
         'PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: is required for apply patch'
     )
-    created = bare_cluster.api(
+    created = ssa_cluster.api(
         "PATCH", f"{CONFIGMAPS}/ssa", body, content_type="application/apply-patch+yaml", params={"fieldManager": "t"}
     )
     assert created.status == 201, created.body
-    forced = bare_cluster.api(
+    forced = ssa_cluster.api(
         "PATCH",
         f"{CONFIGMAPS}/ssa",
         {"data": {"a": "1"}},
@@ -406,15 +414,15 @@ def deployment(*env: str, image: str = "busybox:1") -> str:
     )
 
 
-def test_server_side_apply_merges_associative_lists_item_by_item(bare_cluster: Cluster) -> None:
+def test_server_side_apply_merges_associative_lists_item_by_item(ssa_cluster: Cluster) -> None:
     """containers and env are keyed by name: an item someone else added survives an apply without it."""
-    assert apply(bare_cluster, deployment("A", "B")).returncode == 0
-    added = bare_cluster.kubectl("set", "env", "deployment/ssa", "EXTRA=1")
+    assert apply(ssa_cluster, deployment("A", "B")).returncode == 0
+    added = ssa_cluster.kubectl("set", "env", "deployment/ssa", "EXTRA=1")
     assert added.returncode == 0, added.stderr
-    result = apply(bare_cluster, deployment("A", image="busybox:2"))
+    result = apply(ssa_cluster, deployment("A", image="busybox:2"))
     assert result.returncode == 0, result.stderr
 
-    obj = bare_cluster.get("deployments", "ssa")
+    obj = ssa_cluster.get("deployments", "ssa")
     assert obj is not None
     (container,) = obj["spec"]["template"]["spec"]["containers"]
     assert container["image"] == "busybox:2"
@@ -423,21 +431,21 @@ def test_server_side_apply_merges_associative_lists_item_by_item(bare_cluster: C
     fields = applied["fieldsV1"]["f:spec"]["f:template"]["f:spec"]["f:containers"]['k:{"name":"app"}']
     assert set(fields) == {".", "f:env", "f:image", "f:name"}
     assert set(fields["f:env"]) == {'k:{"name":"A"}'}
-    listed = bare_cluster.kubectl("get", "deployments")
+    listed = ssa_cluster.kubectl("get", "deployments")
     assert listed.returncode == 0 and "ssa" in listed.stdout and "READY" in listed.stdout, listed.stderr
 
 
-def test_kubectl_moves_client_side_apply_ownership_to_server_side_apply(bare_cluster: Cluster) -> None:
+def test_kubectl_moves_client_side_apply_ownership_to_server_side_apply(ssa_cluster: Cluster) -> None:
     """``kubectl apply`` then ``kubectl apply --server-side``: kubectl rewrites managedFields, no conflict."""
-    created = bare_cluster.kubectl("apply", "-f", "-", input=config_map(a="1"))
+    created = ssa_cluster.kubectl("apply", "-f", "-", input=config_map(a="1"))
     assert created.returncode == 0, created.stderr
-    assert set(owners(bare_cluster)) == {"kubectl-client-side-apply/Update"}
+    assert set(owners(ssa_cluster)) == {"kubectl-client-side-apply/Update"}
 
-    result = apply(bare_cluster, config_map(a="2"))
+    result = apply(ssa_cluster, config_map(a="2"))
     assert result.returncode == 0, f"the upgrade to server-side apply conflicted: {result.stderr}"
-    obj = bare_cluster.get("configmaps", "ssa")
+    obj = ssa_cluster.get("configmaps", "ssa")
     assert obj is not None and obj["data"] == {"a": "2"}
-    assert owners(bare_cluster)["kubectl/Apply"] == {"f:data": {"f:a": {}}}
-    assert "kubectl-client-side-apply/Update" not in owners(bare_cluster)
+    assert owners(ssa_cluster)["kubectl/Apply"] == {"f:data": {"f:a": {}}}
+    assert "kubectl-client-side-apply/Update" not in owners(ssa_cluster)
     last_applied = json.loads(obj["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"])
     assert last_applied["data"] == {"a": "2"}, "the client-side annotation did not follow the server-side apply"
