@@ -22,6 +22,7 @@ from .checkpoint import (
     open_store,
 )
 from .config import RunConfig
+from .decorator import tool
 from .engine import CompiledGraph, Preemption, StateSnapshot, StreamEvent
 from .errors import (
     AgentRunError,
@@ -45,7 +46,7 @@ from .interrupts import Command, Interrupt, interrupt
 from .messages import Message, ToolCall, add_messages, assistant, system, tool_message, user
 from .state import MessagesState, Replace
 from .toolnode import ToolNode, tools_condition
-from .tools import Tool, tool
+from .tools import Tool
 
 if TYPE_CHECKING:
     from .checkpoint.cached import CachedStore

@@ -52,13 +52,14 @@ from typing import Any
 from . import ledger
 from .constants import END
 from .context import CallScope, RunContext, current_scope
+from .decorator import tool
 from .errors import DeterminismError, FencedError, GraphInterrupt, NodeTimeoutError, StoreUnavailableError, ToolError
 from .faults import fault_point
 from .interrupts import interrupt_in
 from .messages import Message, ToolCall, tool_message, unicode_text
 from .metrics import IN_DOUBT, TOOL_CALLS, TOOL_ERRORS, TOOL_TIMEOUTS
 from .state import MESSAGES, Replace, changed_fields, last_tool_request, snapshot_fields
-from .tools import Tool, ToolArgumentError, ToolOutcomeUnknown, tool
+from .tools import Tool, ToolArgumentError, ToolOutcomeUnknown
 
 # Errors that must end the node rather than become a message for the model. A store that stayed
 # unavailable past the retry bound ends the attempt before a tool starts (see ledger.py).

@@ -20,8 +20,8 @@ applies ``in_doubt``:
 Tools described by a JSON schema rather than a Python signature (an MCP
 server's tools, LangChain tools: see ``agentrun.integrations``) are
 ``SchemaTool``s; the tool node runs them exactly like the others (ledger,
-idempotency key, intents, deadline, stop). ``tool()`` and ``ToolNode`` accept
-a LangChain ``BaseTool`` directly (needs ``agentrun[langchain]``).
+idempotency key, intents, deadline, stop). ``tool()`` (``decorator``) and
+``ToolNode`` accept a LangChain ``BaseTool`` directly (needs ``agentrun[langchain]``).
 
 A tool (or an adapter such as the MCP one) that lost its answer, not its
 call, raises ``ToolOutcomeUnknown``: the call may have taken effect (the
@@ -43,9 +43,8 @@ the resume, before the result is recorded, is in doubt again.
 from __future__ import annotations
 
 import inspect
-import sys
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Literal, overload
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
@@ -205,64 +204,3 @@ class SchemaTool(Tool):
 
     def __repr__(self) -> str:
         return f"SchemaTool({self.name!r}, side_effects={self.side_effects}, in_doubt={self.in_doubt!r})"
-
-
-def _langchain_tool(value: Any) -> bool:
-    """Whether ``value`` is a LangChain ``BaseTool``; never imports LangChain (if it is not loaded, it is not)."""
-    module = sys.modules.get("langchain_core.tools")
-    return module is not None and isinstance(value, module.BaseTool)
-
-
-ToolFn = Callable[..., Awaitable[Any]] | Callable[..., Any]
-
-
-@overload
-def tool(fn: ToolFn, /) -> Tool: ...
-
-
-@overload
-def tool(
-    *,
-    name: str | None = None,
-    description: str | None = None,
-    side_effects: bool = False,
-    in_doubt: InDoubtPolicy = "interrupt",
-    timeout: float | None = None,
-) -> Callable[[ToolFn], Tool]: ...
-
-
-def tool(
-    fn: ToolFn | None = None,
-    /,
-    *,
-    name: str | None = None,
-    description: str | None = None,
-    side_effects: bool = False,
-    in_doubt: InDoubtPolicy = "interrupt",
-    timeout: float | None = None,
-) -> Tool | Callable[[ToolFn], Tool]:
-    """Make a function a tool: ``@tool`` or ``@tool(side_effects=True, in_doubt="retry")``.
-
-    A LangChain ``BaseTool`` is accepted too (``tool(lc_tool, ...)``, or
-    ``tool(side_effects=True)(lc_tool)``): it keeps its name, description
-    and argument schema unless given here; needs ``agentrun[langchain]``.
-    """
-
-    def wrap(f: ToolFn) -> Tool:
-        if _langchain_tool(f):
-            from .integrations.langchain import from_langchain_tool
-
-            langchain_tool: Any = f  # a BaseTool, which this module does not import
-            return from_langchain_tool(
-                langchain_tool,
-                name=name,
-                description=description,
-                side_effects=side_effects,
-                in_doubt=in_doubt,
-                timeout=timeout,
-            )
-        return Tool(
-            f, name=name, description=description, side_effects=side_effects, in_doubt=in_doubt, timeout=timeout
-        )
-
-    return wrap(fn) if fn is not None else wrap

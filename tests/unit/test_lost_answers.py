@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 
 from agentrun import Command, InMemoryCheckpointer
+from agentrun.decorator import tool
 from agentrun.ledger import idempotency_key
 from agentrun.toolnode import LOST_RETRIES
-from agentrun.tools import InDoubtPolicy, ToolOutcomeUnknown, tool
+from agentrun.tools import InDoubtPolicy, ToolOutcomeUnknown
 
 from .helpers import app_for, call, tool_messages
 

@@ -57,14 +57,11 @@ Run it standalone: ``python -m kubesim --port 18080 --kubeconfig /tmp/kubeconfig
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
 import logging
 import re
-import signal
-import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -931,62 +928,3 @@ def _watch_event(change: Change, now_selected: bool, was_selected: bool) -> dict
             return {"type": "DELETED", "object": change.obj}
         return {"type": "MODIFIED", "object": change.obj} if now_selected else None
     return {"type": change.type, "object": change.obj} if now_selected else None
-
-
-# --- standalone entry point ------------------------------------------------------------------------
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m kubesim", description=__doc__.split("\n")[0])
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument(
-        "--crd",
-        type=Path,
-        action="append",
-        default=[],
-        help="a CRD file, or a folder of *.yaml CRD files, installed at start (repeatable)",
-    )
-    parser.add_argument("--kopf-peerings", action="store_true", help="also install kopf's peering CRDs")
-    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
-    parser.add_argument("--kubeconfig", type=Path, help="write a kubeconfig for the emulator here")
-    parser.add_argument("--kubelet", action="store_true", help="also run the kubelet stand-in (runs pods locally)")
-    parser.add_argument("--workdir", type=Path, default=Path(".demo/kubelet"), help="kubelet pod logs and dirs")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
-    asyncio.run(_serve_forever(args))
-
-
-async def _serve_forever(args: argparse.Namespace) -> None:
-    from kubesim.cluster import write_kubeconfig
-    from kubesim.kubelet import Kubelet
-
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    crd_files = [f for path in args.crd for f in (sorted(path.glob("*.yaml")) if path.is_dir() else [path])]
-    if args.kopf_peerings:
-        crd_files.append(KOPF_PEERING_CRDS)
-    emulator = ClusterEmulator(crd_files=crd_files)
-    async with emulator, kmock.Server(emulator, host=args.host, port=args.port) as server:
-        url = f"http://{server.host}:{server.port}"
-        if args.kubeconfig:
-            write_kubeconfig(args.kubeconfig, url)
-        kubelet = Kubelet(url, workdir=args.workdir) if args.kubelet else None
-        if kubelet is not None:
-            await kubelet.start()
-        print(
-            f"emulated cluster serving at {url}" + (f", kubeconfig {args.kubeconfig}" if args.kubeconfig else ""),
-            flush=True,
-        )
-        try:
-            await stop.wait()
-        finally:
-            if kubelet is not None:
-                await kubelet.stop()
-            emulator.close_streams()
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,24 +24,13 @@ import referencing
 import yaml
 from kubernetes_validate import utils as kv_utils
 
+from kubesim import tables
 from kubesim.celrules import Validator as CelValidator
 from kubesim.schema import SchemaValidator
+from kubesim.tables import Column
 
 KUBERNETES_VERSION = "1.32"
 ALL_VERBS = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
-
-
-@dataclass(frozen=True)
-class Column:
-    """A printer column (``additionalPrinterColumns`` or a built-in's table column)."""
-
-    name: str
-    type: str
-    json_path: str = ""
-    description: str = ""
-    priority: int = 0
-    format: str = ""
-    compute: Callable[[dict[str, Any]], Any] | None = None
 
 
 @dataclass
@@ -171,8 +160,6 @@ def _name() -> Column:
 
 def builtin_resources() -> list[ResourceDef]:
     """The built-in resources an operator, a kubelet and kubectl need here."""
-    from kubesim import tables  # the pod status column lives with the other table logic
-
     return [
         ResourceDef(
             "",

@@ -14,10 +14,24 @@ import datetime
 import json
 import re
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from kubesim.resources import Column, ResourceDef
+    from kubesim.resources import ResourceDef
+
+
+@dataclass(frozen=True)
+class Column:
+    """A printer column (``additionalPrinterColumns`` or a built-in's table column)."""
+
+    name: str
+    type: str
+    json_path: str = ""
+    description: str = ""
+    priority: int = 0
+    format: str = ""
+    compute: Callable[[dict[str, Any]], Any] | None = None
 
 
 def wants_table(accept: str) -> bool:
@@ -171,8 +185,6 @@ def human_duration(seconds: int) -> str:
 
 
 def pod_columns() -> list[Column]:
-    from kubesim.resources import Column
-
     def ready(pod: dict[str, Any]) -> str:
         statuses = pod.get("status", {}).get("containerStatuses") or []
         total = len(pod.get("spec", {}).get("containers") or [])
@@ -241,8 +253,6 @@ def pod_status(pod: dict[str, Any]) -> str:
 
 
 def event_columns() -> list[Column]:
-    from kubesim.resources import Column
-
     def last_seen(event: dict[str, Any]) -> str:
         stamp = (
             event.get("lastTimestamp") or event.get("eventTime") or event.get("metadata", {}).get("creationTimestamp")

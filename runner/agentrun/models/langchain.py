@@ -32,12 +32,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..decorator import tool
 from ..errors import ModelError
 from ..integrations import missing_extra
 from ..messages import Message, coerce_message, new_message_id
 from ..metrics import MODEL_ERRORS
 from ..state import MESSAGES
-from ..tools import Tool, tool
+from ..tools import Tool
 from .metering import record_request, record_tokens
 from .openai import CONNECTION_ERROR, HTTP_ERROR, TIMEOUT
 

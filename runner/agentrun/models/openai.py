@@ -65,11 +65,12 @@ import aiohttp
 
 from ..config import parse_timeout
 from ..context import current_run
+from ..decorator import tool
 from ..errors import ModelError
 from ..messages import Message, ToolCall, assistant, coerce_message, unicode_text
 from ..metrics import MODEL_ERRORS
 from ..state import MESSAGES
-from ..tools import Tool, tool
+from ..tools import Tool
 from .metering import record_request, record_tokens
 
 # Below config.DEFAULT_NODE_TIMEOUT (900 s) on purpose; see the module docstring.
