@@ -14,6 +14,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from agentrun.engine import CompiledGraph
+from agentrun.loader import is_langgraph, load_target
 from kubesim.schema import SchemaValidator, apply_defaults, format_checker, prune, to_jsonschema
 from tests.cluster.conftest import CRD_FILE, EXAMPLE, INVALID_MANIFESTS, ROOT
 
@@ -141,6 +143,15 @@ def test_example_manifest_is_valid_and_names_a_real_graph() -> None:
         if isinstance(target, ast.Name)
     }
     assert attribute in assigned, f"{spec['graph']}: {source} assigns no {attribute!r}"
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_example_manifest_is_valid_and_names_a_graph_that_loads(path: Path) -> None:
+    """Each examples/*.yaml is an AgentRun the CRD accepts, whose spec.graph imports to a graph here."""
+    manifest = yaml.safe_load(path.read_text())
+    assert strict_errors(manifest) == [], f"{path.name} violates the CRD schema"
+    graph = load_target(manifest["spec"]["graph"])  # imported as the runner does (the MCP example lists its tools)
+    assert isinstance(graph, CompiledGraph) or is_langgraph(graph), f"{path.name}: {graph!r} is no compiled graph"
 
 
 EXPECTED_FIELD = {
