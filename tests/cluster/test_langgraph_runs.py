@@ -50,6 +50,7 @@ def operator(cluster: EmulatedCluster, kubelet: KubeletThread, store: str, tmp_p
         process.stop()
 
 
+@pytest.mark.real_server
 def test_a_langgraph_agentrun_survives_sigkill_mid_tool_and_charges_once(
     cluster: EmulatedCluster, kubelet: KubeletThread, operator: OperatorProcess, store: str, tmp_path: Path
 ) -> None:
@@ -82,6 +83,7 @@ def test_a_langgraph_agentrun_survives_sigkill_mid_tool_and_charges_once(
     assert calls["executed"] == 3 and calls["executed"] == calls["replayed"] + calls.get("inDoubt", 0), calls
 
 
+@pytest.mark.real_server
 def test_a_langgraph_interrupt_is_phase_interrupted_and_spec_resume_completes_it(
     cluster: EmulatedCluster, operator: OperatorProcess, store: str, tmp_path: Path
 ) -> None:
@@ -97,6 +99,7 @@ def test_a_langgraph_interrupt_is_phase_interrupted_and_spec_resume_completes_it
     assert count_effects(str(effects))["refunds"] == 1
 
 
+@pytest.mark.real_server
 def test_spec_stop_ends_a_langgraph_run_hung_in_a_tool(
     cluster: EmulatedCluster, operator: OperatorProcess, store: str, tmp_path: Path
 ) -> None:

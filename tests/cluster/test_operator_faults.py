@@ -1,5 +1,9 @@
 """The operator under infrastructure faults and bad input (issue 8), on the emulated cluster.
 
+The tests of what the API server sees (1 MiB inputs, a pod that cannot start, store Secrets and their
+label, confinement, hostile objects 10,000 levels deep, broken stores) are marked ``real_server``: they
+run on the real control plane too. The store outages run on kubesim only (the API server plays no part).
+
 Real operator process, real runner processes, real kubectl, real PostgreSQL. The store outages run
 against a PRIVATE PostgreSQL server (``agentrun_dev.servers.PrivatePostgres``: its own data
 directory and port) that the test stops and starts, so no other test's database ever goes away.
@@ -217,6 +221,7 @@ def _password_postgres(server: PrivatePostgres) -> str:
     return f"postgresql://app:{PASSWORD}@127.0.0.1:{server.port}/postgres"
 
 
+@pytest.mark.real_server
 @pytest.mark.parametrize("broken", ["malformed-dsn", "wrong-password", "missing-database"])
 def test_a_broken_store_fails_invalid_store_at_once_and_the_password_appears_nowhere(
     cluster: EmulatedCluster,
@@ -254,6 +259,7 @@ def test_a_broken_store_fails_invalid_store_at_once_and_the_password_appears_now
 # --- large inputs ----------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.real_server
 def test_a_one_mib_input_and_a_one_mib_resume_value_run_to_succeeded(
     cluster: EmulatedCluster, kubelet: KubeletThread, operator: OperatorProcess, shared_dsn: str, tmp_path: Path
 ) -> None:
@@ -290,6 +296,7 @@ def test_a_one_mib_input_and_a_one_mib_resume_value_run_to_succeeded(
 # --- pods that cannot start ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.real_server
 def test_a_pod_that_cannot_start_fails_with_the_kubelet_reason_without_retrying(
     cluster: EmulatedCluster, kubelet: KubeletThread, operator: OperatorProcess, shared_dsn: str, tmp_path: Path
 ) -> None:
@@ -308,6 +315,7 @@ def test_a_pod_that_cannot_start_fails_with_the_kubelet_reason_without_retrying(
 # --- Secrets only by permission --------------------------------------------------------------------------------------
 
 
+@pytest.mark.real_server
 def test_an_unlabelled_secret_is_refused_before_any_pod_and_a_labelled_one_works(
     cluster: EmulatedCluster, kubelet: KubeletThread, operator: OperatorProcess, shared_dsn: str, tmp_path: Path
 ) -> None:
@@ -337,6 +345,7 @@ def test_an_unlabelled_secret_is_refused_before_any_pod_and_a_labelled_one_works
     wait_phase(cluster, operator, "allowed", "Succeeded", timeout=60)
 
 
+@pytest.mark.real_server
 def test_a_store_secret_needs_the_label_and_the_pod_confinement_and_contract_cannot_be_changed(
     cluster: EmulatedCluster, kubelet: KubeletThread, operator: OperatorProcess, shared_dsn: str, tmp_path: Path
 ) -> None:
@@ -377,6 +386,7 @@ def _nested(levels: int) -> str:
     return '{"a":' * levels + '"bottom"' + "}" * levels
 
 
+@pytest.mark.real_server
 def test_hostile_objects_fail_invalid_spec_and_do_not_disturb_ten_other_runs(
     cluster: EmulatedCluster, kubelet: KubeletThread, operator: OperatorProcess, shared_dsn: str, tmp_path: Path
 ) -> None:

@@ -54,6 +54,7 @@ from kubesim import pki
 from kubesim.access import ApiAccess
 from kubesim.cluster import KUBECTL, ApiResponse, poll
 from kubesim.kubelet import KNOWN_IMAGES, LEASE_SECONDS, NODE_NAME, KubeletThread
+from kubesim.limits import raise_recursion_limit
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
@@ -273,6 +274,8 @@ class RealControlPlane:
         with "address already in use" and the whole plane is started again on new ports (3 tries).
         """
         started = time.monotonic()
+        # The real server stores objects 10,000 levels deep; its clients here decode them in Python (limits.py).
+        raise_recursion_limit()
         bins = self._bins or binaries()
         for attempt in range(3):
             try:
