@@ -4,7 +4,8 @@
 # engine there); `make e2e-kind` builds the `demo` target and loads it into kind.
 #
 # Targets:
-#   runtime (the default, last)  agentrun and its pinned dependencies; no pip, no examples
+#   runtime (the default, last)  agentrun and its pinned dependencies, with the MCP and LangChain
+#                                adapters (agentrun[mcp,langchain], hack/lock.sh); no pip, no examples
 #   demo                         runtime + examples/ on the import path (the README's AgentRuns)
 #
 # Reproducible: every dependency comes from requirements/*.txt, pinned with hashes and

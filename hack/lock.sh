@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make lock`: pin the image's Python dependencies, with hashes, from pyproject.toml.
 #
-#   requirements/image.txt  [project] dependencies: what the image installs (pip --require-hashes)
+#   requirements/image.txt  [project] dependencies and the extras in IMAGE_EXTRAS: what the image installs
+#                           (pip --require-hashes), so a graph using MCP servers or LangChain tools runs in it
 #   requirements/build.txt  [build-system] requires: the backend that builds agentrun's own wheel
 #
 # Resolved for the image's interpreter (CPython 3.11 on Linux, the Dockerfile's base image), not
@@ -21,6 +22,9 @@ compile() {
         --custom-compile-command "make lock" "$@"
 }
 
-compile pyproject.toml -o requirements/image.txt
+# The adapters the runner image carries (pyproject.toml's optional-dependencies; tests/chart/test_dockerfile.py
+# checks the lock pins each of their requirements). LangGraph is not among them: see README, "Bring your LangGraph graph".
+IMAGE_EXTRAS=(mcp langchain)
+compile pyproject.toml "${IMAGE_EXTRAS[@]/#/--extra=}" -o requirements/image.txt
 "$BIN/python" -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"]))' \
     | compile - -o requirements/build.txt

@@ -120,6 +120,22 @@ def test_the_lock_pins_every_declared_dependency_with_hashes(lock: str, declared
         assert re.search(r"==\S+ ", line + " ") and "--hash=sha256:" in line, f"{name} is not pinned with a hash"
 
 
+def test_the_image_carries_the_mcp_and_langchain_adapters() -> None:
+    """A graph using MCP servers or LangChain tools (examples/mcp_agent.py, examples/langchain_agent.py) runs in
+    the image: the lock the build stage installs pins every requirement of the extras ``hack/lock.sh`` names."""
+    found = re.search(r"^IMAGE_EXTRAS=\((.*)\)$", (ROOT / "hack" / "lock.sh").read_text(), re.MULTILINE)
+    assert found, "hack/lock.sh must name the image's extras in IMAGE_EXTRAS=(...)"
+    extras = found.group(1).split()
+    assert {"mcp", "langchain"} <= set(extras), f"the image must carry agentrun[mcp] and agentrun[langchain]: {extras}"
+    pins = locked(ROOT / "requirements" / "image.txt")
+    for extra in extras:
+        for requirement in map(Requirement, PYPROJECT["project"]["optional-dependencies"][extra]):
+            name = canonicalize_name(requirement.name)
+            assert name in pins, f"agentrun[{extra}] needs {requirement}, not in requirements/image.txt: make lock"
+            version = pins[name].split("==", 1)[1].split()[0]
+            assert requirement.specifier.contains(version), f"requirements/image.txt pins {name}=={version}"
+
+
 def test_the_runtime_image_has_no_pip_no_build_tools_and_no_examples() -> None:
     found = stages()
     image = found["image"]
