@@ -1,4 +1,4 @@
-"""Operator decisions on bad input (pure; found by ``test_specs`` and ``test_cluster_runs``).
+"""Operator decisions on bad input (pure; found by ``test_specs`` and ``cluster/test_bad_input_runs``).
 
 - a stop while the runner pod waits for a node or its image: such a pod has
   no runner to ask through the store; the operator used to wait out the stop
@@ -68,7 +68,7 @@ def test_a_stop_while_no_node_can_take_the_pod_deletes_it_and_stops_at_once() ->
 
 
 def test_an_interrupt_message_of_10_mb_is_truncated_in_status_like_its_payload() -> None:
-    """Found by ``test_cluster_runs``: the whole message went into status and every patch failed 413."""
+    """Found by ``cluster/test_bad_input_runs``: the whole message went into status and every patch failed 413."""
     big = "m" * (10 << 20)
     ask = {"id": "i1", "message": big, "payload": {"document": big}}
     d = decide(make_spec(), run_status(), view(terminated(3)), interrupted_progress(ask), NOW, LIMITS)

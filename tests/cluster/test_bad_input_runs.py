@@ -1,4 +1,8 @@
-"""Bad input on the emulated cluster: a 10 MB result, runner pods without API access, namespaces, a canary (issue 13).
+"""Bad input on the cluster: a 10 MB result, runner pods without API access, namespaces, a canary (issue 13).
+
+Every test runs on kubesim and on the real control plane (``real_server``): there the pod spec is the one
+kube-apiserver stored after its ServiceAccount admission (which mounts a token unless the pod opts out),
+and the AgentRun's size meets etcd's real limit.
 
 The real operator process, real runner pods (processes started by kubesim's
 kubelet stand-in), real kubectl, the real PostgreSQL (a private database per
@@ -47,7 +51,7 @@ from tests.cluster.operator_harness import (
     wait_phase,
 )
 
-pytestmark = [pytest.mark.cluster, pytest.mark.postgres, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.cluster, pytest.mark.postgres, pytest.mark.timeout(240), pytest.mark.real_server]
 
 
 @pytest.fixture
