@@ -47,12 +47,13 @@ chaos: $(STAMP)  ## the seeded fault campaign: 220 trials, every fault kind, fig
 	bash scripts/services.sh
 	$(BIN)/python -m bench.chaos run $(CHAOS_ARGS)
 
-lint: $(STAMP)  ## ruff (lint and format), mypy --strict (product, kubesim and test support code), import layers, no import cycle
+lint: $(STAMP)  ## ruff (lint and format), mypy --strict (product, kubesim and test support code), import layers, no import cycle, no unexplained function over 80 lines
 	$(BIN)/ruff check runner operator kubesim devtools tests examples bench
 	$(BIN)/ruff format --check runner operator kubesim devtools tests examples bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/python hack/import_cycles.py
+	$(BIN)/python hack/long_functions.py
 
 demo: $(STAMP)  ## emulated cluster: kubectl apply, SIGKILL the runner mid-tool, rescheduled, charged once
 	bash scripts/services.sh

@@ -72,17 +72,11 @@ async def run(settings: OperatorSettings) -> int:
         if settings.leader_election
         else None
     )
-    code = 0
     try:
         if elector is not None:
             state["role"] = "standby"
-            acquiring = asyncio.create_task(elector.acquire())
-            stopping = asyncio.create_task(stop.wait())
-            await asyncio.wait({acquiring, stopping}, return_when=asyncio.FIRST_COMPLETED)
-            if stop.is_set():
-                acquiring.cancel()
+            if not await _acquired(elector, stop):
                 return 0
-            stopping.cancel()
         state["role"] = "leader"
         metrics.LEADER.set(1)
         log.info(
@@ -90,43 +84,7 @@ async def run(settings: OperatorSettings) -> int:
             settings.identity,
             ", ".join(settings.namespaces) if settings.namespaces else "all namespaces",
         )
-        registry = kopf.OperatorRegistry()
-        Handlers(Reconciler(kube, settings, stores), settings).register(registry)
-        kopf_stop = asyncio.Event()
-
-        @kopf.on.cleanup(registry=registry)
-        def raise_stop_flag(**_: object) -> None:
-            # On SIGTERM kopf's own signal handler wins (it replaces ours) and its task waiting for this flag
-            # stays pending: kopf would then wait 5 s for it as a hung task before returning. Raised here, the
-            # operator exits in well under a second (rolling updates, every test's teardown).
-            kopf_stop.set()
-
-        operator = asyncio.create_task(
-            kopf.operator(
-                registry=registry,
-                standalone=True,
-                clusterwide=not settings.namespaces,
-                namespaces=settings.namespaces,
-                stop_flag=kopf_stop,
-            )
-        )
-        watchers = {operator, asyncio.create_task(stop.wait())}
-        holding = asyncio.create_task(elector.hold()) if elector is not None else None
-        if holding is not None:
-            watchers.add(holding)
-        done, _ = await asyncio.wait(watchers, return_when=asyncio.FIRST_COMPLETED)
-        if holding is not None and holding in done:
-            log.error("leadership lost: stopping so that only the new leader acts")
-            code = 1
-        elif operator in done and operator.exception() is not None:
-            log.error("the kopf operator failed: %r", operator.exception())
-            code = 1
-        # Otherwise a graceful stop: ours, or kopf's own SIGTERM handling (it replaces our handler).
-        kopf_stop.set()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await asyncio.wait_for(operator, timeout=10)
-        for task in watchers:
-            task.cancel()
+        code = await _lead(settings=settings, kube=kube, stores=stores, elector=elector, stop=stop)
         if code == 0 and elector is not None:
             await elector.release()
         return code
@@ -137,6 +95,68 @@ async def run(settings: OperatorSettings) -> int:
         beating.cancel()
         if http is not None:
             http.stop()
+
+
+async def _acquired(elector: LeaderElector, stop: asyncio.Event) -> bool:
+    """Wait for the Lease; ``False`` when the operator is stopped first (a standby told to go)."""
+    acquiring = asyncio.create_task(elector.acquire())
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait({acquiring, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    if stop.is_set():
+        acquiring.cancel()
+        return False
+    stopping.cancel()
+    return True
+
+
+async def _lead(
+    *,
+    settings: OperatorSettings,
+    kube: KubeClient,
+    stores: StoreRegistry,
+    elector: LeaderElector | None,
+    stop: asyncio.Event,
+) -> int:
+    """Run kopf's handlers until stopped (0), the Lease is lost or kopf fails (1)."""
+    code = 0
+    registry = kopf.OperatorRegistry()
+    Handlers(Reconciler(kube, settings, stores), settings).register(registry)
+    kopf_stop = asyncio.Event()
+
+    @kopf.on.cleanup(registry=registry)
+    def raise_stop_flag(**_: object) -> None:
+        # On SIGTERM kopf's own signal handler wins (it replaces ours) and its task waiting for this flag
+        # stays pending: kopf would then wait 5 s for it as a hung task before returning. Raised here, the
+        # operator exits in well under a second (rolling updates, every test's teardown).
+        kopf_stop.set()
+
+    operator = asyncio.create_task(
+        kopf.operator(
+            registry=registry,
+            standalone=True,
+            clusterwide=not settings.namespaces,
+            namespaces=settings.namespaces,
+            stop_flag=kopf_stop,
+        )
+    )
+    watchers = {operator, asyncio.create_task(stop.wait())}
+    holding = asyncio.create_task(elector.hold()) if elector is not None else None
+    if holding is not None:
+        watchers.add(holding)
+    done, _ = await asyncio.wait(watchers, return_when=asyncio.FIRST_COMPLETED)
+    if holding is not None and holding in done:
+        log.error("leadership lost: stopping so that only the new leader acts")
+        code = 1
+    elif operator in done and operator.exception() is not None:
+        log.error("the kopf operator failed: %r", operator.exception())
+        code = 1
+    # Otherwise a graceful stop: ours, or kopf's own SIGTERM handling (it replaces our handler).
+    kopf_stop.set()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await asyncio.wait_for(operator, timeout=10)
+    for task in watchers:
+        task.cancel()
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:

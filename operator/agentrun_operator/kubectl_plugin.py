@@ -624,6 +624,24 @@ def cmd_history(kubectl: Kubectl, args: argparse.Namespace) -> int:
     if not found.get("recorded"):
         print("(nothing recorded in the store for this run yet)")
     print("Attempts:")
+    rows = _history_attempt_rows(found)
+    print(_indent(table(rows)) if len(rows) > 1 else "  none")
+    print("Tool calls:")
+    rows = _history_tool_call_rows(found)
+    print(_indent(table(rows)) if len(rows) > 1 else "  none")
+    if found.get("interrupts"):
+        print("Interrupts:")
+        print(_indent(table(_history_interrupt_rows(found))))
+    print("Steps:")
+    rows = _history_step_rows(found)
+    print(_indent(table(rows)) if len(rows) > 1 else "  none")
+    if found.get("stop"):
+        print(f"Stop requested: {_when(found['stop']['requested_at'])} {found['stop']['reason']}")
+    return 0
+
+
+def _history_attempt_rows(found: dict[str, Any]) -> list[list[str]]:
+    """``kubectl agentrun history``'s attempts table: the header, then one row per attempt."""
     rows = [
         [
             "ATTEMPT",
@@ -653,8 +671,11 @@ def cmd_history(kubectl: Kubectl, args: argparse.Namespace) -> int:
                 f"{a.get('tool_calls_executed', 0)}/{a.get('tool_calls_replayed', 0)}",
             ]
         )
-    print(_indent(table(rows)) if len(rows) > 1 else "  none")
-    print("Tool calls:")
+    return rows
+
+
+def _history_tool_call_rows(found: dict[str, Any]) -> list[list[str]]:
+    """The tool calls table: digests and sizes of arguments and results, never their text."""
     rows = [["TOOL", "CALL ID", "OUTCOME", "ATTEMPT", "REPLAYED IN", "DURATION", "ARGS", "RESULT", "IDEMPOTENCY KEY"]]
     for c in found.get("tool_calls") or []:
         args_d, result_d = c.get("arguments") or {}, c.get("result") or {}
@@ -671,24 +692,29 @@ def cmd_history(kubectl: Kubectl, args: argparse.Namespace) -> int:
                 c.get("idempotency_key") or "-",
             ]
         )
-    print(_indent(table(rows)) if len(rows) > 1 else "  none")
-    if found.get("interrupts"):
-        print("Interrupts:")
-        rows = [["ASKED", "ATTEMPT", "QUESTION", "ANSWER", "ANSWERED", "RESUMED IN"]]
-        for i in found["interrupts"]:
-            answer = (i.get("answer") or {}).get("preview") or "waiting"
-            rows.append(
-                [
-                    _when(i.get("at")),
-                    shown(i.get("attempt")),
-                    (i.get("message") or "")[:60],
-                    answer[:60],
-                    _when(i.get("answered_at")),
-                    shown(i.get("answered_in_attempt")) or "-",
-                ]
-            )
-        print(_indent(table(rows)))
-    print("Steps:")
+    return rows
+
+
+def _history_interrupt_rows(found: dict[str, Any]) -> list[list[str]]:
+    """The interrupts table: each question, its answer (a preview) and the attempt it resumed."""
+    rows = [["ASKED", "ATTEMPT", "QUESTION", "ANSWER", "ANSWERED", "RESUMED IN"]]
+    for i in found["interrupts"]:
+        answer = (i.get("answer") or {}).get("preview") or "waiting"
+        rows.append(
+            [
+                _when(i.get("at")),
+                shown(i.get("attempt")),
+                (i.get("message") or "")[:60],
+                answer[:60],
+                _when(i.get("answered_at")),
+                shown(i.get("answered_in_attempt")) or "-",
+            ]
+        )
+    return rows
+
+
+def _history_step_rows(found: dict[str, Any]) -> list[list[str]]:
+    """The steps table: one row per checkpoint version."""
     rows = [["VERSION", "STEP", "NEXT NODE", "STATUS", "ATTEMPT", "WRITTEN", "DURATION"]]
     for st in found.get("steps") or []:
         rows.append(
@@ -702,10 +728,7 @@ def cmd_history(kubectl: Kubectl, args: argparse.Namespace) -> int:
                 _secs(st.get("duration_seconds")),
             ]
         )
-    print(_indent(table(rows)) if len(rows) > 1 else "  none")
-    if found.get("stop"):
-        print(f"Stop requested: {_when(found['stop']['requested_at'])} {found['stop']['reason']}")
-    return 0
+    return rows
 
 
 def cmd_ui(kubectl: Kubectl, args: argparse.Namespace) -> int:

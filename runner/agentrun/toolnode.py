@@ -231,27 +231,11 @@ class ToolNode:
                 "tool failed: call %s asks for unknown tool %r; not run, the model gets an error", call.id, call.name
             )
             return _failed(ctx, call, text, code=ToolError.UNKNOWN, reason="unknown_tool", known=False)
-        if key is None and ambiguous:
-            ctx.log.warning(
-                "tool call %s: its call id %r appears more than once in the message; the ledger cannot tell "
-                "these calls apart, so it is skipped and the tool runs",
-                call.name,
-                call.id,
-            )
-        elif key is None:
-            ctx.log.warning(
-                "tool call %s has no %s; the ledger is skipped and the tool runs",
-                call.name,
-                "message id" if not origin_id else "call id",
-            )
-        else:
-            recorded = await ledger.lookup(ctx, key, t)
-            if isinstance(recorded, ledger.Recorded):
-                ctx.counts.replayed += 1
-                TOOL_CALLS.labels(t.name, "replayed").inc()
-                ctx.log.info("tool replayed: %s (%s) from the ledger; not executed again", key, t.name)
-                state.update(copy.deepcopy(recorded.state))  # the channels the call changed, as it changed them
-                return _result_message(recorded.result, call, t.name, key)
+        replayed = await self._replayed(
+            ctx, t, call=call, key=key, origin_id=origin_id, ambiguous=ambiguous, state=state
+        )
+        if replayed is not None:
+            return replayed
         try:
             arguments = t.validate_arguments(call.parsed_arguments())
         except (ValueError, ToolArgumentError) as e:
@@ -290,6 +274,42 @@ class ToolNode:
         return await self._completed(
             ctx, t, call=call, key=key, result=result, state=state, baseline=baseline, started=started
         )
+
+    async def _replayed(
+        self,
+        ctx: RunContext,
+        t: Tool,
+        *,
+        call: ToolCall,
+        key: str | None,
+        origin_id: str | None,
+        ambiguous: bool,
+        state: dict[str, Any],
+    ) -> Message | None:
+        """The call's recorded result from the ledger, or ``None``: not recorded, or no key (said in the log)."""
+        if key is None:
+            if ambiguous:
+                ctx.log.warning(
+                    "tool call %s: its call id %r appears more than once in the message; the ledger cannot tell "
+                    "these calls apart, so it is skipped and the tool runs",
+                    call.name,
+                    call.id,
+                )
+            else:
+                ctx.log.warning(
+                    "tool call %s has no %s; the ledger is skipped and the tool runs",
+                    call.name,
+                    "message id" if not origin_id else "call id",
+                )
+            return None
+        recorded = await ledger.lookup(ctx, key, t)
+        if not isinstance(recorded, ledger.Recorded):
+            return None
+        ctx.counts.replayed += 1
+        TOOL_CALLS.labels(t.name, "replayed").inc()
+        ctx.log.info("tool replayed: %s (%s) from the ledger; not executed again", key, t.name)
+        state.update(copy.deepcopy(recorded.state))  # the channels the call changed, as it changed them
+        return _result_message(recorded.result, call, t.name, key)
 
     async def _completed(
         self,

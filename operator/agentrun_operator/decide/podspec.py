@@ -79,7 +79,6 @@ def build_pod(
     """
     name, namespace = run.name, run.namespace
     template = spec.podTemplate
-    secret = store_secret(spec, settings)
     inputs = RunnerInputs(
         graph=spec.graph,
         thread_id=thread_key(namespace, spec.threadId),
@@ -95,6 +94,42 @@ def build_pod(
         take_over_from=take_over_from or "",
         metrics_port=settings.runner_metrics_port,
     )
+    labels = {
+        **((template.labels or {}) if template else {}),
+        "app.kubernetes.io/name": "agentrun-runner",
+        "app.kubernetes.io/instance": label_value(name),
+        **MANAGED_BY,
+        RUN_LABEL: label_value(name),
+        ATTEMPT_LABEL: str(attempt),
+    }
+    container = _container(spec, settings, _env(inputs, spec, settings))
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod_name(name, attempt),
+            "namespace": namespace,
+            "labels": labels,
+            "annotations": dict(template.annotations or {}) if template else {},
+            "ownerReferences": [
+                {
+                    "apiVersion": f"{GROUP}/{VERSION}",
+                    "kind": KIND,
+                    "name": name,
+                    "uid": run.uid,
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": _pod_spec(spec, settings, container),
+    }
+
+
+def _env(inputs: RunnerInputs, spec: AgentRunSpec, settings: OperatorSettings) -> list[dict[str, Any]]:
+    """The runner's environment: its inputs, the log format, the store Secret's keys, then the template's."""
+    template = spec.podTemplate
+    secret = store_secret(spec, settings)
     env: list[dict[str, Any]] = [*inputs.to_env()]
     log_format = settings.runner_log_format or settings.log_format  # by default, as their operator logs
     if log_format != "text":  # text is the runner's default: the pod spec stays as it was
@@ -106,14 +141,12 @@ def build_pod(
         env.append({"name": variable.value, "valueFrom": {"secretKeyRef": ref}})
     # spec.EnvVar refuses the contract's AGENTRUN_ names, so none of these can shadow the operator's.
     env.extend(var.model_dump(exclude_none=True) for var in (template.env if template and template.env else []))
-    labels = {
-        **((template.labels or {}) if template else {}),
-        "app.kubernetes.io/name": "agentrun-runner",
-        "app.kubernetes.io/instance": label_value(name),
-        **MANAGED_BY,
-        RUN_LABEL: label_value(name),
-        ATTEMPT_LABEL: str(attempt),
-    }
+    return env
+
+
+def _container(spec: AgentRunSpec, settings: OperatorSettings, env: list[dict[str, Any]]) -> dict[str, Any]:
+    """The runner container: restricted security context, a writable /tmp only, the run's resources."""
+    template = spec.podTemplate
     container: dict[str, Any] = {
         "name": "runner",
         "image": spec.image or settings.default_image,
@@ -136,6 +169,12 @@ def build_pod(
         container["resources"] = template.resources
     elif settings.runner_resources:  # the operator's default (chart value runner.resources): never BestEffort
         container["resources"] = copy.deepcopy(settings.runner_resources)
+    return container
+
+
+def _pod_spec(spec: AgentRunSpec, settings: OperatorSettings, container: dict[str, Any]) -> dict[str, Any]:
+    """The pod's spec around ``container``: never restarted in place, no API token, the template's placement."""
+    template = spec.podTemplate
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
@@ -154,24 +193,4 @@ def build_pod(
         pod_spec["nodeSelector"] = template.nodeSelector
     if template and template.tolerations:
         pod_spec["tolerations"] = template.tolerations
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": pod_name(name, attempt),
-            "namespace": namespace,
-            "labels": labels,
-            "annotations": dict(template.annotations or {}) if template else {},
-            "ownerReferences": [
-                {
-                    "apiVersion": f"{GROUP}/{VERSION}",
-                    "kind": KIND,
-                    "name": name,
-                    "uid": run.uid,
-                    "controller": True,
-                    "blockOwnerDeletion": True,
-                }
-            ],
-        },
-        "spec": pod_spec,
-    }
+    return pod_spec
