@@ -41,7 +41,7 @@ CLI_STORE_RETRY_SECONDS = 10.0
 
 
 class UsageError(Exception):
-    pass
+    """The command line was wrong: the message says what to type instead (``ExitCode.USAGE``)."""
 
 
 def _describe(message: Message, width: int = 160) -> str:
@@ -63,6 +63,20 @@ def _json_arg(name: str, raw: str) -> Any:
         raise UsageError(f"{name} is not valid JSON: {e.msg} at position {e.pos}") from None
 
 
+def _payload(args: argparse.Namespace) -> Any:
+    """What the run starts with: a resume value, a text input, channel values (JSON), or nothing (continue)."""
+    if args.resume is not None:
+        return Command(resume=_json_arg("--resume", args.resume))
+    if args.input is not None:
+        return args.input
+    if args.input_json is not None:
+        payload = _json_arg("--input-json", args.input_json)
+        if not isinstance(payload, dict):
+            raise UsageError('--input-json must be a JSON object of channel values, e.g. {"messages": [...]}')
+        return payload
+    return None
+
+
 async def _run(args: argparse.Namespace, checkpointer: Checkpointer) -> int:
     if is_langgraph(load_target(args.graph)):
         raise UsageError(
@@ -79,18 +93,7 @@ async def _run(args: argparse.Namespace, checkpointer: Checkpointer) -> int:
         if not args.request_id.strip():
             raise UsageError("--request-id must not be empty")
         config["request_key"] = args.request_id
-    payload: Any
-    if args.resume is not None:
-        payload = Command(resume=_json_arg("--resume", args.resume))
-    elif args.input is not None:
-        payload = args.input
-    elif args.input_json is not None:
-        payload = _json_arg("--input-json", args.input_json)
-        if not isinstance(payload, dict):
-            raise UsageError('--input-json must be a JSON object of channel values, e.g. {"messages": [...]}')
-    else:
-        payload = None
-    async for event in app.astream(payload, config):
+    async for event in app.astream(_payload(args), config):
         if event.kind == "step":
             print(f"[step {event.step}] {event.node}  version {event.version}", flush=True)
             for message in event.new_messages:
@@ -291,6 +294,7 @@ async def _main(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``agentrun``: run a graph on a thread, show or stop a thread; returns the exit code."""
     args = _parser().parse_args(argv)
     logging.basicConfig(
         level=logging.WARNING if args.quiet else logging.INFO,

@@ -27,6 +27,8 @@ _UNSET = object()
 
 
 class ConfigError(AgentRunError):
+    """A run config value that cannot be used (an unknown key, a wrong type)."""
+
     code = "CONFIG_INVALID_001"
 
 
@@ -54,6 +56,8 @@ def parse_timeout(name: str, value: Any, default: float) -> float | None:
 
 @dataclass(frozen=True)
 class RunConfig:
+    """A run's configuration, typed: the thread, the deadlines, how durable each step is, the stop poll."""
+
     thread_id: str
     node_timeout: float | None = DEFAULT_NODE_TIMEOUT
     tool_timeout: float | None = DEFAULT_TOOL_TIMEOUT
@@ -77,6 +81,7 @@ class RunConfig:
 
     @classmethod
     def from_any(cls, config: RunConfig | dict[str, Any] | None, *, default_thread: str | None = None) -> RunConfig:
+        """``config`` as a ``RunConfig``: a dict (``configurable`` merged in) is checked; raises ``ConfigError``."""
         if isinstance(config, RunConfig):
             return config
         raw = dict(config or {})

@@ -28,6 +28,7 @@ class RunLogger(logging.LoggerAdapter[logging.Logger]):
     """Prefixes every line with the thread and attempt, so interleaved runs stay readable."""
 
     def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        """Prefix the message with the run's thread and attempt, and pass both on as record fields."""
         extra = self.extra or {}
         # Also as record attributes, so JSON lines carry them as fields (agentrun.logs.JsonFormatter).
         kwargs["extra"] = {**extra, **(kwargs.get("extra") or {})}
@@ -35,6 +36,7 @@ class RunLogger(logging.LoggerAdapter[logging.Logger]):
 
 
 def run_logger(name: str, thread_id: str, attempt: int) -> RunLogger:
+    """A logger whose lines name ``thread_id`` and ``attempt`` (every runner log line does)."""
     return RunLogger(logging.getLogger(name), {"thread_id": thread_id, "attempt": attempt})
 
 
@@ -58,6 +60,7 @@ class ToolCounts:
 
     @classmethod
     def from_meta(cls, meta: dict[str, Any]) -> ToolCounts:
+        """The counts a checkpoint's meta carries (``tool_calls``), zero where absent."""
         counts = meta.get("tool_calls") or {}
         return cls(
             **{k: int(counts.get(k, 0)) for k in ("executed", "replayed", "failed", "in_doubt", "unrecorded")},
@@ -65,6 +68,7 @@ class ToolCounts:
         )
 
     def as_dict(self) -> dict[str, int]:
+        """The counts as the checkpoint's meta and the status record them."""
         counts = {
             "executed": self.executed,
             "replayed": self.replayed,
@@ -102,6 +106,8 @@ async def executed_since(store: Checkpointer, thread_id: str, since: float) -> i
 
 @dataclass
 class RunContext:
+    """What a node and its tools see of the run they are in (``get_run_context``): config, store, step, logger."""
+
     config: RunConfig
     checkpointer: Checkpointer
     run_id: str
@@ -116,6 +122,7 @@ class RunContext:
 
     @property
     def thread_id(self) -> str:
+        """The run's thread id."""
         return self.config.thread_id
 
 
@@ -129,6 +136,7 @@ class CallScope:
 
     def next_interrupt_id(self, ctx: RunContext) -> str:
         # Stable across the re-run of the node after resume: same run, step, node, call, position.
+        """The next interrupt id in this scope: the same on the re-run of the node after a resume."""
         raw = f"{ctx.thread_id}|{ctx.run_id}|{ctx.step}|{ctx.node}|{self.name}|{self.counter}"
         self.counter += 1
         return hashlib.sha256(raw.encode()).hexdigest()[:16]
@@ -139,6 +147,7 @@ current_scope: contextvars.ContextVar[CallScope | None] = contextvars.ContextVar
 
 
 def get_run_context() -> RunContext:
+    """The run the calling node or tool is in; raises ``RuntimeError`` outside a run."""
     ctx = current_run.get()
     if ctx is None:
         raise RuntimeError("no agentrun run is active here: call this from inside a node or a tool")

@@ -77,6 +77,8 @@ class StreamEvent:
 
 @dataclass
 class StateSnapshot:
+    """A thread's state as ``aget_state`` reads it: version, values, next node, status, interrupts, meta."""
+
     thread_id: str
     version: int
     values: dict[str, Any]
@@ -141,6 +143,7 @@ class CompiledGraph:
         return blocking.iterate(lambda: self._blocking_stream(self.astream(input, config)), caller="stream")
 
     async def aget_state(self, config: RunConfig | dict[str, Any] | str) -> StateSnapshot | None:
+        """The thread's latest state, or ``None`` for an unknown thread (``config``: a run config or a thread id)."""
         thread_id = config if isinstance(config, str) else RunConfig.from_any(config).thread_id
         await self._setup()
         checkpoint = await self.checkpointer.aget(thread_id)

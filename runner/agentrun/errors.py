@@ -141,6 +141,8 @@ class ThreadStateError(AgentRunError):
 
 
 class ThreadNotFoundError(ThreadStateError):
+    """``agentrun state``/``stop`` of a thread the store does not know."""
+
     code = "THREAD_NOT_FOUND_001"
 
 

@@ -46,6 +46,7 @@ def armed(point: str) -> bool:
 
 
 def fault_point(point: str, detail: str = "") -> None:
+    """SIGKILL this process at ``point`` when ``Env.FAULT_POINT`` names it (crash tests); a no-op otherwise."""
     if not _POINT or point != _POINT or (_DETAIL and detail != _DETAIL):
         return
     # A marker the test can wait for; then a real SIGKILL: no finally blocks, no flushes.

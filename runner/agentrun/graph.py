@@ -31,6 +31,7 @@ class Branch:
     path_map: dict[Hashable, str] | None
 
     def resolve(self, state: dict[str, Any], source: str) -> str:
+        """The next node chosen by the branch's ``path``; raises ``GraphDefinitionError`` for an unmapped answer."""
         result = self.path(state)
         if self.path_map is not None:
             if result not in self.path_map:
@@ -73,6 +74,7 @@ class StateGraph:
         return self
 
     def add_edge(self, source: str, target: str) -> StateGraph:
+        """Always go from ``source`` to ``target``; ``GraphDefinitionError`` if ``source`` has a way out already."""
         if source == END or target == START:
             raise GraphDefinitionError(f"invalid edge {source!r} -> {target!r}")
         if source in self.edges or source in self.branches:
@@ -89,6 +91,7 @@ class StateGraph:
         path: Callable[[dict[str, Any]], Hashable],
         path_map: dict[Hashable, str] | Sequence[str] | None = None,
     ) -> StateGraph:
+        """Go from ``source`` where ``path(state)`` says (through ``path_map`` when given); one way out per node."""
         if source in self.edges or source in self.branches:
             raise GraphDefinitionError(f"node {source!r} already has a way out")
         mapping: dict[Hashable, str] | None = (
@@ -98,12 +101,15 @@ class StateGraph:
         return self
 
     def set_entry_point(self, name: str) -> StateGraph:
+        """Start the graph at ``name`` (``add_edge(START, name)``)."""
         return self.add_edge(START, name)
 
     def set_finish_point(self, name: str) -> StateGraph:
+        """End the graph after ``name`` (``add_edge(name, END)``)."""
         return self.add_edge(name, END)
 
     def validate(self) -> None:
+        """Raise ``GraphDefinitionError``: no entry point, an edge from or to an unknown node, a dead end."""
         if START not in self.edges and START not in self.branches:
             raise GraphDefinitionError("the graph has no entry point: add_edge(START, <node>)")
         known = set(self.nodes) | {END}
@@ -125,6 +131,7 @@ class StateGraph:
                 )
 
     def next_node(self, source: str, state: dict[str, Any]) -> str:
+        """The node after ``source`` for ``state``; raises ``GraphDefinitionError`` for an unknown target."""
         if source in self.edges:
             return self.edges[source]
         target = self.branches[source].resolve(state, source)

@@ -29,6 +29,7 @@ class Heartbeat:
         self.handle: asyncio.TimerHandle = loop.call_at(self.started + HEARTBEAT_SECONDS, self.beat)
 
     def beat(self) -> None:
+        """Say the node is still running; the next beat falls on the next multiple of the period since the start."""
         now = self.loop.time()
         self.say(now - self.started, None if self.deadline is None else max(0.0, self.deadline - now))
         # On the next multiple of the period since the start: a late beat (a blocked loop) neither pushes
@@ -37,9 +38,11 @@ class Heartbeat:
         self.handle = self.loop.call_at(self.started + periods * HEARTBEAT_SECONDS, self.beat)
 
     def restart(self) -> None:
+        """Start counting again (a new node or step began): the next beat is a full period away."""
         self.handle.cancel()
         self.started = self.loop.time()
         self.handle = self.loop.call_at(self.started + HEARTBEAT_SECONDS, self.beat)
 
     def cancel(self) -> None:
+        """No more beats (the node or step ended)."""
         self.handle.cancel()

@@ -56,6 +56,8 @@ Outcome = Literal["executed", "replayed", "in_doubt", "failed", "running", "requ
 
 
 class Digest(BaseModel):
+    """A value shown by its digest, size and a short preview, never whole."""
+
     sha256: str
     bytes: int
     preview: str
@@ -63,6 +65,8 @@ class Digest(BaseModel):
 
 
 class StepRecord(BaseModel):
+    """One checkpoint of the run: version, step, the next node, status and when it was written."""
+
     version: int
     step: int
     node: str | None
@@ -73,6 +77,8 @@ class StepRecord(BaseModel):
 
 
 class ToolCallRecord(BaseModel):
+    """One tool call: its ledger and idempotency keys, outcome, attempt, the attempts that replayed it, duration."""
+
     name: str
     call_id: str | None
     ledger_key: str | None
@@ -95,6 +101,8 @@ class ToolCallRecord(BaseModel):
 
 
 class InterruptRecord(BaseModel):
+    """An interrupt: what it asked, in which version and attempt, and the answer if any."""
+
     ids: list[str]
     message: str = ""
     payload: Digest | None = None
@@ -107,6 +115,8 @@ class InterruptRecord(BaseModel):
 
 
 class AttemptHistory(BaseModel):
+    """One attempt (one runner pod): when it started and ended, its outcome and what it did."""
+
     attempt: int
     pod: str | None = None
     started_at: float | None = None
@@ -124,11 +134,15 @@ class AttemptHistory(BaseModel):
 
 
 class StopRecord(BaseModel):
+    """A pending stop request."""
+
     reason: str
     requested_at: float
 
 
 class RunHistory(BaseModel):
+    """A run's whole history as the history server serves it (``build``)."""
+
     namespace: str
     name: str
     uid: str | None = None

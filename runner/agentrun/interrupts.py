@@ -18,6 +18,8 @@ from .errors import GraphInterrupt
 
 @dataclass(frozen=True)
 class Interrupt:
+    """A pause for a human: its id (stable across the node's re-run), payload, message and node."""
+
     id: str
     payload: Any
     message: str
@@ -25,10 +27,12 @@ class Interrupt:
     tool_call_id: str | None = None
 
     def to_json(self) -> dict[str, Any]:
+        """The interrupt as stored in a checkpoint's meta."""
         return asdict(self)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Interrupt:
+        """An interrupt from its stored form (``to_json``)."""
         return cls(**data)
 
 

@@ -45,10 +45,11 @@ RAW = "raw"
 
 
 class MalformedEntry(ValueError):
-    pass
+    """A ledger row that is not a well-formed envelope: treated as a miss (the tool runs)."""
 
 
 def ledger_key(origin_message_id: str | None, tool_call_id: str | None) -> str | None:
+    """A tool call's ledger key, ``"<origin message id>:<tool call id>"``; ``None`` (no ledger) if one is missing."""
     if not origin_message_id or not tool_call_id:
         return None
     return f"{origin_message_id}:{tool_call_id}"

@@ -32,6 +32,7 @@ Role = Literal["system", "user", "assistant", "tool"]
 
 
 def new_message_id() -> str:
+    """A new message id (``msg_`` and a random hex)."""
     return f"msg_{uuid.uuid4().hex}"
 
 
@@ -143,6 +144,7 @@ class Message(BaseModel):
     parts: list[dict[str, Any]] | None = None
 
     def to_json(self) -> dict[str, Any]:
+        """The message as stored (JSON); ``parts`` only when it has some."""
         data = self.model_dump(mode="json", exclude_defaults=False)
         if data["parts"] is None:
             del data["parts"]  # stored messages stay as they were before parts existed
@@ -150,22 +152,27 @@ class Message(BaseModel):
 
     @classmethod
     def from_json(cls, data: Any) -> Message:
+        """A message from its stored form; raises pydantic's ``ValidationError`` for a malformed one."""
         return cls.model_validate(data)
 
 
 def user(content: str, **kw: Any) -> Message:
+    """A user message."""
     return Message(role="user", content=content, **kw)
 
 
 def system(content: str, **kw: Any) -> Message:
+    """A system message."""
     return Message(role="system", content=content, **kw)
 
 
 def assistant(content: str = "", tool_calls: Sequence[ToolCall] = (), **kw: Any) -> Message:
+    """An assistant message, with the tool calls it asks for."""
     return Message(role="assistant", content=content, tool_calls=list(tool_calls), **kw)
 
 
 def tool_message(content: str, *, tool_call_id: str | None, name: str, is_error: bool = False) -> Message:
+    """A tool's answer to the call ``tool_call_id`` (``is_error``: a tool error the model sees)."""
     return Message(role="tool", content=content, tool_call_id=tool_call_id, name=name, is_error=is_error)
 
 
@@ -180,6 +187,7 @@ _LANGCHAIN_ROLES: dict[str, Role] = {
 
 
 def is_langchain_message(value: Any) -> bool:
+    """Whether ``value`` is a LangChain message; never imports LangChain (if it is not loaded, it is not)."""
     module = sys.modules.get("langchain_core.messages")
     return module is not None and isinstance(value, module.BaseMessage)
 

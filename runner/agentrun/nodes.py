@@ -52,6 +52,8 @@ def _wants_config(fn: NodeFn) -> bool:
 
 @dataclass(frozen=True)
 class Node:
+    """A graph node: its function and how it is called (with the config, the run context, or the state only)."""
+
     name: str
     fn: NodeFn | ContextNode
     wants_config: bool
@@ -88,9 +90,15 @@ class Topology(Protocol):
     """
 
     @property
-    def schema(self) -> StateSchema: ...
+    def schema(self) -> StateSchema:
+        """The state's channels and their reducers."""
+        ...
 
     @property
-    def nodes(self) -> Mapping[str, Node]: ...
+    def nodes(self) -> Mapping[str, Node]:
+        """The nodes by name."""
+        ...
 
-    def next_node(self, source: str, state: dict[str, Any]) -> str: ...
+    def next_node(self, source: str, state: dict[str, Any]) -> str:
+        """The node after ``source`` for ``state``."""
+        ...

@@ -78,6 +78,7 @@ class Run:
 
     @property
     def messages(self) -> list[Message]:
+        """The state's messages."""
         return self.state.get(MESSAGES, [])  # type: ignore[no-any-return]
 
     def apply(self, schema: StateSchema, update: dict[str, Any] | None) -> None:

@@ -75,6 +75,7 @@ class RunnerSettings(BaseSettings, RunnerInputs):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
 
     def run_config(self) -> dict[str, Any]:
+        """The run config the pod's inputs describe, as ``RunConfig.from_any`` takes it."""
         config = {CONFIG_KEYS.get(k, k): v for k, v in self.config.items()}
         config.update(thread_id=self.thread_id, attempt=self.attempt, run_uid=self.run_uid or None)
         if self.request_key:
@@ -83,6 +84,8 @@ class RunnerSettings(BaseSettings, RunnerInputs):
 
 
 class BadInput(AgentRunError):
+    """The pod's inputs cannot be used (a missing or malformed environment variable)."""
+
     code = "RUNNER_INPUT_001"
 
 
@@ -188,6 +191,7 @@ def plan(checkpoint: Checkpoint | None, settings: RunnerSettings) -> Plan:
 
 
 def exit_code_for(error: BaseException) -> ExitCode:
+    """The pod's exit code for the error that ended the attempt (``contract.ExitCode``)."""
     if isinstance(error, RunStopped):
         return ExitCode.STOPPED
     if isinstance(error, RunPreempted):
@@ -250,7 +254,7 @@ async def _inputs_from_store(checkpointer: Checkpointer, settings: RunnerSetting
     return settings.model_copy(update={"input": record.input, "resume": record.resume})
 
 
-async def attempt(settings: RunnerSettings) -> tuple[int, str]:
+async def attempt(settings: RunnerSettings) -> tuple[int, str]:  # noqa: C901 -- every exit code of one attempt in one place
     """One attempt: the exit code and the one-line termination message ("CODE: message", or "")."""
     preemption = Preemption()
     loop = asyncio.get_running_loop()
@@ -403,6 +407,7 @@ def _last_words(code: int, line: str) -> None:
 
 
 def main() -> int:
+    """``python -m agentrun.runner``: one attempt of one AgentRun in a pod; returns the exit code."""
     try:
         settings = RunnerSettings()  # type: ignore[call-arg]
     except ValidationError as e:

@@ -59,9 +59,11 @@ class StateSchema:
 
     @property
     def channels(self) -> list[str]:
+        """The state's channel names."""
         return list(self.reducers)
 
     def initial(self) -> dict[str, Any]:
+        """The state a new thread starts with (an empty message list if it has one)."""
         return {MESSAGES: []} if MESSAGES in self.reducers else {}
 
     def apply(self, state: dict[str, Any], update: dict[str, Any] | None) -> dict[str, Any]:

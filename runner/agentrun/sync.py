@@ -54,6 +54,7 @@ def _start(call: Callable[[], None]) -> None:
 
 
 async def run_sync(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """Run the blocking ``fn`` in a thread with the caller's context; cancelling the caller does not wait for it."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[T] = loop.create_future()
     context = contextvars.copy_context()

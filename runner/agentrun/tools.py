@@ -47,6 +47,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+from typing_extensions import override
 
 from .sync import run_sync
 
@@ -66,6 +67,8 @@ class ToolOutcomeUnknown(Exception):
 
 
 class Tool:
+    """A plain function made a tool (``tool()``): its name, description, argument model and failure policy."""
+
     def __init__(
         self,
         fn: Callable[..., Any],
@@ -110,6 +113,7 @@ class Tool:
         self.timeout = timeout
 
     def validate_arguments(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        """The arguments checked against the tool's argument model; raises ``ToolArgumentError`` with every problem."""
         try:
             model = self.args_model.model_validate(arguments)
         except ValidationError as e:
@@ -120,6 +124,7 @@ class Tool:
     async def ainvoke(
         self, arguments: dict[str, Any], *, state: dict[str, Any] | None = None, idempotency_key: str | None = None
     ) -> Any:
+        """Call the tool with checked ``arguments``, and ``state`` and ``idempotency_key`` if it asks for them."""
         kwargs = self.validate_arguments(arguments)
         if "state" in self.injected:
             kwargs["state"] = state if state is not None else {}
@@ -179,6 +184,7 @@ class SchemaTool(Tool):
         self.parameters: dict[str, Any] = {"type": "object", "properties": {}, **dict(parameters)}
         self.injected = set()
 
+    @override
     def validate_arguments(self, arguments: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(arguments, dict):
             raise ToolArgumentError(f"invalid arguments for {self.name}: arguments must be an object")
@@ -191,11 +197,13 @@ class SchemaTool(Tool):
             raise ToolArgumentError(f"invalid arguments for {self.name}: {'; '.join(problems)}")
         return dict(arguments)
 
+    @override
     async def ainvoke(
         self, arguments: dict[str, Any], *, state: dict[str, Any] | None = None, idempotency_key: str | None = None
     ) -> Any:
         return await self.fn(self.validate_arguments(arguments), idempotency_key)
 
+    @override
     def spec(self) -> dict[str, Any]:
         return {
             "type": "function",

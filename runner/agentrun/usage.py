@@ -48,6 +48,8 @@ MODEL_NAME_LIMIT = 128
 
 
 class ModelCounts(TypedDict):
+    """One model's usage: tokens by kind, requests by status, seconds by status."""
+
     tokens: dict[str, int]  # prompt, completion
     requests: dict[str, int]  # ok, error
     seconds: dict[str, float]  # ok, error
@@ -106,10 +108,12 @@ class ModelUsage:
         }
 
     def add_tokens(self, model: str, kind: str, count: int) -> None:
+        """Count ``count`` tokens of ``kind`` (prompt, completion) for ``model``; other kinds are ignored."""
         if kind in KINDS and count > 0:
             self._entry(model)["tokens"][kind] += count
 
     def add_request(self, model: str, status: str, seconds: float) -> None:
+        """Count one request to ``model`` and how long it took, by status (anything else than ok is an error)."""
         if status not in STATUSES:
             status = "error"
         entry = self._entry(model)

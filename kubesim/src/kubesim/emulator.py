@@ -480,7 +480,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
 
     # --- objects ---------------------------------------------------------------------------------
 
-    async def _serve_object_request(
+    async def _serve_object_request(  # noqa: C901 -- one branch per verb, as kube-apiserver's REST handler
         self, request: kmock.Request, method: str, p: ApiPath
     ) -> aiohttp.web.StreamResponse:
         rdef = self._find(p.group, p.version, p.plural)

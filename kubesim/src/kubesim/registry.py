@@ -214,23 +214,7 @@ class Registry:
         obj = copy.deepcopy(body)
         meta = obj.setdefault("metadata", {})
         self._check_type_meta(rdef, obj)
-        if rdef.namespaced:
-            if meta.get("namespace") and meta["namespace"] != namespace:
-                raise apierrors.bad_request(
-                    "the namespace of the provided object does not match the namespace sent on the request"
-                )
-            meta["namespace"] = namespace
-        else:
-            meta.pop("namespace", None)
-        if meta.get("resourceVersion"):
-            raise apierrors.bad_request("resourceVersion should not be set on objects to be created")
-        if not meta.get("name") and meta.get("generateName"):
-            meta["name"] = meta["generateName"] + admission.random_suffix()
-        for field in _READONLY_META:
-            if field not in ("name", "namespace"):
-                meta.pop(field, None)
-        meta.pop("managedFields", None)
-        name = meta.get("name") or ""
+        name = self._creation_meta(rdef, meta, namespace)
         # An applier owns what it sent; an Update owner all it created, defaults included (as upstream).
         applied = fieldmanager.on_create(rdef, obj, manager, operation=operation) if manager else None
 
@@ -254,20 +238,7 @@ class Registry:
         if errors:
             raise apierrors.invalid(rdef.kind, rdef.group, name, errors)
         if rdef.namespaced:
-            ns = self.get(self.defs[NAMESPACES], None, namespace or "")
-            if ns is None:
-                raise apierrors.not_found("namespaces", namespace or "")
-            if ns.get("metadata", {}).get("deletionTimestamp"):
-                raise apierrors.forbidden(
-                    rdef.group_resource,
-                    name,
-                    f"unable to create new content in namespace {namespace} because it is being terminated",
-                )
-            if rdef.kind == "Pod":
-                error, pod_warnings = admission.pod_security(obj, ns)
-                if error:
-                    raise admission.forbidden_pod(name, error)
-                warnings += pod_warnings
+            warnings += self._admit_in_namespace(rdef, obj, namespace, name)
         if self.get(rdef, namespace, name) is not None:
             raise apierrors.already_exists(rdef.group_resource, name)
 
@@ -286,6 +257,53 @@ class Registry:
         self.objects[rdef.key, namespace if rdef.namespaced else None, name] = obj
         self._record(rdef, "ADDED", obj, None)
         return WriteResult(obj, warnings, created=True)
+
+    @staticmethod
+    def _creation_meta(rdef: ResourceDef, meta: dict[str, Any], namespace: str | None) -> Any:
+        """A created object's metadata as the server takes it (namespace, generated name, no read-only fields).
+
+        Returns its name as sent (validated later); raises a ``BadRequest`` as kube-apiserver does.
+        """
+        if rdef.namespaced:
+            if meta.get("namespace") and meta["namespace"] != namespace:
+                raise apierrors.bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request"
+                )
+            meta["namespace"] = namespace
+        else:
+            meta.pop("namespace", None)
+        if meta.get("resourceVersion"):
+            raise apierrors.bad_request("resourceVersion should not be set on objects to be created")
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + admission.random_suffix()
+        for field in _READONLY_META:
+            if field not in ("name", "namespace"):
+                meta.pop(field, None)
+        meta.pop("managedFields", None)
+        return meta.get("name") or ""
+
+    def _admit_in_namespace(
+        self, rdef: ResourceDef, obj: dict[str, Any], namespace: str | None, name: str
+    ) -> list[str]:
+        """Refuse a create in a missing or terminating namespace, or a pod its Pod Security level forbids.
+
+        Returns the Pod Security warnings.
+        """
+        ns = self.get(self.defs[NAMESPACES], None, namespace or "")
+        if ns is None:
+            raise apierrors.not_found("namespaces", namespace or "")
+        if ns.get("metadata", {}).get("deletionTimestamp"):
+            raise apierrors.forbidden(
+                rdef.group_resource,
+                name,
+                f"unable to create new content in namespace {namespace} because it is being terminated",
+            )
+        if rdef.kind != "Pod":
+            return []
+        error, pod_warnings = admission.pod_security(obj, ns)
+        if error:
+            raise admission.forbidden_pod(name, error)
+        return list(pod_warnings)
 
     def update(
         self,
@@ -388,7 +406,7 @@ class Registry:
         new, managed = fieldmanager.apply(rdef, current, body, manager=manager, force=force)
         return self._write(rdef, current, new, None, field_validation, dry_run, managed=managed)
 
-    def _write(
+    def _write(  # noqa: C901 -- update and patch: every admission step of a write, in upstream's order
         self,
         rdef: ResourceDef,
         current: dict[str, Any],

@@ -398,7 +398,7 @@ class _Run:
             )
         return d
 
-    def pod_outcome(self, d: Decision) -> Decision:
+    def pod_outcome(self, d: Decision) -> Decision:  # noqa: C901 -- one branch per pod outcome, each a row of the table test
         pod, outcome, attempt, limits = self.pod, self.outcome, self.attempt, self.limits
         if outcome is Outcome.PENDING:
             assert pod is not None

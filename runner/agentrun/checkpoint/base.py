@@ -72,6 +72,7 @@ class Checkpoint:
 
     @property
     def interrupts(self) -> list[dict[str, Any]]:
+        """The interrupts the checkpoint is paused on (``[]`` when it is not paused)."""
         return list(self.meta.get("interrupts") or [])
 
 
@@ -239,6 +240,7 @@ class Progress:
 
     @classmethod
     def from_checkpoint(cls, checkpoint: Checkpoint) -> Progress:
+        """The progress a whole checkpoint shows (no owner, no incarnation: the default ``aget_progress``)."""
         return cls.from_meta(
             checkpoint.meta,
             thread_id=checkpoint.thread_id,
@@ -269,6 +271,8 @@ PROGRESS_META = (
 
 @dataclass(frozen=True)
 class LedgerEntry:
+    """One ledger row: the recorded result of a completed tool call, by ledger key."""
+
     key: str
     tool_name: str
     # The stored envelope as decoded JSON; ``None`` when the stored text was not JSON.
@@ -280,6 +284,8 @@ class LedgerEntry:
 
 @dataclass(frozen=True)
 class Intent:
+    """A tool call with side effects that started: recorded before it runs, so a replay can tell it was in doubt."""
+
     key: str
     tool_name: str
     idempotency_key: str | None
@@ -602,6 +608,7 @@ class StopWatch:
         self._heard: asyncio.Event | None = None
 
     def notify(self) -> None:
+        """Make the next check due (the store stays the truth: a notification is a hint)."""
         self._notified = True
         if self._heard is not None:
             self._heard.set()
@@ -645,9 +652,11 @@ class WatchedThreads:
         return bool(self._by_thread)
 
     def add(self, thread_id: str, watch: StopWatch) -> None:
+        """Watch ``thread_id`` with ``watch`` (a thread may have several: one per run in this process)."""
         self._by_thread.setdefault(thread_id, set()).add(watch)
 
     def remove(self, thread_id: str, watch: StopWatch) -> None:
+        """Forget ``watch`` of ``thread_id``; a thread with no watch left is dropped."""
         watches = self._by_thread.get(thread_id)
         if watches is not None:
             watches.discard(watch)
@@ -655,13 +664,16 @@ class WatchedThreads:
                 del self._by_thread[thread_id]
 
     def notify(self, thread_id: str) -> None:
+        """A stop request for ``thread_id`` was heard: make each of its watches due."""
         for watch in self._by_thread.get(thread_id, ()):
             watch.notify()
 
     def threads(self) -> list[str]:
+        """The thread ids watched now (what a sweep asks the store about)."""
         return list(self._by_thread)
 
     def clear(self) -> None:
+        """Forget every watch (the hearing ends)."""
         self._by_thread.clear()
 
 

@@ -37,6 +37,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from redis.exceptions import RedisError
+from typing_extensions import override
 
 from ..errors import StaleStateError, StorageError
 from ..messages import Message
@@ -85,9 +86,11 @@ class CachedStore(Checkpointer):
             self._incarnations.clear()
         self._incarnations[thread_id] = incarnation
 
+    @override
     async def setup(self) -> None:
         await self.inner.setup()
 
+    @override
     async def aclose(self) -> None:
         try:
             await self._stops.aclose()
@@ -97,6 +100,7 @@ class CachedStore(Checkpointer):
 
     # -- state -------------------------------------------------------------------------------
 
+    @override
     async def ahead(self, thread_id: str) -> Head | None:
         return await self.inner.ahead(thread_id)
 
@@ -119,6 +123,7 @@ class CachedStore(Checkpointer):
         await self.cache.fill(thread_id, head.incarnation, checkpoint, [_body(m) for m in checkpoint.messages])
         return checkpoint
 
+    @override
     async def acommit(
         self,
         thread_id: str,
@@ -220,19 +225,23 @@ class CachedStore(Checkpointer):
         """``inner``'s progress events merged with the steps published on Redis (``RedisHotCache.watch_progress``)."""
         return merged(self.inner.watch_progress(name=name), self.cache.watch_progress())
 
+    @override
     async def delete_thread(self, thread_id: str) -> None:
         await self.inner.delete_thread(thread_id)
         self._incarnations.pop(thread_id, None)
         await self.cache.forget(thread_id)
 
+    @override
     async def list_threads(self) -> list[str]:
         return await self.inner.list_threads()
 
     # -- ledger and intents: never cached ----------------------------------------------------
 
+    @override
     async def ledger_get(self, thread_id: str, key: str) -> LedgerEntry | None:
         return await self.inner.ledger_get(thread_id, key)
 
+    @override
     async def ledger_put(
         self,
         thread_id: str,
@@ -245,6 +254,7 @@ class CachedStore(Checkpointer):
     ) -> bool:
         return await self.inner.ledger_put(thread_id, key, tool_name, result, attempt=attempt, run_uid=run_uid)
 
+    @override
     async def ledger_replace(
         self,
         thread_id: str,
@@ -260,12 +270,15 @@ class CachedStore(Checkpointer):
             thread_id, key, tool_name, result, expected_text=expected_text, attempt=attempt, run_uid=run_uid
         )
 
+    @override
     async def ledger_list(self, thread_id: str) -> list[LedgerEntry]:
         return await self.inner.ledger_list(thread_id)
 
+    @override
     async def intent_get(self, thread_id: str, key: str) -> Intent | None:
         return await self.inner.intent_get(thread_id, key)
 
+    @override
     async def intent_put(
         self,
         thread_id: str,
@@ -280,6 +293,7 @@ class CachedStore(Checkpointer):
 
     # -- control -------------------------------------------------------------------------------
 
+    @override
     async def register_attempt(self, thread_id: str, attempt: int, *, run_uid: str | None = None) -> None:
         await self.inner.register_attempt(thread_id, attempt, run_uid=run_uid)
 
@@ -288,6 +302,7 @@ class CachedStore(Checkpointer):
         await self.inner.request_stop(thread_id, reason)
         await self.cache.publish_stop(thread_id, {"type": "stop", "thread_id": thread_id, "reason": reason})
 
+    @override
     async def stop_requested(self, thread_id: str) -> str | None:
         return await self.inner.stop_requested(thread_id)
 
@@ -295,6 +310,7 @@ class CachedStore(Checkpointer):
         """``inner``'s watch (PostgreSQL: a notification from the request's own transaction), also told by Redis."""
         return self._stops.watch(thread_id, await self.inner.watch_stops(thread_id))
 
+    @override
     async def put_run_inputs(
         self,
         thread_id: str,
@@ -306,9 +322,11 @@ class CachedStore(Checkpointer):
     ) -> None:
         await self.inner.put_run_inputs(thread_id, run_uid=run_uid, attempt=attempt, input=input, resume=resume)
 
+    @override
     async def aget_run_inputs(self, thread_id: str, *, run_uid: str, attempt: int) -> RunInputsRecord | None:
         return await self.inner.aget_run_inputs(thread_id, run_uid=run_uid, attempt=attempt)
 
+    @override
     async def clear_stop(self, thread_id: str) -> None:
         await self.inner.clear_stop(thread_id)
 

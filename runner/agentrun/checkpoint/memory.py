@@ -14,6 +14,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from typing_extensions import override
+
 from ..errors import StaleStateError, StorageError
 from ..messages import Message
 from .base import (
@@ -76,12 +78,15 @@ def _entry(key: str, tool_name: str, result: Any, created_at: float) -> LedgerEn
 
 
 class InMemoryCheckpointer(Checkpointer):
+    """A store in this process's memory: tests and one-process runs; gone with the process."""
+
     backend = "memory"
 
     def __init__(self) -> None:
         self._threads: dict[str, _Thread] = {}
         self._lock = asyncio.Lock()
 
+    @override
     async def aget(self, thread_id: str) -> Checkpoint | None:
         thread = self._threads.get(thread_id)
         if thread is None or thread.state is None:
@@ -99,12 +104,14 @@ class InMemoryCheckpointer(Checkpointer):
             created_at=s["created_at"],
         )
 
+    @override
     async def ahead(self, thread_id: str) -> Head | None:
         thread = self._threads.get(thread_id)
         if thread is None or thread.state is None:
             return None
         return Head(thread.version, thread.incarnation)
 
+    @override
     async def aget_progress(self, thread_id: str) -> Progress | None:
         checkpoint = await self.aget(thread_id)
         if checkpoint is None:
@@ -118,6 +125,7 @@ class InMemoryCheckpointer(Checkpointer):
             incarnation=thread.incarnation,
         )
 
+    @override
     async def acommit(
         self,
         thread_id: str,
@@ -169,14 +177,17 @@ class InMemoryCheckpointer(Checkpointer):
                 )
             return Commit(thread.version, thread.incarnation, state["created_at"])
 
+    @override
     async def aget_turn(self, thread_id: str, request_key: str) -> Turn | None:
         thread = self._threads.get(thread_id)
         return thread.turns.get(request_key) if thread else None
 
+    @override
     async def ledger_get(self, thread_id: str, key: str) -> LedgerEntry | None:
         thread = self._threads.get(thread_id)
         return thread.ledger.get(key) if thread else None
 
+    @override
     async def ledger_put(
         self,
         thread_id: str,
@@ -195,6 +206,7 @@ class InMemoryCheckpointer(Checkpointer):
             thread.ledger[key] = _entry(key, tool_name, result, time.time())
             return True
 
+    @override
     async def ledger_replace(
         self,
         thread_id: str,
@@ -215,14 +227,17 @@ class InMemoryCheckpointer(Checkpointer):
             thread.ledger[key] = _entry(key, tool_name, result, current.created_at)
             return True
 
+    @override
     async def ledger_list(self, thread_id: str) -> list[LedgerEntry]:
         thread = self._threads.get(thread_id)
         return sorted(thread.ledger.values(), key=lambda e: e.created_at) if thread else []
 
+    @override
     async def intent_get(self, thread_id: str, key: str) -> Intent | None:
         thread = self._threads.get(thread_id)
         return thread.intents.get(key) if thread else None
 
+    @override
     async def intent_put(
         self,
         thread_id: str,
@@ -238,6 +253,7 @@ class InMemoryCheckpointer(Checkpointer):
             check_fence(thread_id, thread.owner, attempt=attempt, run_uid=run_uid)
             thread.intents.setdefault(key, Intent(key, tool_name, idempotency_key, time.time()))
 
+    @override
     async def register_attempt(self, thread_id: str, attempt: int, *, run_uid: str | None = None) -> None:
         async with self._lock:
             thread = self._threads.setdefault(thread_id, _Thread())
@@ -246,6 +262,7 @@ class InMemoryCheckpointer(Checkpointer):
             if run_uid is not None:
                 thread.runs.add(run_uid)
 
+    @override
     async def put_run_inputs(
         self,
         thread_id: str,
@@ -265,6 +282,7 @@ class InMemoryCheckpointer(Checkpointer):
                 del thread.run_inputs[key]
             thread.run_inputs[(run_uid, attempt)] = text
 
+    @override
     async def aget_run_inputs(self, thread_id: str, *, run_uid: str, attempt: int) -> RunInputsRecord | None:
         thread = self._threads.get(thread_id)
         text = thread.run_inputs.get((run_uid, attempt)) if thread else None
@@ -273,22 +291,27 @@ class InMemoryCheckpointer(Checkpointer):
         input, resume = json.loads(text)
         return RunInputsRecord(input, resume)
 
+    @override
     async def request_stop(self, thread_id: str, reason: str = "") -> None:
         thread = self._threads.setdefault(thread_id, _Thread())
         if thread.stop is None:  # a pending request keeps its first reason, as in the durable stores
             thread.stop = reason
 
+    @override
     async def stop_requested(self, thread_id: str) -> str | None:
         thread = self._threads.get(thread_id)
         return thread.stop if thread else None
 
+    @override
     async def clear_stop(self, thread_id: str) -> None:
         thread = self._threads.get(thread_id)
         if thread:
             thread.stop = None
 
+    @override
     async def delete_thread(self, thread_id: str) -> None:
         self._threads.pop(thread_id, None)
 
+    @override
     async def list_threads(self) -> list[str]:
         return [t for t, th in self._threads.items() if th.state is not None]

@@ -79,6 +79,7 @@ class ThreadRows:
 
     @property
     def empty(self) -> bool:
+        """Whether the store holds nothing of the thread (no state, ledger row, intent or run input)."""
         return not self.states and not self.ledger and not self.intents and not self.inputs
 
 

@@ -52,6 +52,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
+from typing_extensions import override
 
 from .base import StopWatch, WatchedThreads
 from .listen import Backoff, listen_with_backoff
@@ -82,14 +83,17 @@ class PgStopWatch(StopWatch):
         self.thread_id = thread_id
         self._since = asyncio.get_running_loop().time()
 
+    @override
     def poll_interval(self, interval: float) -> float:
         return math.inf if self.listener.listening else interval
 
+    @override
     def due(self, now: float, interval: float) -> bool:
         if not self.listener.listening and now - self._since >= interval:
             self.listener.start()  # a run that lasts: worth a connection that hears its stop
         return super().due(now, interval)
 
+    @override
     async def aclose(self) -> None:
         await self.listener.unwatch(self)
 

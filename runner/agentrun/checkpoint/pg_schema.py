@@ -77,6 +77,7 @@ class Migration:
     sql: str
 
     def render(self, thread_id_type: str) -> str:
+        """The migration's SQL for a schema whose thread ids are ``thread_id_type``."""
         return self.sql.format(thread_id_type=thread_id_type, max_len=MAX_THREAD_ID_LENGTH)
 
 
@@ -685,6 +686,7 @@ def normalize_thread_id_type(value: str) -> str:
 
 
 def validate_schema_name(schema: str) -> str:
+    """``schema`` if it is a lower-case SQL identifier; raises ``ValueError`` otherwise (it is spliced into SQL)."""
     if not _SCHEMA_RE.match(schema):
         raise ValueError(f"schema must be a lower-case SQL identifier, not {schema!r}")
     return schema

@@ -119,6 +119,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
 import asyncpg
+from typing_extensions import override
 
 from ..errors import FencedError, StaleStateError, StorageError, StoreConfigError, StoreUnavailableError
 from ..faults import armed, fault_point
@@ -766,6 +767,7 @@ class PgCheckpointer(Checkpointer):
         """
         await self._call("setup", self._get_pool)
 
+    @override
     async def aclose(self) -> None:
         await self._progress.aclose()  # before the pool goes: the last steps' notifications
         if self._stop_listener is not None:
@@ -811,6 +813,7 @@ class PgCheckpointer(Checkpointer):
             return None
         return Head(int(row["version"]), row["incarnation"])
 
+    @override
     async def acommit(
         self,
         thread_id: str,
@@ -975,6 +978,7 @@ class PgCheckpointer(Checkpointer):
             incarnation=row["incarnation"],
         )
 
+    @override
     async def aget_turn(self, thread_id: str, request_key: str) -> Turn | None:
         row = await self._read("turn read", lambda conn: conn.fetchrow(_GET_TURN, thread_id, request_key))
         if row is None:
@@ -1045,6 +1049,7 @@ class PgCheckpointer(Checkpointer):
                 if not f.done():
                     f.set_result(entry)
 
+    @override
     async def ledger_put(
         self,
         thread_id: str,
@@ -1078,6 +1083,7 @@ class PgCheckpointer(Checkpointer):
 
         return await self._call("ledger record", once)
 
+    @override
     async def ledger_replace(
         self,
         thread_id: str,
@@ -1140,6 +1146,7 @@ class PgCheckpointer(Checkpointer):
             return success
         return status
 
+    @override
     async def ledger_list(self, thread_id: str) -> list[LedgerEntry]:
         rows = await self._read("ledger list", lambda conn: conn.fetch(_LIST_LEDGER, thread_id))
         return [
@@ -1147,10 +1154,12 @@ class PgCheckpointer(Checkpointer):
             for r in rows
         ]
 
+    @override
     async def intent_get(self, thread_id: str, key: str) -> Intent | None:
         row = await self._read("intent read", lambda conn: conn.fetchrow(_GET_INTENT, thread_id, key))
         return None if row is None else Intent(key, row["tool_name"], row["idempotency_key"], row["started_at"])
 
+    @override
     async def intent_put(
         self,
         thread_id: str,
@@ -1183,6 +1192,7 @@ class PgCheckpointer(Checkpointer):
 
     # -- fencing, stop, threads ---------------------------------------------------------------
 
+    @override
     async def register_attempt(self, thread_id: str, attempt: int, *, run_uid: str | None = None) -> None:
         check_thread_id(thread_id)
         await self._write(
@@ -1199,6 +1209,7 @@ class PgCheckpointer(Checkpointer):
         if run_uid is not None:
             await conn.execute(_RECORD_RUN, thread_id, run_uid)
 
+    @override
     async def request_stop(self, thread_id: str, reason: str = "") -> None:
         check_thread_id(thread_id)
         await self._write("stop request", lambda conn: self._request_stop_txn(conn, thread_id, reason))
@@ -1208,6 +1219,7 @@ class PgCheckpointer(Checkpointer):
         await conn.execute(_ENSURE_THREAD, thread_id)
         await conn.execute(_REQUEST_STOP, thread_id, reason)
 
+    @override
     async def put_run_inputs(
         self,
         thread_id: str,
@@ -1230,6 +1242,7 @@ class PgCheckpointer(Checkpointer):
 
         await self._write("run inputs record", txn)
 
+    @override
     async def aget_run_inputs(self, thread_id: str, *, run_uid: str, attempt: int) -> RunInputsRecord | None:
         row = await self._read(
             "run inputs read", lambda conn: conn.fetchrow(_GET_RUN_INPUTS, thread_id, run_uid, attempt)
@@ -1241,6 +1254,7 @@ class PgCheckpointer(Checkpointer):
             None if row["resume"] is None else json.loads(row["resume"]),
         )
 
+    @override
     async def stop_requested(self, thread_id: str) -> str | None:
         # Polled every second while a node runs: the next poll is the retry, so do not wait here.
         reason = await self._read("stop poll", lambda conn: conn.fetchval(_STOP_REQUESTED, thread_id), patient=False)
@@ -1276,6 +1290,7 @@ class PgCheckpointer(Checkpointer):
         settings = {**options.pop("server_settings", {}), "application_name": "agentrun-stop-listener"}
         return await asyncpg.connect(self.dsn, server_settings=settings, **options)
 
+    @override
     async def clear_stop(self, thread_id: str) -> None:
         await self._write("stop acknowledgement", lambda conn: conn.execute(_CLEAR_STOP, thread_id))
 
@@ -1284,6 +1299,7 @@ class PgCheckpointer(Checkpointer):
         self._chains.pop(thread_id, None)
         await self._write("thread deletion", lambda conn: conn.execute(_DELETE_THREAD, thread_id))
 
+    @override
     async def list_threads(self) -> list[str]:
         rows = await self._read("thread list", lambda conn: conn.fetch(_LIST_THREADS))
         return [r["thread_id"] for r in rows]

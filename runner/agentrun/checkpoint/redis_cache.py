@@ -213,9 +213,11 @@ class RedisHotCache:
     # -- keys ----------------------------------------------------------------------
 
     def key(self, thread_id: str, kind: str) -> str:
+        """The Redis key of ``thread_id``'s ``kind`` entry (hash-tagged by thread: one cluster slot per thread)."""
         return f"{self.prefix}:{{{thread_id}}}:{kind}"
 
     def channel(self, thread_id: str) -> str:
+        """The channel a thread's progress and stop events are published on (``events()``, ``watch_progress``)."""
         return f"{self.prefix}:events:{thread_id}"
 
     def stop_channel(self, thread_id: str) -> str:
@@ -392,6 +394,8 @@ class RedisHotCache:
         await self._guard("put_progress", call, None)
 
     async def get_progress(self, thread_id: str) -> dict[str, Any] | None:
+        """The thread's last published progress event, or ``None`` (none, Redis down, not JSON)."""
+
         async def call() -> str | None:
             value = await self.client.hget(self.key(thread_id, "progress"), "event")
             return None if value is None else str(value)
@@ -406,6 +410,8 @@ class RedisHotCache:
         return event if isinstance(event, dict) else None
 
     async def publish(self, thread_id: str, event: dict[str, Any]) -> None:
+        """Publish ``event`` on the thread's events channel; Redis down costs nothing but the event."""
+
         async def call() -> None:
             await self.client.publish(self.channel(thread_id), json.dumps(event))
 
@@ -473,6 +479,7 @@ class RedisHotCache:
         return events(hear)
 
     async def aclose(self) -> None:
+        """Close the Redis connections."""
         await self.client.aclose()
 
 

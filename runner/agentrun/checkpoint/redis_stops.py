@@ -27,6 +27,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from typing_extensions import override
+
 from .base import StopWatch, WatchedThreads
 from .listen import Backoff, listen_with_backoff
 from .redis_cache import RedisHotCache
@@ -47,17 +49,21 @@ class RedisStopWatch(StopWatch):
         self.thread_id = thread_id
         self._since = asyncio.get_running_loop().time()
 
+    @override
     def notify(self) -> None:
         self.inner.notify()
 
+    @override
     async def heard(self) -> None:
         await self.inner.heard()
 
+    @override
     def due(self, now: float, interval: float) -> bool:
         if now - self._since >= interval:
             self.stops.start()  # a run that lasts: worth the subscription
         return self.inner.due(now, interval)
 
+    @override
     async def aclose(self) -> None:
         try:
             await self.stops.unwatch(self)
@@ -76,16 +82,19 @@ class RedisStops:
         self._live: object | None = None  # the running loop's token; a loop whose token is gone ends
 
     def watch(self, thread_id: str, inner: StopWatch) -> RedisStopWatch:
+        """``inner`` (the store's own watch of ``thread_id``), also made due by a stop published on Redis."""
         watch = RedisStopWatch(inner, self, thread_id)
         self._watches.add(thread_id, watch)
         return watch
 
     def start(self) -> None:
+        """Subscribe in the background, if not already and while runs watch."""
         if self._watches and (self._task is None or self._task.done()):
             self._live = token = object()
             self._task = asyncio.get_running_loop().create_task(self._run(token), name="agentrun:redis-stops")
 
     async def unwatch(self, watch: RedisStopWatch) -> None:
+        """Forget ``watch``; with the last one the subscription ends."""
         self._watches.remove(watch.thread_id, watch)
         if not self._watches:
             await self.aclose()

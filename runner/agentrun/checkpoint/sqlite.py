@@ -24,6 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from typing_extensions import override
+
 from ..errors import StaleStateError, StorageError
 from ..messages import Message
 from .base import (
@@ -328,6 +330,7 @@ class SqliteCheckpointer(Checkpointer):
 
     # -- schema ----------------------------------------------------------------
 
+    @override
     async def setup(self) -> None:
         def migrate(conn: sqlite3.Connection) -> None:
             if conn.execute("PRAGMA user_version").fetchone()[0] >= len(MIGRATIONS):
@@ -345,6 +348,7 @@ class SqliteCheckpointer(Checkpointer):
 
         await self._run(migrate)
 
+    @override
     async def aclose(self) -> None:
         def close(conn: sqlite3.Connection) -> None:
             conn.close()
@@ -356,6 +360,7 @@ class SqliteCheckpointer(Checkpointer):
 
     # -- state -------------------------------------------------------------------
 
+    @override
     async def aget(self, thread_id: str) -> Checkpoint | None:
         def load(conn: sqlite3.Connection) -> Checkpoint | None:
             # One read transaction so the state row and its messages are a consistent snapshot.
@@ -384,6 +389,7 @@ class SqliteCheckpointer(Checkpointer):
 
         return await self._run(load)
 
+    @override
     async def ahead(self, thread_id: str) -> Head | None:
         def get(conn: sqlite3.Connection) -> Head | None:
             row = conn.execute(_HEAD, (thread_id,)).fetchone()
@@ -391,6 +397,7 @@ class SqliteCheckpointer(Checkpointer):
 
         return await self._run(get)
 
+    @override
     async def acommit(
         self,
         thread_id: str,
@@ -448,6 +455,7 @@ class SqliteCheckpointer(Checkpointer):
 
         return await self._run(lambda conn: self._write_txn(conn, put))
 
+    @override
     async def aget_turn(self, thread_id: str, request_key: str) -> Turn | None:
         def get(conn: sqlite3.Connection) -> Turn | None:
             row = conn.execute(_GET_TURN, (thread_id, request_key)).fetchone()
@@ -471,6 +479,7 @@ class SqliteCheckpointer(Checkpointer):
 
     # -- ledger and intents ------------------------------------------------------
 
+    @override
     async def ledger_get(self, thread_id: str, key: str) -> LedgerEntry | None:
         def get(conn: sqlite3.Connection) -> LedgerEntry | None:
             row = conn.execute(
@@ -487,6 +496,7 @@ class SqliteCheckpointer(Checkpointer):
 
         return await self._run(get)
 
+    @override
     async def ledger_put(
         self,
         thread_id: str,
@@ -506,6 +516,7 @@ class SqliteCheckpointer(Checkpointer):
 
         return await self._run(lambda conn: self._write_txn(conn, put))
 
+    @override
     async def ledger_replace(
         self,
         thread_id: str,
@@ -525,6 +536,7 @@ class SqliteCheckpointer(Checkpointer):
 
         return await self._run(lambda conn: self._write_txn(conn, replace))
 
+    @override
     async def ledger_list(self, thread_id: str) -> list[LedgerEntry]:
         def get(conn: sqlite3.Connection) -> list[LedgerEntry]:
             rows = conn.execute(
@@ -543,6 +555,7 @@ class SqliteCheckpointer(Checkpointer):
 
         return await self._run(get)
 
+    @override
     async def intent_get(self, thread_id: str, key: str) -> Intent | None:
         def get(conn: sqlite3.Connection) -> Intent | None:
             row = conn.execute(
@@ -554,6 +567,7 @@ class SqliteCheckpointer(Checkpointer):
 
         return await self._run(get)
 
+    @override
     async def intent_put(
         self,
         thread_id: str,
@@ -575,6 +589,7 @@ class SqliteCheckpointer(Checkpointer):
 
     # -- fencing, stop, threads ----------------------------------------------------
 
+    @override
     async def register_attempt(self, thread_id: str, attempt: int, *, run_uid: str | None = None) -> None:
         now = time.time()
 
@@ -588,6 +603,7 @@ class SqliteCheckpointer(Checkpointer):
 
         await self._run(lambda conn: self._write_txn(conn, put))
 
+    @override
     async def put_run_inputs(
         self,
         thread_id: str,
@@ -607,6 +623,7 @@ class SqliteCheckpointer(Checkpointer):
 
         await self._run(lambda conn: self._write_txn(conn, put))
 
+    @override
     async def aget_run_inputs(self, thread_id: str, *, run_uid: str, attempt: int) -> RunInputsRecord | None:
         def get(conn: sqlite3.Connection) -> tuple[str | None, str | None] | None:
             row = conn.execute(_GET_RUN_INPUTS, (thread_id, run_uid, attempt)).fetchone()
@@ -617,6 +634,7 @@ class SqliteCheckpointer(Checkpointer):
             return None
         return RunInputsRecord(*(None if text is None else json.loads(text) for text in row))
 
+    @override
     async def request_stop(self, thread_id: str, reason: str = "") -> None:
         now = time.time()
 
@@ -630,6 +648,7 @@ class SqliteCheckpointer(Checkpointer):
 
         await self._run(lambda conn: self._write_txn(conn, put))
 
+    @override
     async def stop_requested(self, thread_id: str) -> str | None:
         def get(conn: sqlite3.Connection) -> str | None:
             row = conn.execute("SELECT reason FROM stop_requests WHERE thread_id = ?", (thread_id,)).fetchone()
@@ -637,6 +656,7 @@ class SqliteCheckpointer(Checkpointer):
 
         return await self._run(get)
 
+    @override
     async def clear_stop(self, thread_id: str) -> None:
         await self._run(
             lambda conn: self._write_txn(
@@ -644,6 +664,7 @@ class SqliteCheckpointer(Checkpointer):
             )
         )
 
+    @override
     async def delete_thread(self, thread_id: str) -> None:
         await self._run(
             lambda conn: self._write_txn(
@@ -651,6 +672,7 @@ class SqliteCheckpointer(Checkpointer):
             )
         )
 
+    @override
     async def list_threads(self) -> list[str]:
         def get(conn: sqlite3.Connection) -> list[str]:
             rows = conn.execute(

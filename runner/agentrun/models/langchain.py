@@ -115,6 +115,7 @@ class LangChainChatModel:
 
 
 def record_usage(model: str, message: AIMessage) -> None:
+    """Count a LangChain reply's tokens in the model metrics (nothing if it reports no usage)."""
     usage = message.usage_metadata
     if not usage:
         return

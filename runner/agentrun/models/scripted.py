@@ -41,6 +41,7 @@ class ScriptedModel:
         return cls(respond, name=name)
 
     async def __call__(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Answer the conversation with the script's next reply (the node a test graph runs)."""
         self.calls += 1
         reply = self.respond(list(state.get(MESSAGES, [])))
         if inspect.isawaitable(reply):

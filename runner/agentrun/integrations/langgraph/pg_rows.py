@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import asyncpg
+from typing_extensions import override
 
 from agentrun.checkpoint.postgres import PgCheckpointer, _fence_txn, _tool_row_outcome
 
@@ -187,6 +188,7 @@ class PgRows(RowStore):
 
         await self.store._call(op, once)
 
+    @override
     async def put(self, row: CheckpointRow, blobs: list[BlobRow], *, fence: Fence) -> None:
         await self._fenced(
             "langgraph checkpoint",
@@ -211,6 +213,7 @@ class PgRows(RowStore):
             [b.blob for b in blobs],
         )
 
+    @override
     async def put_writes(
         self, thread_id: str, checkpoint_ns: str, checkpoint_id: str, writes: list[WriteRow], *, fence: Fence
     ) -> None:
@@ -234,6 +237,7 @@ class PgRows(RowStore):
             [w.task_path for w in writes],
         )
 
+    @override
     async def get(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None) -> Loaded | None:
         async def query(conn: Connection) -> Loaded | None:
             if checkpoint_id is None:
@@ -246,6 +250,7 @@ class PgRows(RowStore):
 
         return await self.store._read("langgraph get", query, snapshot=True)
 
+    @override
     async def select(self, query: Query) -> list[CheckpointRow]:
         async def run(conn: Connection) -> list[CheckpointRow]:
             records = await conn.fetch(_LIST, query.thread_id, query.checkpoint_ns, query.checkpoint_id, query.before)
@@ -253,15 +258,18 @@ class PgRows(RowStore):
 
         return await self.store._read("langgraph list", run)
 
+    @override
     async def load(self, rows: list[CheckpointRow]) -> list[Loaded]:
         return await self.store._read("langgraph load", lambda conn: _load_txn(conn, rows), snapshot=True)
 
+    @override
     async def delete_thread(self, thread_id: str) -> None:
         async def txn(conn: Connection) -> None:
             await conn.execute(_DELETE_THREAD, thread_id)
 
         await self.store._write("langgraph delete_thread", txn)
 
+    @override
     async def delete_for_runs(self, run_ids: list[str]) -> None:
         async def txn(conn: Connection) -> None:
             await conn.execute(_DELETE_RUN_WRITES, run_ids)
@@ -272,6 +280,7 @@ class PgRows(RowStore):
         if run_ids:
             await self.store._write("langgraph delete_for_runs", txn)
 
+    @override
     async def copy_thread(self, source: str, target: str, *, fence: Fence) -> None:
         async def txn(conn: Connection) -> None:
             if not await conn.fetchval(_SOURCE_EXISTS, source):
@@ -284,6 +293,7 @@ class PgRows(RowStore):
 
         await self.store._write("langgraph copy_thread", txn)
 
+    @override
     async def prune(self, thread_ids: list[str], *, keep_latest: bool, fence: Fence) -> None:
         async def txn(conn: Connection) -> None:
             for thread_id in sorted(set(thread_ids)):

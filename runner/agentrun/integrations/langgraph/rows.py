@@ -30,6 +30,8 @@ class Fence:
 
 @dataclass(frozen=True)
 class BlobRow:
+    """A stored channel value of a LangGraph checkpoint (its serde type and bytes)."""
+
     channel: str
     version: str
     type: str
@@ -38,6 +40,8 @@ class BlobRow:
 
 @dataclass(frozen=True)
 class WriteRow:
+    """A stored pending write of a LangGraph task."""
+
     task_id: str
     idx: int
     channel: str
@@ -48,6 +52,8 @@ class WriteRow:
 
 @dataclass(frozen=True)
 class CheckpointRow:
+    """A stored LangGraph checkpoint: its ids, parent, serialized checkpoint and metadata."""
+
     thread_id: str
     checkpoint_ns: str
     checkpoint_id: str

@@ -48,6 +48,7 @@ from langgraph.checkpoint.base import (
     writes_sort_key,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
+from typing_extensions import override
 
 from agentrun import blocking
 from agentrun.checkpoint.base import Checkpointer
@@ -115,6 +116,7 @@ class AgentrunSaver(BaseCheckpointSaver[str]):
         await self.store.setup()
 
     async def aclose(self) -> None:
+        """Close the agentrun store under the saver."""
         await self.store.aclose()
 
     async def __aenter__(self) -> AgentrunSaver:
@@ -279,9 +281,11 @@ class AgentrunSaver(BaseCheckpointSaver[str]):
 
     # -- sync API: the async one on agentrun's blocking loop --------------------------------------
 
+    @override
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         return blocking.run(lambda: self.aget_tuple(config), caller="get_tuple")
 
+    @override
     def list(
         self,
         config: RunnableConfig | None,
@@ -297,6 +301,7 @@ class AgentrunSaver(BaseCheckpointSaver[str]):
             caller="list",
         )
 
+    @override
     def put(
         self,
         config: RunnableConfig,
@@ -306,6 +311,7 @@ class AgentrunSaver(BaseCheckpointSaver[str]):
     ) -> RunnableConfig:
         return blocking.run(lambda: self.aput(config, checkpoint, metadata, new_versions), caller="put")
 
+    @override
     def put_writes(
         self,
         config: RunnableConfig,
@@ -315,14 +321,18 @@ class AgentrunSaver(BaseCheckpointSaver[str]):
     ) -> None:
         blocking.run(lambda: self.aput_writes(config, writes, task_id, task_path), caller="put_writes")
 
+    @override
     def delete_thread(self, thread_id: str) -> None:
         blocking.run(lambda: self.adelete_thread(thread_id), caller="delete_thread")
 
+    @override
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         blocking.run(lambda: self.adelete_for_runs(run_ids), caller="delete_for_runs")
 
+    @override
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         blocking.run(lambda: self.acopy_thread(source_thread_id, target_thread_id), caller="copy_thread")
 
+    @override
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         blocking.run(lambda: self.aprune(thread_ids, strategy=strategy), caller="prune")

@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from typing_extensions import override
+
 from agentrun.checkpoint.sqlite import SqliteCheckpointer
 
 from .rows import BlobRow, CheckpointRow, Fence, Loaded, Query, RowStore, WriteRow
@@ -172,6 +174,7 @@ class SqliteRows(RowStore):
         self.store._ensure_thread(conn, thread_id, time.time())
         self.store._check_fence(conn, thread_id, fence.attempt, fence.run_uid)
 
+    @override
     async def put(self, row: CheckpointRow, blobs: list[BlobRow], *, fence: Fence) -> None:
         def txn(conn: sqlite3.Connection) -> None:
             self._fence(conn, row.thread_id, fence)
@@ -199,6 +202,7 @@ class SqliteRows(RowStore):
 
         await self._write(txn)
 
+    @override
     async def put_writes(
         self, thread_id: str, checkpoint_ns: str, checkpoint_id: str, writes: list[WriteRow], *, fence: Fence
     ) -> None:
@@ -227,6 +231,7 @@ class SqliteRows(RowStore):
         if writes:
             await self._write(txn)
 
+    @override
     async def get(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None) -> Loaded | None:
         def query(conn: sqlite3.Connection) -> Loaded | None:
             if checkpoint_id is None:
@@ -237,6 +242,7 @@ class SqliteRows(RowStore):
 
         return await self._read(query)
 
+    @override
     async def select(self, query: Query) -> list[CheckpointRow]:
         def run(conn: sqlite3.Connection) -> list[CheckpointRow]:
             args = (query.thread_id, query.checkpoint_ns, query.checkpoint_id, query.before)
@@ -244,12 +250,15 @@ class SqliteRows(RowStore):
 
         return await self._read(run)
 
+    @override
     async def load(self, rows: list[CheckpointRow]) -> list[Loaded]:
         return await self._read(lambda conn: _load(conn, rows))
 
+    @override
     async def delete_thread(self, thread_id: str) -> None:
         await self._write(lambda conn: conn.execute("DELETE FROM threads WHERE thread_id = ?", (thread_id,)))
 
+    @override
     async def delete_for_runs(self, run_ids: list[str]) -> None:
         def txn(conn: sqlite3.Connection) -> None:
             ids = json.dumps(run_ids)
@@ -262,6 +271,7 @@ class SqliteRows(RowStore):
         if run_ids:
             await self._write(txn)
 
+    @override
     async def copy_thread(self, source: str, target: str, *, fence: Fence) -> None:
         def txn(conn: sqlite3.Connection) -> None:
             if conn.execute(_SOURCE_EXISTS, (source,)).fetchone() is None:
@@ -273,6 +283,7 @@ class SqliteRows(RowStore):
 
         await self._write(txn)
 
+    @override
     async def prune(self, thread_ids: list[str], *, keep_latest: bool, fence: Fence) -> None:
         def txn(conn: sqlite3.Connection) -> None:
             for thread_id in sorted(set(thread_ids)):
