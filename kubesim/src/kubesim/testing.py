@@ -12,9 +12,13 @@ def python_pod(
     env: list[dict[str, Any]] | None = None,
     grace: int | None = None,
     owner: dict[str, Any] | None = None,
+    restricted: bool = False,
     **spec: Any,
 ) -> dict[str, Any]:
-    """A restartPolicy: Never pod whose container runs ``python -c SCRIPT`` (image python:3.11)."""
+    """A restartPolicy: Never pod whose container runs ``python -c SCRIPT`` (image python:3.11).
+
+    ``restricted``: with the security contexts the ``restricted`` Pod Security level asks for, so a
+    namespace that enforces it admits the pod (the kubelet stand-in applies none of them)."""
     pod: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -28,6 +32,16 @@ def python_pod(
             **spec,
         },
     }
+    if restricted:
+        pod["spec"]["securityContext"] = {
+            "runAsNonRoot": True,
+            "runAsUser": 65532,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        }
+        pod["spec"]["containers"][0]["securityContext"] = {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+        }
     if grace is not None:
         pod["spec"]["terminationGracePeriodSeconds"] = grace
     if owner is not None:
