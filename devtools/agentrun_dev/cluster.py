@@ -95,12 +95,15 @@ class Progress:
         print("starting the local cluster:", end="", flush=True)
 
     def step(self, what: str) -> None:
+        """Print the step starting (on the same line)."""
         print(f" {what}", end="", flush=True)
 
     def done(self) -> None:
+        """End the step's line: ready."""
         print(" - ready", flush=True)
 
     def failed(self) -> None:
+        """End the step's line: failed."""
         print(" - failed", flush=True)
 
 
@@ -122,14 +125,17 @@ class DevCluster:
 
     @property
     def kubeconfig(self) -> Path:
+        """Where the cluster's kubeconfig is written."""
         return self.workdir / "kubeconfig"
 
     @property
     def store_url(self) -> str:
+        """The store the ``agentrun-store`` Secret names: ``AGENTRUN_DEV_POSTGRES_DSN``, else a SQLite file here."""
         return self.postgres_dsn or f"sqlite:///{(self.workdir / 'agentrun.db').resolve()}"
 
     @property
     def operator_log(self) -> Path:
+        """The operator's log file."""
         return self.workdir / "operator.log"
 
     def check(self) -> str:
@@ -156,6 +162,7 @@ class DevCluster:
         return kubectl
 
     def start(self, progress: Progress | None = None) -> None:
+        """Start the API server, the kubelet stand-in, the store Secret and the operator."""
         from agentrun.contract import GROUP
         from kubesim import KOPF_PEERING_CRDS, EmulatedCluster, KubeletThread, default_base_env
 
@@ -296,6 +303,7 @@ class DevCluster:
             self.cluster.stop()
 
     def banner(self) -> str:
+        """What to type next: the ``export KUBECONFIG`` line, the ``PATH`` line if needed, the store and the logs."""
         metrics_port = self.operator.port if self.operator is not None else 0
         store = "PostgreSQL (AGENTRUN_DEV_POSTGRES_DSN)" if self.postgres_dsn else f"SQLite {self.store_url}"
         on_path = plugin_path_line()
@@ -327,6 +335,7 @@ class DevCluster:
 
 
 def parser() -> argparse.ArgumentParser:
+    """``agentrun-dev``'s command line."""
     cli = argparse.ArgumentParser(
         prog="agentrun-dev", description=(__doc__ or "").split("\n", maxsplit=1)[0].split(": ", 1)[-1]
     )
@@ -350,6 +359,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``agentrun-dev`` (``make cluster``): start the local cluster, print how to use it, stop it on Ctrl-C."""
     args = parser().parse_args(argv)
     pythonpath = [str(Path.cwd())] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     dev = DevCluster(

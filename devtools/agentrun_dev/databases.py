@@ -21,11 +21,13 @@ def postgres_dsn() -> str:
 
 
 def with_database(dsn: str, database: str) -> str:
+    """``dsn`` naming ``database`` instead of its own."""
     parts = urlsplit(dsn)
     return urlunsplit(parts._replace(path=f"/{database}"))
 
 
 async def create_database() -> str:
+    """A new empty database on the test server; returns its DSN."""
     name = f"agentrun_t_{uuid.uuid4().hex[:12]}"
     admin = await asyncpg.connect(postgres_dsn())
     try:
@@ -36,6 +38,7 @@ async def create_database() -> str:
 
 
 async def drop_database(dsn: str) -> None:
+    """Drop the database of ``dsn``, whoever is still connected to it."""
     name = urlsplit(dsn).path.lstrip("/")
     admin = await asyncpg.connect(postgres_dsn())
     try:

@@ -33,6 +33,8 @@ MANAGED_BY = "app.kubernetes.io/managed-by=agentrun-operator"
 
 @dataclass(frozen=True)
 class Seen:
+    """One request the proxy forwarded: when, its method and path."""
+
     at: float  # time.monotonic()
     method: str
     path: str
@@ -41,6 +43,8 @@ class Seen:
 
 @dataclass
 class CountingProxy:
+    """A proxy in front of ``upstream`` (an API server) that counts every request through it (``start()``, ``url``)."""
+
     upstream: str
     host: str = "127.0.0.1"
     url: str = ""
@@ -50,6 +54,7 @@ class CountingProxy:
     _stop: asyncio.Event | None = None
 
     def start(self) -> CountingProxy:
+        """Serve on a free port (``url``) from a thread of its own; returns once it listens."""
         ready = threading.Event()
         self._thread = threading.Thread(target=lambda: asyncio.run(self._main(ready)), name="api-proxy", daemon=True)
         self._thread.start()
@@ -58,6 +63,7 @@ class CountingProxy:
         return self
 
     def stop(self) -> None:
+        """Stop serving and wait for the thread."""
         if self._loop is not None and self._stop is not None and self._thread is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
             self._thread.join(10)
@@ -132,6 +138,7 @@ def _request(url: str, method: str, path: str, body: Any = None, content_type: s
 
 
 def running_status() -> dict[str, Any]:
+    """The status of a pod a kubelet started and reports Running (``RunningHolder``)."""
     stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return {
         "phase": "Running",
@@ -180,10 +187,12 @@ class RunningHolder:
         self._thread = threading.Thread(target=self._loop, name="running-holder", daemon=True)
 
     def start(self) -> RunningHolder:
+        """Start holding the operator's pods Running."""
         self._thread.start()
         return self
 
     def stop(self) -> None:
+        """Stop holding and wait for the thread."""
         self._stop.set()
         self._thread.join(10)
 

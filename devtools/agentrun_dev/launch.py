@@ -49,6 +49,7 @@ class OperatorProcess:
     log_path: Path
 
     def log(self) -> str:
+        """Everything the operator wrote so far ("" before its first line)."""
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def _get(self, path: str, timeout: float) -> str:

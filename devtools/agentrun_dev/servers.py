@@ -75,15 +75,18 @@ class PrivatePostgres:
 
     @property
     def dsn(self) -> str:
+        """The superuser's DSN on this server."""
         return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
 
     def _run(self, *cmd: str) -> None:
         subprocess.run([*self._as_user, *cmd], check=True, capture_output=True, timeout=60)
 
     def init(self) -> None:
+        """Create the data directory (``initdb``, trust authentication)."""
         self._run(pg_bin("initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8")
 
     def start(self) -> None:
+        """Start the server on its port and wait until it accepts connections."""
         options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off"
         options += "".join(f" -c {name}={value}" for name, value in self.settings.items())
         pg_ctl = pg_bin("pg_ctl")
@@ -93,6 +96,7 @@ class PrivatePostgres:
 
     def stop(self) -> None:
         # fast: every client disconnected, open transactions rolled back, a clean shutdown.
+        """A clean fast shutdown: clients disconnected, open transactions rolled back."""
         self._run(pg_bin("pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "-t", str(self.timeout), "stop")
 
     def sql(self, statement: str) -> None:
@@ -128,9 +132,11 @@ class PrivateRedis:
 
     @property
     def url(self) -> str:
+        """The server's Redis URL (database 0)."""
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
+        """Start redis-server without persistence on its port and wait until it answers."""
         self.root.mkdir(parents=True, exist_ok=True)
         argv = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
         self.process = subprocess.Popen(
@@ -198,6 +204,7 @@ class PrivatePgBouncer:
             self._user = "postgres"
 
     def dsn(self, database: str = "postgres", *, user: str = "postgres") -> str:
+        """A DSN of ``database`` as ``user`` through the pooler, marked ``agentrun_pooler=transaction``."""
         return f"postgresql://{user}@127.0.0.1:{self.port}/{database}?agentrun_pooler=transaction"
 
     def _config(self) -> str:
@@ -226,6 +233,7 @@ class PrivatePgBouncer:
         )
 
     def start(self) -> None:
+        """Write the configuration, start PgBouncer and wait until it accepts connections."""
         ini = self.root / "pgbouncer.ini"
         ini.write_text(self._config())
         if self._user:
@@ -257,6 +265,7 @@ class PrivatePgBouncer:
         self.process = None
 
     def destroy(self) -> None:
+        """Stop PgBouncer and delete its directory."""
         self.stop()
         shutil.rmtree(self.root, ignore_errors=True)
 

@@ -22,6 +22,8 @@ from .store import HistoryStore, ProgressHub
 
 
 class HistorySettings(BaseSettings):
+    """The history server's settings (``AGENTRUN_HISTORY_*``): where it listens, the store, TLS, token login."""
+
     model_config = SettingsConfigDict(env_prefix="AGENTRUN_HISTORY_", extra="ignore")
 
     postgres_dsn: str = ""
@@ -39,6 +41,7 @@ class HistorySettings(BaseSettings):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m agentrun_history``: serve the run history until stopped; returns the exit code."""
     settings = HistorySettings()
     parser = argparse.ArgumentParser(prog="python -m agentrun_history", description=__doc__)
     parser.add_argument("--host", default=settings.host)

@@ -35,6 +35,7 @@ class KubeError(Exception):
 
 
 def run_path(namespace: str | None, name: str | None = None) -> str:
+    """The API path of the AgentRuns of ``namespace`` (all namespaces when ``None``), or of one by ``name``."""
     if namespace is None:
         return f"/apis/{GROUP}/{VERSION}/{PLURAL}"
     base = f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace, safe='')}/{PLURAL}"
@@ -63,6 +64,7 @@ class UserKube:
         return cls(config.cluster.server, context)
 
     async def request(self, method: str, path: str, token: str, body: Any = None, *, patch: str = "") -> Any:
+        """One API request with the caller's ``token``; ``KubeError`` with the API server's status and message."""
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT_SECONDS))
         headers = {"Accept": "application/json", "Authorization": f"Bearer {token}"}
@@ -86,27 +88,32 @@ class UserKube:
         return payload
 
     async def get_run(self, token: str, namespace: str, name: str) -> dict[str, Any]:
+        """The AgentRun ``namespace/name``, read as the caller."""
         run: dict[str, Any] = await self.request("GET", run_path(namespace, name), token)
         return run
 
     async def list_runs(self, token: str, namespace: str | None, *, limit: int = 0) -> list[dict[str, Any]]:
+        """The AgentRuns the caller may list in ``namespace`` (every namespace when ``None``), at most ``limit``."""
         listing = await self.request("GET", run_path(namespace) + (f"?limit={limit}" if limit else ""), token)
         items: list[dict[str, Any]] = listing.get("items") or []
         return items
 
     async def merge_patch(self, token: str, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        """A merge patch of the AgentRun as the caller (``spec.stop``); returns the patched object."""
         done: dict[str, Any] = await self.request(
             "PATCH", run_path(namespace, name), token, body, patch="application/merge-patch+json"
         )
         return done
 
     async def json_patch(self, token: str, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
+        """A JSON patch of the AgentRun as the caller (an answer, guarded by a test op); returns the patched object."""
         done: dict[str, Any] = await self.request(
             "PATCH", run_path(namespace, name), token, ops, patch="application/json-patch+json"
         )
         return done
 
     async def close(self) -> None:
+        """Close the HTTP session."""
         if self._session is not None:
             await self._session.close()
             self._session = None

@@ -25,26 +25,31 @@ SHORT_BYTES = 120
 
 
 def e(value: Any) -> str:
+    """``value`` escaped for HTML text and attributes (``None`` as nothing)."""
     return html.escape("" if value is None else str(value), quote=True)
 
 
 def when(moment: float | None) -> str:
+    """A Unix time as UTC ``YYYY-MM-DD HH:MM:SS``, or ``-``."""
     if moment is None:
         return "-"
     return datetime.fromtimestamp(moment, UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def seconds(value: float | None) -> str:
+    """A duration in ms below a second, in seconds above, or ``-``."""
     if value is None:
         return "-"
     return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.1f} s"
 
 
 def run_url(namespace: str, name: str, suffix: str = "") -> str:
+    """The web view's URL of a run (``suffix``: one of its sub-pages)."""
     return f"/runs/{quote(namespace, safe='')}/{quote(name, safe='')}{suffix}"
 
 
 def page(title: str, body: str, *, user_hint: str = "") -> str:
+    """A whole HTML page: the shared head (the static styles and script), ``body``, the signed-in hint."""
     return (
         "<!doctype html><html lang=en><head><meta charset=utf-8>"
         f"<title>{e(title)} · agentrun</title>"
@@ -56,10 +61,12 @@ def page(title: str, body: str, *, user_hint: str = "") -> str:
 
 
 def error_page(status: int, title: str, detail: str) -> str:
+    """The page of an error the caller sees (no stack trace, no store detail beyond ``detail``)."""
     return page(title, f'<section class="error"><h1>{status} · {e(title)}</h1><p>{e(detail)}</p></section>')
 
 
 def login_page(message: str = "") -> str:
+    """The token sign-in form (``--token-login``), with ``message`` after a failed attempt."""
     note = f"<p class=error>{e(message)}</p>" if message else ""
     return page(
         "Sign in",
@@ -72,6 +79,7 @@ def login_page(message: str = "") -> str:
 
 
 def badge(phase: str | None) -> str:
+    """A run's phase as a coloured badge."""
     phase = phase or "Pending"
     return f'<span class="badge phase-{e(phase.lower())}">{e(phase)}</span>'
 
@@ -79,6 +87,7 @@ def badge(phase: str | None) -> str:
 def run_list(
     runs: Sequence[dict[str, Any]], *, namespace: str | None, phase: str | None, note: str = "", now: datetime
 ) -> str:
+    """The list of runs the caller may see, filtered by namespace and phase."""
     options = "".join(
         f'<option value="{e(p)}"{" selected" if p == phase else ""}>{e(p)}</option>' for p in ("", *PHASES)
     )
@@ -143,6 +152,7 @@ def _digest(value: Digest | None, *, label: str) -> str:
 
 
 def run_page(history: RunHistory, run: dict[str, Any], *, live: bool) -> str:
+    """One run's page: status, attempts, tool calls, interrupts (with answer and stop buttons when ``live``), steps."""
     title = f"{history.namespace}/{history.name}"
     body = (
         f'<div id=run data-events="{e(run_url(history.namespace, history.name, "/events"))}" '
@@ -303,10 +313,12 @@ def _steps(history: RunHistory) -> str:
 
 
 def query(**params: str | None) -> str:
+    """A query string of the non-empty ``params`` (``""`` when none)."""
     kept = {k: v for k, v in params.items() if v}
     return ("?" + urlencode(kept)) if kept else ""
 
 
 def list_filter(runs: Iterable[dict[str, Any]], phase: str | None) -> list[dict[str, Any]]:
+    """The runs in ``phase`` (all when ``None``), sorted by namespace and name."""
     chosen = [r for r in runs if not phase or ((r.get("status") or {}).get("phase") or "Pending") == phase]
     return sorted(chosen, key=lambda r: (r["metadata"].get("namespace", ""), r["metadata"]["name"]))

@@ -26,6 +26,7 @@ SESSION: web.AppKey[aiohttp.ClientSession] = web.AppKey("session", aiohttp.Clien
 
 
 async def forward(request: web.Request) -> web.StreamResponse:
+    """Forward a request from 127.0.0.1 upstream with the kubeconfig's credentials instead of the browser's."""
     host = (request.host or "").rsplit(":", 1)[0]
     if host not in ("127.0.0.1", "localhost", "[::1]"):
         return web.Response(status=403, text=f"this proxy serves 127.0.0.1 only, not {host!r}")
@@ -55,6 +56,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
 
 
 def make_proxy(upstream: str, credentials: Credentials) -> web.Application:
+    """The local proxy of ``kubectl agentrun ui``: every request to ``upstream`` carries ``credentials``."""
     app = web.Application(client_max_size=64 * 1024)
     app[UPSTREAM] = upstream.rstrip("/")
     app[CREDENTIALS] = credentials

@@ -65,6 +65,7 @@ class Refused(Exception):
 
 
 def token_of(request: web.Request) -> str:
+    """The caller's bearer token (the header, else the sign-in cookie); ``Refused`` (401) without one."""
     header = request.headers.get("Authorization", "")
     if header.lower().startswith("bearer ") and header[7:].strip():
         return header[7:].strip()
@@ -130,6 +131,7 @@ async def readable_run(request: web.Request) -> tuple[dict[str, Any], bool]:
 
 
 async def run_history(request: web.Request, run: dict[str, Any]) -> history.RunHistory:
+    """The run's history from the store; raises ``Refused`` (503) when the store cannot be read."""
     meta, spec = run["metadata"], run.get("spec") or {}
     thread = thread_key(meta["namespace"], str(spec.get("threadId") or meta["name"]))
     try:
@@ -177,6 +179,7 @@ async def answers(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 
 async def api_list(request: web.Request) -> web.Response:
+    """``GET /api/v1/.../agentruns``: the runs the caller may list, as JSON."""
     token = token_of(request)
     namespace = request.match_info.get("namespace")
     try:
@@ -204,6 +207,7 @@ def _brief(run: dict[str, Any]) -> dict[str, Any]:
 
 
 async def api_history(request: web.Request) -> web.Response:
+    """``GET /api/v1/.../agentruns/<name>/history``: one run's history as JSON (a deleted run's too)."""
     run, deleted = await readable_run(request)
     found = await run_history(request, run)
     found.deleted = deleted
@@ -222,6 +226,7 @@ def _check_origin(request: web.Request) -> None:
 
 
 async def act(request: web.Request) -> web.Response:
+    """``POST .../stop|approve|reject``: the caller's own patch of the AgentRun (409 when it cannot apply)."""
     _check_origin(request)
     token, run = await authorized_run(request)
     verb = request.match_info["verb"]
@@ -253,6 +258,7 @@ async def act(request: web.Request) -> web.Response:
 
 
 async def runs_page(request: web.Request) -> web.Response:
+    """``GET /runs``: the list page."""
     token = token_of(request)
     namespace = request.query.get("namespace") or None
     phase = request.query.get("phase") or None
@@ -272,6 +278,7 @@ async def runs_page(request: web.Request) -> web.Response:
 
 
 async def run_page(request: web.Request) -> web.Response:
+    """``GET /runs/<namespace>/<name>``: one run's page."""
     run, deleted = await readable_run(request)
     found = await run_history(request, run)
     found.deleted = deleted
@@ -280,6 +287,7 @@ async def run_page(request: web.Request) -> web.Response:
 
 
 async def timeline(request: web.Request) -> web.Response:
+    """``GET /runs/<namespace>/<name>/timeline``: the run's page body alone (what a live view swaps in)."""
     run, deleted = await readable_run(request)
     found = await run_history(request, run)
     found.deleted = deleted
@@ -287,6 +295,7 @@ async def timeline(request: web.Request) -> web.Response:
 
 
 async def events(request: web.Request) -> web.StreamResponse:
+    """``GET .../events``: server-sent events, one each time the run's store or object changed."""
     token, run = await authorized_run(request)
     meta, spec = run["metadata"], run.get("spec") or {}
     thread = thread_key(meta["namespace"], str(spec.get("threadId") or meta["name"]))
@@ -333,12 +342,14 @@ async def events(request: web.Request) -> web.StreamResponse:
 
 
 async def login_form(request: web.Request) -> web.Response:
+    """``GET /login``: the token sign-in form (404 unless token login is on)."""
     if not request.app[TOKEN_LOGIN]:
         raise Refused(404, "Not found", "token login is off (--token-login / history.tokenLogin.enabled)")
     return web.Response(text=pages.login_page(), content_type="text/html")
 
 
 async def login(request: web.Request) -> web.Response:
+    """``POST /login``: check the token with the API server, set the sign-in cookie (404 without token login)."""
     if not request.app[TOKEN_LOGIN]:
         raise Refused(404, "Not found", "token login is off")
     origin = request.headers.get("Origin")
@@ -357,22 +368,26 @@ async def login(request: web.Request) -> web.Response:
 
 
 async def logout(request: web.Request) -> web.Response:
+    """``POST /logout``: drop the sign-in cookie."""
     response = web.HTTPSeeOther("/login" if request.app[TOKEN_LOGIN] else "/runs")
     response.del_cookie(COOKIE, path="/")
     raise response
 
 
 async def healthz(_request: web.Request) -> web.Response:
+    """Liveness: ``ok``."""
     return web.Response(text="ok")
 
 
 async def root(_request: web.Request) -> web.Response:
+    """``/``: to the run list."""
     raise web.HTTPFound("/runs")
 
 
 def make_app(
     *, kube: UserKube, store: HistoryStore, hub: ProgressHub, token_login: bool = False, secure_cookie: bool = False
 ) -> web.Application:
+    """The history server's application: its routes over ``kube`` (as the caller), ``store`` and ``hub``."""
     app = web.Application(middlewares=[answers], client_max_size=64 * 1024)
     app[KUBE], app[STORE], app[HUB] = kube, store, hub
     app[TOKEN_LOGIN], app[SECURE_COOKIE] = token_login, secure_cookie

@@ -44,12 +44,15 @@ class HistoryStore:
         self.store = store
 
     async def rows(self, thread_id: str, run_uid: str | None) -> ThreadRows:
+        """What the history of ``thread_id`` shows, restricted to ``run_uid``'s rows where it has any."""
         return await self.store.thread_rows(thread_id, run_uid=run_uid)
 
     async def find_run(self, namespace: str, name: str) -> tuple[str, str | None] | None:
+        """The thread and run uid a deleted AgentRun ``namespace/name`` recorded its turn under, or ``None``."""
         return await self.store.find_run(namespace, name)
 
     async def aclose(self) -> None:
+        """Close the store's pool."""
         await self.store.aclose()
 
 
@@ -65,17 +68,20 @@ class ProgressHub:
         self.listening = False
 
     def start(self) -> None:
+        """Listen for progress in the background (not behind a transaction pooler: the live views poll then)."""
         if self.dsn is None:
             log.info("the store is reached through a transaction pooler: no LISTEN, live views poll")
             return
         self._task = asyncio.get_running_loop().create_task(self._run(), name="agentrun-history-listen")
 
     def subscribe(self, thread_id: str) -> asyncio.Event:
+        """An event set each time ``thread_id`` progresses (a live view waits on it); ``unsubscribe`` it after."""
         event = asyncio.Event()
         self._waiters.setdefault(thread_id, set()).add(event)
         return event
 
     def unsubscribe(self, thread_id: str, event: asyncio.Event) -> None:
+        """Stop waking ``event``."""
         waiters = self._waiters.get(thread_id)
         if waiters is not None:
             waiters.discard(event)
@@ -105,6 +111,7 @@ class ProgressHub:
             self.listening = False
 
     async def aclose(self) -> None:
+        """Stop listening."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

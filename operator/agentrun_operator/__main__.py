@@ -48,6 +48,7 @@ def _logging(fmt: str) -> None:
 
 
 async def run(settings: OperatorSettings) -> int:
+    """Run the operator until it is stopped (0) or loses its Lease or kopf fails (1): health server, Lease, kopf."""
     state = {"role": "starting"}
     stop = asyncio.Event()
     # Signal handlers first: once /healthz answers, a signal must find them (the debug hook's SIGUSR2 killed an
@@ -160,6 +161,7 @@ async def _lead(
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``agentrun-operator`` / ``python -m agentrun_operator``: settings from flags over ``AGENTRUN_OPERATOR_*``."""
     parser = argparse.ArgumentParser(prog="agentrun-operator", description="The agentrun Kubernetes operator.")
     parser.add_argument("--namespace", action="append", help="watch this namespace (repeatable); default: all")
     parser.add_argument("--default-image", help="runner image when an AgentRun names none")

@@ -72,12 +72,14 @@ class Kubectl:
 
     @classmethod
     def find(cls, args: argparse.Namespace) -> Kubectl:
+        """The kubectl to run (``$KUBECTL``, else ``PATH``'s) with the command line's kubeconfig and context."""
         binary = os.environ.get("KUBECTL") or shutil.which("kubectl")
         if not binary:
             raise PluginError("kubectl is not on PATH (kubectl agentrun runs the real kubectl; set $KUBECTL to it)")
         return cls(binary, namespace=args.namespace, context=args.context, kubeconfig=args.kubeconfig)
 
     def argv(self, *args: str, namespaced: bool = True) -> list[str]:
+        """kubectl's command line for ``args``: the plugin's kubeconfig, context and (``namespaced``) namespace."""
         argv = [self.binary]
         if self.kubeconfig:
             argv.append(f"--kubeconfig={self.kubeconfig}")
@@ -88,11 +90,13 @@ class Kubectl:
         return [*argv, *args]
 
     def run(self, *args: str, namespaced: bool = True, input: str | None = None) -> subprocess.CompletedProcess[str]:
+        """Run kubectl with ``args``; its output captured, never raising for its exit status."""
         return subprocess.run(
             self.argv(*args, namespaced=namespaced), input=input, capture_output=True, text=True, check=False
         )
 
     def json(self, *args: str, namespaced: bool = True) -> Any:
+        """Run kubectl with ``args -o json``; its output decoded; ``PluginError`` with kubectl's message if it fails."""
         done = self.run(*args, "-o", "json", namespaced=namespaced)
         if done.returncode != 0:
             raise PluginError(done.stderr.strip() or f"kubectl {' '.join(args)} failed ({done.returncode})")
@@ -106,6 +110,7 @@ class Kubectl:
         return (done.stdout.strip() if done.returncode == 0 else "") or "default"
 
     def get_run(self, name: str) -> dict[str, Any]:
+        """The AgentRun ``name``; ``PluginError`` if kubectl cannot get it."""
         done = self.run("get", RESOURCE, name, "-o", "json")
         if done.returncode != 0:
             if "NotFound" in done.stderr or "not found" in done.stderr:
@@ -118,6 +123,7 @@ class Kubectl:
         return run
 
     def patch_run(self, name: str, kind: str, body: Any) -> None:
+        """Patch the AgentRun ``name`` (``kind``: merge or json); ``PluginError`` if kubectl refuses."""
         done = self.run("patch", RESOURCE, name, "--type", kind, "-p", json.dumps(body))
         if done.returncode != 0:
             raise PluginError(done.stderr.strip() or f"kubectl patch {RESOURCE} {name} failed")
@@ -138,6 +144,7 @@ def age(moment: datetime | None, now: datetime) -> str:
 
 
 def duration(start: datetime | None, end: datetime | None) -> str:
+    """A duration in seconds below two minutes, in minutes above, or ``-``."""
     if start is None or end is None:
         return "-"
     seconds = max(0.0, (end - start).total_seconds())
@@ -145,6 +152,7 @@ def duration(start: datetime | None, end: datetime | None) -> str:
 
 
 def table(rows: Sequence[Sequence[str]]) -> str:
+    """``rows`` as text columns, each as wide as its widest cell."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("   ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows)
 
@@ -161,10 +169,12 @@ def waiting_for(status: AgentRunStatus) -> str:
 
 
 def shown(value: Any) -> str:
+    """``value`` as text, ``None`` as nothing."""
     return "" if value is None else str(value)
 
 
 def pending_ids(status: AgentRunStatus) -> list[str]:
+    """The ids of the interrupts the run waits on."""
     interrupt = status.interrupt or {}
     return [str(i) for i in interrupt.get("ids") or [interrupt.get("id")] if i]
 
@@ -173,6 +183,7 @@ def pending_ids(status: AgentRunStatus) -> list[str]:
 
 
 def cmd_list(kubectl: Kubectl, args: argparse.Namespace) -> int:
+    """``kubectl agentrun list``: runs with phase, node, version, attempt, age and what they wait for."""
     listing = kubectl.json("get", RESOURCE, *(["--all-namespaces"] if args.all_namespaces else []))
     items = listing.get("items") or []
     if not items:
@@ -230,6 +241,7 @@ def _attempt_rows(attempts: Sequence[AttemptRecord]) -> list[list[str]]:
 
 
 def cmd_describe(kubectl: Kubectl, args: argparse.Namespace) -> int:
+    """``kubectl agentrun describe``: a run, its attempts and pods, tool calls, the interrupt waiting, Events."""
     run = kubectl.get_run(args.run)
     meta, spec = run["metadata"], run.get("spec") or {}
     status = AgentRunStatus.parse(run.get("status"))
@@ -347,14 +359,17 @@ def _value(text: str | None, default: Any) -> Any:
 
 
 def cmd_approve(kubectl: Kubectl, args: argparse.Namespace) -> int:
+    """``kubectl agentrun approve``: answer the run's interrupt with ``--value`` (default ``true``)."""
     return _answer(kubectl, args, _value(args.value, True), "approve")
 
 
 def cmd_reject(kubectl: Kubectl, args: argparse.Namespace) -> int:
+    """``kubectl agentrun reject``: answer the run's interrupt with ``--value`` (default ``false``)."""
     return _answer(kubectl, args, _value(args.value, False), "reject")
 
 
 def cmd_stop(kubectl: Kubectl, args: argparse.Namespace) -> int:
+    """``kubectl agentrun stop``: set ``spec.stop`` (the run ends within seconds, even inside a tool)."""
     run = kubectl.get_run(args.run)
     name = run["metadata"]["name"]
     status = AgentRunStatus.parse(run.get("status"))
@@ -409,6 +424,7 @@ def _print_logs(kubectl: Kubectl, pod: str, *, follow: bool, quiet: bool = False
 
 
 def cmd_logs(kubectl: Kubectl, args: argparse.Namespace) -> int:
+    """``kubectl agentrun logs``: the runner logs of every attempt, oldest first (``--attempt``: one)."""
     run = kubectl.get_run(args.run)
     name = run["metadata"]["name"]
     pods = _attempt_pods(kubectl, run)
@@ -567,12 +583,14 @@ class HistoryServer:
         self.url = "http://127.0.0.1:" + line.split("127.0.0.1:", 1)[1].split()[0]
 
     def close(self) -> None:
+        """Stop the port-forward to the history server, if one was started."""
         if self._forward is not None:
             self._forward.terminate()
             self._forward.wait(timeout=5)
             self._forward = None
 
     def get_json(self, path: str, authorization: str) -> Any:
+        """GET ``path`` from the history server as ``authorization``; ``PluginError`` with its message if refused."""
         import urllib.error
         import urllib.request
 
@@ -600,6 +618,7 @@ def _secs(value: float | None) -> str:
 
 
 def cmd_history(kubectl: Kubectl, args: argparse.Namespace) -> int:
+    """``kubectl agentrun history``: a run's attempts, tool calls, interrupts and steps from the history server."""
     from urllib.parse import quote
 
     namespace = kubectl.current_namespace()
@@ -763,6 +782,7 @@ def cmd_ui(kubectl: Kubectl, args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
+    """``kubectl agentrun``'s command line: list, describe, approve, reject, stop, logs, watch, history, ui."""
     top = argparse.ArgumentParser(
         prog="kubectl agentrun",
         description="Day-to-day commands for AgentRuns, through your kubeconfig and RBAC (no database access).",
@@ -831,11 +851,13 @@ COMMANDS = {
 
 
 def fail(message: str) -> NoReturn:
+    """Print ``message`` as an error and exit 1."""
     print(f"error: {message}", file=sys.stderr)
     raise SystemExit(1)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``kubectl agentrun`` (the ``kubectl-agentrun`` plugin): run one command; returns its exit code."""
     args = parser().parse_args(argv)
     try:
         return COMMANDS[args.command](Kubectl.find(args), args)

@@ -11,6 +11,8 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 class OperatorSettings(BaseSettings):
+    """The operator's settings (``AGENTRUN_OPERATOR_*``, or the Helm chart's values through them)."""
+
     model_config = SettingsConfigDict(env_prefix="AGENTRUN_OPERATOR_", extra="ignore")
 
     # Namespaces to watch (comma-separated or JSON list); empty: the whole cluster.

@@ -57,6 +57,7 @@ OPEN = frozenset(OUTCOME_WORDS[o] for o in (*LIVE, Outcome.RUNNING))
 
 
 def is_open(entry: AttemptRecord) -> bool:
+    """Whether the attempt is still going (no outcome that ends it, no ``endTime``)."""
     return entry.get("outcome", "Pending") in OPEN and "endTime" not in entry
 
 

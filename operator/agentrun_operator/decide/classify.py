@@ -21,6 +21,8 @@ from .status import parse_time
 
 
 class Outcome(enum.Enum):
+    """What a runner pod's state means for its run."""
+
     PENDING = "pending"
     RUNNING = "running"
     COMPLETED = "completed"
@@ -67,6 +69,7 @@ class PodView:
 
     @classmethod
     def from_manifest(cls, pod: dict[str, Any]) -> PodView:
+        """The facts the decisions read of a pod manifest (phase, the runner container's state, exit code, reasons)."""
         status = pod.get("status") or {}
         container: dict[str, Any] = {}
         for item in status.get("containerStatuses") or []:
@@ -129,6 +132,7 @@ _FINAL: dict[int, Outcome] = {
 
 
 def classify(pod: PodView | None) -> Outcome:
+    """The outcome of the run's current pod (``GONE`` when there is none)."""
     if pod is None:
         return Outcome.GONE
     ended = pod.exit_code is not None or pod.phase in ("Succeeded", "Failed")

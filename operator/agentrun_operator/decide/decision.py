@@ -12,6 +12,8 @@ EventType = Literal["Normal", "Warning"]
 
 
 class Event(NamedTuple):
+    """A Kubernetes Event to post about the run: type, reason (a ``Reason``, or the cluster's own), message."""
+
     type: EventType
     reason: Reason | DisruptionReason | str  # str: the cluster's own disruption reason, passed through
     message: str
@@ -19,6 +21,8 @@ class Event(NamedTuple):
 
 @dataclass(frozen=True)
 class Limits:
+    """The operator's bounds a decision applies: the stop grace, the lost-node timeout, disruptions, backoff."""
+
     stop_grace: float = 30.0
     lost_node_timeout: float = 60.0
     max_disruptions: int = 50
@@ -66,6 +70,7 @@ class Decision:
     recorded_counts: bool = False
 
     def phase(self, phase: Phase, reason: Reason, message: str, *, warning: bool = False) -> Decision:
+        """Set the phase with its reason and message, and the Event that announces it."""
         self.status["phase"] = phase
         self.status["reason"] = reason
         self.status["message"] = message
@@ -77,4 +82,5 @@ class Decision:
         self.conditions[kind] = (status, reason, message)
 
     def event(self, reason: Reason | DisruptionReason | str, message: str, *, warning: bool = True) -> None:
+        """Post an Event about the run (a Warning unless ``warning`` is false)."""
         self.events.append(Event("Warning" if warning else "Normal", reason, message))

@@ -68,6 +68,7 @@ def expires_at(ttl: int | None, status: AgentRunStatus) -> datetime | None:
 
 
 def expired(ttl: int | None, status: AgentRunStatus, *, now: datetime) -> bool:
+    """Whether the finished run's ``ttlSecondsAfterFinished`` has run out at ``now``."""
     due = expires_at(ttl, status)
     return due is not None and now >= due
 

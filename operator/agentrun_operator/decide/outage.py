@@ -37,20 +37,25 @@ DOWN_REASON = "StoreUnavailable"
 
 @dataclass(frozen=True)
 class Outage:
+    """A store outage as the run's status records it: since when, now, and how long it may last."""
+
     since: datetime
     now: datetime
     timeout: float
 
     @classmethod
     def of(cls, status: AgentRunStatus, *, now: datetime, timeout: float) -> Outage:
+        """The run's outage (starting ``now`` if the status records none yet)."""
         return cls(since=status.store_unavailable_since or now, now=now, timeout=timeout)
 
     @property
     def elapsed(self) -> float:
+        """Seconds the store has been unavailable."""
         return max(0.0, (self.now - self.since).total_seconds())
 
     @property
     def expired(self) -> bool:
+        """Whether the outage lasted past ``storeUnavailableTimeoutSeconds``."""
         return self.elapsed >= self.timeout
 
     def retry_delay(self, *, base: float, cap: float) -> float:
@@ -59,6 +64,7 @@ class Outage:
         return max(0.0, min(delay, self.timeout - self.elapsed))
 
     def gave_up(self, cause: str) -> str:
+        """The message of a run failed by the outage: how long, the bound, the last cause."""
         return (
             f"the store has been unavailable for {self.elapsed:.0f}s "
             f"(spec.restartPolicy.storeUnavailableTimeoutSeconds is {self.timeout:g}); last: {cause}"
@@ -66,6 +72,7 @@ class Outage:
 
 
 def condition_status(status: AgentRunStatus) -> str | None:
+    """The ``StoreAvailable`` condition's status (``"True"``/``"False"``), or ``None`` if the run has none."""
     for condition in status.conditions:
         if condition.get("type") == CONDITION:
             return condition.get("status")
@@ -73,6 +80,7 @@ def condition_status(status: AgentRunStatus) -> str | None:
 
 
 def mark_down(d: Decision, outage: Outage, cause: str) -> None:
+    """Record the outage in the decision: the condition false with ``cause``, and since when."""
     d.condition(CONDITION, False, DOWN_REASON, cause)
     d.status["storeUnavailableSince"] = iso(outage.since)
 

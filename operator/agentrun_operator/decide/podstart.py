@@ -24,6 +24,7 @@ IMAGE_PULL = frozenset({Reason.ERR_IMAGE_PULL.value, Reason.IMAGE_PULL_BACK_OFF.
 
 
 def kubelet_message(reason: str, message: str | None, fallback: str) -> str:
+    """A kubelet's reason and message on one line (``fallback`` when it gave no message)."""
     return one_line(f"{reason}: {message or fallback}")
 
 

@@ -14,6 +14,8 @@ import enum
 
 
 class Phase(enum.StrEnum):
+    """An AgentRun's phase (``status.phase``)."""
+
     PENDING = "Pending"
     RUNNING = "Running"
     INTERRUPTED = "Interrupted"

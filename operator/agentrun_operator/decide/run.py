@@ -76,6 +76,7 @@ def backoff(restarts: int, base: float, cap: float) -> float:
 
 
 def truncate_payload(payload: Any) -> Any:
+    """``payload`` as it is, or its JSON cut at ``PAYLOAD_LIMIT`` characters (the status must stay small)."""
     text = json.dumps(payload, default=str)
     if len(text) <= PAYLOAD_LIMIT:
         return payload

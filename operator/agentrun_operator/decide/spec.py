@@ -30,6 +30,8 @@ class _Model(BaseModel):
 
 
 class RunConfigSpec(_Model):
+    """``spec.config``: the run's deadlines, durability, stop poll and tool-error policy, as the runner takes them."""
+
     toolTimeoutSeconds: float | None = Field(default=None, ge=0)
     nodeTimeoutSeconds: float | None = Field(default=None, ge=0)
     durableCheckpointEveryStep: bool = True
@@ -40,6 +42,8 @@ class RunConfigSpec(_Model):
 
 
 class ResumeSpec(_Model):
+    """``spec.resume``: one answer (``value``) or answers by interrupt id (``values``)."""
+
     value: Any = None
     values: dict[str, Any] | None = None
 
@@ -50,6 +54,8 @@ class ResumeSpec(_Model):
 
 
 class RestartPolicySpec(_Model):
+    """``spec.restartPolicy``: how many reschedules, with what backoff, and the outage and image-pull bounds."""
+
     maxRestarts: int = Field(default=3, ge=0, le=100)
     backoffSeconds: float = Field(default=5, ge=0, le=3600)
     # A store outage (runner exit 8) is rescheduled with backoff, never counted as a restart; the run fails
@@ -60,14 +66,20 @@ class RestartPolicySpec(_Model):
 
 
 class SecretRef(_Model):
+    """A Secret in the run's namespace, by name."""
+
     name: str = Field(min_length=1, max_length=253)
 
 
 class StoreSpec(_Model):
+    """``spec.store``: the store Secret (``postgresDsn``, optional ``redisUrl`` and ``postgresListenDsn``)."""
+
     secretRef: SecretRef
 
 
 class EnvVar(_Model):
+    """One ``spec.podTemplate.env`` variable; the contract's ``AGENTRUN_`` names are refused."""
+
     name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     value: str | None = None
     valueFrom: dict[str, Any] | None = None
@@ -103,6 +115,7 @@ CONFINEMENT_ANNOTATION_PREFIXES = (
 
 
 def confinement_annotation(key: str) -> bool:
+    """Whether an annotation key would change the pod's confinement (AppArmor, seccomp, ...): refused."""
     lowered = key.lower()
     return lowered.startswith(CONFINEMENT_ANNOTATION_PREFIXES) or ".security." in lowered.split("/")[0]
 
@@ -130,6 +143,8 @@ class PodTemplateSpec(_Model):
 
 
 class AgentRunSpec(_Model):
+    """An AgentRun's spec, validated as the operator reads it (the CRD's schema may not have)."""
+
     graph: str = Field(pattern=GRAPH_PATTERN)
     image: str | None = None
     threadId: str = Field(pattern=THREAD_PATTERN, min_length=1, max_length=THREAD_ID_MAX)
@@ -160,6 +175,7 @@ class InvalidSpec(ValueError):
 
 def parse_spec(raw: dict[str, Any]) -> AgentRunSpec:
     # First, iteratively: a spec nested thousands of levels deep must not reach pydantic or json.dumps.
+    """The spec, or ``InvalidSpec`` with what is wrong (a hostile shape is refused before it is parsed)."""
     if (bad := hostile.problem(raw)) is not None:
         raise InvalidSpec(bad)
     try:

@@ -54,10 +54,12 @@ class ThreadPeer:
 
     @property
     def started(self) -> bool:
+        """Whether the run has started an attempt on its thread."""
         return self.attempt > 0
 
     @property
     def live(self) -> bool:
+        """Whether the run still counts on its thread (not being deleted, not finished)."""
         return not self.deleting and self.phase not in TERMINAL
 
     def _age_key(self) -> tuple[datetime, str]:

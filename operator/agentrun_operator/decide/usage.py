@@ -30,6 +30,8 @@ MODEL_NAME_LIMIT = 128
 
 
 class ByStatus(TypedDict):
+    """A value per request status: ok and error."""
+
     ok: Any
     error: Any
 

@@ -67,6 +67,7 @@ class Inputs:
 
     @property
     def at_rest(self) -> bool:
+        """Whether the run needs nothing (finished, not being deleted, no retry asked)."""
         return at_rest(self.status, deleting=self.deleting, retry=jobparity.retry_of(self.raw_spec))
 
 

@@ -18,6 +18,8 @@ from .caches import SecretCache
 
 
 class AccessChecker:
+    """Reads what ``decide.access`` needs: whether a Secret other than the default store may be used by runs."""
+
     def __init__(self, secrets: SecretCache, settings: OperatorSettings) -> None:
         self.secrets = secrets
         self.settings = settings

@@ -58,6 +58,7 @@ class SecretView:
 
     @classmethod
     def of(cls, body: Mapping[str, Any]) -> SecretView:
+        """The facts a reconcile uses of a Secret body (its data, its opt-in label), or a missing one."""
         meta = body.get("metadata") or {}
         raw = body.get("data") or {}
         return cls(
@@ -72,6 +73,8 @@ MISSING = SecretView(exists=False)
 
 
 class SecretCache:
+    """The Secrets runs use, read once and then kept current by the operator's watch (``observe``)."""
+
     def __init__(self, kube: KubeClient) -> None:
         self.kube = kube
         self._views: dict[SecretKey, SecretView] = {}
@@ -117,6 +120,8 @@ class SecretCache:
 
 
 class PodCache:
+    """The operator's pods as kopf's index holds them, and the pods it created that the index has not seen yet."""
+
     def __init__(self, kube: KubeClient) -> None:
         self.kube = kube
         self.index: Pods | None = None  # kopf's index, bound by the first handler call (handlers.py)
@@ -124,6 +129,7 @@ class PodCache:
         self.reads = 0
 
     def bind(self, index: Pods) -> None:
+        """Read pods from kopf's index from now on."""
         self.index = index
 
     def assume(self, namespace: str, manifest: Mapping[str, Any]) -> None:
@@ -152,6 +158,7 @@ class PodCache:
             return None
 
     def forget(self, namespace: str, name: str) -> None:
+        """Forget a pod created here that the index has not shown (it was deleted, or it is in the index now)."""
         self._assumed.pop((namespace, name), None)
 
     def of_owner(self, namespace: str, uid: str) -> list[str]:

@@ -91,6 +91,7 @@ class Handlers:
         self.sweeping: list[asyncio.Task[None]] = []
 
     def register(self, registry: kopf.OperatorRegistry) -> None:
+        """Attach the handlers to ``registry``: startup, login, cleanup, indexes, AgentRun, pod and Secret events."""
         runs: dict[str, Any] = {"group": GROUP, "version": VERSION, "plural": PLURAL, "registry": registry}
         pods: dict[str, Any] = {"labels": dict(MANAGED_BY), "registry": registry}
         kopf.on.startup(registry=registry)(self.configure)
@@ -110,6 +111,7 @@ class Handlers:
 
     @staticmethod
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        """kopf's settings: no Events of its own (we post one per transition), no kopf peering (our Lease leads)."""
         settings.posting.enabled = False  # we post our own Events, one per transition
         settings.peering.standalone = True  # leadership comes from our Lease, not kopf peering
         settings.networking.error_backoffs = [1, 2, 5, 10]
@@ -117,9 +119,11 @@ class Handlers:
     async def login(self, settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
         # The operator's own credentials (io/kubeconfig.py): kopf's built-in logins run no exec plugin, merge
         # no KUBECONFIG list and assume https://kubernetes.default.svc in a pod.
+        """kopf's API credentials: the operator's own (``io/kubeconfig.py``)."""
         return await self.reconciler.kube.connection_info(trust_env=settings.networking.trust_env)
 
     async def start_sweeping(self, **_: Any) -> None:
+        """Close idle store pools in the background."""
         self.sweeping.append(asyncio.create_task(self._sweep(), name="agentrun-store-sweep"))
 
     async def _sweep(self) -> None:
@@ -133,6 +137,7 @@ class Handlers:
     async def stop_waking(self, **_: Any) -> None:
         # Everything started here ends here, before kopf returns: kopf waits up to 5 s for any task still
         # alive after its own shutdown (the store listeners' LISTEN loops would be).
+        """Stop everything started here (the sweep, the wake-ups, the stores' listeners) before kopf returns."""
         for task in self.sweeping:
             task.cancel()
         await self.wakeups.aclose()
@@ -142,6 +147,7 @@ class Handlers:
 
     @staticmethod
     async def agentrun_threads(body: kopf.Body, **_: Any) -> dict[ThreadKey, ThreadPeer]:
+        """kopf index: the runs on each thread (``decide.thread`` reads it)."""
         key = _thread_of(body)
         return {key: thread_peer(body)} if key is not None else {}
 
@@ -149,12 +155,14 @@ class Handlers:
     async def agentrun_bodies(body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
         # Only what a reconcile reads (reconcile.run_view), sharing kopf's decoded spec and status rather than
         # copying them: kopf never changes a body it decoded, and the reconcile works on its own deep copy.
+        """kopf index: each run's view by uid, what a reconcile reads."""
         return {str(body.metadata.uid): run_view(body)}
 
     @staticmethod
     async def agentrun_pods(body: kopf.Body, **_: Any) -> dict[PodKey, PodView]:
         # The reconcile's pod cache (io/caches.py): kopf starts no handler before this index holds its first
         # listing, so a pod that exists is never taken for a missing one after a restart or a leader change.
+        """kopf index: the operator's pods, the reconcile's pod cache."""
         return {(str(body.metadata.namespace), str(body.metadata.name)): PodView.from_manifest(dict(body))}
 
     def _bind(self, kwargs: Mapping[str, Any]) -> tuple[Threads, Bodies]:
@@ -166,6 +174,7 @@ class Handlers:
     # -- events ----------------------------------------------------------------------------------
 
     async def on_run(self, body: kopf.Body, type: str | None, **kwargs: Any) -> None:  # kopf's kwarg name
+        """An AgentRun watch event: keep its thread tracked and reconcile it (a status echo is skipped)."""
         threads, bodies = self._bind(kwargs)
         uid = str(body.metadata.uid)
         if type == "DELETED":
@@ -179,6 +188,7 @@ class Handlers:
         await detached(self.wakeups.now(uid))  # the body the index holds now; retried by wakeups if it fails
 
     async def on_pod(self, body: kopf.Body, type: str | None, **kwargs: Any) -> None:  # kopf's kwarg name
+        """A watch event of a pod the operator made: reconcile its run."""
         _, bodies = self._bind(kwargs)
         if type == "DELETED":
             key = (str(body.metadata.namespace), str(body.metadata.name))
@@ -193,6 +203,7 @@ class Handlers:
 
     def on_secret(self, body: kopf.Body, type: str | None, **_: Any) -> None:  # kopf's kwarg name
         # Keeps the Secrets runs use current (io/caches.py); any other Secret is ignored, nothing is kept of it.
+        """A Secret watch event: keeps the Secrets runs use current."""
         self.reconciler.stores.secrets.observe(type, body)
 
     async def _deleted(self, body: kopf.Body, threads: Threads, bodies: Bodies) -> None:

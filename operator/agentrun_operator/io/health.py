@@ -60,6 +60,7 @@ class Heartbeat:
         return max(0.0, time.monotonic() - self.last - self.interval)
 
     def alive(self) -> bool:
+        """Whether the event loop's heartbeat is within ``timeout``."""
         return self.stalled_for() < self.timeout
 
 
@@ -88,6 +89,7 @@ class HealthServer:
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="agentrun-health", daemon=True)
 
     def answer(self, path: str) -> tuple[int, bytes, str]:
+        """The status, body and content type for ``path`` (``/healthz``, ``/readyz``, ``/metrics``)."""
         route = path.split("?", 1)[0]
         if route == "/healthz":
             stalled = self.heartbeat.stalled_for()
@@ -102,10 +104,12 @@ class HealthServer:
         return 404, b"not found", "text/plain; charset=utf-8"
 
     def start(self) -> HealthServer:
+        """Serve from a thread of its own."""
         self.thread.start()
         return self
 
     def stop(self) -> None:
+        """Stop serving."""
         self.httpd.shutdown()
         self.httpd.server_close()
 

@@ -41,6 +41,8 @@ TIMEOUT_SECONDS = 30.0
 
 
 class ApiError(Exception):
+    """An API server's error answer: status code, reason, message."""
+
     def __init__(self, status: int, reason: str, message: str) -> None:
         super().__init__(f"{status} {reason}: {message}")
         self.status = status
@@ -49,7 +51,7 @@ class ApiError(Exception):
 
 
 class NotFound(ApiError):
-    pass
+    """404 Not Found."""
 
 
 class Conflict(ApiError):
@@ -94,6 +96,7 @@ class KubeClient:
         content_type: str = "application/json",
         params: dict[str, str] | None = None,
     ) -> Any:
+        """One API request; the decoded answer, or ``ApiError`` (``NotFound``, ``Conflict``) for an error."""
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
         headers = {"Accept": "application/json"}
@@ -137,22 +140,27 @@ class KubeClient:
         return payload
 
     async def get(self, path: str) -> dict[str, Any]:
+        """GET ``path``."""
         result: dict[str, Any] = await self.request("GET", path)
         return result
 
     async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST ``body`` to ``path``; returns what was created."""
         result: dict[str, Any] = await self.request("POST", path, body)
         return result
 
     async def merge_patch(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """A merge patch of ``path``; returns the patched object."""
         result: dict[str, Any] = await self.request("PATCH", path, body, content_type=MERGE_PATCH)
         return result
 
     async def replace(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """PUT ``body`` at ``path`` (the resourceVersion in it guards the write); returns the stored object."""
         result: dict[str, Any] = await self.request("PUT", path, body)
         return result
 
     async def delete(self, path: str, *, grace_seconds: int | None = None) -> None:
+        """DELETE ``path`` (background propagation; ``grace_seconds`` for a pod)."""
         body: dict[str, Any] = {"propagationPolicy": "Background"}
         if grace_seconds is not None:
             body["gracePeriodSeconds"] = grace_seconds
@@ -174,16 +182,19 @@ class KubeClient:
             raise kopf.LoginError(str(e)) from e
 
     async def close(self) -> None:
+        """Close the HTTP session."""
         if self._session is not None:
             await self._session.close()
             self._session = None
 
 
 def q(value: str) -> str:
+    """``value`` quoted for a URL path segment."""
     return quote(value, safe="")
 
 
 def run_path(namespace: str, name: str | None = None, *, status: bool = False) -> str:
+    """The API path of a namespace's AgentRuns, of one (``name``), or of its status subresource."""
     base = f"/apis/agentrun.dev/v1alpha1/namespaces/{q(namespace)}/agentruns"
     if name is None:
         return base
@@ -191,18 +202,22 @@ def run_path(namespace: str, name: str | None = None, *, status: bool = False) -
 
 
 def pod_path(namespace: str, name: str | None = None) -> str:
+    """The API path of a namespace's pods, or of one."""
     base = f"/api/v1/namespaces/{q(namespace)}/pods"
     return base if name is None else f"{base}/{q(name)}"
 
 
 def secret_path(namespace: str, name: str) -> str:
+    """The API path of a Secret."""
     return f"/api/v1/namespaces/{q(namespace)}/secrets/{q(name)}"
 
 
 def events_path(namespace: str) -> str:
+    """The API path of a namespace's Events."""
     return f"/api/v1/namespaces/{q(namespace)}/events"
 
 
 def lease_path(namespace: str, name: str | None = None) -> str:
+    """The API path of a namespace's Leases, or of one."""
     base = f"/apis/coordination.k8s.io/v1/namespaces/{q(namespace)}/leases"
     return base if name is None else f"{base}/{q(name)}"

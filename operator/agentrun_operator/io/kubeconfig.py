@@ -137,6 +137,7 @@ class Credentials:
     """
 
     async def header(self, *, stale: str | None = None) -> str | None:
+        """The ``Authorization`` value to send (``None``: none); ``stale``: the one just refused with a 401."""
         return None
 
     async def bearer_token(self, *, refresh: bool) -> str | None:

@@ -42,6 +42,8 @@ def _micro_time() -> str:
 
 
 class LeaderElector:
+    """Leader election on a coordination.k8s.io Lease: one operator acts, the others wait as standbys."""
+
     def __init__(self, kube: KubeClient, namespace: str, name: str, identity: str, duration: float) -> None:
         self.kube = kube
         self.namespace = namespace
@@ -62,6 +64,7 @@ class LeaderElector:
         return now - self._observed_at >= self.duration
 
     async def try_acquire_or_renew(self) -> bool:
+        """Take or renew the Lease once; ``False`` when another holder's Lease is still valid."""
         path = lease_path(self.namespace, self.name)
         try:
             lease = await self.kube.get(path)
@@ -103,6 +106,7 @@ class LeaderElector:
         return True
 
     async def acquire(self) -> None:
+        """Return once this operator holds the Lease (trying every few seconds meanwhile)."""
         waiting_logged = False
         while True:
             try:
@@ -133,6 +137,7 @@ class LeaderElector:
                 return
 
     async def release(self) -> None:
+        """Give the Lease up (a graceful stop): a standby takes over at once instead of after it expires."""
         path = lease_path(self.namespace, self.name)
         try:
             lease = await self.kube.get(path)

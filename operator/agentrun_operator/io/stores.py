@@ -171,6 +171,7 @@ class StoreRegistry:
         return self._user_dsn.get(user)
 
     def users_of(self, dsn: str) -> set[str]:
+        """The live runs that last used store ``dsn`` (the runs a resync of that store reconciles)."""
         pool = self._pools.get(dsn)
         return set(pool.users) if pool is not None else set()
 

@@ -51,6 +51,8 @@ LATE = 0.05
 
 
 class Wakeups:
+    """When runs are reconciled besides their watch events (the module docstring): progress, deadlines, the resync."""
+
     def __init__(self, *, resync: float, coalesce: float, run: Callable[[str], Awaitable[None]]) -> None:
         self.resync_seconds = resync
         self.coalesce = coalesce
@@ -70,6 +72,7 @@ class Wakeups:
     # -- which runs a thread's progress wakes ----------------------------------------------------
 
     def track(self, uid: str, thread: str) -> None:
+        """Follow run ``uid`` on ``thread``: its thread's progress wakes it."""
         if self._thread_of.get(uid) == thread:
             return
         self.untrack(uid)
@@ -77,6 +80,7 @@ class Wakeups:
         self._threads.setdefault(thread, set()).add(uid)
 
     def untrack(self, uid: str) -> None:
+        """Stop following run ``uid`` (it ended or is gone)."""
         thread = self._thread_of.pop(uid, None)
         if thread is not None:
             uids = self._threads.get(thread, set())
@@ -97,6 +101,7 @@ class Wakeups:
     # -- triggers ----------------------------------------------------------------------------------
 
     def progress(self, thread: str) -> None:
+        """``thread`` made progress: reconcile its runs, folded to at most one reconcile per ``coalesce`` seconds."""
         for uid in list(self._threads.get(thread, ())):
             self._progress(uid)
 
@@ -127,6 +132,7 @@ class Wakeups:
         self._set_timer(uid, min(delays) if delays else None)
 
     def resync(self, uids: Iterable[str]) -> None:
+        """Reconcile the runs ``uids`` now (a store back from an outage, or gone)."""
         loop = asyncio.get_running_loop()
         for uid in uids:
             loop.call_later(random.uniform(0, RESYNC_SPREAD), self.kick, uid, context=contextvars.Context())
@@ -184,6 +190,7 @@ class Wakeups:
                 self.kick(uid)
 
     async def aclose(self) -> None:
+        """Cancel every pending wake-up."""
         for handle in [*self._timers.values(), *self._folding.values()]:
             handle.cancel()
         self._timers.clear()
