@@ -119,6 +119,7 @@ def test_reapplying_a_deleted_run_repeats_the_answer_not_the_charge(
     )
 
 
+@pytest.mark.real_server
 def test_an_explicit_request_id_is_the_identity_and_a_new_one_is_a_new_turn(
     cluster: EmulatedCluster, operator: OperatorProcess, tmp_path: Path
 ) -> None:
@@ -140,6 +141,7 @@ def test_an_explicit_request_id_is_the_identity_and_a_new_one_is_a_new_turn(
     cluster.wait_for(lambda: tool_calls_counted(operator) == both, timeout=10, message=f"{both} tool calls counted")
 
 
+@pytest.mark.real_server
 def test_spec_retry_resumes_a_failed_turn_replaying_completed_calls(
     cluster: EmulatedCluster, kubelet: KubeletThread, operator: OperatorProcess, store: str, tmp_path: Path
 ) -> None:
@@ -168,6 +170,7 @@ def test_spec_retry_resumes_a_failed_turn_replaying_completed_calls(
     assert stored is not None and stored.status == "completed"
 
 
+@pytest.mark.real_server
 def test_a_run_whose_tools_all_fail_succeeds_with_tool_errors_shown(
     cluster: EmulatedCluster, operator: OperatorProcess, tmp_path: Path
 ) -> None:
@@ -187,6 +190,7 @@ def test_a_run_whose_tools_all_fail_succeeds_with_tool_errors_shown(
     assert total == 3, f"the metric must count the 3 failed calls: {shown}"
 
 
+@pytest.mark.real_server
 def test_fail_on_tool_error_fails_the_run_with_reason_tool_error(
     cluster: EmulatedCluster, operator: OperatorProcess, tmp_path: Path
 ) -> None:
@@ -201,6 +205,7 @@ def test_fail_on_tool_error_fails_the_run_with_reason_tool_error(
     assert pods_of(cluster, "order-9998") == ["order-9998-1"], "a tool error is permanent: no retry"
 
 
+@pytest.mark.real_server
 def test_active_deadline_seconds_fails_a_hung_run_and_deletes_its_pod(
     cluster: EmulatedCluster, operator: OperatorProcess, store: str, tmp_path: Path
 ) -> None:
