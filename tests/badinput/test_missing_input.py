@@ -1,4 +1,4 @@
-"""An AgentRun without spec.input on a new thread (found by ``test_specs``): the reason names spec.input.
+"""An AgentRun without spec.input on a new thread (found by ``cluster/test_fuzzed_specs``): the reason names spec.input.
 
 The runner used to answer ``InputMissing: AGENTRUN_INPUT is required to start a run``: a variable
 the user never sets (the operator renders it), so the status did not say what to fix.

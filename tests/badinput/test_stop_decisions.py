@@ -1,4 +1,4 @@
-"""Operator decisions on bad input (pure; found by ``test_specs`` and ``cluster/test_bad_input_runs``).
+"""Operator decisions on bad input (pure; found by ``cluster/test_fuzzed_specs`` and ``cluster/test_bad_input_runs``).
 
 - a stop while the runner pod waits for a node or its image: such a pod has
   no runner to ask through the store; the operator used to wait out the stop

@@ -1,4 +1,7 @@
-"""Property-based AgentRun specs through the emulated API, with the real operator running (issue 13).
+"""Property-based AgentRun specs through the API server, with the real operator running (issue 13).
+
+On kubesim and on the real control plane (``real_server``): there the refusals are kube-apiserver's own
+words for the same schema and CEL rules, the reference kubesim's messages are held to.
 
 Two properties, each over specs drawn by hypothesis (derandomized: CI sees
 the same examples every time; no shrinking, so a failure costs one run):
@@ -37,7 +40,7 @@ from agentrun_dev.databases import create_database, drop_database
 from kubesim import EmulatedCluster, KubeletThread
 from tests.cluster.operator_harness import OperatorProcess, agentrun, apply, start_operator, status, store_secret
 
-pytestmark = [pytest.mark.cluster, pytest.mark.postgres, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.cluster, pytest.mark.postgres, pytest.mark.timeout(300), pytest.mark.real_server]
 
 PATH = "/apis/agentrun.dev/v1alpha1/namespaces/default/agentruns"
 TERMINAL = {"Succeeded", "Failed", "Stopped"}
