@@ -22,6 +22,7 @@ from kubesim.kubelet import Kubelet
 
 
 def main(argv: list[str] | None = None) -> None:
+    """``python -m kubesim``: serve the emulated cluster until Ctrl-C (``--help`` for the options)."""
     parser = argparse.ArgumentParser(prog="python -m kubesim", description=(emulator.__doc__ or "").split("\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument(

@@ -33,6 +33,7 @@ class ApiAccess:
         return context
 
     def headers(self) -> dict[str, str]:
+        """The ``Authorization`` header of this identity (none for an anonymous one)."""
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
     def kubeconfig(self, *, namespace: str = "default", name: str = "kubesim") -> dict[str, object]:

@@ -38,10 +38,12 @@ _SUFFIX_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # k8s.io/apimachinery/pkg/util/ra
 
 
 def random_suffix(length: int = 5) -> str:
+    """A random suffix for ``generateName``, from the characters kube-apiserver uses."""
     return "".join(random.choice(_SUFFIX_CHARS) for _ in range(length))
 
 
 def name_errors(kind: str, name: str | None, *, label: bool = False) -> list[FieldError]:
+    """What is wrong with an object's name for ``kind`` (a DNS subdomain, or a DNS label with ``label``)."""
     if not name:
         return [FieldError("metadata.name", "FieldValueRequired", "Required value: name or generateName is required")]
     # apimachinery's IsDNS1123Label / IsDNS1123Subdomain, one error per failed rule, worded as there.
@@ -93,6 +95,7 @@ def annotation_errors(obj: dict[str, Any]) -> list[FieldError]:
 
 
 def prepare_create(kind: str, obj: dict[str, Any]) -> None:
+    """The defaults and derived fields a created built-in gets (pod defaults, Secret data, Namespace status, ...)."""
     if kind == "Pod":
         _pod_defaults(obj)
     elif kind == "Secret":
@@ -108,6 +111,7 @@ def prepare_create(kind: str, obj: dict[str, Any]) -> None:
 
 
 def prepare_update(kind: str, old: dict[str, Any], new: dict[str, Any]) -> None:
+    """What an update of a built-in does besides storing it (Secret stringData folded in, status kept, ...)."""
     if kind == "Secret":
         _secret_string_data(new)
     elif kind == "Namespace":
@@ -448,4 +452,5 @@ def pod_security(pod: dict[str, Any], namespace: dict[str, Any] | None) -> tuple
 
 
 def forbidden_pod(name: str, message: str) -> apierrors.ApiError:
+    """The 403 a pod refused by Pod Security gets."""
     return apierrors.forbidden("pods", name, message)

@@ -28,6 +28,7 @@ class ApiError(kmock.KubernetesError):
     headers: Any | None = None
 
     def as_status(self) -> dict[str, Any]:
+        """The error as the ``v1 Status`` body kube-apiserver answers with."""
         body: dict[str, Any] = {
             "kind": "Status",
             "apiVersion": "v1",
@@ -66,10 +67,12 @@ def go_value(value: Any) -> str:
 
 
 def bad_request(message: str) -> ApiError:
+    """400 BadRequest."""
     return ApiError(status=400, reason="BadRequest", message=message)
 
 
 def not_found(group_resource: str, name: str) -> ApiError:
+    """404 NotFound for ``name`` of ``group_resource``."""
     return ApiError(
         status=404,
         reason="NotFound",
@@ -84,6 +87,7 @@ def unauthorized() -> ApiError:
 
 
 def resource_not_found() -> ApiError:
+    """404 for a resource the server does not serve."""
     return ApiError(
         status=404,
         reason="NotFound",
@@ -93,6 +97,7 @@ def resource_not_found() -> ApiError:
 
 
 def already_exists(group_resource: str, name: str) -> ApiError:
+    """409 AlreadyExists for ``name`` of ``group_resource``."""
     return ApiError(
         status=409,
         reason="AlreadyExists",
@@ -102,6 +107,7 @@ def already_exists(group_resource: str, name: str) -> ApiError:
 
 
 def conflict(group_resource: str, name: str, why: str | None = None) -> ApiError:
+    """409 Conflict for ``name`` (by default: the resourceVersion the write was based on is stale)."""
     why = why or "the object has been modified; please apply your changes to the latest version and try again"
     return ApiError(
         status=409,
@@ -134,6 +140,7 @@ def unprocessable(message: str) -> ApiError:
 
 
 def forbidden(group_resource: str, name: str, why: str) -> ApiError:
+    """403 Forbidden for ``name`` of ``group_resource``, saying ``why``."""
     return ApiError(
         status=403,
         reason="Forbidden",
@@ -143,10 +150,12 @@ def forbidden(group_resource: str, name: str, why: str) -> ApiError:
 
 
 def method_not_allowed(message: str = "the server does not allow this method on the requested resource") -> ApiError:
+    """405 MethodNotAllowed."""
     return ApiError(status=405, reason="MethodNotAllowed", message=message)
 
 
 def unsupported_media_type(detail: str) -> ApiError:
+    """415 UnsupportedMediaType."""
     return ApiError(
         status=415,
         reason="UnsupportedMediaType",
@@ -156,6 +165,7 @@ def unsupported_media_type(detail: str) -> ApiError:
 
 
 def gone(message: str) -> ApiError:
+    """410 Expired (a watch or list from a resourceVersion too old to serve)."""
     return ApiError(status=410, reason="Expired", message=message)
 
 

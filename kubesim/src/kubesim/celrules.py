@@ -66,6 +66,8 @@ NOT_CHECKED = (
 
 @dataclass(frozen=True)
 class Rule:
+    """One ``x-kubernetes-validations`` rule, compiled (or the compile error it gets instead)."""
+
     source: dict[str, Any]
     program: cel.Program | None
     message_program: cel.Program | None
@@ -74,6 +76,7 @@ class Rule:
 
     @classmethod
     def compile(cls, source: dict[str, Any]) -> Rule:
+        """The rule of ``source`` compiled, its ``messageExpression`` too; a compile error is kept, not raised."""
         text = str(source.get("rule", ""))
         try:
             program = cel.compile(text)
@@ -89,10 +92,12 @@ class Rule:
 
     @property
     def error_string(self) -> str:
+        """What kube-apiserver names the rule by in an error: its ``message``, else its source text."""
         return str(self.source.get("message") or "").strip() or str(self.source.get("rule", "")).strip()
 
     @property
     def message(self) -> str:
+        """The message of a failed rule: its ``message``, else ``failed rule: <rule>``."""
         message = str(self.source.get("message") or "").strip()
         return message or f"failed rule: {self.error_string}"
 
@@ -109,6 +114,7 @@ class Node:
 
     @classmethod
     def build(cls, schema: dict[str, Any]) -> Node | None:
+        """The rules of ``schema`` and its properties, or ``None`` when none of it has a rule."""
         node = cls(schema, [Rule.compile(r) for r in schema.get("x-kubernetes-validations") or []])
         for name, sub in (schema.get("properties") or {}).items():
             if (child := cls.build(sub)) is not None:
@@ -130,6 +136,7 @@ class Validator:
 
     @classmethod
     def for_schema(cls, schema: dict[str, Any]) -> Validator | None:
+        """A validator of ``schema``'s rules, or ``None`` when it has none."""
         root = Node.build(schema)
         return cls(root) if root is not None else None
 

@@ -63,6 +63,8 @@ def write_kubeconfig(path: Path, server: str, namespace: str = "default") -> Pat
 
 
 class ApiResponse:
+    """One answer of the emulated API server: status, decoded body, headers."""
+
     def __init__(self, status: int, body: Any, headers: dict[str, str]) -> None:
         self.status, self.body, self.headers = status, body, headers
 
@@ -92,6 +94,7 @@ class EmulatedCluster:
     # --- lifecycle -------------------------------------------------------------------------------
 
     def start(self, timeout: float = 15) -> EmulatedCluster:
+        """Serve on a free port (``url``, ``kubeconfig``) from a thread of its own; returns once it answers."""
         self._thread = threading.Thread(target=self._run, name="emulated-apiserver", daemon=True)
         self._thread.start()
         if not self._ready.wait(timeout):
@@ -102,6 +105,7 @@ class EmulatedCluster:
         return self
 
     def stop(self, timeout: float = 15) -> None:
+        """Stop serving and wait for the thread."""
         if self._loop is not None and self._stop is not None and self._thread is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
             self._thread.join(timeout)
@@ -144,6 +148,7 @@ class EmulatedCluster:
     # --- running things on the server's loop -----------------------------------------------------
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float = 30) -> T:
+        """Run ``coro`` on the server's event loop and wait for its result."""
         assert self._loop is not None
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
@@ -167,6 +172,8 @@ class EmulatedCluster:
         return self.call(read)
 
     def list_objects(self, resource: str, namespace: str | None = None) -> list[dict[str, Any]]:
+        """The stored objects of ``resource`` (in ``namespace``, or all), read on the server's loop."""
+
         def read() -> list[dict[str, Any]]:
             assert self.emulator is not None
             rdef = self.emulator.resource_def(resource)

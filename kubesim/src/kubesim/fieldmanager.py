@@ -104,11 +104,14 @@ MAX_TRACKED_DEPTH = 100
 
 @dataclass(frozen=True)
 class ListType:
+    """How server-side apply merges a list field: as a map by ``keys``, as a set, or atomically."""
+
     kind: str  # "map", "set" or "atomic"
     keys: tuple[str, ...] = ()
 
 
 def now() -> str:
+    """The time now as the API server writes it (UTC, seconds)."""
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -345,6 +348,7 @@ def _dot_first(node: dict[str, Any]) -> dict[str, Any]:
 
 
 def from_fields_v1(tree: dict[str, Any], prefix: Path = ()) -> set[Path]:
+    """The field paths a ``fieldsV1`` tree names."""
     paths: set[Path] = set()
     for element, sub in tree.items():
         if element == ".":
@@ -376,6 +380,8 @@ def path_string(path: Path) -> str:
 
 @dataclass
 class Entry:
+    """One ``managedFields`` entry: who set which fields, by which operation, on which subresource."""
+
     manager: str
     operation: str
     api_version: str
@@ -385,9 +391,11 @@ class Entry:
 
     @property
     def key(self) -> tuple[str, str, str]:
+        """What identifies the entry: manager, operation, subresource."""
         return self.manager, self.operation, self.subresource
 
     def as_json(self) -> dict[str, Any]:
+        """The entry as ``metadata.managedFields`` holds it."""
         entry: dict[str, Any] = {
             "manager": self.manager,
             "operation": self.operation,
@@ -414,6 +422,7 @@ class Entry:
 
 
 def entries(obj: dict[str, Any]) -> list[Entry]:
+    """The ``managedFields`` entries of ``obj``."""
     return [
         Entry(
             e.get("manager", ""),
@@ -560,6 +569,7 @@ def _owned_below(path: Path, others: set[Path]) -> bool:
 
 
 def conflict_error(conflicts: list[tuple[Entry, Path]]) -> ApiError:
+    """The 409 of an apply that conflicts with other managers' fields (one cause per field)."""
     causes = [
         {"reason": "FieldManagerConflict", "message": f"conflict with {e.describe()}", "field": path_string(p)}
         for e, p in conflicts

@@ -125,6 +125,7 @@ _REFERENCE = re.compile(
 
 
 def now() -> str:
+    """The time now as the kubelet writes it (UTC, seconds)."""
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -181,6 +182,8 @@ class ConfigError(Exception):
 
 @dataclass
 class PodRuntime:
+    """What the kubelet stand-in knows of one pod it runs: its process, log, reason, paused or not."""
+
     namespace: str
     name: str
     uid: str
@@ -252,6 +255,7 @@ class Kubelet:
     # --- lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> None:
+        """Register the node and start watching for the pods bound to it."""
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
         self._session = _session(self.access)
         self._binder_session = self._session if self.binder is self.access else _session(self.binder)
@@ -940,12 +944,14 @@ class Kubelet:
     # --- faults ----------------------------------------------------------------------------------
 
     def runtime(self, name: str, namespace: str = "default") -> PodRuntime:
+        """The running pod ``namespace/name``; ``KeyError`` if this kubelet does not run it."""
         try:
             return self.pods[(namespace, name)]
         except KeyError:
             raise KeyError(f"the kubelet does not run pod {namespace}/{name}") from None
 
     async def kill(self, name: str, sig: int = signal.SIGKILL, namespace: str = "default") -> None:
+        """Send ``sig`` to the pod's process (SIGKILL: a crash, reported as the container's exit)."""
         runtime = self.runtime(name, namespace)
         if sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT):
             self._signal(runtime, signal.SIGCONT)
@@ -953,6 +959,7 @@ class Kubelet:
             raise RuntimeError(f"pod {namespace}/{name} has no running process")
 
     async def oom_kill(self, name: str, namespace: str = "default") -> None:
+        """Kill the pod's process as the OOM killer does (reason ``OOMKilled``)."""
         runtime = self.runtime(name, namespace)
         runtime.reason = "OOMKilled"
         await self.kill(name, signal.SIGKILL, namespace)
@@ -960,6 +967,7 @@ class Kubelet:
     async def evict(
         self, name: str, namespace: str = "default", *, grace_period: int | None = None, node_pressure: bool = False
     ) -> None:
+        """Evict the pod: through the Eviction API, or as node pressure does (``node_pressure``: the kubelet itself)."""
         if not node_pressure:
             body: dict[str, Any] = {
                 "apiVersion": "policy/v1",
@@ -998,6 +1006,7 @@ class Kubelet:
         self._signal(runtime, signal.SIGKILL)
 
     async def lose_node(self, name: str, namespace: str = "default") -> None:
+        """Report the pod as on an unresponsive node (phase Unknown, reason NodeLost), as the node controller would."""
         runtime = self.runtime(name, namespace)
         await self._patch_status(
             runtime,
@@ -1037,10 +1046,12 @@ class Kubelet:
             self._signal(runtime, signal.SIGKILL)
 
     async def pause(self, name: str, namespace: str = "default") -> None:
+        """Freeze the pod's process (SIGSTOP): alive, doing nothing."""
         runtime = self.runtime(name, namespace)
         runtime.paused = self._signal(runtime, signal.SIGSTOP)
 
     async def resume(self, name: str, namespace: str = "default") -> None:
+        """Let a paused pod's process go on (SIGCONT)."""
         runtime = self.runtime(name, namespace)
         self._signal(runtime, signal.SIGCONT)
         runtime.paused = False
@@ -1155,11 +1166,13 @@ class KubeletThread:
         self._thread = threading.Thread(target=self._loop.run_forever, name="kubelet", daemon=True)
 
     def start(self) -> KubeletThread:
+        """Start the kubelet on a thread of its own; returns once it runs."""
         self._thread.start()
         self._run(self.kubelet.start())
         return self
 
     def stop(self) -> None:
+        """Stop the kubelet (its pods' processes killed) and the thread."""
         try:
             self._run(self.kubelet.stop(), timeout=30)
         finally:
@@ -1173,39 +1186,49 @@ class KubeletThread:
 
     # Synchronous faces of the async API (namespace defaults to "default").
     def kill(self, name: str, sig: int = signal.SIGKILL, namespace: str = "default") -> None:
+        """``Kubelet.kill`` from this thread."""
         self._run(self.kubelet.kill(name, sig, namespace))
 
     def oom_kill(self, name: str, namespace: str = "default") -> None:
+        """``Kubelet.oom_kill`` from this thread."""
         self._run(self.kubelet.oom_kill(name, namespace))
 
     def evict(
         self, name: str, namespace: str = "default", *, grace_period: int | None = None, node_pressure: bool = False
     ) -> None:
+        """``Kubelet.evict`` from this thread."""
         self._run(
             self.kubelet.evict(name, namespace, grace_period=grace_period, node_pressure=node_pressure),
             timeout=60 + (grace_period or 0),
         )
 
     def lose_node(self, name: str, namespace: str = "default") -> None:
+        """``Kubelet.lose_node`` from this thread."""
         self._run(self.kubelet.lose_node(name, namespace))
 
     def lose_whole_node(self) -> None:
+        """``Kubelet.lose_whole_node`` from this thread."""
         self._run(self.kubelet.lose_whole_node())
 
     def pause(self, name: str, namespace: str = "default") -> None:
+        """``Kubelet.pause`` from this thread."""
         self._run(self.kubelet.pause(name, namespace))
 
     def resume(self, name: str, namespace: str = "default") -> None:
+        """``Kubelet.resume`` from this thread."""
         self._run(self.kubelet.resume(name, namespace))
 
     def log_path(self, name: str, namespace: str = "default") -> Path:
+        """Where the pod's output is written."""
         return self.kubelet.runtime(name, namespace).log_path
 
     def logs(self, name: str, namespace: str = "default") -> str:
+        """The pod's output so far ("" before any)."""
         path = self.log_path(name, namespace)
         return path.read_text(errors="replace") if path.exists() else ""
 
     def pid(self, name: str, namespace: str = "default") -> int | None:
+        """The pid of the pod's process, or ``None`` when it has none (not started, ended)."""
         process = self.kubelet.runtime(name, namespace).process
         return process.pid if process is not None else None
 

@@ -66,6 +66,7 @@ def too_deep(body: bytes) -> bool:
 
 
 def request_too_large() -> ApiError:
+    """413 RequestEntityTooLarge (a body over the API server's limit)."""
     return ApiError(
         status=413,
         reason="RequestEntityTooLarge",
@@ -86,8 +87,10 @@ def too_deep_error(kind: str | None, body: bytes) -> ApiError:
 
 
 def stored_size(obj: dict[str, Any], key: str) -> int:
+    """The bytes an object takes in etcd here: its compact JSON and its key."""
     return len(json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()) + len(key.encode())
 
 
 def too_large_for_etcd() -> ApiError:
+    """The 500 etcd's size limit gives a too large object."""
     return ApiError(status=500, reason=None, message="etcdserver: request is too large")

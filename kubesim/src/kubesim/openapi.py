@@ -32,6 +32,7 @@ _REF = "#/components/schemas/"
 
 @functools.cache
 def upstream_definitions() -> dict[str, Any]:
+    """The upstream OpenAPI definitions of the built-in kinds (from kubernetes-validate's schemas)."""
     versions = [v for v in kv_utils.all_versions() if kv_utils.major_minor(v) == KUBERNETES_VERSION]
     defs = kv_utils.schema_contents(
         f"kubernetes-json-schema/v{versions[-1]}-local/_definitions.json", KUBERNETES_VERSION
@@ -61,6 +62,7 @@ def _to_openapi(node: Any) -> Any:
 
 
 def schema_name(rdef: ResourceDef, kind: str | None = None) -> str:
+    """The OpenAPI schema name of ``rdef``'s kind (or ``kind``: its list), as kube-apiserver names it."""
     if not rdef.custom:
         # io.k8s.api.core.v1.Pod, io.k8s.api.coordination.v1.Lease,
         # io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.CustomResourceDefinition
@@ -191,6 +193,7 @@ def _paths(rdef: ResourceDef) -> dict[str, Any]:
 
 
 def group_version_document(defs: list[ResourceDef]) -> dict[str, Any]:
+    """The ``/openapi/v3`` document of one group version: its kinds' schemas and paths."""
     schemas: dict[str, Any] = {}
     paths: dict[str, Any] = {}
     for rdef in defs:
@@ -217,10 +220,12 @@ def group_versions(defs: list[ResourceDef]) -> dict[str, list[ResourceDef]]:
 
 
 def index(documents: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The ``/openapi/v3`` index: each group version's document URL, with its hash."""
     return {
         "paths": {key: {"serverRelativeURL": f"/openapi/v3/{key}?hash={digest(doc)}"} for key, doc in documents.items()}
     }
 
 
 def digest(doc: dict[str, Any]) -> str:
+    """The hash of a document, as its URL carries it."""
     return hashlib.sha512(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:128].upper()

@@ -86,6 +86,7 @@ def merge(target: Any, patch: Any) -> Any:
 
 
 def strategic(target: Any, patch: Any, field: str = "") -> Any:
+    """A strategic merge patch of ``target`` (``field``: where in the object, for list merge keys)."""
     if not isinstance(patch, dict):
         return copy.deepcopy(patch)
     if patch.get("$patch") == "replace":

@@ -81,7 +81,7 @@ SUPPORTED_KINDS = ("Namespace", "Secret", "ConfigMap", "ServiceAccount", "Delete
 
 
 class ProtobufError(ValueError):
-    pass
+    """A protobuf body that cannot be decoded."""
 
 
 def decode(body: bytes) -> dict[str, Any]:

@@ -86,6 +86,7 @@ def kubesim_base_env() -> dict[str, str]:
 
 @pytest.fixture
 def cluster(tmp_path: Path, kubesim_crd_files: Sequence[Path]) -> Iterator[EmulatedCluster]:
+    """An emulated cluster for the test, with ``kubesim_crd_files`` installed; a server error fails the test."""
     from kubesim.cluster import EmulatedCluster
 
     emulated = EmulatedCluster(tmp_path / "cluster", crd_files=tuple(kubesim_crd_files)).start()
@@ -103,6 +104,7 @@ def kubelet(
     kubesim_known_images: Sequence[str],
     kubesim_base_env: dict[str, str],
 ) -> Iterator[KubeletThread]:
+    """A kubelet stand-in on ``cluster``; a task it leaks fails the test."""
     with emulated_kubelet(cluster.url, tmp_path / "kubelet", kubesim_known_images, kubesim_base_env) as node:
         yield node
 
@@ -161,6 +163,7 @@ def real_cluster(
     kubesim_real_users: Mapping[str, Sequence[str]],
     real_binaries: Binaries,
 ) -> Iterator[RealControlPlane]:
+    """The real control plane for the test session (``real_binaries``), with ``kubesim_real_users``."""
     from kubesim.real import RealControlPlane
 
     plane = RealControlPlane(tmp_path_factory.mktemp("real-cluster"), users=kubesim_real_users, bins=real_binaries)
@@ -178,6 +181,7 @@ def real_kubelet(
     kubesim_known_images: Sequence[str],
     kubesim_base_env: dict[str, str],
 ) -> Iterator[KubeletThread]:
+    """A kubelet stand-in on ``real_cluster``; a task it leaks fails the test."""
     node = real_cluster.start_kubelet(
         tmp_path / "kubelet",
         node_name=f"kubesim-{next(_NODES)}",

@@ -74,6 +74,7 @@ PODS = kmock.resource("", "v1", "pods")
 
 
 def now() -> str:
+    """The time now as the API server writes it (UTC, seconds)."""
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -89,12 +90,16 @@ class Change:
 
 @dataclass
 class WriteResult:
+    """A write's outcome: the stored (or dry-run) object, its warnings, whether it was created."""
+
     obj: dict[str, Any]
     warnings: list[str]
     created: bool = False
 
 
 class Registry:
+    """The stored objects and what a write does to them (admission, validation, versions, the watch log)."""
+
     def __init__(self, defs: Iterable[ResourceDef], objects: kmock.ObjectsArray, *, history: int = 5000) -> None:
         self.defs = {d.key: d for d in defs}
         self.objects = objects
@@ -111,18 +116,21 @@ class Registry:
     # --- reading ---------------------------------------------------------------------------------
 
     def get(self, rdef: ResourceDef, namespace: str | None, name: str) -> dict[str, Any] | None:
+        """The live object, or ``None`` (absent or deleted)."""
         key = (rdef.key, namespace if rdef.namespaced else None, name)
         if key in self.objects and not self.objects[key].deleted:
             return self.objects[key].raw
         return None
 
     def require(self, rdef: ResourceDef, namespace: str | None, name: str) -> dict[str, Any]:
+        """The live object, or a 404."""
         obj = self.get(rdef, namespace, name)
         if obj is None:
             raise apierrors.not_found(rdef.group_resource, name)
         return obj
 
     def items(self, rdef: ResourceDef, namespace: str | None = None) -> list[dict[str, Any]]:
+        """The live objects of ``rdef`` (in ``namespace``, or all), by namespace and name."""
         found = [
             (ns or "", name, obj.raw)
             for (res, ns, name), obj in self.objects.items()
@@ -151,6 +159,7 @@ class Registry:
                     stored[key] = value  # in the latest version, as kube-apiserver's read shows it
 
     def all_live(self) -> Iterable[tuple[ResourceDef, dict[str, Any]]]:
+        """Every live object with its resource."""
         for (res, _, _), obj in list(self.objects.items()):
             if not obj.deleted and res in self.defs:
                 yield self.defs[res], obj.raw
@@ -158,18 +167,21 @@ class Registry:
     # --- watch log -------------------------------------------------------------------------------
 
     def changes_since(self, resource: kmock.resource, rv: int) -> list[Change]:
+        """The changes of ``resource`` after ``rv``; 410 Expired when the log no longer reaches back to ``rv``."""
         dropped = self._dropped_rv.get(resource, 0)
         if rv < dropped:
             raise apierrors.gone(f"too old resource version: {rv} ({dropped})")
         return [change for change in self._log[resource] if change.rv > rv]
 
     def wait_for_change(self) -> asyncio.Future[None]:
+        """A future that completes at the next write (``wake_watchers``)."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.add(future)
         future.add_done_callback(self._waiters.discard)
         return future
 
     def wake_watchers(self) -> None:
+        """Complete every waiting ``wait_for_change`` future."""
         for future in list(self._waiters):
             if not future.done():
                 future.set_result(None)
@@ -209,6 +221,7 @@ class Registry:
         manager: str | None = None,
         operation: str = fieldmanager.UPDATE,
     ) -> WriteResult:
+        """Create ``body``, admitted and validated as kube-apiserver does; ``ApiError`` for a refusal."""
         if not isinstance(body, dict):
             raise apierrors.bad_request("the body of the request was in an unknown format")
         obj = copy.deepcopy(body)
@@ -317,6 +330,7 @@ class Registry:
         dry_run: bool = False,
         manager: str | None = None,
     ) -> WriteResult:
+        """Replace the object (or its ``subresource``) with ``body``; ``ApiError`` for a conflict or a refusal."""
         if not isinstance(body, dict):
             raise apierrors.bad_request("the body of the request was in an unknown format")
         current = self.require(rdef, namespace, name)
@@ -356,6 +370,7 @@ class Registry:
         dry_run: bool = False,
         manager: str | None = None,
     ) -> WriteResult:
+        """Patch the object (``content_type``: JSON, merge, strategic or apply); ``ApiError`` for a refusal."""
         current = self.require(rdef, namespace, name)
         patched = patching.apply(current, content_type, patch, custom=rdef.custom)
         if not isinstance(patched, dict):
@@ -496,6 +511,7 @@ class Registry:
         *,
         dry_run: bool = False,
     ) -> dict[str, Any]:
+        """Delete the object as kube-apiserver does (finalizers, grace periods); returns what the DELETE answers."""
         options = options or {}
         current = self.require(rdef, namespace, name)
         meta = current["metadata"]
@@ -587,6 +603,7 @@ class Registry:
     # --- pods: binding and eviction --------------------------------------------------------------
 
     def bind(self, namespace: str, name: str, binding: dict[str, Any]) -> None:
+        """Bind the pod to a node (``pods/binding``); 422 without a target, 409 if it is bound already."""
         rdef = self.defs[PODS]
         pod = self.require(rdef, namespace, name)
         node = ((binding or {}).get("target") or {}).get("name")
@@ -849,10 +866,12 @@ def _json_type(value: Any) -> str:
 
 
 def encode_continue(namespace: str, name: str) -> str:
+    """A list's ``continue`` token: the last namespace and name returned."""
     return base64.urlsafe_b64encode(json.dumps([namespace, name]).encode()).decode()
 
 
 def decode_continue(token: str) -> tuple[str, str]:
+    """The namespace and name of a ``continue`` token; 400 for one this server did not make."""
     try:
         namespace, name = json.loads(base64.urlsafe_b64decode(token.encode()))
     except (ValueError, TypeError) as e:

@@ -35,6 +35,8 @@ ALL_VERBS = ("create", "delete", "deletecollection", "get", "list", "patch", "up
 
 @dataclass
 class ResourceDef:
+    """A served resource: its group, version, names, scope, subresources, verbs, columns and schema."""
+
     group: str
     version: str
     plural: str
@@ -52,6 +54,7 @@ class ResourceDef:
 
     @property
     def api_version(self) -> str:
+        """``group/version`` (or ``version`` for the core group)."""
         return f"{self.group}/{self.version}" if self.group else self.version
 
     @property
@@ -61,14 +64,17 @@ class ResourceDef:
 
     @property
     def key(self) -> kmock.resource:
+        """The resource as kmock keys it."""
         return kmock.resource(self.group, self.version, self.plural)
 
     @property
     def list_kind(self) -> str:
+        """The kind of its lists."""
         return f"{self.kind}List"
 
     @functools.cached_property
     def validator(self) -> SchemaValidator | None:
+        """The validator of its structural schema (custom resources), or ``None``."""
         return SchemaValidator(self.schema) if self.schema is not None else None
 
     @functools.cached_property
@@ -77,6 +83,7 @@ class ResourceDef:
         return CelValidator.for_schema(self.schema) if self.schema is not None else None
 
     def path(self, namespace: str | None = None, name: str | None = None) -> str:
+        """The API path of the resource (in ``namespace``), or of one object (``name``)."""
         prefix = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
         ns = f"/namespaces/{namespace}" if self.namespaced and namespace else ""
         return f"{prefix}{ns}/{self.plural}" + (f"/{name}" if name else "")
@@ -93,6 +100,7 @@ def load_crd_documents(paths: Iterable[Path]) -> list[dict[str, Any]]:
 
 
 def crd_resources(crd: dict[str, Any]) -> list[ResourceDef]:
+    """The resources a CRD serves (one per served version)."""
     spec = crd["spec"]
     names = spec["names"]
     defs = []
@@ -384,6 +392,7 @@ class BuiltinSchemas:
 
     @functools.cache  # noqa: B019 (one instance per server, kept for its lifetime)
     def validator(self, kind: str, api_version: str) -> jsonschema.Draft202012Validator | None:
+        """The upstream schema validator of a built-in ``kind`` at ``api_version``, or ``None`` when there is none."""
         group_version = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)  # coordination.k8s.io/v1
         name = f"{self._dir}/{kind.lower()}-{group_version}.json"
         try:

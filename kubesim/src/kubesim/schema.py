@@ -119,6 +119,7 @@ class SchemaValidator:
         self._validator = jsonschema.Draft4Validator(document, format_checker=format_checker())
 
     def errors(self, obj: dict[str, Any]) -> list[FieldError]:
+        """What in ``obj`` the structural schema refuses, as field errors."""
         found: list[FieldError] = []
         for error in sorted(self._validator.iter_errors(obj), key=lambda e: list(map(str, e.absolute_path))):
             found.extend(translate(error))

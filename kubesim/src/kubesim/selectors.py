@@ -36,6 +36,7 @@ def _split(selector: str) -> list[str]:
 
 
 def label_selector(selector: str | None) -> Predicate:
+    """A predicate for a label selector (``a=b``, ``a!=b``, ``a in (x,y)``, ``!a``, ...); all objects when empty."""
     if not selector:
         return lambda obj: True
     checks = [_label_requirement(term) for term in _split(selector)]
@@ -67,6 +68,7 @@ def _label_requirement(term: str) -> Callable[[dict[str, str]], bool]:
 
 
 def field_selector(selector: str | None) -> Predicate:
+    """A predicate for a field selector (``metadata.name=x``, ...); all objects when empty."""
     if not selector:
         return lambda obj: True
     checks = [_field_requirement(term) for term in _split(selector)]

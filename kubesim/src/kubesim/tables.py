@@ -53,6 +53,7 @@ def render(
     include_object: str = "Metadata",
     continue_token: str | None = None,
 ) -> dict[str, Any]:
+    """A ``meta.k8s.io/v1 Table`` of ``objects`` with ``rdef``'s columns."""
     columns = rdef.columns
     table: dict[str, Any] = {
         "kind": "Table",
@@ -76,6 +77,7 @@ def render(
 
 
 def row(rdef: ResourceDef, obj: dict[str, Any], include_object: str = "Metadata") -> dict[str, Any]:
+    """One table row of ``obj`` (with the object as ``include_object`` asks: None, Metadata or Object)."""
     cells = [cell(col, obj) for col in rdef.columns]
     result: dict[str, Any] = {"cells": cells}
     if include_object == "Object":
@@ -90,6 +92,7 @@ def row(rdef: ResourceDef, obj: dict[str, Any], include_object: str = "Metadata"
 
 
 def cell(col: Column, obj: dict[str, Any]) -> Any:
+    """One cell of ``obj`` for ``col``: computed, or its JSON path's value typed by the column."""
     if col.compute is not None:
         return col.compute(obj)
     if col.format == "name" and not col.json_path:
@@ -157,6 +160,7 @@ def age(timestamp: str | None, now: datetime.datetime | None = None) -> str:
 
 
 def human_duration(seconds: int) -> str:
+    """A duration as kubectl shows an age (``5s``, ``3m2s``, ``4h``, ``2d``, ``3y``)."""
     if seconds < -1:
         return "<invalid>"
     seconds = max(seconds, 0)
@@ -185,6 +189,8 @@ def human_duration(seconds: int) -> str:
 
 
 def pod_columns() -> list[Column]:
+    """The columns of ``kubectl get pods`` (name, ready, status, restarts, age, ...)."""
+
     def ready(pod: dict[str, Any]) -> str:
         statuses = pod.get("status", {}).get("containerStatuses") or []
         total = len(pod.get("spec", {}).get("containers") or [])
@@ -253,6 +259,8 @@ def pod_status(pod: dict[str, Any]) -> str:
 
 
 def event_columns() -> list[Column]:
+    """The columns of ``kubectl get events``."""
+
     def last_seen(event: dict[str, Any]) -> str:
         stamp = (
             event.get("lastTimestamp") or event.get("eventTime") or event.get("metadata", {}).get("creationTimestamp")
@@ -276,6 +284,7 @@ def event_columns() -> list[Column]:
 
 
 def node_status(node: dict[str, Any]) -> str:
+    """A node's status column (``Ready``, ``NotReady``, ``Unknown``)."""
     for cond in node.get("status", {}).get("conditions") or []:
         if cond.get("type") == "Ready":
             return "Ready" if cond.get("status") == "True" else "NotReady"
