@@ -21,6 +21,7 @@ from .usage import ModelUsage
 
 
 def iso(moment: datetime) -> str:
+    """``moment`` as a Kubernetes timestamp (UTC, seconds, ``Z``)."""
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -47,6 +48,8 @@ Time = Annotated[datetime | None, BeforeValidator(parse_time)]
 
 
 class ToolCalls(TypedDict):
+    """``status.toolCalls``: the run's tool calls by outcome."""
+
     executed: int
     replayed: int
     failed: NotRequired[int]  # written only when non-zero, like a Job's counters
@@ -76,6 +79,8 @@ class AttemptRecord(TypedDict, total=False):
 
 
 class InterruptInfo(TypedDict, total=False):
+    """``status.interrupt``: what the run waits on a human for (id, message, payload)."""
+
     id: str | None
     message: str
     payload: Any
@@ -83,6 +88,8 @@ class InterruptInfo(TypedDict, total=False):
 
 
 class Condition(TypedDict, total=False):
+    """One of ``status.conditions``, as Kubernetes conventions shape it."""
+
     type: str
     status: str
     reason: str

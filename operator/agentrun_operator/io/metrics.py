@@ -205,6 +205,7 @@ def _number(value: Any) -> float:
 
 
 def kube_request(verb: str, code: int | None) -> None:
+    """Count one API request by verb and status code (``none``: no answer), and an error when it failed."""
     label = str(code) if code is not None else "none"
     KUBE_REQUESTS.labels(verb=verb, code=label).inc()
     if code is None or code >= 400:

@@ -131,6 +131,8 @@ class RunRecord:
 
 
 class Reconciler:
+    """Reconciles runs (each under its own lock): gathers the verdict's inputs, calls ``decide``, applies it."""
+
     def __init__(
         self,
         kube: KubeClient,
@@ -169,6 +171,7 @@ class Reconciler:
         return {uid: r.phase for uid, r in self.runs.items() if r.phase is not None}
 
     def forget(self, uid: str) -> None:
+        """The run is gone: drop what is kept of it (its record, name waits, its hold on the store pool)."""
         for key in [k for k, waiting in self.name_waiters.items() if waiting == uid]:
             del self.name_waiters[key]
         self.stores.release(uid)
