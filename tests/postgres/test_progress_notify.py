@@ -157,3 +157,32 @@ async def test_watch_progress_hears_postgres_and_redis_as_typed_events_and_close
             if len(deaf) == 2:
                 break
     assert [d.retry_in for d in deaf] == [1.0, 2.0], "the listen backs off, doubling"
+
+
+async def test_the_operator_hears_store_progress_on_postgres_and_redis(pg_dsn: str, redis_prefix: str) -> None:
+    """The operator's listeners (io/notify.py) over ``watch_progress``: a commit (LISTEN) and a step published on
+    Redis (a ``durableCheckpointEveryStep: false`` run) each wake the run's thread; closing the store's listeners
+    ends them (the tier's leaked-task check)."""
+    from agentrun.checkpoint.redis_cache import RedisHotCache
+    from agentrun_operator.io.notify import LISTEN_NAME, Listeners
+
+    from .conftest import redis_url
+
+    woken: asyncio.Queue[str] = asyncio.Queue()
+    listeners = Listeners(on_progress=woken.put_nowait, on_resync=lambda _dsn: None)
+    store = PgCheckpointer(pg_dsn)
+    await store.setup()
+    cache = RedisHotCache(redis_url(), prefix=redis_prefix)
+    try:
+        listeners.open(pg_dsn, store.watch_progress(name=LISTEN_NAME))
+        listeners.open_redis(pg_dsn, redis_url(), cache.watch_progress())
+        await listeners.listening(pg_dsn)  # the LISTEN is in place (the first connect is waited for)
+        await asyncio.sleep(0.3)  # the Redis subscription too
+        await store.aput("pg/1", write((0, user("hi")), count=1), expected_version=0)
+        assert await asyncio.wait_for(woken.get(), 5) == "pg/1", "a commit did not wake its thread"
+        await cache.publish("redis/1", {"type": "progress", "thread_id": "redis/1"})
+        assert await asyncio.wait_for(woken.get(), 5) == "redis/1", "a step published on Redis did not wake its thread"
+    finally:
+        await listeners.aclose()
+        await cache.aclose()
+        await store.aclose()
