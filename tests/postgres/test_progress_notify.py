@@ -129,17 +129,28 @@ async def test_watch_progress_hears_postgres_and_redis_as_typed_events_and_close
     assert isinstance(store, CachedStore)
     await store.setup()
     heard: list[object] = []
+
+    async def publishing() -> None:
+        # Pub/sub reaches only subscribers already in place: publish until heard (a stop first, which is no progress).
+        while True:
+            await store.cache.publish("redis/1", {"type": "stop", "thread_id": "redis/stop"})
+            await store.cache.publish("redis/1", {"type": "progress", "thread_id": "redis/1"})
+            await asyncio.sleep(0.2)
+
+    publisher: asyncio.Task[None] | None = None
     try:
         async with contextlib.aclosing(store.watch_progress(name="agentrun-test-listen")) as progress:
             async for event in progress:
                 heard.append(event)
                 if len([e for e in heard if isinstance(e, Listening)]) == 2 and len(heard) == 2:
                     await store.aput("pg/1", write((0, user("hi")), count=1), expected_version=0)
-                    await store.cache.publish("redis/1", {"type": "stop", "thread_id": "redis/stop"})
-                    await store.cache.publish("redis/1", {"type": "progress", "thread_id": "redis/1"})
+                    publisher = asyncio.create_task(publishing())
                 if {"pg/1", "redis/1"} <= {e.thread_id for e in heard if isinstance(e, Progressed)}:
                     break
     finally:
+        if publisher is not None:
+            publisher.cancel()
+            await asyncio.gather(publisher, return_exceptions=True)
         await store.aclose()
     assert {e.source for e in heard if isinstance(e, Listening)} == {"postgres", "redis"}
     assert {(e.thread_id, e.source) for e in heard if isinstance(e, Progressed)} >= {
@@ -163,6 +174,8 @@ async def test_the_operator_hears_store_progress_on_postgres_and_redis(pg_dsn: s
     """The operator's listeners (io/notify.py) over ``watch_progress``: a commit (LISTEN) and a step published on
     Redis (a ``durableCheckpointEveryStep: false`` run) each wake the run's thread; closing the store's listeners
     ends them (the tier's leaked-task check)."""
+    import contextlib
+
     from agentrun.checkpoint.redis_cache import RedisHotCache
     from agentrun_operator.io.notify import LISTEN_NAME, Listeners
 
@@ -177,11 +190,18 @@ async def test_the_operator_hears_store_progress_on_postgres_and_redis(pg_dsn: s
         listeners.open(pg_dsn, store.watch_progress(name=LISTEN_NAME))
         listeners.open_redis(pg_dsn, redis_url(), cache.watch_progress())
         await listeners.listening(pg_dsn)  # the LISTEN is in place (the first connect is waited for)
-        await asyncio.sleep(0.3)  # the Redis subscription too
         await store.aput("pg/1", write((0, user("hi")), count=1), expected_version=0)
         assert await asyncio.wait_for(woken.get(), 5) == "pg/1", "a commit did not wake its thread"
-        await cache.publish("redis/1", {"type": "progress", "thread_id": "redis/1"})
-        assert await asyncio.wait_for(woken.get(), 5) == "redis/1", "a step published on Redis did not wake its thread"
+
+        async def published_until_heard() -> str:
+            # Pub/sub reaches only subscribers already in place, and the Listeners say nothing of Redis being
+            # subscribed yet: publish the step again until it is heard.
+            while True:
+                await cache.publish("redis/1", {"type": "progress", "thread_id": "redis/1"})
+                with contextlib.suppress(TimeoutError):
+                    return await asyncio.wait_for(woken.get(), 0.2)
+
+        assert await asyncio.wait_for(published_until_heard(), 10) == "redis/1", "a Redis step did not wake its thread"
     finally:
         await listeners.aclose()
         await cache.aclose()
