@@ -96,6 +96,7 @@ class Binaries:
     folder: Path
 
     def path(self, name: str) -> Path:
+        """The binary ``name`` (``etcd``, ``kube-apiserver``, ``kube-controller-manager``) in this folder."""
         return self.folder / name
 
 
@@ -213,12 +214,14 @@ class RealControlPlane:
 
     @property
     def ca(self) -> pki.CertificateAuthority:
+        """The plane's certificate authority (serving, client and kubelet certs); ControlPlaneError before start."""
         if self._ca is None:
             raise ControlPlaneError("the control plane has not been started")
         return self._ca
 
     @property
     def admin(self) -> ApiAccess:
+        """The admin's access (a static token in system:masters)."""
         return self.access(ADMIN_USER)
 
     def access(self, user: str) -> ApiAccess:
@@ -261,6 +264,7 @@ class RealControlPlane:
         return context
 
     def write_kubeconfig(self, path: Path, access: ApiAccess, namespace: str = "default") -> Path:
+        """Write a kubeconfig for ``access`` at ``path`` (parents made) and return ``path``."""
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(access.kubeconfig(namespace=namespace, name="real")))
         return path
@@ -594,6 +598,7 @@ class RealControlPlane:
         return result
 
     def list_objects(self, resource: str, namespace: str | None = None) -> list[dict[str, Any]]:
+        """Every ``resource`` in ``namespace`` (all namespaces when None); ControlPlaneError unless 200."""
         response = self.api("GET", self.resource_path(resource, namespace))
         if response.status != 200:
             raise ControlPlaneError(f"LIST {resource} in {namespace}: {response}")
