@@ -33,6 +33,7 @@ pytestmark = pytest.mark.timeout(420)
 
 
 @pytest.mark.real_server
+@pytest.mark.kubesim_too  # the benchmark measures on both servers
 def test_the_operator_benchmark_produces_every_figure_and_keeps_the_runtime_keys(
     api_server: str, tmp_path: Path
 ) -> None:

@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 NAME = "cel-run"
 MERGE = "application/merge-patch+json"
 
-pytestmark = pytest.mark.real_server  # every scenario also on the real control plane
+# Every rule on the real control plane, and on kubesim: its CEL must word refusals as kube-apiserver does.
+pytestmark = [pytest.mark.real_server, pytest.mark.kubesim_too]
 
 
 def manifest(**spec: Any) -> dict[str, Any]:

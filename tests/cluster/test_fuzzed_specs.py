@@ -323,6 +323,7 @@ def _mutate(spec: dict[str, Any], where: str, change: Any) -> dict[str, Any]:
     return spec
 
 
+@pytest.mark.kubesim_too  # kubesim's validator is held to kube-apiserver's messages
 @settings(max_examples=40, **SETTINGS)  # type: ignore[arg-type]
 @given(base=valid_spec, mutation=st.sampled_from(MUTATIONS), by_kubectl=st.booleans())
 def test_a_spec_the_schema_refuses_is_refused_with_the_schemas_message(
@@ -359,6 +360,7 @@ UPDATES: list[tuple[str, Any, str]] = [
 ]
 
 
+@pytest.mark.kubesim_too
 @settings(max_examples=12, **SETTINGS)  # type: ignore[arg-type]
 @given(update=st.sampled_from(UPDATES), with_retry=st.booleans())
 def test_an_update_the_schema_refuses_is_refused_with_the_rules_message(

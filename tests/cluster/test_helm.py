@@ -39,7 +39,8 @@ EXAMPLE = ROOT / "examples" / "agentrun.yaml"
 RELEASE, NAMESPACE = "agentrun", "agentrun-system"
 CONFIGMAPS = "/api/v1/namespaces/default/configmaps"
 
-pytestmark = [pytest.mark.timeout(180), pytest.mark.real_server]
+# On both: kubesim's server-side apply and Helm support are held to the real server's behaviour and words.
+pytestmark = [pytest.mark.timeout(180), pytest.mark.real_server, pytest.mark.kubesim_too]
 
 Cluster = EmulatedCluster | RealCluster
 

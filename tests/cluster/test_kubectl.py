@@ -18,6 +18,10 @@ from tests.cluster.test_crd import EXPECTED_FIELD
 
 NAME = "support-order-4821"
 
+# Every kubectl scenario marked real_server runs on kubesim too: these are what the emulator must answer as
+# kube-apiserver does (discovery, printing, conflicts, garbage collection).
+pytestmark = pytest.mark.kubesim_too
+
 
 def apply_example(cluster: EmulatedCluster) -> dict[str, Any]:
     result = cluster.kubectl("apply", "-f", str(EXAMPLE))

@@ -387,6 +387,7 @@ def _nested(levels: int) -> str:
 
 
 @pytest.mark.real_server
+@pytest.mark.kubesim_too  # kubesim's size and depth limits are held to the real server's
 def test_hostile_objects_fail_invalid_spec_and_do_not_disturb_ten_other_runs(
     cluster: EmulatedCluster, kubelet: KubeletThread, operator: OperatorProcess, shared_dsn: str, tmp_path: Path
 ) -> None:

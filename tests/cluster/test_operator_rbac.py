@@ -45,7 +45,11 @@ from tests.cluster.servers import RealCluster
 from tests.cluster.test_kube_client import kubeconfig_doc, write_yaml
 
 # On kubesim with its RBAC authorizer and on the real kube-apiserver with its own (a ServiceAccount token there).
-pytestmark = [pytest.mark.timeout(180), pytest.mark.real_server]
+pytestmark = [
+    pytest.mark.timeout(180),
+    pytest.mark.real_server,
+    pytest.mark.kubesim_too,
+]  # kubesim's RBAC authorizer too
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "agentrun"
