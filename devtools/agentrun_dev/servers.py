@@ -43,6 +43,18 @@ def wait_for_port(port: int, timeout: float, process: subprocess.Popen[bytes] | 
             time.sleep(0.05)
 
 
+def stop_process(process: subprocess.Popen[bytes] | None, sig: signal.Signals, grace: float = 10) -> None:
+    """Send ``sig`` to a running ``process`` (a server's own shutdown signal) and SIGKILL it after ``grace`` s."""
+    if process is None or process.poll() is not None:
+        return
+    process.send_signal(sig)
+    try:
+        process.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def pg_bin(name: str) -> str:
     """A PostgreSQL program (``initdb``, ``pg_ctl``, ``psql``): Debian's newest version, else from PATH."""
     found = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"))
@@ -146,13 +158,7 @@ class PrivateRedis:
 
     def stop(self) -> None:
         """SIGTERM: redis-server shuts down (nothing to save), SIGKILL after 10 s."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process, signal.SIGTERM)
         self.process = None
 
     def kill(self) -> None:
@@ -255,13 +261,7 @@ class PrivatePgBouncer:
 
     def stop(self) -> None:
         """SIGINT: PgBouncer's safe shutdown (SIGKILL after 10 s)."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process, signal.SIGINT)
         self.process = None
 
     def destroy(self) -> None:

@@ -27,6 +27,7 @@ from kubesim import KOPF_PEERING_CRDS, EmulatedCluster, default_base_env
 from kubesim.kubelet import KubeletThread
 from kubesim.pytest_plugin import emulated_kubelet
 from kubesim.real import RealControlPlane
+from tests.cluster.operator_harness import OperatorProcess, start_operator, store_secret
 from tests.cluster.servers import RealCluster
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -156,3 +157,15 @@ def dsn(api_server: str, dsn: str) -> Iterator[str]:
         return
     with throwaway_database() as database:
         yield database
+
+
+@pytest.fixture
+def operator(cluster: EmulatedCluster, kubelet: KubeletThread, dsn: str, tmp_path: Path) -> Iterator[OperatorProcess]:
+    """The operator process on the test's server, with the ``agentrun-store`` Secret for ``dsn`` (modules that
+    need another setup, RBAC or a private store, define their own)."""
+    store_secret(cluster, dsn)
+    process = start_operator(cluster, tmp_path)
+    try:
+        yield process
+    finally:
+        process.stop()

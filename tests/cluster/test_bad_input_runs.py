@@ -60,16 +60,6 @@ def dsn() -> Iterator[str]:
         yield database
 
 
-@pytest.fixture
-def operator(cluster: EmulatedCluster, kubelet: KubeletThread, dsn: str, tmp_path: Path) -> Iterator[OperatorProcess]:
-    store_secret(cluster, dsn)
-    process = start_operator(cluster, tmp_path)
-    try:
-        yield process
-    finally:
-        process.stop()
-
-
 # --- a 10 MB result ---------------------------------------------------------------------------------------------------
 
 

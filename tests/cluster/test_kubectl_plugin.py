@@ -15,7 +15,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +28,7 @@ from tests.cluster.operator_harness import (
     agentrun,
     apply,
     executions,
-    start_operator,
     status,
-    store_secret,
     wait_phase,
 )
 
@@ -39,16 +36,6 @@ pytestmark = [pytest.mark.timeout(180), pytest.mark.real_server]  # every scenar
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-
-
-@pytest.fixture
-def operator(cluster: EmulatedCluster, kubelet: KubeletThread, dsn: str, tmp_path: Path) -> Iterator[OperatorProcess]:
-    store_secret(cluster, dsn)
-    process = start_operator(cluster, tmp_path)
-    try:
-        yield process
-    finally:
-        process.stop()
 
 
 def plugin_env(cluster: EmulatedCluster) -> dict[str, str]:
