@@ -1,8 +1,11 @@
-"""The real operator under the Helm chart's own RBAC, on an emulated cluster that enforces it.
+"""The real operator under the Helm chart's own RBAC, on kubesim with its RBAC authorizer and on the real
+kube-apiserver with its own.
 
-The chart's ServiceAccount, ClusterRole, ClusterRoleBinding and leader-election Role and
-RoleBinding are rendered by real Helm (helm_python) from helm/agentrun with default values, so
-these tests follow ``agentrun.namespacedRules`` in ``_helpers.tpl`` directly. kubesim's RBAC
+The chart is installed by real Helm (``helm install`` through helm_python, default values): its
+ServiceAccount, ClusterRole, ClusterRoleBinding and leader-election Role and RoleBinding are the
+release's (``chart_rbac()`` checks the rendered set), so these tests follow ``agentrun.namespacedRules``
+in ``_helpers.tpl`` directly; its Deployment stays an object (no controller runs its pods here), the
+operator process runs beside it with the ServiceAccount's token. kubesim's RBAC
 authorization is on (``kubesim.rbac``): the operator authenticates with a bearer token mapped to
 ``system:serviceaccount:agentrun-system:agentrun-operator`` and every request it makes is checked
 against those rules; a missing verb is a 403 for it. kubectl and the kubelet stand-in send no
@@ -17,6 +20,7 @@ ClusterRole had no ``delete`` on agentruns).
 from __future__ import annotations
 
 import json
+import shutil
 import time
 import urllib.error
 import urllib.request
@@ -42,6 +46,7 @@ from tests.cluster.operator_harness import (
     wait_phase,
 )
 from tests.cluster.servers import RealCluster
+from tests.cluster.test_helm import discovery_cache
 from tests.cluster.test_kube_client import kubeconfig_doc, write_yaml
 
 # On kubesim with its RBAC authorizer and on the real kube-apiserver with its own (a ServiceAccount token there).
@@ -109,10 +114,14 @@ def operator(
     cluster: EmulatedCluster | RealCluster, kubelet: KubeletThread, dsn: str, tmp_path: Path
 ) -> Iterator[OperatorProcess]:
     """The operator as the chart's ServiceAccount, with RBAC enforced and its Lease in the release namespace."""
-    made = cluster.kubectl("create", "namespace", NAMESPACE)
-    assert made.returncode == 0, made.stderr
-    applied = cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(chart_rbac()))
-    assert applied.returncode == 0, applied.stderr
+    chart_rbac()  # the objects the release must hold
+    shutil.rmtree(discovery_cache(cluster.url), ignore_errors=True)  # another server's on this port, if any
+    with helm_python.Config(kubeconfig_path=cluster.kubeconfig, namespace=NAMESPACE) as helm:
+        release = helm.install(CHART, RELEASE, {}, namespace=NAMESPACE, create_namespace=True, timeout=60)
+    assert release["status"] == "deployed", release
+    installed = {(d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(release["manifest"]) if d}
+    missing = {(d["kind"], d["metadata"]["name"]) for d in chart_rbac()} - installed
+    assert not missing, f"helm install did not create {missing}"
     secret = cluster.kubectl("create", "secret", "generic", "agentrun-store", f"--from-literal=postgresDsn={dsn}")
     assert secret.returncode == 0, secret.stderr
     token = operator_token(cluster)
@@ -176,3 +185,19 @@ def test_the_operator_deletes_a_run_past_its_ttl_under_the_charts_rbac(
         raise AssertionError(f"the run outlived its ttl; operator log (tail):\n{operator.log()[-4000:]}") from None
     stored = progress(dsn, "default/rbac-ttl")
     assert stored is not None and stored.status == "completed"
+
+
+def test_a_secret_without_the_runner_access_label_is_refused_under_the_charts_rbac(
+    cluster: EmulatedCluster, operator: OperatorProcess, dsn: str, tmp_path: Path
+) -> None:
+    """The operator reads a Secret's labels with the chart's rights alone, and refuses the run before any pod."""
+    made = cluster.kubectl("create", "secret", "generic", "api-key", "--from-literal=token=tok-123")
+    assert made.returncode == 0, made.stderr
+    manifest = agentrun("rbac-secret", thread="rbac-secret", effects=tmp_path / "e.db")
+    manifest["spec"]["podTemplate"]["env"].append(
+        {"name": "API_TOKEN", "valueFrom": {"secretKeyRef": {"name": "api-key", "key": "token"}}}
+    )
+    apply(cluster, manifest)
+    refused = wait_phase(cluster, operator, "rbac-secret", "Failed", timeout=30)
+    assert refused["reason"] == "InvalidSpec" and "default/api-key" in refused["message"], refused
+    assert cluster.get("pods", "rbac-secret-1") is None, "GUARANTEE BROKEN: a pod for a run refused its Secret"
