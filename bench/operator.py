@@ -52,7 +52,6 @@ import platform
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -69,7 +68,7 @@ import yaml
 from agentrun.checkpoint.postgres import PgCheckpointer
 from agentrun_dev import launch
 from agentrun_dev.databases import create_database, drop_database
-from agentrun_dev.kubeload import MANAGED_BY, CountingProxy, RunningHolder, running_status
+from agentrun_dev.kubeload import CountingProxy, RunningHolder
 from agentrun_dev.launch import OperatorProcess
 from kubesim import KubeletThread, default_base_env, write_kubeconfig
 from kubesim.real import CONTROLLERS, MASTERS, RealControlPlane
@@ -249,48 +248,13 @@ def audited(audit_log: Path, since: float, until: float) -> Counter[str]:
     return seen
 
 
-class QuietNode:
-    """On the real server: a Node with no kubelet, which the operator's pods are bound to and reported
-    Running on (once each, by the driver), standing in for ``RunningHolder``'s quiet kubelet."""
-
-    def __init__(self, plane: RealControlPlane, interval: float = 1.0) -> None:
-        self.plane, self.interval = plane, interval
-        self.marked: set[str] = set()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="quiet-node", daemon=True)
-        node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": QUIET_NODE}}
-        created = plane.api("POST", "/api/v1/nodes", node)
-        assert created.status in (201, 409), created
-
-    def start(self) -> QuietNode:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(30)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.hold()
-
-    def hold(self) -> None:
-        pods = self.plane.api("GET", "/api/v1/namespaces/default/pods", params={"labelSelector": MANAGED_BY})
-        for pod in pods.body.get("items") or [] if pods.status == 200 else []:
-            name = pod["metadata"]["name"]
-            if name in self.marked or pod["metadata"].get("deletionTimestamp"):
-                continue
-            path = f"/api/v1/namespaces/default/pods/{name}"
-            if not pod["spec"].get("nodeName"):
-                target = {"apiVersion": "v1", "kind": "Node", "name": QUIET_NODE}
-                binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name}, "target": target}
-                if self.plane.api("POST", path + "/binding", binding).status not in (201, 409):
-                    continue
-            patched = self.plane.api(
-                "PATCH", path + "/status", {"status": running_status()}, content_type="application/merge-patch+json"
-            )
-            if patched.status == 200:
-                self.marked.add(name)
+def quiet_node(plane: RealControlPlane) -> RunningHolder:
+    """On the real server: a Node with no kubelet, and ``RunningHolder`` binding the operator's pods to it and
+    reporting them Running (once each), standing in for the quiet kubelet it plays on kubesim."""
+    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": QUIET_NODE}}
+    created = plane.api("POST", "/api/v1/nodes", node)
+    assert created.status in (201, 409), created
+    return RunningHolder(plane.admin, interval=1.0, node=QUIET_NODE)
 
 
 async def _migrated() -> str:
@@ -468,18 +432,14 @@ def quiet_load(server: str, source: Path, p: Params, workdir: Path) -> dict[str,
         }
 
 
-class _Holder(Protocol):
-    def stop(self) -> None: ...
-
-
 def _quiet(
     cluster: Server, workdir: Path, stack: contextlib.ExitStack
-) -> tuple[Path, Callable[[float, float], Counter[str]], _Holder]:
+) -> tuple[Path, Callable[[float, float], Counter[str]], RunningHolder]:
     """The operator's kubeconfig, a count of its requests in a window (monotonic seconds) and the quiet
     kubelet: on kubesim a counting proxy and ``RunningHolder``; on the real server its audit log and
-    ``QuietNode``."""
+    ``quiet_node``."""
     if isinstance(cluster, RealControlPlane):
-        node = QuietNode(cluster).start()
+        node = quiet_node(cluster).start()
         stack.callback(node.stop)
         offset = time.time() - time.monotonic()
         audit_log = cluster.workdir.parent / "audit.log"

@@ -9,7 +9,9 @@ client's (kubectl, the kubelet stand-in, the test itself).
 ``hold_running`` stands in for a kubelet that started every runner pod and
 then went quiet (the benchmark's "kubelet paused"): it reports the operator's
 pods Running, once each, and starts no process, so a thousand runs can be
-Running on a laptop and the only thing left moving is the operator.
+Running on a laptop and the only thing left moving is the operator. On the
+real API server, which runs no scheduler here and lets no pod be Running
+unbound, it binds each pod to ``node`` first (a Node object the caller made).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+
+from kubesim.access import ApiAccess
 
 HOP_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection", "keep-alive"})
 MANAGED_BY = "app.kubernetes.io/managed-by=agentrun-operator"
@@ -130,10 +134,11 @@ def _kind(path: str) -> str:
     return "/".join(parts[-2:])
 
 
-def _request(url: str, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
+def _request(api: ApiAccess, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url + path, data=data, method=method, headers={"Content-Type": content_type})
-    with urllib.request.urlopen(req, timeout=30) as response:
+    headers = {"Content-Type": content_type, **api.headers()}
+    req = urllib.request.Request(api.server + path, data=data, method=method, headers=headers)
+    with urllib.request.urlopen(req, timeout=30, context=api.ssl_context()) as response:
         return json.loads(response.read() or b"{}")
 
 
@@ -158,21 +163,24 @@ def running_status() -> dict[str, Any]:
     }
 
 
-def hold_running(api_url: str, namespace: str = "default", *, marked: set[str] | None = None) -> set[str]:
-    """Report every operator pod of ``namespace`` not yet in ``marked`` as Running; returns ``marked``, updated."""
+def hold_running(
+    api: str | ApiAccess, namespace: str = "default", *, marked: set[str] | None = None, node: str | None = None
+) -> set[str]:
+    """Report every operator pod of ``namespace`` not yet in ``marked`` as Running (bound to ``node`` first when
+    given and the pod is unbound); returns ``marked``, updated. ``api``: a URL, or an identity on a server."""
+    api = ApiAccess(api) if isinstance(api, str) else api
     marked = set() if marked is None else marked
-    pods = _request(api_url, "GET", f"/api/v1/namespaces/{namespace}/pods?labelSelector={MANAGED_BY}")
+    pods = _request(api, "GET", f"/api/v1/namespaces/{namespace}/pods?labelSelector={MANAGED_BY}")
     for pod in pods.get("items") or []:
         name = pod["metadata"]["name"]
         if name in marked or pod["metadata"].get("deletionTimestamp"):
             continue
-        _request(
-            api_url,
-            "PATCH",
-            f"/api/v1/namespaces/{namespace}/pods/{name}/status",
-            {"status": running_status()},
-            content_type="application/merge-patch+json",
-        )
+        path = f"/api/v1/namespaces/{namespace}/pods/{name}"
+        if node is not None and not pod["spec"].get("nodeName"):
+            target = {"apiVersion": "v1", "kind": "Node", "name": node}
+            binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name}, "target": target}
+            _request(api, "POST", f"{path}/binding", binding)
+        _request(api, "PATCH", f"{path}/status", {"status": running_status()}, "application/merge-patch+json")
         marked.add(name)
     return marked
 
@@ -180,8 +188,10 @@ def hold_running(api_url: str, namespace: str = "default", *, marked: set[str] |
 class RunningHolder:
     """``hold_running`` every ``interval`` seconds on a thread until stopped (pods created later are held too)."""
 
-    def __init__(self, api_url: str, namespace: str = "default", interval: float = 0.3) -> None:
-        self.api_url, self.namespace, self.interval = api_url, namespace, interval
+    def __init__(
+        self, api: str | ApiAccess, namespace: str = "default", interval: float = 0.3, *, node: str | None = None
+    ) -> None:
+        self.api, self.namespace, self.interval, self.node = api, namespace, interval, node
         self.marked: set[str] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="running-holder", daemon=True)
@@ -199,6 +209,6 @@ class RunningHolder:
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
             try:
-                hold_running(self.api_url, self.namespace, marked=self.marked)
+                hold_running(self.api, self.namespace, marked=self.marked, node=self.node)
             except OSError:
                 continue
