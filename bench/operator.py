@@ -78,6 +78,7 @@ RESULTS = ROOT / "bench" / "results"
 SERVERS = ("kubesim", "real")
 OPERATOR_USER = "agentrun-bench-operator"  # the operator's identity on the real server (what its audit log records)
 QUIET_NODE = "bench-quiet"
+AUDIT_LOG = "audit.log"  # in the real server's work folder
 NODE_LIFECYCLE = ("node-lifecycle-controller", "taint-eviction-controller")
 KNOWN_IMAGES = ("agentrun:test",)
 TICKER = "agentrun_dev.graphs:ticker"
@@ -200,7 +201,7 @@ def real(workdir: Path, source: Path, *, node_lifecycle: bool = True) -> Iterato
         workdir / "plane",
         users={OPERATOR_USER: [MASTERS]},
         controllers=controllers,
-        apiserver_args=(f"--audit-policy-file={policy}", f"--audit-log-path={workdir / 'audit.log'}"),
+        apiserver_args=(f"--audit-policy-file={policy}", f"--audit-log-path={workdir / AUDIT_LOG}"),
     )
     with plane:
         applied = plane.kubectl("apply", "--server-side", "-f", str(source / "crds"))
@@ -442,10 +443,9 @@ def _quiet(
         node = quiet_node(cluster).start()
         stack.callback(node.stop)
         offset = time.time() - time.monotonic()
-        audit_log = cluster.workdir.parent / "audit.log"
         return (
             operator_kubeconfig(cluster, workdir),
-            lambda t0, t1: audited(audit_log, t0 + offset, t1 + offset),
+            lambda t0, t1: audited(workdir / AUDIT_LOG, t0 + offset, t1 + offset),
             node,
         )
     assert isinstance(cluster, Cluster)
