@@ -11,15 +11,16 @@ to trust an exit code alone. The runner needs no Kubernetes credentials.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .checkpoint import Checkpointer, open_store
 from .checkpoint.base import Checkpoint, CheckpointWrite
@@ -69,10 +70,47 @@ CONFIG_KEYS = {
 log = logging.getLogger("agentrun.runner")
 
 
-class RunnerSettings(BaseSettings, RunnerInputs):
-    """``RunnerInputs`` read from the pod's environment (``AGENTRUN_<FIELD>``)."""
+class InvalidEnvironment(ValueError):
+    """The pod's ``AGENTRUN_*`` variables do not make ``RunnerInputs``; the message names each variable."""
 
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
+
+# The fields the operator renders as JSON (``RunnerInputs.to_env``): the object-valued ones.
+JSON_FIELDS = frozenset({"config", "input", "resume"})
+
+
+class RunnerSettings(RunnerInputs):
+    """``RunnerInputs`` read from the pod's environment (``AGENTRUN_<FIELD>``).
+
+    Read by hand rather than with pydantic-settings: that package costs every pod ~16 ms of imports
+    before its first step, for reading a dozen variables whose format this repository defines.
+    """
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] = os.environ) -> RunnerSettings:
+        """The inputs in ``environ``; ``InvalidEnvironment`` naming every bad or missing variable."""
+        values: dict[str, Any] = {}
+        problems = []
+        for field in cls.model_fields:
+            name = ENV_PREFIX + field.upper()
+            if name not in environ:
+                continue
+            text = environ[name]
+            if field in JSON_FIELDS:
+                try:
+                    values[field] = json.loads(text)
+                except ValueError as e:
+                    problems.append(f"{name}: not valid JSON ({e})")
+                    continue
+            else:
+                values[field] = text
+        try:
+            settings = cls.model_validate(values)
+        except ValidationError as e:
+            problems += [f"{ENV_PREFIX}{'_'.join(map(str, err['loc'])).upper()}: {err['msg']}" for err in e.errors()]
+            raise InvalidEnvironment("; ".join(problems)) from None
+        if problems:
+            raise InvalidEnvironment("; ".join(problems))
+        return settings
 
     def run_config(self) -> dict[str, Any]:
         """The run config the pod's inputs describe, as ``RunConfig.from_any`` takes it."""
@@ -409,12 +447,10 @@ def _last_words(code: int, line: str) -> None:
 def main() -> int:
     """``python -m agentrun.runner``: one attempt of one AgentRun in a pod; returns the exit code."""
     try:
-        settings = RunnerSettings()  # type: ignore[call-arg]
-    except ValidationError as e:
+        settings = RunnerSettings.from_environ()
+    except InvalidEnvironment as e:
         configure_logging("text")
-        problems = "; ".join(
-            f"{ENV_PREFIX}{'_'.join(map(str, err['loc'])).upper()}: {err['msg']}" for err in e.errors()
-        )
+        problems = str(e)
         log.error("invalid runner environment: %s", problems)
         line = _one_line(f"{BadInput.code}: invalid runner environment: {problems}")
         _termination(None, line)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from agentrun.contract import ENV_PREFIX, STORE_SECRET_KEYS, Env, ExitCode, RunnerInputs, env_name
-from agentrun.runner import RunnerSettings
+from agentrun.runner import InvalidEnvironment, RunnerSettings, main
 
 
 def test_every_runner_input_has_exactly_one_variable_name() -> None:
@@ -29,7 +32,7 @@ def test_the_runner_reads_what_the_operator_renders(monkeypatch: pytest.MonkeyPa
     )
     for entry in sent.to_env():
         monkeypatch.setenv(entry["name"], entry["value"])
-    received = RunnerSettings()  # type: ignore[call-arg]
+    received = RunnerSettings.from_environ()
     assert RunnerInputs.model_validate(received.model_dump()) == sent, "a value changed on its way into the pod"
 
 
@@ -49,3 +52,32 @@ def test_env_name_of_a_field() -> None:
     assert env_name("thread_id") is Env.THREAD_ID
     with pytest.raises(ValueError):
         env_name("no_such_field")
+
+
+def test_a_bad_runner_environment_names_every_bad_variable() -> None:
+    environ = {
+        "AGENTRUN_THREAD_ID": "ns/t",
+        "AGENTRUN_ATTEMPT": "four",
+        "AGENTRUN_CONFIG": "{not json",
+    }
+    with pytest.raises(InvalidEnvironment) as caught:
+        RunnerSettings.from_environ(environ)
+    text = str(caught.value)
+    assert "AGENTRUN_CONFIG: not valid JSON" in text
+    assert "AGENTRUN_GRAPH: Field required" in text
+    assert "AGENTRUN_ATTEMPT:" in text and "integer" in text
+
+
+def test_a_bad_runner_environment_fails_the_attempt_with_a_reason(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    for name in [n for n in os.environ if n.startswith(ENV_PREFIX)]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AGENTRUN_THREAD_ID", "ns/t")
+    monkeypatch.setenv("AGENTRUN_INPUT", "[1,")
+    monkeypatch.setenv("AGENTRUN_TERMINATION_LOG", str(tmp_path / "termination-log"))
+    assert main() == ExitCode.FAILED
+    last_words = capsys.readouterr().err.splitlines()[-1]
+    assert "invalid runner environment" in last_words
+    assert (tmp_path / "termination-log").read_text() in last_words
+    assert "AGENTRUN_INPUT: not valid JSON" in last_words and "AGENTRUN_GRAPH: Field required" in last_words
