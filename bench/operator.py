@@ -54,9 +54,11 @@ import sys
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -68,8 +70,10 @@ import yaml
 from agentrun.checkpoint.postgres import PgCheckpointer
 from agentrun_dev import launch
 from agentrun_dev.databases import create_database, drop_database
+from agentrun_dev.graphs import asker
 from agentrun_dev.kubeload import CountingProxy, RunningHolder
 from agentrun_dev.launch import OperatorProcess
+from agentrun_operator.decide.identity import request_key
 from kubesim import KubeletThread, default_base_env, write_kubeconfig
 from kubesim.real import CONTROLLERS, MASTERS, RealControlPlane
 
@@ -86,6 +90,10 @@ CHUNK = 100
 # A Lease renewed every 20 s rather than 5 s: an emulator busy with the setup must not cost the leader its
 # Lease (old and new operator alike); in steady state it is 0.1 request per second, whatever the runs.
 LEASE_SECONDS = "60"
+SCALE_BASE = 1000
+ASKER = "agentrun_dev.graphs:asker"
+SEED_WORKERS = 16  # parallel creates while seeding (the API server is the bottleneck, not the driver)
+WAITING = "waiting"  # the label value (bench=...) of the scale phase's runs waiting for approval
 
 
 @dataclass(frozen=True)
@@ -95,10 +103,28 @@ class Params:
     active: int = 8
     window: float = 60.0
     settle: float = 10.0
+    scale: int = 10_000  # runs waiting for approval in the scale phase (measured at 1,000 too when larger)
+    scale_running: int = 200  # running beside them (``active`` of them with real runners, for the status lag)
+    scale_window: float = 30.0
+    failover_lease: float = 15.0  # the chart's and the operator's default Lease, for the restart and the failover
 
     @classmethod
     def quick(cls) -> Params:
-        return cls(runs=6, burst=5, active=2, window=3.0, settle=1.0)
+        return cls(
+            runs=6,
+            burst=5,
+            active=2,
+            window=3.0,
+            settle=1.0,
+            scale=50,
+            scale_running=6,
+            scale_window=3.0,
+            failover_lease=3.0,
+        )
+
+    def scale_sizes(self) -> tuple[int, ...]:
+        """The sizes the scale phase is measured at: 1,000 and ``scale``, or ``scale`` alone when not larger."""
+        return (SCALE_BASE, self.scale) if self.scale > SCALE_BASE else (self.scale,)
 
 
 # --- the pieces -------------------------------------------------------------------------------------------------------
@@ -277,13 +303,15 @@ def database() -> Iterator[str]:
         asyncio.run(drop_database(dsn))
 
 
-def start_operator(source: Path, kubeconfig: Path, workdir: Path, **env: str) -> OperatorProcess:
+def start_operator(
+    source: Path, kubeconfig: Path, workdir: Path, *, identity: str = "bench", lease: str = LEASE_SECONDS, **env: str
+) -> OperatorProcess:
     """The operator of the ``source`` tree (this one, or ``--baseline``'s checkout), by the one launcher."""
     return launch.start_operator(
         kubeconfig,
-        identity="bench",
+        identity=identity,
         log_path=workdir / f"operator-{time.monotonic_ns()}.log",
-        settings={"default_image": "agentrun:test", "log_format": "text", "lease_duration_seconds": LEASE_SECONDS},
+        settings={"default_image": "agentrun:test", "log_format": "text", "lease_duration_seconds": lease},
         env={"PYTHONPATH": os.pathsep.join(str(source / p) for p in ("operator", "runner", ".")), **env},
         cwd=source,
     )
@@ -295,12 +323,17 @@ def secret(cluster: Server, dsn: str) -> None:
 
 
 def run(
-    name: str, *, graph: str = "examples.support_agent:app", env: dict[str, str] | None = None, **spec: Any
+    name: str,
+    *,
+    graph: str = "examples.support_agent:app",
+    env: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
+    **spec: Any,
 ) -> dict[str, Any]:
     return {
         "apiVersion": "agentrun.dev/v1alpha1",
         "kind": "AgentRun",
-        "metadata": {"name": name},
+        "metadata": {"name": name, **({"labels": labels} if labels else {})},
         "spec": {
             "graph": graph,
             "threadId": name,
@@ -319,8 +352,25 @@ def apply(cluster: Server, manifests: list[dict[str, Any]], chunk: int = 250) ->
         assert result.returncode == 0, result.stderr
 
 
-def statuses(cluster: Server) -> dict[str, dict[str, Any]]:
-    return {r["metadata"]["name"]: r.get("status") or {} for r in cluster.list_objects("agentruns", "default")}
+def statuses(cluster: Server, selector: str | None = None) -> dict[str, dict[str, Any]]:
+    """Every AgentRun's status by name (only those ``selector`` chooses, when given: a list of 10,000 is slow)."""
+    if selector is None:
+        found = cluster.list_objects("agentruns", "default")
+    else:
+        path = "/apis/agentrun.dev/v1alpha1/namespaces/default/agentruns?" + urllib.parse.urlencode(
+            {"labelSelector": selector}
+        )
+        found = list(_api_get(cluster, path).get("items") or [])
+    return {r["metadata"]["name"]: r.get("status") or {} for r in found}
+
+
+def _api_get(cluster: Server, path: str) -> dict[str, Any]:
+    if isinstance(cluster, RealControlPlane):
+        answer = cluster.api("GET", path, timeout=60)
+        assert answer.status == 200, answer
+        return dict(answer.body)
+    assert isinstance(cluster, Cluster)
+    return dict(cluster._get(path) or {})
 
 
 def pod_names(cluster: Server) -> set[str]:
@@ -434,10 +484,11 @@ def quiet_load(server: str, source: Path, p: Params, workdir: Path) -> dict[str,
 
 
 def _quiet(
-    cluster: Server, workdir: Path, stack: contextlib.ExitStack
+    cluster: Server, workdir: Path, stack: contextlib.ExitStack, *, bind: bool = False
 ) -> tuple[Path, Callable[[float, float], Counter[str]], RunningHolder]:
     """The operator's kubeconfig, a count of its requests in a window (monotonic seconds) and the quiet
-    kubelet: on kubesim a counting proxy and ``RunningHolder``; on the real server its audit log and
+    kubelet: on kubesim a counting proxy and ``RunningHolder`` (binding the pods to ``QUIET_NODE`` when
+    ``bind``, so a kubelet started later leaves them alone); on the real server its audit log and
     ``quiet_node``."""
     if isinstance(cluster, RealControlPlane):
         node = quiet_node(cluster).start()
@@ -451,7 +502,7 @@ def _quiet(
     assert isinstance(cluster, Cluster)
     proxy = CountingProxy(cluster.url).start()
     stack.callback(proxy.stop)
-    holder = RunningHolder(cluster.url, interval=1.0).start()
+    holder = RunningHolder(cluster.url, interval=1.0, node=QUIET_NODE if bind else None).start()
     stack.callback(holder.stop)
     return (
         write_kubeconfig(workdir / "via-proxy", proxy.url),
@@ -524,14 +575,17 @@ def active(server: str, source: Path, p: Params, workdir: Path) -> dict[str, flo
             kubelet.stop()
 
 
-def _status_lag(cluster: Server, dsn: str, p: Params, operator: OperatorProcess) -> dict[str, float]:
-    names = [f"lag-{i}" for i in range(p.active)]
-    apply(cluster, [run(n, graph=TICKER, env={"TICKS": "8", "TICK_SECONDS": "1"}) for n in names])
+def _status_lag(
+    cluster: Server, dsn: str, p: Params, operator: OperatorProcess, prefix: str = "lag"
+) -> dict[str, float]:
+    names = [f"{prefix}-{i}" for i in range(p.active)]
+    labels = {"bench": prefix}
+    apply(cluster, [run(n, graph=TICKER, env={"TICKS": "8", "TICK_SECONDS": "1"}, labels=labels) for n in names])
     shown: dict[tuple[str, int], float] = {}  # (thread, stateVersion) -> first seen (epoch)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         now = time.time()
-        current = statuses(cluster)
+        current = statuses(cluster, f"bench={prefix}")
         for name, s in current.items():
             if s.get("stateVersion"):
                 shown.setdefault((f"default/{name}", int(s["stateVersion"])), now)
@@ -541,7 +595,7 @@ def _status_lag(cluster: Server, dsn: str, p: Params, operator: OperatorProcess)
     lags: list[float] = []
     for thread, version, committed in asyncio.run(_commits(dsn)):
         later = [at for (t, v), at in shown.items() if t == thread and v >= version]
-        if later and thread.startswith("default/lag-"):
+        if later and thread.startswith(f"default/{prefix}-"):
             lags.append(max(0.0, min(later) - committed))
     return {"status_lag_p95_s": p95(lags), "status_lag_samples": float(len(lags))}
 
@@ -617,11 +671,258 @@ def _reschedules(cluster: Server, kubelet: KubeletThread, p: Params, operator: O
     return {"reschedule_p95_s": p95(samples), "reschedule_samples": float(len(samples))}
 
 
+# --- 4. at 10x: thousands of runs waiting for approval ------------------------------------------------------------
+
+
+def scale(server: str, source: Path, p: Params, workdir: Path) -> dict[str, dict[str, float]]:
+    """The operator with ``scale`` runs waiting for approval and ``scale_running`` running, at each of
+    ``p.scale_sizes()``: figures by size (the module docstring's phase 4)."""
+    with (
+        database() as dsn,
+        serving(server, workdir, source, node_lifecycle=False) as cluster,
+        contextlib.ExitStack() as stack,
+    ):
+        secret(cluster, dsn)
+        kubeconfig, count, holder = _quiet(cluster, workdir, stack, bind=True)
+        runs = _scale_running(cluster, source, kubeconfig, workdir, p.scale_running - p.active, holder)
+        kubelet = _kubelet(cluster, workdir)
+        stack.callback(kubelet.stop)
+        measured: dict[str, dict[str, float]] = {}
+        seeded = 0
+        for size in p.scale_sizes():
+            began = time.monotonic()
+            _seed_waiting(cluster, dsn, range(seeded, size))  # no operator runs meanwhile (see _seed_waiting)
+            setup = time.monotonic() - began
+            print(f"  {size - seeded} runs waiting for approval seeded in {setup:.0f}s", flush=True)
+            runs += size - seeded
+            seeded = size
+            at = _at_scale(cluster, dsn, source, p, workdir, kubeconfig, count, runs=runs, size=size)
+            runs += p.active  # the status lag's runs, Succeeded now
+            measured[str(size)] = {"setup_s": setup, "waiting_runs": float(size), **at}
+            print(f"  at {size}: {measured[str(size)]}", flush=True)
+        return {size: {k: round(v, 4) for k, v in figures.items()} for size, figures in measured.items()}
+
+
+def _kubelet(cluster: Server, workdir: Path) -> KubeletThread:
+    """A kubelet stand-in running real runner processes (the status lag's runs)."""
+    base_env = default_base_env([ROOT])
+    if isinstance(cluster, RealControlPlane):
+        return cluster.start_kubelet(workdir / "kubelet", known_images=KNOWN_IMAGES, base_env=base_env)
+    assert isinstance(cluster, Cluster)
+    return KubeletThread(cluster.url, workdir / "kubelet", known_images=KNOWN_IMAGES, base_env=base_env).start()
+
+
+def _scale_running(
+    cluster: Server, source: Path, kubeconfig: Path, workdir: Path, quiet: int, holder: RunningHolder
+) -> int:
+    """``quiet`` runs Running on ``QUIET_NODE`` (their pods held Running, no process), started by an operator
+    stopped afterwards; returns how many runs exist."""
+    operator = start_operator(source, kubeconfig, workdir, identity="bench-setup")
+    try:
+        apply(cluster, [run(f"running-{i}", labels={"bench": "running"}) for i in range(quiet)])
+        wait(
+            lambda: sum(s.get("phase") == "Running" for s in statuses(cluster, "bench=running").values()) >= quiet,
+            timeout=max(120.0, quiet * 0.6),
+            what=f"{quiet} runs Running",
+            operator=operator,
+            interval=1.0,
+        )
+    finally:
+        operator.stop()
+        holder.stop()
+    return quiet
+
+
+def _api(cluster: Server, method: str, path: str, body: Any, content_type: str = "application/json") -> Any:
+    """One request as the admin; the decoded answer (raises unless 2xx)."""
+    if isinstance(cluster, RealControlPlane):
+        answer = cluster.api(method, path, body, content_type=content_type, timeout=60)
+        if not 200 <= answer.status < 300:
+            raise RuntimeError(f"{method} {path}: {answer}")
+        return answer.body
+    assert isinstance(cluster, Cluster)
+    data = json.dumps(body).encode()
+    request = urllib.request.Request(cluster.url + path, data=data, method=method)
+    request.add_header("Content-Type", content_type)
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read())
+
+
+def waiting_status(name: str, started: str) -> dict[str, Any]:
+    """What the operator writes when attempt 1's pod exits 3 (``decide.run``: ``pod_outcome`` of an interrupt),
+    less what it copies from the store (the interrupt, stateVersion, node, step): its first reconcile adds those."""
+    return {
+        "phase": "Interrupted",
+        "reason": "Interrupted",
+        "message": "approve?",
+        "attempt": 1,
+        "podName": f"{name}-1",
+        "startTime": started,
+        "observedGeneration": 1,
+        "attempts": [
+            {
+                "attempt": 1,
+                "podName": f"{name}-1",
+                "startTime": started,
+                "endTime": started,
+                "outcome": "Interrupted",
+                "exitCode": 3,
+                "message": "Interrupted: waiting on approve?",
+            }
+        ],
+    }
+
+
+def _seed_waiting(cluster: Server, dsn: str, indexes: range) -> None:
+    """Runs ``waiting-<i>`` left as a runner and the operator leave a run waiting for approval, with no pod:
+    the AgentRun created with its status (phase Interrupted) and its thread in the store as the ``asker``
+    graph really leaves it (the graph runs in this process, one attempt registered with the run's uid).
+
+    Seeded while no operator runs: one that saw a new run before its status would start its first pod.
+    The pod is gone, as after a node drain or a cleanup: an Interrupted run needs none (``decide.run``)."""
+    names = [f"waiting-{i}" for i in indexes]
+    started = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    path = "/apis/agentrun.dev/v1alpha1/namespaces/default/agentruns"
+
+    def create(name: str) -> str:
+        created = _api(cluster, "POST", path, run(name, graph=ASKER, labels={"bench": WAITING}))
+        patch = {"status": waiting_status(name, started)}
+        _api(cluster, "PATCH", f"{path}/{name}/status", patch, "application/merge-patch+json")
+        return str(created["metadata"]["uid"])
+
+    with ThreadPoolExecutor(max_workers=SEED_WORKERS) as pool:
+        uids = list(pool.map(create, names))
+    asyncio.run(_interrupted_threads(dsn, list(zip(names, uids, strict=True))))
+
+
+async def _interrupted_threads(dsn: str, runs: list[tuple[str, str]]) -> None:
+    """Run ``asker`` to its interrupt for each (name, uid) on the run's thread, as attempt 1 of that run."""
+    store = PgCheckpointer(dsn)
+    app = asker.compile(store, name=ASKER)
+    gate = asyncio.Semaphore(SEED_WORKERS)
+    manifest_input = run("x")["spec"]["input"]
+
+    async def one(name: str, uid: str) -> None:
+        thread = f"default/{name}"
+        key = request_key(namespace="default", name=name, request_id=None, input=manifest_input)
+        config = {"thread_id": thread, "attempt": 1, "run_uid": uid, "request_key": key}
+        async with gate:
+            await store.register_attempt(thread, 1, run_uid=uid)
+            async for _ in app.astream(manifest_input, config):
+                pass
+
+    try:
+        await store.setup()
+        await asyncio.gather(*(one(name, uid) for name, uid in runs))
+    finally:
+        await store.aclose()
+
+
+def _at_scale(
+    cluster: Server,
+    dsn: str,
+    source: Path,
+    p: Params,
+    workdir: Path,
+    kubeconfig: Path,
+    count: Callable[[float, float], Counter[str]],
+    *,
+    runs: int,
+    size: int,
+) -> dict[str, float]:
+    """One size: a new leader's first pass, the quiet window, the status lag, a restart and a failover."""
+    lease = f"{p.failover_lease:g}"
+    began = time.monotonic()
+    leader = start_operator(source, kubeconfig, workdir, identity=f"bench-{size}-a", lease=lease)
+    try:
+        first = _all_reconciled(leader, runs, began)
+        _check_waiting(cluster, size - 1)
+        figures = {"start_reconciled_s": first, **_scale_window(dsn, p, leader, count, runs)}
+        figures.update(_status_lag(cluster, dsn, p, leader, prefix=f"lag{size}"))
+        runs += p.active
+        began = time.monotonic()
+        leader.stop()
+        leader = start_operator(source, kubeconfig, workdir, identity=f"bench-{size}-b", lease=lease)
+        figures["restart_reconciled_s"] = _all_reconciled(leader, runs, began)
+        figures["rss_mb_after_restart"] = proc_rss_mb(leader.proc.pid)
+        standby = start_operator(source, kubeconfig, workdir, identity=f"bench-{size}-c", lease=lease)
+        try:
+            wait(lambda: (standby.role() or "").strip() == "standby", timeout=60, what="standby", operator=standby)
+            began = time.monotonic()
+            leader.kill()  # SIGKILL: the Lease is not released, the standby waits for it to expire
+            wait(lambda: (standby.role() or "").strip() == "leader", timeout=120, what="takeover", operator=standby)
+            figures["failover_leading_s"] = time.monotonic() - began
+            figures["failover_reconciled_s"] = _all_reconciled(standby, runs, began)
+        finally:
+            standby.stop()
+        figures["failover_lease_s"] = p.failover_lease
+        return figures
+    finally:
+        leader.stop()
+
+
+def _check_waiting(cluster: Server, index: int) -> None:
+    """The operator took a seeded run through its normal path: still Interrupted, with the interrupt it read
+    from the store (the seeded status has none) and the thread's position."""
+    found = cluster.get("agentruns", f"waiting-{index}", "default") or {}
+    status = found.get("status") or {}
+    problem = (
+        status.get("phase") != "Interrupted"
+        or not (status.get("interrupt") or {}).get("id")
+        or not status.get("stateVersion")
+    )
+    if problem:
+        raise RuntimeError(f"waiting-{index} was not reconciled as a run waiting for approval: {status}")
+
+
+def reconciled(operator: OperatorProcess) -> int:
+    """How many runs ``operator`` has reconciled since it started (its ``runs_reconciled`` gauge); 0 while
+    it does not answer or does not lead."""
+    try:
+        text = operator.metrics()
+    except OSError:
+        return 0
+    for line in text.splitlines():
+        if line.startswith("agentrun_operator_runs_reconciled "):
+            return int(float(line.split()[1]))
+    return 0
+
+
+def _all_reconciled(operator: OperatorProcess, runs: int, since: float) -> float:
+    """Seconds from ``since`` (monotonic) until ``operator`` has reconciled ``runs`` runs."""
+    wait(lambda: reconciled(operator) >= runs, timeout=600, what=f"{runs} runs reconciled", operator=operator)
+    return time.monotonic() - since
+
+
+def _scale_window(
+    dsn: str, p: Params, operator: OperatorProcess, count: Callable[[float, float], Counter[str]], runs: int
+) -> dict[str, float]:
+    """Over ``scale_window`` seconds after ``settle``: requests, queries and CPU per run, and the RSS."""
+    time.sleep(p.settle)
+    pid = operator.proc.pid
+    xacts0, cpu0, t0 = asyncio.run(_xacts(dsn)), proc_cpu_seconds(pid), time.monotonic()
+    time.sleep(p.scale_window)
+    xacts1, cpu1, t1 = asyncio.run(_xacts(dsn)), proc_cpu_seconds(pid), time.monotonic()
+    rss = proc_rss_mb(pid)
+    time.sleep(0.5)  # the audit log's last lines
+    elapsed = t1 - t0
+    seen = count(t0, t1)
+    print(f"  requests in the window: {dict(seen)}", flush=True)
+    return {
+        "api_requests_per_run_per_s": sum(seen.values()) / runs / elapsed,
+        "db_queries_per_run_per_s": max(0, xacts1 - xacts0 - 2) / runs / elapsed,
+        "cpu_percent": 100.0 * (cpu1 - cpu0) / elapsed,
+        "rss_mb": rss,
+        "runs": float(runs),
+        "window_s": elapsed,
+    }
+
+
 # --- the driver ------------------------------------------------------------------------------------------------------
 
 
 def measure(source: Path, p: Params, servers: tuple[str, ...]) -> dict[str, dict[str, float]]:
-    """Every figure on each server, server after server (one API server up at a time)."""
+    """Every figure of phases 1-3 on each server, server after server (one API server up at a time)."""
     figures: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-operator-") as tmp:
         for server in servers:
@@ -633,6 +934,35 @@ def measure(source: Path, p: Params, servers: tuple[str, ...]) -> dict[str, dict
                 measured.update(phase(server, source, p, work))
             figures[server] = {k: round(v, 4) for k, v in measured.items()}
     return figures
+
+
+def measure_scale(source: Path, p: Params, servers: tuple[str, ...]) -> dict[str, Any]:
+    """Phase 4 on each server: its figures by server and size, and the machine's load around each."""
+    scaled: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-operator-scale-") as tmp:
+        for server in servers:
+            print(f"{source.name or source} on {server}: scale {p.scale_sizes()}", flush=True)
+            work = Path(tmp) / server
+            work.mkdir(parents=True)
+            before = os.getloadavg()
+            began = time.monotonic()
+            scaled[server] = scale(server, source, p, work)
+            scaled[server]["machine"] = {
+                "loadavg_1m_before": before[0],
+                "loadavg_5m_after": os.getloadavg()[1],
+                "loadavg_15m_after": os.getloadavg()[2],
+                "phase_s": round(time.monotonic() - began, 1),
+            }
+    return scaled
+
+
+def existing_section(out: Path) -> dict[str, Any]:
+    """The ``operator`` section ``out`` holds now ({} if none)."""
+    with contextlib.suppress(ValueError, OSError):
+        found = json.loads(out.read_text()).get("operator")
+        if isinstance(found, dict):
+            return found
+    return {}
 
 
 def merge(out: Path, section: dict[str, Any]) -> None:
@@ -656,6 +986,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--burst", type=int, default=Params.burst)
     parser.add_argument("--active", type=int, default=Params.active)
     parser.add_argument("--window", type=float, default=Params.window)
+    parser.add_argument("--scale", type=int, default=Params.scale, help="runs waiting for approval in phase 4")
+    parser.add_argument("--scale-only", action="store_true", help="only phase 4; the other figures in --out are kept")
     parser.add_argument("--baseline", help="also measure the operator of this git revision (as 'before')")
     parser.add_argument("--quick", action="store_true", help="the smoke: a few runs of each")
     parser.add_argument(
@@ -663,17 +995,28 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=RESULTS / "latest.json")
     args = parser.parse_args(argv)
-    p = Params.quick() if args.quick else Params(args.runs, args.burst, args.active, args.window)
+    p = (
+        Params.quick()
+        if args.quick
+        else Params(runs=args.runs, burst=args.burst, active=args.active, window=args.window, scale=args.scale)
+    )
     servers = SERVERS if args.api_server == "both" else (args.api_server,)
-    section: dict[str, Any] = {
-        "meta": {
-            "when": datetime.now(UTC).isoformat(timespec="seconds"),
-            "commit": git("rev-parse", "--short", "HEAD"),
-            "params": p.__dict__,
-            "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-        },
-        "figures": measure(ROOT, p, servers),
+    meta = {
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
+        "commit": git("rev-parse", "--short", "HEAD"),
+        "params": p.__dict__,
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
     }
+    if args.scale_only:
+        section = dict(existing_section(args.out))
+        section["scale"] = {**(section.get("scale") or {}), **measure_scale(ROOT, p, servers)}
+        section["scale_meta"] = meta
+        merge(args.out, section)
+        print(json.dumps(section["scale"], indent=2))
+        return 0
+    section: dict[str, Any] = {"meta": meta, "figures": measure(ROOT, p, servers)}
+    section["scale"] = measure_scale(ROOT, p, servers)
+    section["scale_meta"] = meta
     if args.baseline:
         worktree = Path(tempfile.mkdtemp(prefix="bench-operator-baseline-"))
         git("worktree", "add", "--detach", str(worktree), args.baseline)

@@ -37,6 +37,13 @@ POD_START_LATENCY = Histogram(
     buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300),
 )
 LEADER = Gauge("agentrun_operator_leader", "1 while this replica holds the leader Lease")
+# How far a new leader got with its first pass over every run (after a restart or a failover, it knows no run
+# until its watch lists them): the runs reconciled at least once by this process. Compare with
+# ``agentrun_operator_runs`` or ``kubectl get ar -A --no-headers | wc -l`` to tell when it has caught up.
+RUNS_RECONCILED = Gauge(
+    "agentrun_operator_runs_reconciled",
+    "AgentRuns this process has reconciled at least once since it started (deleted runs leave the count)",
+)
 
 # Failed tool calls by tool (issue 14). Tool names come from user graphs, so the label is bounded: the first
 # TOOL_LABELS_MAX distinct names get their own series, later ones count as "other" (see ``tool_failed``).

@@ -128,6 +128,7 @@ class RunRecord:
     thread: str | None = None  # the store thread of a live run (None: at rest)
     deferred: datetime | None = None  # when a deferred (quiet) status patch is due
     pod_created: float | None = None  # monotonic time its latest pod was created (pod start latency)
+    reconciled: bool = False  # a reconcile of it finished in this process (the runs-reconciled gauge)
 
 
 class Reconciler:
@@ -154,6 +155,7 @@ class Reconciler:
             max_backoff=settings.max_backoff_seconds,
         )
         self.runs: dict[str, RunRecord] = {}  # uid -> what the operator keeps of a run between reconciles
+        self.reconciled = 0  # how many of them a reconcile finished for (metrics.RUNS_RECONCILED)
         self._namespaces: set[str] = set()  # every namespace a run was seen in, for the runs-by-phase gauge
         # (namespace, pod) -> the run waiting for that name, held by a deleted run's terminating pod: its
         # deletion event reconciles the waiting run at once (io/handlers.py), rather than its next retry.
@@ -175,7 +177,10 @@ class Reconciler:
         for key in [k for k, waiting in self.name_waiters.items() if waiting == uid]:
             del self.name_waiters[key]
         self.stores.release(uid)
-        self.runs.pop(uid, None)
+        record = self.runs.pop(uid, None)
+        if record is not None and record.reconciled:
+            self.reconciled -= 1
+            metrics.RUNS_RECONCILED.set(self.reconciled)
         self._publish_phases()
 
     def status_of(self, body: Mapping[str, Any]) -> AgentRunStatus:
@@ -227,6 +232,10 @@ class Reconciler:
                 raise
             finally:
                 metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
+            if not record.reconciled and self.runs.get(uid) is record:  # not forgotten meanwhile (deleted)
+                record.reconciled = True
+                self.reconciled += 1
+                metrics.RUNS_RECONCILED.set(self.reconciled)
             return Pass(self.status_of(run), wake=record.wake, live=record.thread is not None, thread=record.thread)
 
     async def _reconcile(self, run: dict[str, Any], peers: list[ThreadPeer]) -> None:
