@@ -33,7 +33,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .checkpoint.base import LedgerEntry
+from .checkpoint.base import LedgerEntry, LedgerRow
+from .checkpoint.group import LedgerGroup
 from .context import RunContext
 from .errors import DeterminismError, FencedError, StoreUnavailableError
 from .messages import Message, unicode_text
@@ -169,12 +170,30 @@ async def lookup(ctx: RunContext, key: str, tool: Tool) -> Recorded | object:
     return result
 
 
-async def record(ctx: RunContext, key: str, tool_name: str, result: Any, state: dict[str, Any] | None = None) -> bool:
-    """Record a completed call; ``False`` if it was not recorded. Never raises except ``FencedError``."""
+async def record(
+    ctx: RunContext,
+    key: str,
+    tool_name: str,
+    result: Any,
+    state: dict[str, Any] | None = None,
+    *,
+    group: LedgerGroup | None = None,
+) -> bool:
+    """Record a completed call; ``False`` if it was not recorded. Never raises except ``FencedError``.
+
+    ``group``: the call's parallel siblings, to share their commit (``checkpoint.group``); this policy
+    applies to each call of a batch alike.
+    """
     attempt, run_uid = ctx.config.attempt, ctx.config.run_uid
     try:
         envelope = encode(result, state)
-        if await ctx.checkpointer.ledger_put(ctx.thread_id, key, tool_name, envelope, attempt=attempt, run_uid=run_uid):
+        if group is not None:
+            recorded = await group.put(LedgerRow(key, tool_name, envelope))
+        else:
+            recorded = await ctx.checkpointer.ledger_put(
+                ctx.thread_id, key, tool_name, envelope, attempt=attempt, run_uid=run_uid
+            )
+        if recorded:
             return True
         # First WELL-FORMED write wins: a malformed entry is replaced, one written meanwhile by another
         # process stays authoritative (this result reaches the model, a replay will not see it).

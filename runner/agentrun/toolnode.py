@@ -50,6 +50,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import ledger
+from .checkpoint.group import LedgerGroup
 from .constants import END
 from .context import CallScope, RunContext, current_scope
 from .decorator import tool
@@ -131,6 +132,21 @@ def _failed(ctx: RunContext, call: ToolCall, text: str, *, code: str, reason: st
     return _error_message(call, text, reason, known=known)
 
 
+def _ledger_group(ctx: RunContext, calls: int) -> LedgerGroup | None:
+    """The group commit of a message's parallel calls (``checkpoint.group``); ``None`` for a lone call or no window."""
+    window = ctx.checkpointer.ledger_group_window
+    if calls < 2 or window <= 0:
+        return None
+    return LedgerGroup(
+        ctx.checkpointer,
+        ctx.thread_id,
+        siblings=calls,
+        window=window,
+        attempt=ctx.config.attempt,
+        run_uid=ctx.config.run_uid,
+    )
+
+
 def _answered_interrupts(ctx: RunContext, scope_name: str) -> int:
     """How many of the scope's ``interrupt()`` calls, in order, already have a resume value."""
     probe = CallScope(name=scope_name)
@@ -167,10 +183,18 @@ class ToolNode:
         # A call id that repeats within one message cannot key the ledger: it would hand one call's
         # result to the other (and give their result messages one id). Such calls run without it.
         repeated = {i for i, n in Counter(c.id for c in calls if c.id).items() if n > 1}
+        group = _ledger_group(ctx, len(calls))
         outcomes = await asyncio.gather(
             *(
-                self._run_call(
-                    ctx, request.id, call, branch, baseline, position=position, ambiguous=call.id in repeated
+                self._run_sibling(
+                    ctx,
+                    request.id,
+                    call,
+                    branch,
+                    baseline,
+                    position=position,
+                    ambiguous=call.id in repeated,
+                    group=group,
                 )
                 for position, (call, branch) in enumerate(zip(calls, branches, strict=True))
             ),
@@ -206,6 +230,27 @@ class ToolNode:
                 update[key] = Replace(value)
         return update
 
+    async def _run_sibling(
+        self,
+        ctx: RunContext,
+        origin_id: str | None,
+        call: ToolCall,
+        state: dict[str, Any],
+        baseline: dict[str, Any],
+        *,
+        position: int,
+        ambiguous: bool,
+        group: LedgerGroup | None,
+    ) -> Message:
+        """``_run_call``, then tell the group the call ended (however it ended): its batch waits no more for it."""
+        try:
+            return await self._run_call(
+                ctx, origin_id, call, state, baseline, position=position, ambiguous=ambiguous, group=group
+            )
+        finally:
+            if group is not None:
+                group.leave()
+
     async def _run_call(
         self,
         ctx: RunContext,
@@ -216,6 +261,7 @@ class ToolNode:
         *,
         position: int,
         ambiguous: bool = False,
+        group: LedgerGroup | None = None,
     ) -> Message:
         key = None if ambiguous else ledger.ledger_key(origin_id, call.id)
         # The interrupt scope must be unique per call and stable across re-runs: without a key, the
@@ -269,10 +315,11 @@ class ToolNode:
                     state=state,
                     baseline=baseline,
                     lost=failed,
+                    group=group,
                 )
             return _failed(ctx, call, failed.text, code=failed.code, reason=failed.reason)
         return await self._completed(
-            ctx, t, call=call, key=key, result=result, state=state, baseline=baseline, started=started
+            ctx, t, call=call, key=key, result=result, state=state, baseline=baseline, started=started, group=group
         )
 
     async def _replayed(
@@ -322,8 +369,12 @@ class ToolNode:
         state: dict[str, Any],
         baseline: dict[str, Any],
         started: float,
+        group: LedgerGroup | None = None,
     ) -> Message:
-        """A call that returned: counted, logged, recorded in the ledger before anything else continues."""
+        """A call that returned: counted, logged, recorded in the ledger before anything else continues.
+
+        With ``group``, the record shares a commit with siblings that finish within its window.
+        """
         ctx.counts.executed += 1
         TOOL_CALLS.labels(t.name, "executed").inc()
         ctx.log.info(
@@ -335,7 +386,7 @@ class ToolNode:
         )
         fault_point("after_tool", t.name)
         if key is not None:
-            await ledger.record(ctx, key, t.name, result, changed_fields(baseline, state))
+            await ledger.record(ctx, key, t.name, result, changed_fields(baseline, state), group=group)
             fault_point("after_ledger_record", t.name)
         return _result_message(result, call, t.name, key)
 
@@ -352,6 +403,7 @@ class ToolNode:
         state: dict[str, Any],
         baseline: dict[str, Any],
         lost: _ToolFailed,
+        group: LedgerGroup | None = None,
     ) -> Message:
         """A side-effect call that lost its answer: in doubt now, under its policy (see the module docstring).
 
@@ -390,7 +442,15 @@ class ToolNode:
                     lost = again
                     continue
                 return await self._completed(
-                    ctx, t, call=call, key=key, result=result, state=state, baseline=baseline, started=started
+                    ctx,
+                    t,
+                    call=call,
+                    key=key,
+                    result=result,
+                    state=state,
+                    baseline=baseline,
+                    started=started,
+                    group=group,
                 )
             ctx.log.warning(
                 "%s (%s) is still in doubt after %d retries; pausing the run for a human", key, t.name, LOST_RETRIES
@@ -427,22 +487,30 @@ class ToolNode:
         """
         resumes = _answered_interrupts(ctx, scope.name)
         intent_key = key if resumes == 0 else f"{key}#resume{resumes}"
+        attempt, run_uid = ctx.config.attempt, ctx.config.run_uid
         try:
-            intent = await ctx.checkpointer.intent_get(ctx.thread_id, intent_key)
-        except StoreUnavailableError:
+            # The earlier start's intent if there is one, else this start recorded: one round trip.
+            intent = await ctx.checkpointer.intent_claim(
+                ctx.thread_id, intent_key, t.name, idem, attempt=attempt, run_uid=run_uid
+            )
+        except (FencedError, StoreUnavailableError):
             raise
         except Exception as e:
-            ctx.log.warning("intent lookup failed for %s (%s); assuming the call never started", intent_key, e)
-            intent = None
-        if intent is None:
+            ctx.log.warning(
+                "intent lookup failed for %s (%s); assuming the call never started and recording its start",
+                intent_key,
+                e,
+            )
             try:
                 await ctx.checkpointer.intent_put(
-                    ctx.thread_id, intent_key, t.name, idem, attempt=ctx.config.attempt, run_uid=ctx.config.run_uid
+                    ctx.thread_id, intent_key, t.name, idem, attempt=attempt, run_uid=run_uid
                 )
             except (FencedError, StoreUnavailableError):
                 raise
             except Exception as e:
                 ctx.log.error("could not record the intent of %s (%s): %s; running it anyway", intent_key, t.name, e)
+            return None
+        if intent is None:
             return None
         IN_DOUBT.labels(t.name, t.in_doubt).inc()
         ctx.counts.in_doubt += 1

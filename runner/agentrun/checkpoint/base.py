@@ -44,7 +44,7 @@ import abc
 import asyncio
 import math
 import time
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -283,6 +283,15 @@ class LedgerEntry:
 
 
 @dataclass(frozen=True)
+class LedgerRow:
+    """One completed call to record: what ``ledger_put`` takes, for ``ledger_put_many``."""
+
+    key: str
+    tool_name: str
+    result: Any
+
+
+@dataclass(frozen=True)
 class Intent:
     """A tool call with side effects that started: recorded before it runs, so a replay can tell it was in doubt."""
 
@@ -515,6 +524,58 @@ class LedgerStore(Protocol):
 
         Raises ``FencedError`` like ``ledger_put``: a fenced run must not start side effects.
         """
+
+    async def ledger_put_many(
+        self,
+        thread_id: str,
+        rows: Sequence[LedgerRow],
+        *,
+        attempt: int | None = None,
+        run_uid: str | None = None,
+    ) -> list[bool]:
+        """Record several completed calls; per row, ``ledger_put``'s answer (``False``: already recorded).
+
+        The group commit of parallel calls (``checkpoint.group``). This default
+        writes row by row, so a failure part-way leaves the rows before it
+        recorded; PostgreSQL overrides it with one statement and one commit, all
+        or nothing. Raises ``FencedError`` like ``ledger_put`` (a fenced batch
+        records nothing) and what the store raises for a failed write.
+        """
+        return [
+            await self.ledger_put(thread_id, row.key, row.tool_name, row.result, attempt=attempt, run_uid=run_uid)
+            for row in rows
+        ]
+
+    async def intent_claim(
+        self,
+        thread_id: str,
+        key: str,
+        tool_name: str,
+        idempotency_key: str | None,
+        *,
+        attempt: int | None = None,
+        run_uid: str | None = None,
+    ) -> Intent | None:
+        """The intent already recorded for ``key`` (the call started before: it is in doubt), else record this one.
+
+        ``None``: nothing was recorded before and this start now is. This default
+        is ``intent_get`` then ``intent_put`` (two round trips); PostgreSQL does
+        both in one statement. Raises ``FencedError`` like ``intent_put``.
+        """
+        existing = await self.intent_get(thread_id, key)
+        if existing is not None:
+            return existing
+        await self.intent_put(thread_id, key, tool_name, idempotency_key, attempt=attempt, run_uid=run_uid)
+        return None
+
+    @property
+    def ledger_group_window(self) -> float:
+        """Seconds a finished call's record may wait for its parallel siblings' (``checkpoint.group``); 0: none.
+
+        Worth it where a commit costs a round trip (PostgreSQL: 2 ms by default);
+        the embedded stores write each record on its own.
+        """
+        return 0.0
 
 
 @runtime_checkable

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -49,6 +49,7 @@ from .base import (
     Head,
     Intent,
     LedgerEntry,
+    LedgerRow,
     Progress,
     RunInputsRecord,
     StopWatch,
@@ -255,6 +256,22 @@ class CachedStore(Checkpointer):
         return await self.inner.ledger_put(thread_id, key, tool_name, result, attempt=attempt, run_uid=run_uid)
 
     @override
+    async def ledger_put_many(
+        self,
+        thread_id: str,
+        rows: Sequence[LedgerRow],
+        *,
+        attempt: int | None = None,
+        run_uid: str | None = None,
+    ) -> list[bool]:
+        return await self.inner.ledger_put_many(thread_id, rows, attempt=attempt, run_uid=run_uid)
+
+    @property
+    @override
+    def ledger_group_window(self) -> float:
+        return self.inner.ledger_group_window
+
+    @override
     async def ledger_replace(
         self,
         thread_id: str,
@@ -290,6 +307,21 @@ class CachedStore(Checkpointer):
         run_uid: str | None = None,
     ) -> None:
         await self.inner.intent_put(thread_id, key, tool_name, idempotency_key, attempt=attempt, run_uid=run_uid)
+
+    @override
+    async def intent_claim(
+        self,
+        thread_id: str,
+        key: str,
+        tool_name: str,
+        idempotency_key: str | None,
+        *,
+        attempt: int | None = None,
+        run_uid: str | None = None,
+    ) -> Intent | None:
+        return await self.inner.intent_claim(
+            thread_id, key, tool_name, idempotency_key, attempt=attempt, run_uid=run_uid
+        )
 
     # -- control -------------------------------------------------------------------------------
 

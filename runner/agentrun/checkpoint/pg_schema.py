@@ -653,6 +653,117 @@ MIGRATIONS: list[Migration] = [
         $$;
         """,
     ),
+    Migration(
+        "group commit of parallel tool results, and an intent's lookup and record in one round trip",
+        # Migration 9's fence for two new writes (checkpoint.group, PgCheckpointer.ledger_put_many and
+        # intent_claim): the thread row FOR SHARE (siblings do not wait for each other, a checkpoint or
+        # a registration in flight is waited for), the fence read after the lock, then the inserts.
+        """
+        -- The results of parallel tool calls that finished together: one statement, one commit. Each
+        -- row is inserted if absent (the first recorded result stays authoritative), one by one so
+        -- each gets its own outcome: 'inserted'; 'own' when the row already there is exactly this
+        -- writer's (same text, attempt and run: a retried commit whose first try landed unacknowledged);
+        -- 'exists' for anyone else's row. A fenced writer inserts nothing.
+        CREATE FUNCTION agentrun_put_tool_results(
+            p_thread_id {thread_id_type}, p_keys TEXT[], p_tool_names TEXT[], p_results TEXT[],
+            p_result_texts TEXT[], p_attempt INTEGER, p_run_uid TEXT,
+            OUT o_outcome TEXT, OUT o_owner_run_uid TEXT, OUT o_owner_attempt INTEGER, OUT o_rows TEXT[]
+        ) LANGUAGE plpgsql AS $$
+        DECLARE
+            v_tries INTEGER := 0;
+            v_i INTEGER;
+        BEGIN
+            LOOP
+                PERFORM 1 FROM threads t WHERE t.thread_id = p_thread_id FOR SHARE;
+                EXIT WHEN FOUND;
+                v_tries := v_tries + 1;
+                IF v_tries > 3 THEN
+                    o_outcome := 'vanished';
+                    RETURN;
+                END IF;
+                INSERT INTO threads (thread_id) VALUES (p_thread_id) ON CONFLICT (thread_id) DO NOTHING;
+            END LOOP;
+            SELECT a.run_uid, a.attempt INTO o_owner_run_uid, o_owner_attempt FROM attempts a
+            WHERE a.thread_id = p_thread_id;
+            IF o_owner_attempt IS NOT NULL AND (
+                (p_run_uid IS NOT NULL AND o_owner_run_uid IS NOT NULL AND p_run_uid <> o_owner_run_uid)
+                OR (p_attempt IS NOT NULL AND p_attempt < o_owner_attempt)
+            ) THEN
+                o_outcome := 'fenced';
+                RETURN;
+            END IF;
+            o_rows := ARRAY[]::TEXT[];
+            FOR v_i IN 1 .. coalesce(cardinality(p_keys), 0) LOOP
+                INSERT INTO tool_executions (thread_id, tool_call_id, tool_name, result, result_text, attempt, run_uid)
+                VALUES (p_thread_id, p_keys[v_i], p_tool_names[v_i], p_results[v_i]::jsonb, p_result_texts[v_i],
+                        p_attempt, p_run_uid)
+                ON CONFLICT (thread_id, tool_call_id) DO NOTHING;
+                IF FOUND THEN
+                    o_rows := o_rows || 'inserted'::TEXT;
+                ELSIF EXISTS (
+                    SELECT 1 FROM tool_executions e
+                    WHERE e.thread_id = p_thread_id AND e.tool_call_id = p_keys[v_i] AND e.tool_name = p_tool_names[v_i]
+                      AND e.result_text = p_result_texts[v_i] AND e.attempt IS NOT DISTINCT FROM p_attempt
+                      AND e.run_uid IS NOT DISTINCT FROM p_run_uid
+                ) THEN
+                    o_rows := o_rows || 'own'::TEXT;
+                ELSE
+                    o_rows := o_rows || 'exists'::TEXT;
+                END IF;
+            END LOOP;
+            o_outcome := 'ok';
+        END
+        $$;
+        -- A side-effect call's start: the intent already recorded for the key (outcome 'exists', with
+        -- its tool, idempotency key and start time: the call is in doubt; 'own' when it is exactly this
+        -- writer's, which a retried claim whose first try landed unacknowledged takes as its own), or
+        -- this one, recorded now ('inserted'). One round trip instead of a lookup and then an insert.
+        -- A fenced writer learns nothing and records nothing: it must not start side effects.
+        CREATE FUNCTION agentrun_claim_intent(
+            p_thread_id {thread_id_type}, p_key TEXT, p_tool_name TEXT, p_idempotency_key TEXT,
+            p_attempt INTEGER, p_run_uid TEXT,
+            OUT o_outcome TEXT, OUT o_owner_run_uid TEXT, OUT o_owner_attempt INTEGER,
+            OUT o_tool_name TEXT, OUT o_idempotency_key TEXT, OUT o_started_at FLOAT8
+        ) LANGUAGE plpgsql AS $$
+        DECLARE
+            v_tries INTEGER := 0;
+        BEGIN
+            LOOP
+                PERFORM 1 FROM threads t WHERE t.thread_id = p_thread_id FOR SHARE;
+                EXIT WHEN FOUND;
+                v_tries := v_tries + 1;
+                IF v_tries > 3 THEN
+                    o_outcome := 'vanished';
+                    RETURN;
+                END IF;
+                INSERT INTO threads (thread_id) VALUES (p_thread_id) ON CONFLICT (thread_id) DO NOTHING;
+            END LOOP;
+            SELECT a.run_uid, a.attempt INTO o_owner_run_uid, o_owner_attempt FROM attempts a
+            WHERE a.thread_id = p_thread_id;
+            IF o_owner_attempt IS NOT NULL AND (
+                (p_run_uid IS NOT NULL AND o_owner_run_uid IS NOT NULL AND p_run_uid <> o_owner_run_uid)
+                OR (p_attempt IS NOT NULL AND p_attempt < o_owner_attempt)
+            ) THEN
+                o_outcome := 'fenced';
+                RETURN;
+            END IF;
+            INSERT INTO tool_intents (thread_id, tool_call_id, tool_name, idempotency_key, attempt, run_uid)
+            VALUES (p_thread_id, p_key, p_tool_name, p_idempotency_key, p_attempt, p_run_uid)
+            ON CONFLICT (thread_id, tool_call_id) DO NOTHING;
+            IF FOUND THEN
+                o_outcome := 'inserted';
+                RETURN;
+            END IF;
+            SELECT i.tool_name, i.idempotency_key, extract(epoch FROM i.started_at)::float8,
+                   CASE WHEN i.tool_name = p_tool_name AND i.idempotency_key IS NOT DISTINCT FROM p_idempotency_key
+                             AND i.attempt IS NOT DISTINCT FROM p_attempt AND i.run_uid IS NOT DISTINCT FROM p_run_uid
+                        THEN 'own' ELSE 'exists' END
+            INTO o_tool_name, o_idempotency_key, o_started_at, o_outcome
+            FROM tool_intents i WHERE i.thread_id = p_thread_id AND i.tool_call_id = p_key;
+        END
+        $$;
+        """,
+    ),
 ]
 
 _CREATE_VERSION_TABLE = """

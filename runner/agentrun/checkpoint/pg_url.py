@@ -12,6 +12,10 @@ the store must know about the road to PostgreSQL travels in it:
   ``session`` and ``none`` say the session is kept (the default).
 - ``agentrun_listen=off``: runs poll for stop requests instead of LISTENing
   (implied by ``agentrun_pooler=transaction``).
+- ``agentrun_ledger_window_ms=2``: the group commit window of the tool ledger
+  (``checkpoint.group``), in milliseconds (0 to 1000; 0: every record its own
+  commit). A finished call's record waits at most this long for its parallel
+  siblings' so they share one commit.
 
 Any other ``agentrun_*`` parameter is refused (``ValueError``): a typo must not
 pass for a setting, nor reach PostgreSQL as an unknown server setting.
@@ -36,12 +40,14 @@ class StoreUrl:
     dsn: str  # the URL without agentrun's parameters
     pooler: str | None = None  # TRANSACTION, or None: a session of its own (direct, or a session pooler)
     listen: bool = True  # runs LISTEN for stop requests (never through a transaction pooler)
+    ledger_window: float | None = None  # seconds; None: the store's default
 
 
 def parse_store_url(url: str) -> StoreUrl:
     """``url``'s agentrun parameters; raises ``ValueError`` for an unknown one or an unknown value."""
     pooler: str | None = None
     listen = True
+    ledger_window: float | None = None
     for _sep, name, value in _PARAM.findall(url):
         lowered = value.lower()
         if name == "agentrun_pooler":
@@ -52,9 +58,25 @@ def parse_store_url(url: str) -> StoreUrl:
             if lowered not in _OFF | _ON:
                 raise ValueError(f"agentrun_listen={value!r} in the store URL must be on or off")
             listen = lowered in _ON
+        elif name == "agentrun_ledger_window_ms":
+            ledger_window = _milliseconds(name, value)
         else:
-            raise ValueError(f"unknown store URL parameter {name!r} (agentrun_pooler and agentrun_listen exist)")
-    return StoreUrl(without_params(url, None), pooler, listen)
+            raise ValueError(
+                f"unknown store URL parameter {name!r} "
+                "(agentrun_pooler, agentrun_listen and agentrun_ledger_window_ms exist)"
+            )
+    return StoreUrl(without_params(url, None), pooler, listen, ledger_window)
+
+
+def _milliseconds(name: str, value: str) -> float:
+    """``value`` ms as seconds; ``ValueError`` unless it is a number from 0 to 1000."""
+    try:
+        ms = float(value)
+    except ValueError:
+        ms = -1.0
+    if not 0 <= ms <= 1000:  # also refuses nan
+        raise ValueError(f"{name}={value!r} in the store URL must be a number of milliseconds from 0 to 1000")
+    return ms / 1000.0
 
 
 def without_params(url: str, names: frozenset[str] | None) -> str:

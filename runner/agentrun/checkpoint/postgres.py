@@ -113,7 +113,7 @@ import random
 import re
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
@@ -134,6 +134,7 @@ from .base import (
     Head,
     Intent,
     LedgerEntry,
+    LedgerRow,
     Owner,
     Progress,
     RunInputsRecord,
@@ -143,6 +144,7 @@ from .base import (
     claim,
     turn_fields,
 )
+from .group import LEDGER_GROUP_WINDOW
 from .listen import ProgressEvent, events, nothing
 from .pg_history import ThreadRows, find_run_txn, thread_rows_txn
 from .pg_listen import StopListener
@@ -250,6 +252,17 @@ _GET_TURN = """
 # result, the first intent with its start time and idempotency key, stays authoritative).
 _PUT_TOOL_ROW = """
     SELECT o_outcome, o_owner_run_uid, o_owner_attempt FROM agentrun_put_tool_row($1, $2, $3, $4, $5, $6, $7, $8, $9)
+"""
+# The group commit of parallel calls' results (pg_schema migration 15, checkpoint.group): one statement,
+# one commit, fenced like _PUT_TOOL_ROW; o_rows has each row's outcome: inserted, own or exists.
+_PUT_TOOL_RESULTS = """
+    SELECT o_outcome, o_owner_run_uid, o_owner_attempt, o_rows
+    FROM agentrun_put_tool_results($1, $2::text[], $3::text[], $4::text[], $5::text[], $6, $7)
+"""
+# An intent's lookup and record in one round trip (migration 15): the recorded one, or this one inserted.
+_CLAIM_INTENT = """
+    SELECT o_outcome, o_owner_run_uid, o_owner_attempt, o_tool_name, o_idempotency_key, o_started_at
+    FROM agentrun_claim_intent($1, $2, $3, $4, $5, $6)
 """
 # Compare-and-swap on the exact stored text (the repair of a malformed row). The UPDATE locks the
 # row; a second repairer waits, then re-checks the WHERE on the row the first one wrote (READ
@@ -423,8 +436,18 @@ async def _fence_txn(conn: Connection, thread_id: str, attempt: int | None, run_
     check_fence(thread_id, _owner(await conn.fetchrow(_OWNER, thread_id)), attempt=attempt, run_uid=run_uid)
 
 
-def _tool_row_outcome(thread_id: str, row: asyncpg.Record | None, *, attempt: int | None, run_uid: str | None) -> bool:
-    """Whether ``_PUT_TOOL_ROW`` inserted; raises ``FencedError`` (fenced) or ``StorageError`` (thread vanished)."""
+def _tool_row_outcome(
+    thread_id: str,
+    row: asyncpg.Record | None,
+    *,
+    attempt: int | None,
+    run_uid: str | None,
+    expected: str = "inserted",
+) -> bool:
+    """Whether a fenced tool-row function's outcome is ``expected`` (``_PUT_TOOL_ROW``: inserted).
+
+    Raises ``FencedError`` (fenced) or ``StorageError`` (thread vanished).
+    """
     assert row is not None  # a function with OUT parameters returns one row
     outcome = row["o_outcome"]
     if outcome == "fenced":
@@ -434,7 +457,7 @@ def _tool_row_outcome(thread_id: str, row: asyncpg.Record | None, *, attempt: in
         raise FencedError(f"thread {thread_id!r} is owned by another attempt; this attempt must stop")
     if outcome == "vanished":
         raise StorageError(f"thread {thread_id!r} was deleted while being written, three times in a row")
-    return bool(outcome == "inserted")
+    return bool(outcome == expected)
 
 
 async def _keep_session(conn: asyncpg.Connection[asyncpg.Record]) -> None:
@@ -519,6 +542,10 @@ class PgCheckpointer(Checkpointer):
     ``listen_dsn``: where ``watch_progress`` LISTENs, a direct DSN of the same
     database (the store Secret's ``postgresListenDsn``); by default ``dsn``
     itself, or nowhere when ``dsn`` goes through a transaction pooler.
+    ``ledger_group_window``: seconds a finished tool call's record may wait
+    for its parallel siblings' to share one commit (``checkpoint.group``);
+    default ``LEDGER_GROUP_WINDOW`` (2 ms), or ``agentrun_ledger_window_ms``
+    in ``dsn``; 0: every record commits on its own.
     """
 
     backend = "postgres"
@@ -541,6 +568,7 @@ class PgCheckpointer(Checkpointer):
         snapshot_every: int = 256,
         pooler: str | None = None,
         listen_dsn: str | None = None,
+        ledger_group_window: float | None = None,
     ) -> None:
         url = parse_store_url(dsn)  # ValueError for an unknown agentrun parameter
         self.dsn = url.dsn
@@ -590,6 +618,8 @@ class PgCheckpointer(Checkpointer):
         self.stop_sweep_interval = stop_sweep_interval
         self._stop_listener: StopListener | None = None
         self.snapshot_every = max(0, snapshot_every)
+        window = ledger_group_window if ledger_group_window is not None else url.ledger_window
+        self._ledger_group_window = LEDGER_GROUP_WINDOW if window is None else max(0.0, window)
         # Per thread, what this store last committed (the chain a delta continues).
         self._chains: dict[str, _Chain] = {}
         # The operator's wake-up after a commit (pg_progress: throttled, off the step's path).
@@ -1083,6 +1113,57 @@ class PgCheckpointer(Checkpointer):
 
         return await self._call("ledger record", once)
 
+    @property
+    @override
+    def ledger_group_window(self) -> float:
+        return self._ledger_group_window
+
+    @override
+    async def ledger_put_many(
+        self,
+        thread_id: str,
+        rows: Sequence[LedgerRow],
+        *,
+        attempt: int | None = None,
+        run_uid: str | None = None,
+    ) -> list[bool]:
+        """All of ``rows`` in one statement and one commit (migration 15), or none of them.
+
+        A retry whose first try committed unacknowledged finds rows that are
+        exactly this writer's (same text, attempt and run) and reports them recorded.
+        """
+        if len(rows) == 1:
+            row = rows[0]
+            return [
+                await self.ledger_put(thread_id, row.key, row.tool_name, row.result, attempt=attempt, run_uid=run_uid)
+            ]
+        check_thread_id(thread_id)
+        bodies = [_dumps(row.result, what=f"the result of {row.tool_name}") for row in rows]
+        args = (
+            thread_id,
+            [row.key for row in rows],
+            [row.tool_name for row in rows],
+            [None if "\\u0000" in body else body for body in bodies],  # JSONB cannot hold U+0000; result_text can
+            bodies,
+            attempt,
+            run_uid,
+        )
+        tries = 0
+
+        async def once() -> list[bool]:
+            nonlocal tries
+            tries += 1
+            async with self._connection() as conn:
+                row = await conn.fetchrow(_PUT_TOOL_RESULTS, *args)
+            _tool_row_outcome(thread_id, row, attempt=attempt, run_uid=run_uid, expected="ok")
+            assert row is not None
+            outcomes = [o == "inserted" or (o == "own" and tries > 1) for o in row["o_rows"]]
+            if any(outcomes):
+                self._progress.committed(thread_id, final=False)  # the operator counts recorded calls
+            return outcomes
+
+        return await self._call("ledger group record", once)
+
     @override
     async def ledger_replace(
         self,
@@ -1189,6 +1270,34 @@ class PgCheckpointer(Checkpointer):
             _tool_row_outcome(thread_id, row, attempt=attempt, run_uid=run_uid)
 
         await self._call("intent record", once)
+
+    @override
+    async def intent_claim(
+        self,
+        thread_id: str,
+        key: str,
+        tool_name: str,
+        idempotency_key: str | None,
+        *,
+        attempt: int | None = None,
+        run_uid: str | None = None,
+    ) -> Intent | None:
+        """The recorded intent, or this one recorded: one statement, one round trip (migration 15)."""
+        check_thread_id(thread_id)
+        tries = 0
+
+        async def once() -> Intent | None:
+            nonlocal tries
+            tries += 1
+            async with self._connection() as conn:
+                row = await conn.fetchrow(_CLAIM_INTENT, thread_id, key, tool_name, idempotency_key, attempt, run_uid)
+            outcome = _tool_row_outcome(thread_id, row, attempt=attempt, run_uid=run_uid, expected="inserted")
+            assert row is not None
+            if outcome or (row["o_outcome"] == "own" and tries > 1):  # a retry finding its own first try
+                return None
+            return Intent(key, row["o_tool_name"], row["o_idempotency_key"], row["o_started_at"])
+
+        return await self._call("intent claim", once)
 
     # -- fencing, stop, threads ---------------------------------------------------------------
 
