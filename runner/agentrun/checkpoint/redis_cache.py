@@ -290,7 +290,7 @@ class RedisHotCache:
                 thread_id=thread_id,
                 version=version,
                 values=state["values"],
-                messages=[Message.from_json(json.loads(body)) for body in bodies],
+                messages=Message.many_from_json_texts(bodies),
                 current_node=state["current_node"],
                 step=state["step"],
                 status=state["status"],

@@ -379,7 +379,7 @@ class SqliteCheckpointer(Checkpointer):
                 thread_id=thread_id,
                 version=version,
                 values=json.loads(values),
-                messages=[Message.from_json(json.loads(b)) for (b,) in bodies],
+                messages=Message.many_from_json_texts([b for (b,) in bodies]),
                 current_node=node,
                 step=step,
                 status=status,
