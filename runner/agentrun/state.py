@@ -94,9 +94,33 @@ class StateSchema:
         return merged
 
 
+# Values that need no copy: immutable, and what JSON holds at the leaves.
+_IMMUTABLE = frozenset({str, int, float, bool, type(None), bytes})
+
+
+def copy_value(value: Any) -> Any:
+    """A deep copy of a channel's value, fast for the JSON shapes state holds, ``copy.deepcopy`` for the rest.
+
+    A step copies every channel for its node's input; ``copy.deepcopy`` dispatches on every element
+    (about 6 us for a 25-int list, 1.8 us here). Lists and dicts are rebuilt, immutable leaves shared;
+    other objects (models, sets, tuples) go to ``deepcopy`` as before. Aliasing inside a value is not
+    kept, as JSON, where the value is persisted, does not keep it either.
+    """
+    kind = type(value)
+    if kind in _IMMUTABLE:
+        return value
+    if kind is list:
+        if all(type(item) in _IMMUTABLE for item in value):
+            return value.copy()
+        return [copy_value(item) for item in value]
+    if kind is dict:
+        return {key: copy_value(item) for key, item in value.items()}
+    return copy.deepcopy(value)
+
+
 def snapshot_fields(state: dict[str, Any]) -> dict[str, Any]:
     """A deep copy of every channel except ``messages`` (the baseline for merging branches)."""
-    return {k: copy.deepcopy(v) for k, v in state.items() if k != MESSAGES}
+    return {k: copy_value(v) for k, v in state.items() if k != MESSAGES}
 
 
 def node_input(state: dict[str, Any]) -> dict[str, Any]:
