@@ -21,6 +21,7 @@ import pytest
 
 from agentrun import Command, FencedError, StaleStateError, StorageError, interrupt, tool, user
 from agentrun.checkpoint import Checkpointer, ControlStore, LedgerStore, StateStore
+from agentrun.checkpoint.base import LedgerRow
 from agentrun.messages import assistant
 from tests.support.checkpointers import Backend, write
 
@@ -209,6 +210,59 @@ async def test_intents_are_kept_once_recorded(backend: Backend, checkpointer: Ch
     none_key = await checkpointer.intent_get(t, "m:d")
     assert none_key is not None and none_key.idempotency_key is None
     assert await checkpointer.intent_get(backend.thread("other"), "m:c") is None
+
+
+async def test_ledger_put_many_answers_per_row_and_the_first_result_of_each_key_stays(
+    backend: Backend, checkpointer: Checkpointer
+) -> None:
+    """The group commit's write: each row insert-if-absent, its own answer, exactly its own text kept."""
+    t = backend.thread()
+    assert await checkpointer.ledger_put(t, "m:b", "score", envelope("first")) is True
+    rows = [
+        LedgerRow("m:a", "lookup", envelope({"v": "caf\u00e9 \u0000 nul"})),
+        LedgerRow("m:b", "score", envelope("second")),
+        LedgerRow("m:c", "notify", envelope([1, 2])),
+    ]
+    assert await checkpointer.ledger_put_many(t, rows) == [True, False, True], (
+        "each row of a batch must say whether it was recorded (False: the key already had a result)"
+    )
+    entries = {e.key: e for e in await checkpointer.ledger_list(t)}
+    assert {k: (e.tool_name, e.result) for k, e in entries.items()} == {
+        "m:a": ("lookup", envelope({"v": "caf\u00e9 \u0000 nul"})),
+        "m:b": ("score", envelope("first")),
+        "m:c": ("notify", envelope([1, 2])),
+    }, "a batch must record every new row exactly and never overwrite a recorded one"
+    assert await checkpointer.ledger_put_many(t, rows) == [False, False, False], "a batch written again is a no-op"
+    assert await checkpointer.ledger_put_many(backend.thread("other"), rows[:1]) == [True], "batches are per thread"
+
+
+async def test_intent_claim_returns_the_earlier_start_or_records_this_one(
+    backend: Backend, checkpointer: Checkpointer
+) -> None:
+    t = backend.thread()
+    assert await checkpointer.intent_claim(t, "m:c", "charge_card", "ar-key-1") is None, "a first start is recorded"
+    recorded = await checkpointer.intent_get(t, "m:c")
+    assert recorded is not None and (recorded.tool_name, recorded.idempotency_key) == ("charge_card", "ar-key-1")
+    again = await checkpointer.intent_claim(t, "m:c", "charge_card", "ar-key-2")
+    assert again is not None, "a second start must find the first one: the call is in doubt"
+    assert (again.key, again.tool_name, again.idempotency_key) == ("m:c", "charge_card", "ar-key-1")
+    assert again.started_at == pytest.approx(recorded.started_at, abs=1e-3)
+    assert await checkpointer.intent_claim(backend.thread("other"), "m:c", "charge_card", None) is None
+
+
+async def test_a_fenced_batch_or_intent_claim_records_nothing(backend: Backend, checkpointer: Checkpointer) -> None:
+    t = backend.thread()
+    await checkpointer.register_attempt(t, 2, run_uid="run-a")
+    rows = [LedgerRow("m:a", "lookup", envelope(1)), LedgerRow("m:b", "score", envelope(2))]
+    with pytest.raises(FencedError):
+        await checkpointer.ledger_put_many(t, rows, attempt=1, run_uid="run-a")
+    with pytest.raises(FencedError):
+        await checkpointer.ledger_put_many(t, rows, attempt=2, run_uid="run-b")
+    with pytest.raises(FencedError):
+        await checkpointer.intent_claim(t, "m:a", "charge_card", None, attempt=1, run_uid="run-a")
+    assert await checkpointer.ledger_list(t) == [], "a fenced batch must record nothing"
+    assert await checkpointer.intent_get(t, "m:a") is None, "a fenced claim must record nothing"
+    assert await checkpointer.ledger_put_many(t, rows, attempt=2, run_uid="run-a") == [True, True]
 
 
 # == ControlStore ==================================================================================
