@@ -348,11 +348,13 @@ async def job_langgraph_tools(p: Params) -> dict[str, Any]:
 
 
 async def job_cold_start(p: Params) -> dict[str, Any]:
-    """``python -m agentrun.runner`` from exec to its first checkpoint row, seen by polling the store."""
+    """``python -m agentrun.runner`` from exec to its first checkpoint row, seen by polling the store.
+
+    Then once more under ``-X importtime``: where a start's time goes (``imports``, ms by top-level package).
+    """
     import asyncpg
 
     from agentrun.checkpoint.postgres import PgCheckpointer
-    from agentrun.contract import Env, RunnerInputs
 
     # The runner's store is the default schema ("agentrun") of the bench database, migrated already
     # (as a pod's store is).
@@ -360,46 +362,74 @@ async def job_cold_start(p: Params) -> dict[str, Any]:
     await setup.setup()
     await setup.aclose()
     conn = await asyncpg.connect(dsn())
-    samples = []
     try:
-        for _ in range(p.cold_starts):
-            thread = f"cold-{uuid.uuid4().hex}"
-            # The pod's environment as the operator renders it (contract.RunnerInputs), plus the store's DSN
-            # (a secretKeyRef in a pod) and no termination log file.
-            inputs = RunnerInputs(
-                graph="bench.graphs:runner_graph", thread_id=thread, input={"items": []}, metrics_port=0
-            )
-            env = {
-                **{k: v for k, v in os.environ.items() if k != Env.FAULT_POINT},
-                "PYTHONPATH": os.pathsep.join([*sys.path[:1], os.environ.get("PYTHONPATH", ""), str(ROOT)]),
-                **{e["name"]: e["value"] for e in inputs.to_env()},
-                Env.POSTGRES_DSN: dsn(),
-                Env.TERMINATION_LOG: os.devnull,
-            }
-            started = time.perf_counter()
-            process = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "agentrun.runner",
-                env=env,
-                stdout=asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.PIPE,
-            )
-            seen = None
-            while seen is None:
-                found = await conn.fetchval("SELECT 1 FROM agentrun.states WHERE thread_id = $1 LIMIT 1", thread)
-                if found:
-                    seen = time.perf_counter()
-                elif process.returncode is not None or time.perf_counter() - started > 60:
-                    err = (await process.stderr.read()).decode() if process.stderr else ""
-                    raise RuntimeError(f"the runner wrote no checkpoint (exit {process.returncode}): {err[-2000:]}")
-                else:
-                    await asyncio.sleep(0.002)
-            samples.append((seen - started) * 1000.0)
-            await process.communicate()
+        samples = [(await _cold_start(conn))[0] for _ in range(p.cold_starts)]
+        _, stderr = await _cold_start(conn, "-X", "importtime")
     finally:
         await conn.close()
-    return {"samples": samples}
+    return {"samples": samples, "imports": import_profile(stderr)}
+
+
+async def _cold_start(conn: Any, *python_options: str) -> tuple[float, str]:
+    """One runner process: milliseconds from exec to its first checkpoint row, and its stderr."""
+    from agentrun.contract import Env, RunnerInputs
+
+    thread = f"cold-{uuid.uuid4().hex}"
+    # The pod's environment as the operator renders it (contract.RunnerInputs), plus the store's DSN
+    # (a secretKeyRef in a pod) and no termination log file.
+    inputs = RunnerInputs(graph="bench.graphs:runner_graph", thread_id=thread, input={"items": []}, metrics_port=0)
+    env = {
+        **{k: v for k, v in os.environ.items() if k != Env.FAULT_POINT},
+        "PYTHONPATH": os.pathsep.join([*sys.path[:1], os.environ.get("PYTHONPATH", ""), str(ROOT)]),
+        **{e["name"]: e["value"] for e in inputs.to_env()},
+        Env.POSTGRES_DSN: dsn(),
+        Env.TERMINATION_LOG: os.devnull,
+    }
+    started = time.perf_counter()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        *python_options,
+        "-m",
+        "agentrun.runner",
+        env=env,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    # stderr is read while polling: -X importtime writes more than a pipe holds.
+    reading = asyncio.ensure_future(process.stderr.read()) if process.stderr else None
+    seen = None
+    while seen is None:
+        found = await conn.fetchval("SELECT 1 FROM agentrun.states WHERE thread_id = $1 LIMIT 1", thread)
+        if found:
+            seen = time.perf_counter()
+        elif process.returncode is not None or time.perf_counter() - started > 60:
+            err = (await reading).decode() if reading else ""
+            raise RuntimeError(f"the runner wrote no checkpoint (exit {process.returncode}): {err[-2000:]}")
+        else:
+            await asyncio.sleep(0.002)
+    stderr = (await reading).decode() if reading else ""
+    await process.wait()
+    return (seen - started) * 1000.0, stderr
+
+
+def import_profile(stderr: str) -> dict[str, float]:
+    """``-X importtime`` output as milliseconds of import by package (each module's own time, summed by its
+    top-level package; the standard library apart from asyncio as ``stdlib``), plus their ``total``."""
+    groups: dict[str, float] = {}
+    for line in stderr.splitlines():
+        if not line.startswith("import time:") or line.count("|") != 2:
+            continue
+        own, _, name = line.removeprefix("import time:").split("|")
+        if not own.strip().isdigit():
+            continue  # the header
+        package = name.strip().split(".")[0]
+        if package.startswith("__editable__"):
+            package = "editable-install hook"  # this checkout's pip install -e; an image has none
+        elif (package in sys.stdlib_module_names and package != "asyncio") or package.startswith("_"):
+            package = "stdlib"
+        groups[package] = groups.get(package, 0.0) + int(own) / 1000.0
+    groups["total"] = sum(groups.values())
+    return {k: round(v, 1) for k, v in sorted(groups.items(), key=lambda kv: -kv[1]) if v >= 0.5}
 
 
 def jobs(p: Params) -> dict[str, Callable[[Params], Awaitable[dict[str, Any]]]]:
@@ -609,6 +639,8 @@ def build_report(raw: dict[str, list[dict[str, Any]]], *, rounds: int, baseline:
             values = [v for r in results for v in r.get(extra, [])]
             if values:
                 entry[extra] = statistics.median(values)
+        if profiles := [r["imports"] for r in results if "imports" in r]:  # the cold start's, by round
+            entry["imports_ms"] = {k: statistics.median(p.get(k, 0.0) for p in profiles) for k in profiles[0]}
         figures[key] = entry
     # The issue's names for the message shapes.
     if "agentrun_step_ms_msg_h0" in figures:

@@ -71,6 +71,10 @@ def test_make_bench_produces_every_figure_of_the_issue(pg_dsn: str, tmp_path: Pa
         counted = figures[name].get("round_trips_per_step", figures[name].get("round_trips_per_iteration"))
         assert counted is not None and counted > 0, f"round trips of {name} are no longer counted"
     assert "agentrun_step_over_pg_commit" in report["ratios"]
+    imports = figures["runner_cold_start_ms"]["imports_ms"]
+    assert imports["total"] > 0 and imports.get("agentrun", 0) > 0, (
+        f"the cold start's import profile is gone: {imports}"
+    )
     assert report["meta"]["versions"]["asyncpg"]
     assert (tmp_path / "table.md").exists()
     if plots:
