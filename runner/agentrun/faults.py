@@ -19,6 +19,9 @@ would crash every replay in turn until ``maxRestarts`` (the fault campaign,
 - ``before_tool``          intent recorded, tool not started
 - ``after_tool``           tool returned, result not yet recorded
 - ``after_ledger_record``  result recorded, node not finished
+- ``after_ledger_group_commit``  a batch of parallel results committed in one transaction
+                           (``checkpoint.group``), no call of it told yet; the detail is
+                           the number of results in the batch (2 or more)
 - ``before_checkpoint``    node finished, its checkpoint not written
 - ``after_checkpoint``     checkpoint committed, next node not started
 - ``in_checkpoint_txn``    (PostgreSQL) state row and messages inserted, transaction not
