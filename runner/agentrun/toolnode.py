@@ -50,6 +50,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import ledger
+from .checkpoint.base import Intent
 from .checkpoint.group import LedgerGroup
 from .constants import END
 from .context import CallScope, RunContext, current_scope
@@ -145,6 +146,32 @@ def _ledger_group(ctx: RunContext, calls: int) -> LedgerGroup | None:
         attempt=ctx.config.attempt,
         run_uid=ctx.config.run_uid,
     )
+
+
+async def _claim_intent(ctx: RunContext, t: Tool, intent_key: str, idem: str | None) -> Intent | None:
+    """The intent of an earlier start of the call (it is in doubt), else ``None`` with this start recorded.
+
+    One round trip (``intent_claim``). A failure that is not fatal is logged: the call is taken as never
+    started, its start recorded on its own if the store allows, and it runs anyway.
+    """
+    attempt, run_uid = ctx.config.attempt, ctx.config.run_uid
+    try:
+        return await ctx.checkpointer.intent_claim(
+            ctx.thread_id, intent_key, t.name, idem, attempt=attempt, run_uid=run_uid
+        )
+    except (FencedError, StoreUnavailableError):
+        raise
+    except Exception as e:
+        ctx.log.warning(
+            "intent lookup failed for %s (%s); assuming the call never started and recording its start", intent_key, e
+        )
+    try:
+        await ctx.checkpointer.intent_put(ctx.thread_id, intent_key, t.name, idem, attempt=attempt, run_uid=run_uid)
+    except (FencedError, StoreUnavailableError):
+        raise
+    except Exception as e:
+        ctx.log.error("could not record the intent of %s (%s): %s; running it anyway", intent_key, t.name, e)
+    return None
 
 
 def _answered_interrupts(ctx: RunContext, scope_name: str) -> int:
@@ -487,30 +514,7 @@ class ToolNode:
         """
         resumes = _answered_interrupts(ctx, scope.name)
         intent_key = key if resumes == 0 else f"{key}#resume{resumes}"
-        attempt, run_uid = ctx.config.attempt, ctx.config.run_uid
-        try:
-            # The earlier start's intent if there is one, else this start recorded: one round trip.
-            intent = await ctx.checkpointer.intent_claim(
-                ctx.thread_id, intent_key, t.name, idem, attempt=attempt, run_uid=run_uid
-            )
-        except (FencedError, StoreUnavailableError):
-            raise
-        except Exception as e:
-            ctx.log.warning(
-                "intent lookup failed for %s (%s); assuming the call never started and recording its start",
-                intent_key,
-                e,
-            )
-            try:
-                await ctx.checkpointer.intent_put(
-                    ctx.thread_id, intent_key, t.name, idem, attempt=attempt, run_uid=run_uid
-                )
-            except (FencedError, StoreUnavailableError):
-                raise
-            except Exception as e:
-                ctx.log.error("could not record the intent of %s (%s): %s; running it anyway", intent_key, t.name, e)
-            return None
-        if intent is None:
+        if await _claim_intent(ctx, t, intent_key, idem) is None:
             return None
         IN_DOUBT.labels(t.name, t.in_doubt).inc()
         ctx.counts.in_doubt += 1

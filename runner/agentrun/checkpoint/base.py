@@ -25,6 +25,9 @@ Contract shared by all backends (the conformance suite in
   ``ledger_replace`` is the one exception, for repair: it swaps a row only
   if it still holds exactly the text the caller read (compare-and-swap), so
   of two repairers one wins and a well-formed row is never replaced.
+- ``ledger_put_many`` answers per row as ``ledger_put`` would (the group
+  commit of parallel calls, ``checkpoint.group``); ``intent_claim`` returns
+  the intent already recorded for a key, or records this one.
 - ``ledger_get`` returns whatever is stored (the engine decides whether it
   is well-formed); it raises ``StorageError`` when the store cannot be read.
 - Fencing (``register_attempt``, see ``claim`` and ``check_fence`` for the

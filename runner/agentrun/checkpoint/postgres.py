@@ -28,7 +28,11 @@ guarantees (DESIGN.md section 2, "PostgreSQL rules" and "Fencing"):
   of its own while runs watch (``pg_listen``, which has the fallbacks).
 - The ledger (``tool_executions``) is insert-if-absent: the first recorded
   result stays authoritative; ``ledger_replace`` repairs a malformed row by
-  compare-and-swap on its exact text. Ledger rows, intents, stop requests,
+  compare-and-swap on its exact text. Parallel calls' results that finish
+  within ``ledger_group_window`` (2 ms) share one statement and one commit
+  (``ledger_put_many``, migration 15; the policy is ``checkpoint.group``), and
+  a side-effect call's intent is looked up and recorded in one round trip
+  (``intent_claim``). Ledger rows, intents, stop requests,
   the owner and the runs seen go with their thread (``ON DELETE CASCADE``);
   nothing is deleted implicitly, only by ``delete_thread``.
 - Fencing. ``register_attempt`` records the run (AgentRun uid) and attempt
