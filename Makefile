@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: k8s cluster dashboard prometheus chromium pgbouncer bench chaos dev test test-unit test-integration test-postgres test-cluster test-badinput test-chart lint demo demo-local e2e-kind deploy-manifests lock clean
+.PHONY: bytecode k8s cluster dashboard prometheus chromium pgbouncer bench chaos dev test test-unit test-integration test-postgres test-cluster test-badinput test-chart lint demo demo-local e2e-kind deploy-manifests lock clean
 
 $(STAMP): pyproject.toml kubesim/pyproject.toml devtools/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -14,7 +14,10 @@ $(STAMP): pyproject.toml kubesim/pyproject.toml devtools/pyproject.toml
 
 dev: $(STAMP)  ## create .venv with the project and its test/lint tools
 
-test: $(STAMP) prometheus chromium pgbouncer k8s  ## every tier (the real control plane's binaries built or reused first); needs PostgreSQL and Redis on 127.0.0.1 (.ci/run starts them)
+bytecode: $(STAMP)  ## compile every module once: with PYTHONDONTWRITEBYTECODE set (this machine, the image) no process writes .pyc, so each runner process would compile agentrun from source (~200 ms of CPU per start)
+	$(BIN)/python -m compileall -q -j 0 runner operator kubesim/src devtools bench examples tests hack >/dev/null
+
+test: $(STAMP) bytecode prometheus chromium pgbouncer k8s  ## every tier (the real control plane's binaries built or reused first); needs PostgreSQL and Redis on 127.0.0.1 (.ci/run starts them)
 	$(BIN)/pytest -q
 
 test-unit: $(STAMP)
@@ -26,7 +29,7 @@ test-integration: $(STAMP)
 test-postgres: $(STAMP) pgbouncer
 	$(BIN)/pytest -q tests/postgres
 
-test-cluster: $(STAMP) prometheus chromium pgbouncer k8s  ## the emulated cluster and the real control plane (kubesim's self-tests incl. test_real.py, then agentrun's cluster tier)
+test-cluster: $(STAMP) bytecode prometheus chromium pgbouncer k8s  ## the emulated cluster and the real control plane (kubesim's self-tests incl. test_real.py, then agentrun's cluster tier)
 	$(BIN)/pytest -q kubesim/tests tests/cluster
 
 test-badinput: $(STAMP)  ## bad input (issue 13): fuzzed specs and tool arguments, damaged ledger rows, 10 MB results, secrets; needs PostgreSQL
@@ -35,7 +38,7 @@ test-badinput: $(STAMP)  ## bad input (issue 13): fuzzed specs and tool argument
 test-chart: $(STAMP)  ## the Helm chart (real Helm), deploy/ and the Dockerfile, without a cluster
 	$(BIN)/pytest -q tests/chart tests/e2e/test_manifests.py
 
-bench: $(STAMP) pgbouncer  ## what durability costs: agentrun vs LangGraph vs the PostgreSQL commit floor; then what the operator costs the cluster, then connections and step latency at 300 concurrent runs direct vs through PgBouncer (bench/REPORT.md; BENCH_ARGS=--baseline REV, OPERATOR_BENCH_ARGS=--baseline REV, PGBOUNCER_BENCH_ARGS=--runs N)
+bench: $(STAMP) bytecode pgbouncer  ## what durability costs: agentrun vs LangGraph vs the PostgreSQL commit floor; then what the operator costs the cluster, then connections and step latency at 300 concurrent runs direct vs through PgBouncer (bench/REPORT.md; BENCH_ARGS=--baseline REV, OPERATOR_BENCH_ARGS=--baseline REV, PGBOUNCER_BENCH_ARGS=--runs N)
 	bash scripts/services.sh
 	$(BIN)/python -m bench.runtime $(BENCH_ARGS)
 	$(BIN)/python -m bench.runtime profile
