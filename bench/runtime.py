@@ -817,6 +817,54 @@ async def profile_step(out: Path, runs: int = 6) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "profile_step.txt").write_text(profiler.output_text(unicode=False, color=False, show_all=False))
     (out / "profile_step.html").write_text(profiler.output_html())
+    split = await step_split(runs)
+    (out / "step_split.json").write_text(json.dumps(split, indent=2) + "\n")
+    print(json.dumps(split))
+
+
+async def step_split(runs: int) -> dict[str, float]:
+    """A plain PostgreSQL step split without a profiler: wall, the client's CPU (user and kernel, from
+    ``getrusage``), the server's time inside the checkpoint function per call (``pg_stat_user_functions``,
+    with ``track_functions = pl`` on the bench database for the measurement), and a 1-row commit beside it."""
+    import resource
+
+    import asyncpg
+
+    from .graphs import agentrun_plain
+
+    database = dsn().rsplit("/", 1)[1].split("?")[0]
+    admin = await asyncpg.connect(dsn())
+    stats = "SELECT calls, total_time FROM pg_stat_user_functions WHERE funcname = 'agentrun_put_checkpoint'"
+    try:
+        await admin.execute(f"ALTER DATABASE \"{database}\" SET track_functions = 'pl'")
+        async with agentrun_store("postgres") as store:  # connects after the setting: its sessions track
+            app = agentrun_plain(store)
+            await agentrun_run(app, {"items": []}, f"warm-{uuid.uuid4().hex}")
+            before_stats = await admin.fetchrow(stats)
+            before, started, steps = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter(), 0
+            for _ in range(runs):
+                steps += (await agentrun_run(app, {"items": []}, f"split-{uuid.uuid4().hex}"))["steps"] + 1
+            wall, after = time.perf_counter() - started, resource.getrusage(resource.RUSAGE_SELF)
+        await asyncio.sleep(0.5)  # the store's sessions report their function statistics as they close
+        after_stats = await admin.fetchrow(stats)
+        await admin.execute("CREATE TABLE IF NOT EXISTS bench_floor (id bigserial PRIMARY KEY, v text)")
+        t = time.perf_counter()
+        for _ in range(300):
+            await admin.execute("INSERT INTO bench_floor (v) VALUES ('x')")
+        floor = (time.perf_counter() - t) / 300
+    finally:
+        await admin.execute(f'ALTER DATABASE "{database}" RESET track_functions')
+        await admin.close()
+    calls = after_stats["calls"] - (before_stats["calls"] if before_stats else 0)
+    server = (after_stats["total_time"] - (before_stats["total_time"] if before_stats else 0)) / calls
+    return {
+        "steps": steps,
+        "wall_ms_per_step": wall / steps * 1000.0,
+        "client_user_cpu_ms_per_step": (after.ru_utime - before.ru_utime) / steps * 1000.0,
+        "client_kernel_cpu_ms_per_step": (after.ru_stime - before.ru_stime) / steps * 1000.0,
+        "server_function_ms_per_checkpoint": server,
+        "pg_commit_ms": floor * 1000.0,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
