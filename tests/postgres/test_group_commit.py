@@ -288,3 +288,47 @@ async def test_the_batch_function_tells_a_retried_writers_own_rows_from_anyone_e
     assert other[0]["o_rows"] == ["exists", "exists"], "another attempt's identical rows are not its own"
     changed = await fetch(pg_dsn, sql, THREAD, ["m:a"], ["a"], ['{"x":1}'], ['{"x":1}'], 1, "r")
     assert changed[0]["o_rows"] == ["exists"], "other text is not the writer's own row"
+
+
+async def test_parallel_side_effect_calls_claim_their_intents_in_one_statement_and_share_one_result_commit(
+    store: Checkpointer, pg_dsn: str
+) -> None:
+    @tool(side_effects=True, in_doubt="retry")
+    async def charge(n: int, idempotency_key: str | None = None) -> str:
+        return f"charged {n}"
+
+    @tool(side_effects=True, in_doubt="retry")
+    async def notify(n: int, idempotency_key: str | None = None) -> str:
+        return f"notified {n}"
+
+    calls = [call("c1", "charge", n=1), call("c2", "charge", n=2), call("c3", "notify", n=3)]
+    await app_for([charge, notify], calls, store).ainvoke("go", {"thread_id": THREAD})
+    intents = await fetch(pg_dsn, "SELECT xmin::text AS x FROM tool_intents WHERE thread_id = $1", THREAD)
+    assert len(intents) == 3 and len({r["x"] for r in intents}) == 1, (
+        f"the intents of three calls that started together must be one statement: {[r['x'] for r in intents]}"
+    )
+    assert len(await commits(pg_dsn, THREAD)) == 1, "their results, which finished together, must share one commit"
+
+
+async def test_coalesced_intent_claims_answer_per_call_and_a_fenced_statement_fences_each(pg_dsn: str) -> None:
+    store = PgCheckpointer(pg_dsn)
+    await store.setup()
+    try:
+        assert await store.intent_claim(THREAD, "m:b", "charge", "ar-b", attempt=1, run_uid="r") is None
+        claims = await asyncio.gather(
+            *(store.intent_claim(THREAD, f"m:{k}", "charge", f"ar-{k}", attempt=1, run_uid="r") for k in "abc")
+        )
+        assert claims[0] is None and claims[2] is None, "new starts must be recorded"
+        assert claims[1] is not None and (claims[1].key, claims[1].idempotency_key) == ("m:b", "ar-b"), (
+            "a call that started before must get its earlier intent back (it is in doubt)"
+        )
+        await store.register_attempt(THREAD, 2, run_uid="r")
+        fenced = await asyncio.gather(
+            *(store.intent_claim(THREAD, f"m:{k}", "charge", None, attempt=1, run_uid="r") for k in "xyz"),
+            return_exceptions=True,
+        )
+    finally:
+        await store.aclose()
+    assert [type(f) for f in fenced] == [FencedError] * 3, f"each claim of a fenced statement must be fenced: {fenced}"
+    keys = {r["tool_call_id"] for r in await fetch(pg_dsn, "SELECT tool_call_id FROM tool_intents")}
+    assert keys == {"m:a", "m:b", "m:c"}, f"a fenced claim recorded an intent: {keys}"

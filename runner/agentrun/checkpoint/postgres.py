@@ -268,6 +268,11 @@ _CLAIM_INTENT = """
     SELECT o_outcome, o_owner_run_uid, o_owner_attempt, o_tool_name, o_idempotency_key, o_started_at
     FROM agentrun_claim_intent($1, $2, $3, $4, $5, $6)
 """
+# The claims of parallel calls that start together (migration 16): per key, as _CLAIM_INTENT.
+_CLAIM_INTENTS = """
+    SELECT o_outcome, o_owner_run_uid, o_owner_attempt, o_rows, o_tool_names, o_idempotency_keys, o_started_at
+    FROM agentrun_claim_intents($1, $2::text[], $3::text[], $4::text[], $5, $6)
+"""
 # Compare-and-swap on the exact stored text (the repair of a malformed row). The UPDATE locks the
 # row; a second repairer waits, then re-checks the WHERE on the row the first one wrote (READ
 # COMMITTED re-evaluates it), finds other text and updates nothing: one repair wins.
@@ -486,6 +491,20 @@ async def _lock_thread(conn: Connection, thread_id: str, lock_sql: str) -> str:
     raise StorageError(f"thread {thread_id!r} was deleted while being written, three times in a row")
 
 
+# Who writes an intent: the thread, the attempt and the run uid (claims of one writer share a statement).
+_Writer = tuple[str, int | None, str | None]
+
+
+@dataclass(frozen=True)
+class _Claim:
+    """An ``intent_claim`` waiting for its loop turn's statement."""
+
+    key: str
+    tool_name: str
+    idem: str | None
+    future: asyncio.Future[Intent | None]
+
+
 @dataclass(frozen=True)
 class _Chain:
     """What this store last committed on a thread: where the next delta may go (``PgCheckpointer._delta``)."""
@@ -618,6 +637,9 @@ class PgCheckpointer(Checkpointer):
         # ledger_get calls waiting for this loop turn's one query, by thread: key -> its waiters.
         self._lookups: dict[str, dict[str, list[asyncio.Future[LedgerEntry | None]]]] = {}
         self._lookup_tasks: set[asyncio.Task[None]] = set()
+        # intent_claim calls waiting for this loop turn's one statement, by writer (thread, attempt, run uid).
+        self._claims: dict[_Writer, list[_Claim]] = {}
+        self._claim_tasks: set[asyncio.Task[None]] = set()
         self.listen_for_stops = listen_for_stops and url.listen
         self.stop_sweep_interval = stop_sweep_interval
         self._stop_listener: StopListener | None = None
@@ -1286,20 +1308,89 @@ class PgCheckpointer(Checkpointer):
         attempt: int | None = None,
         run_uid: str | None = None,
     ) -> Intent | None:
-        """The recorded intent, or this one recorded: one statement, one round trip (migration 15)."""
+        """The recorded intent, or this one recorded; claims of one thread in one loop turn share one statement.
+
+        The side-effect calls of an assistant message start together, so their
+        intents cost one round trip (migrations 15 and 16), not a lookup and an
+        insert per call. A failed or fenced statement fails each of its claims.
+        """
         check_thread_id(thread_id)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Intent | None] = loop.create_future()
+        writer = (thread_id, attempt, run_uid)
+        pending = self._claims.get(writer)
+        if pending is None:
+            pending = self._claims[writer] = []
+            # After the callbacks already due this turn: the sibling calls' claims join the statement.
+            loop.call_soon(self._start_claims, loop, writer)
+        pending.append(_Claim(key, tool_name, idempotency_key, future))
+        return await future
+
+    def _start_claims(self, loop: asyncio.AbstractEventLoop, writer: _Writer) -> None:
+        task = loop.create_task(self._claim_all(writer), name=f"agentrun:intent-claim:{writer[0]}")
+        self._claim_tasks.add(task)  # a reference until it ends (the loop holds tasks weakly)
+        task.add_done_callback(self._claim_tasks.discard)
+
+    async def _claim_all(self, writer: _Writer) -> None:
+        claims = self._claims.pop(writer, [])
+        try:
+            intents = await self._claim(writer, claims)
+        except BaseException as e:
+            for claim in claims:
+                if not claim.future.done():
+                    claim.future.set_exception(e)
+            if not isinstance(e, Exception):
+                raise
+            return
+        for claim, intent in zip(claims, intents, strict=True):
+            if not claim.future.done():
+                claim.future.set_result(intent)
+
+    async def _claim(self, writer: _Writer, claims: list[_Claim]) -> list[Intent | None]:
+        """One statement for ``claims``: per claim the earlier intent, or ``None`` (recorded now)."""
+        thread_id, attempt, run_uid = writer
         tries = 0
 
-        async def once() -> Intent | None:
+        def intent(claim: _Claim, outcome: str, tool: str | None, key: str | None, at: float | None) -> Intent | None:
+            if outcome == "inserted" or (outcome == "own" and tries > 1):  # a retry finding its own first try
+                return None
+            return Intent(claim.key, str(tool), key, float(at or 0.0))
+
+        async def once() -> list[Intent | None]:
             nonlocal tries
             tries += 1
             async with self._connection() as conn:
-                row = await conn.fetchrow(_CLAIM_INTENT, thread_id, key, tool_name, idempotency_key, attempt, run_uid)
-            outcome = _tool_row_outcome(thread_id, row, attempt=attempt, run_uid=run_uid, expected="inserted")
+                if len(claims) == 1:
+                    c = claims[0]
+                    row = await conn.fetchrow(_CLAIM_INTENT, thread_id, c.key, c.tool_name, c.idem, attempt, run_uid)
+                else:
+                    row = await conn.fetchrow(
+                        _CLAIM_INTENTS,
+                        thread_id,
+                        [c.key for c in claims],
+                        [c.tool_name for c in claims],
+                        [c.idem for c in claims],
+                        attempt,
+                        run_uid,
+                    )
+            _tool_row_outcome(thread_id, row, attempt=attempt, run_uid=run_uid)
             assert row is not None
-            if outcome or (row["o_outcome"] == "own" and tries > 1):  # a retry finding its own first try
-                return None
-            return Intent(key, row["o_tool_name"], row["o_idempotency_key"], row["o_started_at"])
+            if len(claims) == 1:
+                return [
+                    intent(
+                        claims[0], row["o_outcome"], row["o_tool_name"], row["o_idempotency_key"], row["o_started_at"]
+                    )
+                ]
+            return [
+                intent(c, *fields)
+                for c, fields in zip(
+                    claims,
+                    zip(
+                        row["o_rows"], row["o_tool_names"], row["o_idempotency_keys"], row["o_started_at"], strict=True
+                    ),
+                    strict=True,
+                )
+            ]
 
         return await self._call("intent claim", once)
 
