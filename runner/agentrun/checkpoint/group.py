@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
+from ..errors import StorageError
 from ..faults import fault_point
 from .base import LedgerRow
 
@@ -130,6 +131,8 @@ class LedgerGroup:
             outcomes = await self.store.ledger_put_many(
                 self.thread_id, batch.rows, attempt=self.attempt, run_uid=self.run_uid
             )
+            if len(outcomes) != len(batch.rows):  # a store's bug must not leave the siblings waiting forever
+                raise StorageError(f"the store answered {len(outcomes)} outcomes for a batch of {len(batch.rows)}")
         except BaseException as e:
             self._close(batch)  # a cancelled leader: later records open a batch of their own
             for follower in batch.followers:
