@@ -39,6 +39,10 @@ def test_where_the_operator_may_listen() -> None:
         ("postgresql://db/app?agentrun_pooler=statement", "agentrun_pooler"),
         ("postgresql://db/app?agentrun_poolr=transaction", "unknown store URL parameter 'agentrun_poolr'"),
         ("postgresql://db/app?agentrun_listen=maybe", "agentrun_listen"),
+        ("postgresql://db/app?agentrun_ledger_window_ms=fast", "agentrun_ledger_window_ms"),
+        ("postgresql://db/app?agentrun_ledger_window_ms=-1", "from 0 to 1000"),
+        ("postgresql://db/app?agentrun_ledger_window_ms=5000", "from 0 to 1000"),
+        ("postgresql://db/app?agentrun_ledger_window_ms=nan", "from 0 to 1000"),
     ],
 )
 def test_an_unknown_agentrun_parameter_or_value_is_refused(url: str, problem: str) -> None:
@@ -51,3 +55,15 @@ def test_parameters_come_out_wherever_they_stand() -> None:
     assert (parsed.dsn, parsed.pooler, parsed.listen) == ("postgresql://db/app#frag", TRANSACTION, False)
     with pytest.raises(ValueError, match="pooler"):
         PgCheckpointer("postgresql://db/app", pooler="statement")
+
+
+def test_the_ledger_group_window_is_2_ms_by_default_and_set_in_the_url_or_the_constructor() -> None:
+    assert PgCheckpointer("postgresql://db/app").ledger_group_window == 0.002
+    store = from_url("postgresql://db/app?agentrun_ledger_window_ms=5&sslmode=disable")
+    assert isinstance(store, PgCheckpointer) and store.ledger_group_window == 0.005
+    assert store.dsn == "postgresql://db/app?sslmode=disable", "asyncpg must never see agentrun's parameter"
+    assert from_url("postgresql://db/app?agentrun_ledger_window_ms=0").ledger_group_window == 0, "0 turns it off"
+    assert (
+        PgCheckpointer("postgresql://db/app?agentrun_ledger_window_ms=5", ledger_group_window=0.01).ledger_group_window
+        == 0.01
+    )
