@@ -4,8 +4,9 @@ Build a graph, compile it with a checkpointer, run it; after a crash, run
 the same thread again and tool calls that completed are replayed from the
 ledger instead of executed twice.
 
-``PgCheckpointer`` and ``CachedStore`` are imported on first use, so a
-program on SQLite or memory never loads asyncpg or redis.
+``PgCheckpointer``, ``CachedStore`` and ``SqliteCheckpointer`` are imported on
+first use, so a program on SQLite or memory never loads asyncpg or redis, and
+one on PostgreSQL never loads sqlite3.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from .checkpoint import (
     ControlStore,
     InMemoryCheckpointer,
     LedgerStore,
-    SqliteCheckpointer,
     StateStore,
     open_store,
 )
@@ -51,10 +51,11 @@ from .tools import Tool
 if TYPE_CHECKING:
     from .checkpoint.cached import CachedStore
     from .checkpoint.postgres import PgCheckpointer
+    from .checkpoint.sqlite import SqliteCheckpointer
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("PgCheckpointer", "CachedStore"):
+    if name in ("PgCheckpointer", "CachedStore", "SqliteCheckpointer"):
         from . import checkpoint
 
         return getattr(checkpoint, name)

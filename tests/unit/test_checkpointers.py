@@ -32,15 +32,18 @@ def envelope(value: Any) -> dict[str, Any]:
     return {"__kind__": "raw", "value": value}
 
 
-def test_importing_agentrun_loads_neither_asyncpg_nor_redis_until_a_store_needs_them() -> None:
+def test_importing_agentrun_loads_no_store_driver_until_a_store_needs_it() -> None:
     script = (
-        "import sys, agentrun\n"
-        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('asyncpg', 'redis'))\n"
+        "import sys, agentrun, agentrun.runner\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('asyncpg', 'redis', 'sqlite3'))\n"
         "assert not loaded, f'importing agentrun loaded {loaded}'\n"
-        "from agentrun import CachedStore, PgCheckpointer, open_store\n"
+        "from agentrun import CachedStore, PgCheckpointer, SqliteCheckpointer, open_store\n"
         "assert PgCheckpointer.__module__ == 'agentrun.checkpoint.postgres' and 'asyncpg' in sys.modules\n"
         "assert CachedStore.__module__ == 'agentrun.checkpoint.cached'\n"
         "assert isinstance(open_store('postgresql://u@h/db', redis_url='redis://h:6379/0'), CachedStore)\n"
+        "assert SqliteCheckpointer.__module__ == 'agentrun.checkpoint.sqlite' and 'sqlite3' in sys.modules\n"
+        "assert isinstance(open_store('sqlite:///:memory:'), SqliteCheckpointer)\n"
+        "assert isinstance(open_store('threads.db'), SqliteCheckpointer)\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, f"the public face broke: {done.stderr}"

@@ -7,8 +7,8 @@ listen-with-backoff loop and the typed events of ``watch_progress``), ``memory``
 URL parameters); ``cached`` (the Redis hot cache over any store) with ``redis_cache`` and
 ``redis_stops`` (stops heard on Redis).
 
-``PgCheckpointer`` and ``CachedStore`` load on first use, so importing
-agentrun imports neither asyncpg nor redis.
+``PgCheckpointer``, ``CachedStore`` and ``SqliteCheckpointer`` load on first
+use, so importing agentrun imports neither asyncpg, redis nor sqlite3.
 """
 
 from __future__ import annotations
@@ -29,13 +29,14 @@ from .base import (
 )
 from .memory import InMemoryCheckpointer
 from .pg_url import parse_store_url, without_params
-from .sqlite import SqliteCheckpointer
 
 if TYPE_CHECKING:
     from .cached import CachedStore
     from .postgres import PgCheckpointer
+    from .sqlite import SqliteCheckpointer
 
-_LAZY = {"PgCheckpointer": ".postgres", "CachedStore": ".cached"}
+# Loaded on first use: a runner pod on PostgreSQL never imports sqlite3 (nor asyncpg on SQLite).
+_LAZY = {"PgCheckpointer": ".postgres", "CachedStore": ".cached", "SqliteCheckpointer": ".sqlite"}
 
 
 def __getattr__(name: str) -> Any:
@@ -81,8 +82,12 @@ def from_url(url: str, *, retry_timeout: float | None = None, listen_url: str | 
     """
     if url.startswith("memory:"):
         return InMemoryCheckpointer()
-    if url.startswith("sqlite:///"):
-        return SqliteCheckpointer(url.removeprefix("sqlite:///") or ":memory:")
+    if url.startswith("sqlite:///") or "://" not in url:
+        from .sqlite import SqliteCheckpointer
+
+        if url.startswith("sqlite:///"):
+            return SqliteCheckpointer(url.removeprefix("sqlite:///") or ":memory:")
+        return SqliteCheckpointer(url)
     if url.startswith(("postgres://", "postgresql://")):
         from .postgres import PgCheckpointer
 
@@ -90,8 +95,6 @@ def from_url(url: str, *, retry_timeout: float | None = None, listen_url: str | 
         if retry_timeout is not None:
             options["retry_timeout"] = retry_timeout
         return PgCheckpointer(url, listen_dsn=listen_url, **options)
-    if "://" not in url:
-        return SqliteCheckpointer(url)
     raise ValueError(f"unknown store URL scheme in {url.split('://')[0]!r}:// (use sqlite:///, postgresql://)")
 
 
