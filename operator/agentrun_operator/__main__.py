@@ -20,7 +20,7 @@ import kopf
 
 from agentrun.logs import configure_logging
 
-from .io import metrics
+from .io import barrier, metrics
 from .io.caches import SecretCache
 from .io.handlers import Handlers
 from .io.health import HealthServer, Heartbeat, freeze_on_signal
@@ -120,6 +120,7 @@ async def _lead(
 ) -> int:
     """Run kopf's handlers until stopped (0), the Lease is lost or kopf fails (1)."""
     code = 0
+    barrier.install()  # kopf's index barrier, O(N) rather than O(N²) in the runs a new leader lists
     registry = kopf.OperatorRegistry()
     Handlers(Reconciler(kube, settings, stores), settings).register(registry)
     kopf_stop = asyncio.Event()

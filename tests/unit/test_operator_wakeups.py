@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from agentrun_operator.decide.status import AgentRunStatus, iso
-from agentrun_operator.decide.wake import next_wake
+from agentrun_operator.decide.wake import next_wake, waits_for_a_human
 from agentrun_operator.io.wakeups import Wakeups
 from tests.unit.test_operator_decisions import (
     LIMITS,
@@ -144,3 +144,29 @@ async def test_a_failed_reconcile_is_retried_with_backoff() -> None:
     await asyncio.sleep(10)
     assert [round(t - start) for t in runs] == [0, 1, 3], "retries must follow 1 s, then 2 s"
     await wakeups.aclose()
+
+
+@pytest.mark.looptime
+async def test_a_run_waiting_for_a_human_is_resynced_at_the_waiting_interval_not_the_live_one() -> None:
+    loop = asyncio.get_running_loop()
+    runs: list[float] = []
+
+    async def run(uid: str) -> None:
+        runs.append(loop.time())
+
+    wakeups = Wakeups(resync=30, waiting_resync=600, coalesce=1.0, run=run)
+    start = loop.time()
+    wakeups.after("u1", wake=None, live=True, waiting=True)
+    await asyncio.sleep(400)
+    assert runs == [], "a run waiting for approval was resynced at the live runs' pace"
+    await asyncio.sleep(400)
+    assert len(runs) == 1 and 450 <= runs[0] - start <= 750, "the waiting resync did not come within 600 s ±25 %"
+    await wakeups.aclose()
+
+
+def test_only_an_interrupted_run_with_its_interrupt_recorded_waits_for_a_human() -> None:
+    interrupt = {"id": "i1", "message": "approve?", "ids": ["i1"]}
+    assert waits_for_a_human(AgentRunStatus.parse({"phase": "Interrupted", "interrupt": interrupt}))
+    # Not yet recorded (the store did not answer when the pod exited 3): the live resync fills it in.
+    assert not waits_for_a_human(AgentRunStatus.parse({"phase": "Interrupted"}))
+    assert not waits_for_a_human(AgentRunStatus.parse({"phase": "Running", "interrupt": interrupt}))

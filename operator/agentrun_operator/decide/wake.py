@@ -27,9 +27,15 @@ from . import jobparity
 from .classify import PodView
 from .decision import Limits
 from .podstart import IMAGE_PULL
-from .reasons import TERMINAL
+from .reasons import TERMINAL, Phase
 from .spec import AgentRunSpec
 from .status import AgentRunStatus
+
+
+def waits_for_a_human(status: AgentRunStatus) -> bool:
+    """Interrupted with its interrupt in status: only a spec change, a pod event, its thread's progress or a
+    deadline can change its decision (each wakes it), so the safety resync may come rarely (settings)."""
+    return status.phase == Phase.INTERRUPTED and bool(status.interrupt)
 
 
 def next_wake(

@@ -77,7 +77,10 @@ class Handlers:
         self.reconciler = reconciler
         self.settings = settings
         self.wakeups = Wakeups(
-            resync=settings.resync_interval_seconds, coalesce=settings.progress_coalesce_seconds, run=self.wake
+            resync=settings.resync_interval_seconds,
+            waiting_resync=settings.waiting_resync_interval_seconds,
+            coalesce=settings.progress_coalesce_seconds,
+            run=self.wake,
         )
         reconciler.stores.listeners = Listeners(
             on_progress=self.wakeups.progress,
@@ -238,7 +241,7 @@ class Handlers:
             self.wakeups.track(uid, done.thread)
         else:
             self.wakeups.untrack(uid)
-        self.wakeups.after(uid, wake=done.wake, live=done.live)
+        self.wakeups.after(uid, wake=done.wake, live=done.live, waiting=done.waiting)
         if key is not None and done.status.phase in TERMINAL and before.phase not in TERMINAL:
             await self._kick_waiters(key, uid, threads, bodies)
 

@@ -16,7 +16,9 @@ Which copy of the run is used. The caller hands in kopf's body (the AgentRun
 event's, or for a pod event or a wake-up the watch-fed index's); it is never
 re-read from the API. Its spec and metadata are as new as the last event kopf processed, and
 reconciles of one run are serialised by a FIFO lock in call order, so a
-reconcile never sees an older spec than the one before it. Its *status*,
+reconcile never sees an older spec than the one before it. At most
+``max_concurrent_reconciles`` run at once (a FIFO gate taken under the run's
+lock): a new leader's first pass over thousands of runs is a queue, not a flood. Its *status*,
 though, may predate our own last status patch (the watch event for that patch
 may not have arrived yet), and deciding on an old status would repeat a
 transition (a second pod for the same attempt is harmless, a second restart
@@ -51,7 +53,7 @@ from ..decide.spec import AgentRunSpec, InvalidSpec, parse_spec, thread_key
 from ..decide.status import AgentRunStatus, StatusPatch, iso, parse_time
 from ..decide.thread import OrphanedTurn, ThreadPeer, orphaned_turn
 from ..decide.verdict import Inputs, verdict
-from ..decide.wake import next_wake
+from ..decide.wake import next_wake, waits_for_a_human
 from ..settings import OperatorSettings
 from . import metrics
 from .access import AccessChecker
@@ -107,13 +109,15 @@ class Pass:
     """What one reconcile leaves for its caller: the status after it and when the run wants waking.
 
     ``thread``: the store thread whose progress should wake the run (None: the run is at rest, only its
-    deadline may wake it); ``live``: the slow resync applies.
+    deadline may wake it); ``live``: the slow resync applies (``waiting``: its slower variant, for a run
+    waiting for a human, ``decide.wake.waits_for_a_human``).
     """
 
     status: AgentRunStatus
     wake: datetime | None = None
     live: bool = False
     thread: str | None = None
+    waiting: bool = False
 
 
 @dataclass
@@ -155,6 +159,7 @@ class Reconciler:
             max_backoff=settings.max_backoff_seconds,
         )
         self.runs: dict[str, RunRecord] = {}  # uid -> what the operator keeps of a run between reconciles
+        self.gate = asyncio.Semaphore(max(1, settings.max_concurrent_reconciles))
         self.reconciled = 0  # how many of them a reconcile finished for (metrics.RUNS_RECONCILED)
         self._namespaces: set[str] = set()  # every namespace a run was seen in, for the runs-by-phase gauge
         # (namespace, pod) -> the run waiting for that name, held by a deleted run's terminating pod: its
@@ -220,10 +225,10 @@ class Reconciler:
 
         Returns the run's status afterwards (so the caller can tell whether it ended) and when to wake it.
         """
-        run = copy.deepcopy(run_view(body))
-        uid = str(run["metadata"]["uid"])
+        uid = str(body["metadata"]["uid"])
         record = self._record(uid)
-        async with record.lock:
+        async with record.lock, self.gate:
+            run = copy.deepcopy(run_view(body))  # once through the gate: a queued reconcile holds no copy
             started = time.perf_counter()
             try:
                 await self._reconcile(run, [self.fresh(p) for p in peers])
@@ -236,7 +241,9 @@ class Reconciler:
                 record.reconciled = True
                 self.reconciled += 1
                 metrics.RUNS_RECONCILED.set(self.reconciled)
-            return Pass(self.status_of(run), wake=record.wake, live=record.thread is not None, thread=record.thread)
+            after = self.status_of(run)
+            live = record.thread is not None
+            return Pass(after, wake=record.wake, live=live, thread=record.thread, waiting=waits_for_a_human(after))
 
     async def _reconcile(self, run: dict[str, Any], peers: list[ThreadPeer]) -> None:
         """Gather ``verdict.Inputs``, take the verdict, apply it: nothing is decided here."""

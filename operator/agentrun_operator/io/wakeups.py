@@ -15,7 +15,8 @@ here, one asyncio timer per run at most (no task per run, no polling):
   deadline ``decide.wake.next_wake`` found (backoff, stop grace, lost node,
   image pull, active deadline, store outage, ttl); the run's timer is set to
   that, or to the resync (``resync`` seconds, jittered by ±25 % so that runs
-  created together do not resync together) if sooner. A new reconcile
+  created together do not resync together; ``waiting_resync`` for a run
+  waiting for a human, which only events and deadlines change) if sooner. A new reconcile
   replaces the timer: a superseded deadline never fires.
 - a reconcile that raised is retried after 1, 2, 5, then every 10 seconds.
 - ``resync(uids)``: reconcile these runs soon, spread over ``RESYNC_SPREAD``
@@ -53,8 +54,16 @@ LATE = 0.05
 class Wakeups:
     """When runs are reconciled besides their watch events (the module docstring): progress, deadlines, the resync."""
 
-    def __init__(self, *, resync: float, coalesce: float, run: Callable[[str], Awaitable[None]]) -> None:
+    def __init__(
+        self,
+        *,
+        resync: float,
+        coalesce: float,
+        run: Callable[[str], Awaitable[None]],
+        waiting_resync: float | None = None,
+    ) -> None:
         self.resync_seconds = resync
+        self.waiting_resync_seconds = resync if waiting_resync is None else waiting_resync
         self.coalesce = coalesce
         self._run = run  # reconcile the run with this uid; raises when the reconcile failed
         self._timers: dict[str, asyncio.TimerHandle] = {}
@@ -122,13 +131,15 @@ class Wakeups:
         self._last_progress[uid] = asyncio.get_running_loop().time()
         self.kick(uid)
 
-    def after(self, uid: str, *, wake: datetime | None, live: bool) -> None:
-        """Set the run's timer after a reconcile: its next deadline, or the resync if that is sooner."""
+    def after(self, uid: str, *, wake: datetime | None, live: bool, waiting: bool = False) -> None:
+        """Set the run's timer after a reconcile: its next deadline, or the resync if that is sooner (the
+        slower one when ``waiting``: the run waits for a human)."""
         delays: list[float] = []
         if wake is not None:
             delays.append(max(0.0, (wake - datetime.now(UTC)).total_seconds()) + LATE)
         if live:
-            delays.append(self.resync_seconds * random.uniform(0.75, 1.25))
+            resync = self.waiting_resync_seconds if waiting else self.resync_seconds
+            delays.append(resync * random.uniform(0.75, 1.25))
         self._set_timer(uid, min(delays) if delays else None)
 
     def resync(self, uids: Iterable[str]) -> None:
