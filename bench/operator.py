@@ -24,7 +24,23 @@ operator process and a private PostgreSQL database:
    commit time in PostgreSQL to the moment the AgentRun shows that
    ``stateVersion``), ``stop_p95_s`` (``spec.stop`` patched to phase Stopped),
    ``reschedule_p95_s`` (a SIGKILLed runner's pod reported terminated to the next
-   attempt's pod existing).
+   attempt's pod existing);
+4. at 10x (``scale``; ``--scale N``, 10,000 by default, 50 with ``--quick``; ``--scale-only`` runs this
+   phase alone and keeps the other figures in ``--out``): N AgentRuns waiting for approval (phase
+   Interrupted, no pod) beside ``scale_running`` (200) running ones, measured at 1,000 and at N (merged
+   under ``operator.scale.<server>.<N>``). The waiting runs are seeded while no operator runs: each
+   AgentRun created with the status the operator writes when attempt 1's pod exits 3 (less what it copies
+   from the store), and its thread left interrupted in the store by the ``asker`` graph itself, run in this
+   process as that run's attempt 1; the operator's first pass then takes each through its normal
+   reconcile (it reads the thread's progress and writes the interrupt into status). The running ones are
+   held Running on ``QUIET_NODE`` as in phase 1, ``active`` of them ticking with real runners for the
+   status lag. At each size: ``start_reconciled_s`` (a new leader's start to every run reconciled, from
+   its ``agentrun_operator_runs_reconciled`` gauge), then over ``scale_window`` seconds the requests,
+   queries and CPU per run and the RSS, then ``status_lag_p95_s``, then ``restart_reconciled_s``
+   (SIGTERM to the leader to every run reconciled by its successor) and the failover: a standby beside
+   the leader, the leader SIGKILLed, ``failover_leading_s`` (until the standby leads: the Lease,
+   ``failover_lease_s``, must expire first) and ``failover_reconciled_s`` (until it reconciled every run).
+   These operators use the default Lease (15 s), not the setup's 60 s.
 
 ``--baseline REV`` measures the operator of git revision REV the same way (a
 worktree; its runner code too) and stores it as ``before``. Results are merged
@@ -52,6 +68,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -59,7 +76,7 @@ import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -75,6 +92,7 @@ from agentrun_dev.kubeload import CountingProxy, RunningHolder
 from agentrun_dev.launch import OperatorProcess
 from agentrun_operator.decide.identity import request_key
 from kubesim import KubeletThread, default_base_env, write_kubeconfig
+from kubesim.access import ApiAccess
 from kubesim.real import CONTROLLERS, MASTERS, RealControlPlane
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,6 +125,7 @@ class Params:
     scale_running: int = 200  # running beside them (``active`` of them with real runners, for the status lag)
     scale_window: float = 30.0
     failover_lease: float = 15.0  # the chart's and the operator's default Lease, for the restart and the failover
+    scale_at: tuple[int, ...] = ()  # the sizes to measure at, when not (1,000, scale)
 
     @classmethod
     def quick(cls) -> Params:
@@ -124,6 +143,8 @@ class Params:
 
     def scale_sizes(self) -> tuple[int, ...]:
         """The sizes the scale phase is measured at: 1,000 and ``scale``, or ``scale`` alone when not larger."""
+        if self.scale_at:
+            return tuple(sorted(self.scale_at))
         return (SCALE_BASE, self.scale) if self.scale > SCALE_BASE else (self.scale,)
 
 
@@ -580,24 +601,56 @@ def _status_lag(
 ) -> dict[str, float]:
     names = [f"{prefix}-{i}" for i in range(p.active)]
     labels = {"bench": prefix}
+    watch = StatusWatch(cluster, f"bench={prefix}").start()  # a watch, not a poll: a list of 10,000 runs is slow
     apply(cluster, [run(n, graph=TICKER, env={"TICKS": "8", "TICK_SECONDS": "1"}, labels=labels) for n in names])
-    shown: dict[tuple[str, int], float] = {}  # (thread, stateVersion) -> first seen (epoch)
     deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        now = time.time()
-        current = statuses(cluster, f"bench={prefix}")
-        for name, s in current.items():
-            if s.get("stateVersion"):
-                shown.setdefault((f"default/{name}", int(s["stateVersion"])), now)
-        if all(current.get(n, {}).get("phase") == "Succeeded" for n in names):
-            break
-        time.sleep(0.05)
+    while time.monotonic() < deadline and not all(watch.phases.get(n) == "Succeeded" for n in names):
+        time.sleep(0.2)
+    shown = {(f"default/{name}", version): at for (name, version), at in watch.shown.items()}
     lags: list[float] = []
     for thread, version, committed in asyncio.run(_commits(dsn)):
         later = [at for (t, v), at in shown.items() if t == thread and v >= version]
         if later and thread.startswith(f"default/{prefix}-"):
             lags.append(max(0.0, min(later) - committed))
     return {"status_lag_p95_s": p95(lags), "status_lag_samples": float(len(lags))}
+
+
+class StatusWatch:
+    """The AgentRuns ``selector`` chooses, watched from a thread: when each (name, stateVersion) was first seen
+    (epoch seconds, as the watch event arrived) and each run's latest phase."""
+
+    def __init__(self, cluster: Server, selector: str) -> None:
+        self.access = cluster.admin if isinstance(cluster, RealControlPlane) else ApiAccess(getattr(cluster, "url", ""))
+        query = urllib.parse.urlencode({"watch": "1", "labelSelector": selector, "timeoutSeconds": "600"})
+        self.url = f"{self.access.server}/apis/agentrun.dev/v1alpha1/namespaces/default/agentruns?{query}"
+        self.shown: dict[tuple[str, int], float] = {}
+        self.phases: dict[str, str] = {}
+        self._thread = threading.Thread(target=self._loop, name="status-watch", daemon=True)
+
+    def start(self) -> StatusWatch:
+        """Start watching (the thread ends with the watch's own timeout, or with the driver)."""
+        self._thread.start()
+        time.sleep(0.5)  # the watch is open before the runs are applied
+        return self
+
+    def _loop(self) -> None:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:  # a watch the server ends is opened again (events seen are kept)
+            request = urllib.request.Request(self.url, headers=self.access.headers())
+            try:
+                with urllib.request.urlopen(request, timeout=600, context=self.access.ssl_context()) as response:
+                    for line in response:
+                        self._seen(json.loads(line).get("object") or {}, time.time())
+            except (OSError, ValueError):
+                time.sleep(0.2)
+
+    def _seen(self, run: dict[str, Any], at: float) -> None:
+        name, status = (run.get("metadata") or {}).get("name"), run.get("status") or {}
+        if not name:
+            return
+        self.phases[name] = str(status.get("phase") or "")
+        if status.get("stateVersion"):
+            self.shown.setdefault((name, int(status["stateVersion"])), at)
 
 
 def _stops(cluster: Server, p: Params, operator: OperatorProcess) -> dict[str, float]:
@@ -988,6 +1041,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=float, default=Params.window)
     parser.add_argument("--scale", type=int, default=Params.scale, help="runs waiting for approval in phase 4")
     parser.add_argument("--scale-only", action="store_true", help="only phase 4; the other figures in --out are kept")
+    parser.add_argument("--scale-at", help="comma-separated sizes of phase 4 (default: 1000 and --scale)")
     parser.add_argument("--baseline", help="also measure the operator of this git revision (as 'before')")
     parser.add_argument("--quick", action="store_true", help="the smoke: a few runs of each")
     parser.add_argument(
@@ -1000,6 +1054,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.quick
         else Params(runs=args.runs, burst=args.burst, active=args.active, window=args.window, scale=args.scale)
     )
+    if args.scale_at:
+        p = replace(p, scale_at=tuple(int(n) for n in args.scale_at.split(",")))
     servers = SERVERS if args.api_server == "both" else (args.api_server,)
     meta = {
         "when": datetime.now(UTC).isoformat(timespec="seconds"),

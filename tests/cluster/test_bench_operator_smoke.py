@@ -3,7 +3,9 @@
 A smoke, not a timed test: the figures' values are the benchmark's business (``make bench``); this only
 guards that each one is still measured on each API server (kubesim, and the real control plane) and merged
 into the results file without losing other keys, and that the request counter (kubesim: a proxy; real:
-kube-apiserver's audit log) sees the operator at all.
+kube-apiserver's audit log) sees the operator at all. The scale phase runs at 50 runs waiting for approval:
+its first pass, restart and failover must each end with every run reconciled (the benchmark checks that a
+seeded run came out Interrupted with its interrupt read from the store).
 """
 
 from __future__ import annotations
@@ -27,6 +29,18 @@ FIGURES = (
     "stop_p95_s",
     "reschedule_p95_s",
     "burst_pods_created_s",
+)
+SCALE_FIGURES = (
+    "setup_s",
+    "start_reconciled_s",
+    "api_requests_per_run_per_s",
+    "db_queries_per_run_per_s",
+    "cpu_percent",
+    "rss_mb",
+    "status_lag_p95_s",
+    "restart_reconciled_s",
+    "failover_leading_s",
+    "failover_reconciled_s",
 )
 
 pytestmark = pytest.mark.timeout(420)
@@ -54,3 +68,8 @@ def test_the_operator_benchmark_produces_every_figure_and_keeps_the_runtime_keys
     assert not missing, f"figures not produced: {missing} in {figures}"
     # Creating a run costs the operator a pod create and status patches at least: zero means the counter is blind.
     assert figures["operator_api_requests_per_run_setup"] >= 2, f"no operator request was counted: {figures}"
+    scaled = written["operator"]["scale"][api_server]["50"]
+    missing = [k for k in SCALE_FIGURES if not isinstance(scaled.get(k), float | int) or not math.isfinite(scaled[k])]
+    assert not missing, f"scale figures not produced: {missing} in {scaled}"
+    # The Lease is renewed in any window: zero means the counter missed the operator.
+    assert scaled["api_requests_per_run_per_s"] > 0, f"no operator request was counted at scale: {scaled}"
