@@ -51,8 +51,9 @@ def _charged_before(key: str | None) -> bool:
 async def charge(order_id: str, ctx: Context, idempotency_key: str | None = None, seconds: float = 0) -> str:  # type: ignore[type-arg]
     """Charge the customer's card for the order."""
     known = _charged_before(idempotency_key)
-    _append(os.environ["MCP_CHARGES_FILE"], {"order_id": order_id, "argument": idempotency_key, "meta": _meta_key(ctx)})
+    # The pid first: a test that kills the server once it sees the charge must find the pid written.
     await anyio.Path(os.environ["MCP_PID_FILE"]).write_text(str(os.getpid()))
+    _append(os.environ["MCP_CHARGES_FILE"], {"order_id": order_id, "argument": idempotency_key, "meta": _meta_key(ctx)})
     if seconds and not known:
         await anyio.sleep(seconds)
     return json.dumps({"status": "succeeded", "order_id": order_id})
