@@ -192,17 +192,17 @@ async def test_a_run_fenced_during_its_parallel_calls_stops_with_nothing_recorde
     await store.setup()
     await successor.setup()
     await store.register_attempt(THREAD, 1, run_uid="run-a")
-    started = asyncio.Event()
+    taken_over = asyncio.Event()
 
     @tool
     async def one() -> str:
-        started.set()
+        await taken_over.wait()
         return "1"
 
     @tool
     async def two() -> str:
-        await started.wait()
-        await successor.register_attempt(THREAD, 2, run_uid="run-a")  # a newer pod took over meanwhile
+        await successor.register_attempt(THREAD, 2, run_uid="run-a")  # a newer pod takes over while both run
+        taken_over.set()
         return "2"
 
     try:
