@@ -753,7 +753,7 @@ def scale(server: str, source: Path, p: Params, workdir: Path) -> dict[str, dict
             runs += p.active  # the status lag's runs, Succeeded now
             measured[str(size)] = {"setup_s": setup, "waiting_runs": float(size), **at}
             print(f"  at {size}: {measured[str(size)]}", flush=True)
-        return {size: {k: round(v, 4) for k, v in figures.items()} for size, figures in measured.items()}
+        return {size: {k: round(v, 6) for k, v in figures.items()} for size, figures in measured.items()}
 
 
 def _kubelet(cluster: Server, workdir: Path) -> KubeletThread:
