@@ -108,12 +108,14 @@ def pods_of(cluster: EmulatedCluster, run: str) -> list[str]:
 def wait_node(dsn: str, thread: str, node: str, timeout: float = 30) -> None:
     """Returns once the thread runs ``node`` (its store progress says so)."""
     deadline = time.monotonic() + timeout
+    seen = None
     while time.monotonic() < deadline:
         seen = progress(dsn, thread)
         if seen is not None and seen.current_node == node and seen.status == "running":
             return
         time.sleep(0.1)
-    raise AssertionError(f"thread {thread} never reached node {node}")
+    last = "nothing in the store" if seen is None else f"node {seen.current_node}, {seen.status}"
+    raise AssertionError(f"thread {thread} never reached node {node} in {timeout:.0f} s (last seen: {last})")
 
 
 def agentrun(
