@@ -471,3 +471,13 @@ def test_delete_answers_as_kube_apiserver_a_pod_with_its_deletion_stamp_other_ki
         "status": "Success",
         "details": {"name": "gone", "kind": "configmaps", "uid": made.body["metadata"]["uid"]},
     }
+
+
+def test_a_client_hanging_up_mid_response_is_not_an_emulator_fault() -> None:
+    import aiohttp
+
+    from kubesim.cluster import emulator_faults
+
+    hung_up = aiohttp.ClientConnectionResetError("Cannot write to closing transport")
+    bug = KeyError("metadata")
+    assert emulator_faults([hung_up, bug, ConnectionResetError("reset by peer")]) == [bug]
