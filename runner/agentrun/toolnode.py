@@ -40,7 +40,6 @@ tools async, or keep their blocking calls short.
 from __future__ import annotations
 
 import asyncio
-import copy
 import hashlib
 import json
 import logging
@@ -60,7 +59,7 @@ from .faults import fault_point
 from .interrupts import interrupt_in
 from .messages import Message, ToolCall, tool_message, unicode_text
 from .metrics import IN_DOUBT, TOOL_CALLS, TOOL_ERRORS, TOOL_TIMEOUTS
-from .state import MESSAGES, Replace, changed_fields, last_tool_request, snapshot_fields
+from .state import MESSAGES, Replace, changed_fields, copy_value, last_tool_request, snapshot_fields
 from .tools import Tool, ToolArgumentError, ToolOutcomeUnknown
 
 # Errors that must end the node rather than become a message for the model. A store that stayed
@@ -206,7 +205,7 @@ class ToolNode:
         if len(calls) == 1:
             branches = [state]
         else:
-            branches = [{**copy.deepcopy(baseline), MESSAGES: list(state.get(MESSAGES, []))} for _ in calls]
+            branches = [{**copy_value(baseline), MESSAGES: list(state.get(MESSAGES, []))} for _ in calls]
         # A call id that repeats within one message cannot key the ledger: it would hand one call's
         # result to the other (and give their result messages one id). Such calls run without it.
         repeated = {i for i, n in Counter(c.id for c in calls if c.id).items() if n > 1}
@@ -382,7 +381,7 @@ class ToolNode:
         ctx.counts.replayed += 1
         TOOL_CALLS.labels(t.name, "replayed").inc()
         ctx.log.info("tool replayed: %s (%s) from the ledger; not executed again", key, t.name)
-        state.update(copy.deepcopy(recorded.state))  # the channels the call changed, as it changed them
+        state.update(copy_value(recorded.state))  # the channels the call changed, as it changed them
         return _result_message(recorded.result, call, t.name, key)
 
     async def _completed(
