@@ -23,7 +23,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/versions.env"
 cache_root=${AGENTRUN_K8S_CACHE:-$HOME/.cache/agentrun/k8s}
 out="$cache_root/$K8S_VERSION+etcd$ETCD_VERSION"
-binaries=(etcd kube-apiserver kube-controller-manager)
+binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet)
 
 die() { echo "hack/k8s/build.sh: $*" >&2; exit 1; }
 
@@ -119,6 +119,9 @@ build() {
     build_one etcd "$here/etcd" agentrun.dev/hack/k8s/etcd ""
     build_one kube-apiserver "$here" k8s.io/kubernetes/cmd/kube-apiserver "$ldflags"
     build_one kube-controller-manager "$here" k8s.io/kubernetes/cmd/kube-controller-manager "$ldflags"
+    # The real node (tests/node, make node): the scheduler binds pods, the kubelet runs them on containerd.
+    build_one kube-scheduler "$here" k8s.io/kubernetes/cmd/kube-scheduler "$ldflags"
+    build_one kubelet "$here" k8s.io/kubernetes/cmd/kubelet "$ldflags"
     echo "# total $(($(date +%s) - total_started)) s" >>"$out/BUILD-INFO"
     echo "$out"
 }
