@@ -2,6 +2,7 @@
 # The real control plane's binaries, built from the official Go modules at the versions that
 # hack/k8s/versions.env pins (the one place they are named):
 #   kube-apiserver, kube-controller-manager   k8s.io/kubernetes/cmd/...  (this folder's go.mod)
+#   kube-scheduler, kubelet, kube-proxy       the same, for the real node (kubesim/src/kubesim/node.py)
 #   etcd                                      go.etcd.io/etcd/server/v3/etcdmain  (etcd/go.mod)
 #
 #   bash hack/k8s/build.sh        build what is missing; prints the binaries' folder as its last line
@@ -23,7 +24,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/versions.env"
 cache_root=${AGENTRUN_K8S_CACHE:-$HOME/.cache/agentrun/k8s}
 out="$cache_root/$K8S_VERSION+etcd$ETCD_VERSION"
-binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet)
+binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy)
 
 die() { echo "hack/k8s/build.sh: $*" >&2; exit 1; }
 
@@ -119,9 +120,11 @@ build() {
     build_one etcd "$here/etcd" agentrun.dev/hack/k8s/etcd ""
     build_one kube-apiserver "$here" k8s.io/kubernetes/cmd/kube-apiserver "$ldflags"
     build_one kube-controller-manager "$here" k8s.io/kubernetes/cmd/kube-controller-manager "$ldflags"
-    # The real node (tests/node, make node): the scheduler binds pods, the kubelet runs them on containerd.
+    # The real node (tests/node, make node): the scheduler binds pods, the kubelet runs them on containerd,
+    # kube-proxy (nftables mode) makes the `kubernetes` Service's ClusterIP reach the API server from pods.
     build_one kube-scheduler "$here" k8s.io/kubernetes/cmd/kube-scheduler "$ldflags"
     build_one kubelet "$here" k8s.io/kubernetes/cmd/kubelet "$ldflags"
+    build_one kube-proxy "$here" k8s.io/kubernetes/cmd/kube-proxy "$ldflags"
     echo "# total $(($(date +%s) - total_started)) s" >>"$out/BUILD-INFO"
     echo "$out"
 }
