@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -701,22 +702,55 @@ def test_backoff_waits_then_starts_the_next_attempt() -> None:
     assert (status["restarts"], status["disruptions"], status["attempt"]) == (1, 0, 2)
 
 
-def crash_loop(spec: AgentRunSpec, limits: Limits, crashes: int) -> tuple[list[float], dict[str, Any]]:
-    """Crash every attempt; returns the backoff delays seen and the final status."""
+# Every kind of crash (DESIGN.md section 3: anything but 3-8, and an exit 0 the store does not confirm): the
+# pod as the kubelet reports it, what the store holds, and how the operator's message names it.
+CrashedPod = Callable[[int], dict[str, Any]]
+CRASH_KINDS = [
+    pytest.param(
+        lambda a: terminated(0, attempt=a),
+        None,
+        "exited 0 before the run completed; the store has no progress at all",
+        id="exit-0-at-import",
+    ),
+    pytest.param(
+        lambda a: terminated(0, attempt=a),
+        progress(current_node="quit"),
+        "exited 0 before the run completed; the store has status running at node quit",
+        id="exit-0-mid-node",
+    ),
+    pytest.param(lambda a: terminated(1, attempt=a), None, "exit 1 (Error)", id="exit-1"),
+    pytest.param(lambda a: terminated(137, attempt=a), None, "exit 137 (Error)", id="sigkill-137"),
+    pytest.param(
+        lambda a: terminated(137, attempt=a, reason="OOMKilled"), None, "exit 137 (OOMKilled)", id="oom-killed"
+    ),
+]
+
+
+def crash_loop(
+    spec: AgentRunSpec,
+    limits: Limits,
+    crashes: int,
+    crash: CrashedPod = lambda a: terminated(1, attempt=a),
+    seen: Progress | None = None,
+) -> tuple[list[float], dict[str, Any]]:
+    """Crash every attempt (``crash``; the store holding ``seen``); returns the backoff delays seen and the final
+    status. Each crashed pod is reconciled again half way through its backoff, as a watch event or a resync would."""
     status, now, delays = run_status(), NOW, []
     for _ in range(crashes):
         attempt = status["attempt"]
-        crashed = view(terminated(1, attempt=attempt))
-        status = applied(status, decide(spec, status, crashed, None, now, limits))
+        crashed = view(crash(attempt))
+        status = applied(status, decide(spec, status, crashed, seen, now, limits))
         if status["phase"] == FAILED:
             break
         if "nextAttemptTime" in status:
             next_at = parse_time(status["nextAttemptTime"])
             assert next_at is not None
             delays.append((next_at - now).total_seconds())
+            halfway = decide(spec, status, crashed, seen, now + (next_at - now) / 2, limits)
+            assert no_action(halfway) and "restarts" not in halfway.status, "a reconcile in the backoff acted"
             now = next_at
-            d = decide(spec, status, crashed, None, now, limits)
-            assert d.create_attempt == attempt + 1
+            d = decide(spec, status, crashed, seen, now, limits)
+            assert d.create_attempt == attempt + 1, f"GUARANTEE BROKEN: no new pod after the backoff: {d.status}"
             status = applied(status, d)
         else:
             delays.append(0.0)
@@ -732,10 +766,16 @@ def test_backoff_sequence_doubles_per_restart_and_is_capped() -> None:
     assert status["restarts"] == 8 and status["attempt"] == 9
 
 
-def test_crash_loop_fails_with_backoff_limit_exceeded_after_max_restarts() -> None:
-    spec = make_spec(restartPolicy={"maxRestarts": 3, "backoffSeconds": 5})
-    delays, status = crash_loop(spec, LIMITS, 10)
-    assert len(delays) == 3, "exactly maxRestarts restarts before failing"
+@pytest.mark.parametrize(("crash", "seen", "why"), CRASH_KINDS)
+def test_crash_loop_fails_with_backoff_limit_exceeded_after_max_restarts(
+    crash: CrashedPod, seen: Progress | None, why: str
+) -> None:
+    """Issue 31 item 9: under a backoff an exit-0 crash was counted again at each wake-up and got no new pod."""
+    spec = make_spec()  # the CRD's defaults: 3 restarts, 5 s backoff
+    assert (spec.restartPolicy.maxRestarts, spec.restartPolicy.backoffSeconds) == (3, 5)
+    delays, status = crash_loop(spec, LIMITS, 10, crash, seen)
+    assert delays == [5, 10, 20], "exactly maxRestarts restarts, each after its backoff, before failing"
+    assert why in status["message"], status["message"]
     assert status["phase"] == FAILED and status["reason"] == "BackoffLimitExceeded"
     assert status["attempt"] == 4 and "completionTime" in status
     assert "nextAttemptTime" not in status
@@ -885,6 +925,50 @@ def test_exit_0_without_a_completed_turn_in_the_store_is_a_crash(seen: Progress 
         request_key="this-turn",
     )
     assert once.status["phase"] == FAILED and "exited 0 before the run completed" in once.status["message"]
+
+
+@pytest.mark.parametrize(("crash", "seen", "why"), CRASH_KINDS)
+def test_one_crash_under_the_default_backoff_counts_once_and_the_next_pod_comes_after_it(
+    crash: CrashedPod, seen: Progress | None, why: str
+) -> None:
+    """Issue 31 item 9: with the CRD's default backoff (5 s) an exit 0 before the turn completed was counted
+    again at every wake-up (restarts 1, 2, 3, then BackoffLimitExceeded with one pod) and recorded Completed."""
+    spec = make_spec()
+    crashed = view(crash(1))
+    status = applied(run_status(), decide(spec, run_status(), crashed, seen, NOW, LIMITS))
+    assert (status["phase"], status["reason"], status["restarts"]) == (PENDING, "BackOff", 1), status
+    assert why in status["message"] and status["nextAttemptTime"] == iso(later(5)), status["message"]
+    first = status["attempts"][0]
+    assert first["outcome"] == "Crashed", f"the crashed attempt is recorded as {first}"
+    assert first["exitCode"] == crashed.exit_code
+    if crashed.exit_code == 0:
+        assert "reason" not in first and first["message"] == why, "the kubelet's Completed beside a crash"
+    else:
+        assert first["reason"] == crashed.terminated_reason
+    for seconds in (0.5, 1, 2.5, 4.999):  # the crashed pod's watch events, a resync, the store's notifications
+        waiting = decide(spec, status, crashed, seen, later(seconds), LIMITS)
+        assert no_action(waiting), f"GUARANTEE BROKEN: the same crash acted on again: {waiting.status}"
+        status = applied(status, waiting)
+    assert status["restarts"] == 1, "one crash must be counted once"
+    d = decide(spec, status, crashed, seen, later(5), LIMITS)
+    assert d.create_attempt == 2, f"GUARANTEE BROKEN: no second pod after the backoff: {d.status}"
+    status = applied(status, d)
+    assert (status["attempt"], status["restarts"], status.get("nextAttemptTime")) == (2, 1, None), status
+    status = applied(status, decide(spec, status, view(running(2)), seen, later(6), LIMITS))
+    done = decide(spec, status, view(terminated(0, attempt=2)), progress(status="completed"), later(9), LIMITS)
+    status = applied(status, done)
+    assert (status["phase"], status["restarts"], status["attempt"]) == (SUCCEEDED, 1, 2), status
+    assert [(e["attempt"], e["outcome"]) for e in status["attempts"]] == [(1, "Crashed"), (2, "Completed")]
+
+
+def test_an_exit_0_crash_is_no_ending_the_deadline_must_respect() -> None:
+    """spec.activeDeadlineSeconds ends a run in backoff; an exit-0 crash is in backoff, not Completed."""
+    spec = make_spec(activeDeadlineSeconds=60)
+    status = run_status(startTime=iso(NOW - timedelta(seconds=58)))
+    status = applied(status, decide(spec, status, view(terminated(0)), None, NOW, LIMITS))
+    assert status["reason"] == "BackOff"
+    d = decide(spec, status, view(terminated(0)), None, later(3), LIMITS)
+    assert d.status["phase"] == FAILED and d.status["reason"] == "DeadlineExceeded", d.status
 
 
 def test_exit_0_waits_for_the_store_when_the_operator_cannot_read_it() -> None:

@@ -69,8 +69,11 @@ def opened(attempt: int, *, pod: str | None, now: datetime) -> AttemptRecord:
     return entry
 
 
-def _observed(entry: AttemptRecord, pod: PodView | None, outcome: Outcome, *, now: datetime) -> AttemptRecord:
-    """``entry`` as the current pod shows it: still open, or closed with how it ended."""
+def _observed(
+    entry: AttemptRecord, pod: PodView | None, outcome: Outcome, *, now: datetime, crash_message: str | None = None
+) -> AttemptRecord:
+    """``entry`` as the current pod shows it: still open, or closed with how it ended (``crash_message``:
+    why an exit 0 was a crash)."""
     out = AttemptRecord(**entry)
     if pod is not None and not out.get("podName"):
         out["podName"] = pod.name
@@ -89,6 +92,11 @@ def _observed(entry: AttemptRecord, pod: PodView | None, outcome: Outcome, *, no
         if outcome is Outcome.CRASHED and pod.exit_code is not None and pod.exit_code > 128:
             # Killed by a signal: the runner wrote no line, and a log tail (FallbackToLogsOnError) is no reason.
             message = f"killed by {_signal_name(pod.exit_code - 128)}"
+        if outcome is Outcome.CRASHED and crash_message:
+            # An exit 0 before the turn completed: the kubelet's "Completed" beside outcome Crashed would
+            # contradict it; the operator's reason (what the store holds) says why it is a crash.
+            out.pop("reason", None)
+            message = crash_message
         if message:
             out["message"] = message[:MESSAGE_LIMIT]
     return out
@@ -121,10 +129,12 @@ def track(
     outcome: Outcome,
     now: datetime,
     run_name: str | None = None,
+    crash_message: str | None = None,
 ) -> None:
     """Write ``status.attempts`` into ``decision`` when the history changes (the current attempt's pod moved,
-    the run ended, or a new attempt starts); ``outcome`` is ``classify(pod)`` of the current attempt and
-    ``run_name`` names the pod of a new attempt (``podspec.pod_name``)."""
+    the run ended, or a new attempt starts); ``outcome`` is the current attempt's (``classify(pod)``, CRASHED
+    for an exit 0 before the turn completed, with ``crash_message`` saying so) and ``run_name`` names the pod
+    of a new attempt (``podspec.pod_name``)."""
     history: list[AttemptRecord] = [cast(AttemptRecord, dict(e)) for e in status.attempts]
     current = status.attempt
     if current and not any(e.get("attempt") == current for e in history):
@@ -137,7 +147,7 @@ def track(
             continue
         if not entry.get("podName") and status.pod_name:  # written with the attempt, by the reconciler
             entry["podName"] = status.pod_name
-        entry = _observed(entry, pod, outcome, now=now)
+        entry = _observed(entry, pod, outcome, now=now, crash_message=crash_message)
         ends_run = decision.status.get("phase") in TERMINAL and decision.create_attempt is None
         if is_open(entry) and ends_run:
             entry = _closed_by_run(entry, decision, now=now)

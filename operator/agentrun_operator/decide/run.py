@@ -111,6 +111,24 @@ def _interrupt_status(progress: Progress | None) -> InterruptInfo | None:
     }
 
 
+def turn_completed(progress: Progress | None, request_key: str) -> bool:
+    """The store says this run's turn completed: an exit 0 alone is not trusted (DESIGN.md section 3)."""
+    if progress is None or progress.status != "completed":
+        return False
+    return not (progress.request_key and request_key and progress.request_key != request_key)
+
+
+def exited_early(progress: Progress | None) -> str:
+    """Why an exit 0 without a completed turn is a crash, with what the store holds instead."""
+    if progress is None:
+        seen = "no progress at all"
+    elif progress.status == "completed":
+        seen = "another request's turn as the thread's latest"
+    else:
+        seen = f"status {progress.status}" + (f" at node {progress.current_node}" if progress.current_node else "")
+    return f"exited 0 before the run completed; the store has {seen}"
+
+
 def at_rest(status: AgentRunStatus, *, deleting: bool, retry: int = 0) -> bool:
     """Nothing left to decide: the run ended (and ``spec.retry`` does not re-open it), or it is being deleted."""
     return deleting or (status.phase in TERMINAL and not jobparity.retry_requested(retry, status))
@@ -148,11 +166,19 @@ def decide(
     turn is a deleted AgentRun's, unfinished (``thread.orphaned_turn``). The decision also carries the attempt
     history (``attempts.track``).
     """
+    outcome = classify(pod) if status.attempt else Outcome.GONE
+    early_exit = None
+    if outcome is Outcome.COMPLETED and not store_down and not turn_completed(progress, request_key):
+        # Exit 0 without the store's completed turn is a crash, and it must be one in EVERY rule that
+        # reads the outcome: the backoff wait (else each wake-up counted the same crash again and the
+        # next pod never came), the deadline, and the attempt history (outcome Crashed, not Completed).
+        outcome, early_exit = Outcome.CRASHED, exited_early(progress)
     ctx = _Run(
         spec=spec,
         status=status,
         pod=pod,
-        outcome=classify(pod) if status.attempt else Outcome.GONE,
+        outcome=outcome,
+        early_exit=early_exit,
         progress=progress,
         now=now,
         limits=limits,
@@ -167,7 +193,13 @@ def decide(
     d = _decide(ctx)
     if status.phase not in TERMINAL or d.status or d.create_attempt is not None:  # an ended run stays as it is
         attempts.track(
-            d, status=status, pod=pod, outcome=ctx.outcome, now=now, run_name=run.name if run is not None else None
+            d,
+            status=status,
+            pod=pod,
+            outcome=ctx.outcome,
+            now=now,
+            run_name=run.name if run is not None else None,
+            crash_message=early_exit,
         )
     return d
 
@@ -246,6 +278,7 @@ class _Run:
     status: AgentRunStatus
     pod: PodView | None
     outcome: Outcome
+    early_exit: str | None  # why an exit 0 is a crash (``exited_early``); None for any other outcome
     progress: Progress | None
     now: datetime
     limits: Limits
@@ -337,29 +370,11 @@ class _Run:
         d.reschedule_reason = RescheduleReason.RESUME
         return self.start(d, self.attempt + 1, resume=answer)
 
-    def turn_completed(self) -> bool:
-        """The store says this run's turn completed: an exit 0 alone is not trusted (DESIGN.md section 3)."""
-        progress = self.progress
-        if progress is None or progress.status != "completed":
-            return False
-        return not (progress.request_key and self.request_key and progress.request_key != self.request_key)
-
-    def exited_early(self) -> str:
-        """Why an exit 0 without a completed turn is a crash, with what the store holds instead."""
-        progress = self.progress
-        if progress is None:
-            seen = "no progress at all"
-        elif progress.status == "completed":
-            seen = "another request's turn as the thread's latest"
-        else:
-            seen = f"status {progress.status}" + (f" at node {progress.current_node}" if progress.current_node else "")
-        return f"exited 0 before the run completed; the store has {seen}"
-
     def stop(self, d: Decision) -> Decision:
         if self.outcome is Outcome.COMPLETED and self.store_down:
             return d  # exit 0 needs the store's word: the next reconcile decides
         if self.outcome not in LIVE:
-            if self.outcome is Outcome.COMPLETED and self.turn_completed():
+            if self.outcome is Outcome.COMPLETED:  # with the store's completed turn (else it is CRASHED)
                 return self.finish(
                     d, Phase.SUCCEEDED, Reason.COMPLETED, "the run completed before it saw the stop request"
                 )
@@ -431,8 +446,7 @@ class _Run:
         if outcome is Outcome.COMPLETED:
             if self.store_down:
                 return d  # exit 0 needs the store's word: the next reconcile decides (outage.guard marks it)
-            if not self.turn_completed():
-                return self.crashed(d, why=self.exited_early())
+            # The store's completed turn is checked in ``decide``: without it, this exit 0 is CRASHED.
             return self.finish(d, Phase.SUCCEEDED, Reason.COMPLETED, "the run completed")
         if outcome is Outcome.INTERRUPTED:
             interrupt = _interrupt_status(self.progress)
@@ -476,7 +490,7 @@ class _Run:
             return self.disrupted(d, why, f"pod {pod.name} was disrupted ({why})")
         if outcome is Outcome.GONE:
             return self.disrupted(d, DisruptionReason.POD_DELETED, f"pod of attempt {attempt} was deleted")
-        return self.crashed(d)
+        return self.crashed(d, why=self.early_exit)
 
     def running(self, d: Decision) -> Decision:
         d.status["lostSince"] = None
