@@ -9,6 +9,7 @@ its barrier.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 
 import pytest
 from kopf._cogs.aiokits import aiotoggles
@@ -17,7 +18,7 @@ from kopf._core.reactor import orchestration
 from agentrun_operator.io import barrier
 from agentrun_operator.io.barrier import QuietToggleSet
 
-pytestmark = pytest.mark.timeout(10)
+pytestmark = pytest.mark.timeout(60)  # a hang guard; the tests count, they never time
 
 
 async def test_waiters_return_once_every_toggle_is_dropped_as_with_kopfs_own_set() -> None:
@@ -48,18 +49,44 @@ async def test_a_toggle_turned_on_or_off_wakes_the_waiters_of_that_state() -> No
     await asyncio.wait_for(back_off, 1)
 
 
-async def test_ten_thousand_objects_listed_with_their_workers_waiting_take_well_under_a_second() -> None:
-    indexed = QuietToggleSet(all)
+async def _rechecks(toggle_set: type[aiotoggles.ToggleSet], objects: int) -> int:
+    """How often the set's rule is evaluated while ``objects`` listed objects are indexed, with one worker
+    each waiting on the barrier: each wake-up of a waiter re-checks the rule once, so this counts wake-ups
+    (plus the set's own recomputations). Between two objects the loop runs, as it does between the watch
+    events of a real listing, so woken waiters get to re-check."""
+    calls = 0
+
+    def every(states: Iterable[bool]) -> bool:
+        nonlocal calls
+        calls += 1
+        return all(states)
+
+    indexed = toggle_set(every)
     blocker = await indexed.make_toggle(name="listing")
-    toggles = [await indexed.make_toggle(name=f"object {i}") for i in range(10_000)]
-    waiters = [asyncio.create_task(indexed.wait_for(True)) for _ in range(10_000)]
-    loop = asyncio.get_running_loop()
-    started = loop.time()
+    toggles = [await indexed.make_toggle(name=f"object {i}") for i in range(objects)]
+    waiters = [asyncio.create_task(indexed.wait_for(True)) for _ in range(objects)]
+    await asyncio.sleep(0)  # every worker is waiting
+    calls = 0
     for toggle in toggles:
         await indexed.drop_toggle(toggle)
+        await asyncio.sleep(0)
     await indexed.drop_toggle(blocker)
-    await asyncio.wait_for(asyncio.gather(*waiters), 5)
-    assert loop.time() - started < 1.0, "the barrier woke its waiters on every change (the O(N²) herd)"
+    await asyncio.wait_for(asyncio.gather(*waiters), 60)
+    return calls
+
+
+async def test_ten_thousand_objects_listed_with_their_workers_waiting_wake_each_worker_once() -> None:
+    """O(N), counted rather than timed (issue 31 item 8: a wall-clock bound failed CI on a loaded machine)."""
+    objects = 10_000
+    rechecks = await _rechecks(QuietToggleSet, objects)
+    # One recomputation per dropped toggle and one re-check per waiter once the set is on.
+    assert rechecks <= 2 * objects + 1, f"the barrier woke its waiters on every change (the O(N²) herd): {rechecks}"
+
+
+async def test_the_count_sees_the_herd_of_kopfs_own_set() -> None:
+    """The measure above can fail: kopf's own set re-checks every waiter on every change (N² at N objects)."""
+    objects = 200
+    assert await _rechecks(aiotoggles.ToggleSet, objects) >= objects * objects, "kopf's herd is gone: see barrier.py"
 
 
 def test_install_makes_kopfs_orchestrator_build_the_quiet_set() -> None:
