@@ -35,6 +35,11 @@ class HistorySettings(BaseSettings):
     kube_ca_file: str = "/etc/agentrun/kube-ca/ca.crt"
     # A login form that keeps a pasted token in an HttpOnly cookie (shared installs behind TLS).
     token_login: bool = False
+    # TLS is terminated in front of this server (the chart's ingress with TLS, or your own proxy): the sign-in
+    # cookie is Secure, and a token may be signed in through it.
+    tls_in_front: bool = False
+    # Sign a token in over plain HTTP from anywhere, not only from loopback (the token crosses the network in clear).
+    allow_plain_http_login: bool = False
     tls_cert_file: str = ""
     tls_key_file: str = ""
     log_level: str = "INFO"
@@ -47,6 +52,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--host", default=settings.host)
     parser.add_argument("--port", type=int, default=settings.port)
     parser.add_argument("--token-login", action="store_true", default=settings.token_login)
+    parser.add_argument("--tls-in-front", action="store_true", default=settings.tls_in_front)
+    parser.add_argument("--allow-plain-http-login", action="store_true", default=settings.allow_plain_http_login)
     args = parser.parse_args(argv)
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not settings.postgres_dsn:
@@ -61,7 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         store=HistoryStore(settings.postgres_dsn),
         hub=ProgressHub(settings.postgres_dsn, listen=settings.postgres_listen_dsn or None),
         token_login=args.token_login,
-        secure_cookie=tls is not None,
+        secure_cookie=tls is not None or args.tls_in_front,
+        plain_http_login=args.allow_plain_http_login,
     )
     web.run_app(app, host=args.host, port=args.port, ssl_context=tls, print=None, access_log=None)
     return 0

@@ -10,8 +10,10 @@ server-sent events and posts the buttons.
 
 from __future__ import annotations
 
+import hashlib
 import html
 import json
+import re
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -19,14 +21,48 @@ from urllib.parse import quote, urlencode
 
 from agentrun.history import Digest, RunHistory
 
+from . import text
+
 PHASES = ("Pending", "Running", "Interrupted", "Stopping", "Stopped", "Succeeded", "Failed")
 TERMINAL = ("Stopped", "Succeeded", "Failed")
 SHORT_BYTES = 120
 
 
 def e(value: Any) -> str:
-    """``value`` escaped for HTML text and attributes (``None`` as nothing)."""
-    return html.escape("" if value is None else str(value), quote=True)
+    """``value`` escaped for HTML text (``None`` as nothing); each hidden character (``text.HIDDEN``: bidi
+    controls, zero-width and control characters) shown as its escape in a ``<span class=ctl>`` naming it."""
+    raw = "" if value is None else str(value)
+    out, at = [], 0
+    for match in text.HIDDEN.finditer(raw):
+        char = match.group()
+        out.append(html.escape(raw[at : match.start()], quote=True))
+        out.append(f'<span class=ctl title="{html.escape(text.describe(char))}">{text.escape(char)}</span>')
+        at = match.end()
+    out.append(html.escape(raw[at:], quote=True))
+    return "".join(out)
+
+
+def a(value: Any) -> str:
+    """``value`` escaped for an HTML attribute (``None`` as nothing); hidden characters as plain escapes."""
+    return html.escape(text.visible("" if value is None else str(value)), quote=True)
+
+
+CTL = re.compile(r'<span class=ctl title="([^"]*)">')
+
+
+def flagged(markup: str) -> str:
+    """``markup`` after a notice naming the hidden characters ``e()`` marked in it (unchanged when none).
+
+    Only ``e()`` writes ``<span class=ctl``: a value's own ``<`` is escaped, so the marks are found reliably."""
+    names = list(dict.fromkeys(CTL.findall(markup)))
+    if not names:
+        return markup
+    listed = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+    return (
+        f"<p class=hidden-chars>Values on this page contained invisible or bidirectional control characters "
+        f"({listed}). Each is shown as its escape, <span class=ctl>marked like this</span>: read those values as "
+        f"written, not as a browser would draw them.</p>{markup}"
+    )
 
 
 def when(moment: float | None) -> str:
@@ -52,7 +88,7 @@ def page(title: str, body: str, *, user_hint: str = "") -> str:
     """A whole HTML page: the shared head (the static styles and script), ``body``, the signed-in hint."""
     return (
         "<!doctype html><html lang=en><head><meta charset=utf-8>"
-        f"<title>{e(title)} · agentrun</title>"
+        f"<title>{a(title)} · agentrun</title>"
         '<meta name=viewport content="width=device-width, initial-scale=1">'
         '<link rel=stylesheet href="/static/app.css"><script src="/static/app.js" defer></script></head>'
         f'<body><header><a class=brand href="/runs">agentrun</a><span class=sub>run history</span>'
@@ -81,7 +117,7 @@ def login_page(message: str = "") -> str:
 def badge(phase: str | None) -> str:
     """A run's phase as a coloured badge."""
     phase = phase or "Pending"
-    return f'<span class="badge phase-{e(phase.lower())}">{e(phase)}</span>'
+    return f'<span class="badge phase-{a(phase.lower())}">{e(phase)}</span>'
 
 
 def run_list(
@@ -89,11 +125,11 @@ def run_list(
 ) -> str:
     """The list of runs the caller may see, filtered by namespace and phase."""
     options = "".join(
-        f'<option value="{e(p)}"{" selected" if p == phase else ""}>{e(p)}</option>' for p in ("", *PHASES)
+        f'<option value="{a(p)}"{" selected" if p == phase else ""}>{e(p)}</option>' for p in ("", *PHASES)
     )
     form = (
         '<form class=filters method=get action="/runs">'
-        f'<label>Namespace <input name=namespace value="{e(namespace or "")}" placeholder="all namespaces"></label>'
+        f'<label>Namespace <input name=namespace value="{a(namespace or "")}" placeholder="all namespaces"></label>'
         f"<label>Phase <select name=phase>{options}</select></label><button type=submit>Filter</button></form>"
     )
     rows = []
@@ -104,7 +140,7 @@ def run_list(
         rows.append(
             "<tr>"
             f"<td>{e(meta.get('namespace'))}</td>"
-            f'<td><a class=run href="{e(run_url(meta["namespace"], meta["name"]))}">{e(meta["name"])}</a></td>'
+            f'<td><a class=run href="{a(run_url(meta["namespace"], meta["name"]))}">{e(meta["name"])}</a></td>'
             f"<td>{badge(status.get('phase'))}</td>"
             f"<td>{e(status.get('currentNode') or '-')}</td>"
             f"<td>{e(status.get('stateVersion', '-'))}</td>"
@@ -122,7 +158,7 @@ def run_list(
         else "<p class=empty>No AgentRuns here that you may see.</p>"
     )
     notice = f"<p class=note>{e(note)}</p>" if note else ""
-    return page("Runs", f"<h1>AgentRuns</h1>{form}{notice}{table}")
+    return page("Runs", f"<h1>AgentRuns</h1>{form}{notice}{flagged(table)}")
 
 
 def _age(stamp: str | None, now: datetime) -> str:
@@ -143,11 +179,11 @@ def _digest(value: Digest | None, *, label: str) -> str:
     if value is None:
         return "-"
     if value.bytes <= SHORT_BYTES and "\n" not in value.preview:  # short: shown as is
-        return f'<code class="{e(label)}" title="sha256 {e(value.sha256)}">{e(value.preview)}</code>'
+        return f'<code class="{a(label)}" title="sha256 {a(value.sha256)}">{e(value.preview)}</code>'
     cut = " (preview cut)" if value.truncated else ""
     return (
         f"<details><summary><code>{e(value.sha256[:12])}</code> {e(value.bytes)} B{e(cut)}</summary>"
-        f'<pre class="{e(label)}">{e(value.preview)}</pre></details>'
+        f'<pre class="{a(label)}">{e(value.preview)}</pre></details>'
     )
 
 
@@ -155,12 +191,12 @@ def run_page(history: RunHistory, run: dict[str, Any], *, live: bool) -> str:
     """One run's page: status, attempts, tool calls, interrupts (with answer and stop buttons when ``live``), steps."""
     title = f"{history.namespace}/{history.name}"
     body = (
-        f'<div id=run data-events="{e(run_url(history.namespace, history.name, "/events"))}" '
-        f'data-timeline="{e(run_url(history.namespace, history.name, "/timeline"))}" '
+        f'<div id=run data-events="{a(run_url(history.namespace, history.name, "/events"))}" '
+        f'data-timeline="{a(run_url(history.namespace, history.name, "/timeline"))}" '
         f'data-live="{"1" if live else "0"}">'
         f"{timeline(history, run)}</div>"
     )
-    return page(title, f'<p><a href="/runs?namespace={e(quote(history.namespace))}">← runs</a></p>{body}')
+    return page(title, f'<p><a href="/runs?namespace={a(quote(history.namespace, safe=""))}">← runs</a></p>{body}')
 
 
 def timeline(history: RunHistory, run: dict[str, Any]) -> str:
@@ -172,7 +208,7 @@ def timeline(history: RunHistory, run: dict[str, Any]) -> str:
     parts.append(_attempts(history))
     parts.append(_tool_calls(history))
     parts.append(_steps(history))
-    return "".join(parts)
+    return flagged("".join(parts))
 
 
 def _summary(history: RunHistory, status: dict[str, Any], spec: dict[str, Any]) -> str:
@@ -215,22 +251,46 @@ def _summary(history: RunHistory, status: dict[str, Any], spec: dict[str, Any]) 
     )
 
 
+def pending_ids(interrupt: dict[str, Any]) -> list[str]:
+    """The ids of the interrupts ``status.interrupt`` says the run waits on."""
+    return [str(i) for i in interrupt.get("ids") or [interrupt.get("id")] if i]
+
+
+def interrupt_digest(interrupt: dict[str, Any]) -> str:
+    """The sha256 of ``status.interrupt`` as shown (ids, question, payload): what an answer says it saw.
+
+    The id alone names the question; the digest also pins its text and payload, so an answer is never
+    applied to a question that reads differently from the one on the person's screen."""
+    seen = {"ids": pending_ids(interrupt), "message": interrupt.get("message"), "payload": interrupt.get("payload")}
+    canonical = json.dumps(seen, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
 def _actions(history: RunHistory, status: dict[str, Any], spec: dict[str, Any]) -> str:
     if history.deleted:
         return ""
     phase = history.phase or "Pending"
-    buttons = []
+    buttons, question = [], ""
     base = run_url(history.namespace, history.name)
-    if phase == "Interrupted":
-        buttons.append(f'<button class="act approve" data-action="{e(base + "/approve")}">Approve</button>')
-        buttons.append(f'<button class="act reject" data-action="{e(base + "/reject")}">Reject</button>')
+    interrupt = status.get("interrupt") or {}
+    ids = pending_ids(interrupt)
+    if phase == "Interrupted" and ids:
+        # The buttons carry what this page shows: the server answers only that question (else 409).
+        seen = f'data-interrupt="{a(ids[0])}" data-digest="{a(interrupt_digest(interrupt))}"'
+        buttons.append(f'<button class="act approve" data-action="{a(base + "/approve")}" {seen}>Approve</button>')
+        buttons.append(f'<button class="act reject" data-action="{a(base + "/reject")}" {seen}>Reject</button>')
+        payload = json.dumps(interrupt.get("payload"), ensure_ascii=False, default=str)
+        question = (
+            f"<p class=question>Answers interrupt <code>{e(', '.join(ids))}</code>: "
+            f"<q>{e(interrupt.get('message') or '(no message)')}</q> payload <code>{e(payload[:2000])}</code></p>"
+        )
     if phase not in TERMINAL and not spec.get("stop"):
-        buttons.append(f'<button class="act stop" data-action="{e(base + "/stop")}">Stop</button>')
+        buttons.append(f'<button class="act stop" data-action="{a(base + "/stop")}">Stop</button>')
     if not buttons:
         return ""
     return (
-        "<section class=actions>" + "".join(buttons) + "<span class=act-note>acts as you: the patch is made with "
-        "your own Kubernetes identity</span><span id=act-result></span></section>"
+        f"<section class=actions>{question}" + "".join(buttons) + "<span class=act-note>acts as you: the patch "
+        "is made with your own Kubernetes identity</span><span id=act-result></span></section>"
     )
 
 
@@ -282,9 +342,9 @@ def _tool_calls(history: RunHistory) -> str:
         replayed = ", ".join(str(n) for n in c.replayed_in) or "-"
         retried = f" (in doubt in attempt {', '.join(map(str, c.in_doubt_in))}, ran again)" if c.in_doubt_in else ""
         rows.append(
-            f'<tr class="call outcome-{e(c.outcome)}"><td class=tool>{e(c.name)}</td>'
+            f'<tr class="call outcome-{a(c.outcome)}"><td class=tool>{e(c.name)}</td>'
             f"<td><code>{e(c.call_id)}</code></td>"
-            f'<td><span class="badge out-{e(c.outcome)}">{e(c.outcome.replace("_", " "))}</span>{e(retried)}</td>'
+            f'<td><span class="badge out-{a(c.outcome)}">{e(c.outcome.replace("_", " "))}</span>{e(retried)}</td>'
             f"<td>{e(c.attempt or '-')}</td><td>{e(replayed)}</td>"
             f"<td>{e(('≤ ' if c.duration_from == 'node' else '') + seconds(c.duration_seconds))}</td>"
             f"<td>{_digest(c.arguments, label='arguments')}</td><td>{_digest(c.result, label='tool-result')}</td>"

@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -36,7 +38,7 @@ from aiohttp import web
 from agentrun import history
 from agentrun_operator.decide.spec import thread_key
 
-from . import pages
+from . import pages, text
 from .kube import KubeError, UserKube
 from .store import HistoryStore, ProgressHub
 
@@ -48,20 +50,57 @@ ACTION_HEADER = "X-Agentrun-Action"
 POLL_SECONDS = 2.0
 HEARTBEAT_SECONDS = 15.0
 CSP = "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; frame-ancestors 'none'"
+STORE_DOWN = "the run's history could not be read from the store; try again later (the server's log has the cause)"
 
 KUBE: web.AppKey[UserKube] = web.AppKey("kube", UserKube)
 STORE: web.AppKey[HistoryStore] = web.AppKey("store", HistoryStore)
 HUB: web.AppKey[ProgressHub] = web.AppKey("hub", ProgressHub)
 TOKEN_LOGIN: web.AppKey[bool] = web.AppKey("token_login", bool)
 SECURE_COOKIE: web.AppKey[bool] = web.AppKey("secure_cookie", bool)
+PLAIN_HTTP_LOGIN: web.AppKey[bool] = web.AppKey("plain_http_login", bool)
 
 
 class Refused(Exception):
-    """An answer for the caller: HTTP status and a message (JSON or an error page)."""
+    """An answer for the caller: HTTP status and a message (JSON or an error page), with ``details`` for JSON."""
 
-    def __init__(self, status: int, title: str, message: str) -> None:
+    def __init__(self, status: int, title: str, message: str, details: dict[str, Any] | None = None) -> None:
         super().__init__(message)
-        self.status, self.title, self.message = status, title, message
+        self.status, self.title, self.message, self.details = status, title, message, details or {}
+
+
+# DNS-1123: a namespace is a label, an AgentRun's name a subdomain (what the API server accepts for them).
+# Checked before any request: the HTTP client collapses "." and ".." segments, so such a "name" would
+# reach another API path (the namespace's list, the group's discovery document) with the caller's token.
+LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
+def valid_namespace(namespace: str) -> str:
+    """``namespace`` when it is a DNS-1123 label, else ``Refused`` (400) saying what one is."""
+    if len(namespace) <= 63 and LABEL.fullmatch(namespace):
+        return namespace
+    raise Refused(
+        400,
+        "Bad request",
+        f'"{text.visible(namespace)[:300]}" is not a namespace name: a namespace is a DNS-1123 label (at most 63 '
+        "lowercase letters, digits and '-', starting and ending with a letter or digit)",
+    )
+
+
+def valid_name(name: str) -> str:
+    """``name`` when it is a DNS-1123 subdomain (an AgentRun's name), else ``Refused`` (400)."""
+    if len(name) <= 253 and all(LABEL.fullmatch(label) for label in name.split(".")):
+        return name
+    raise Refused(
+        400,
+        "Bad request",
+        f'"{text.visible(name)[:300]}" is not an AgentRun name: a name is a DNS-1123 subdomain (at most 253 '
+        "lowercase letters, digits, '-' and '.', each dot-separated part starting and ending with a letter or digit)",
+    )
+
+
+def run_names(request: web.Request) -> tuple[str, str]:
+    """The namespace and name of the run in the request's path, validated (``Refused`` 400 otherwise)."""
+    return valid_namespace(request.match_info["namespace"]), valid_name(request.match_info["name"])
 
 
 def token_of(request: web.Request) -> str:
@@ -89,8 +128,8 @@ def _refused(error: KubeError, what: str) -> Refused:
 
 async def authorized_run(request: web.Request) -> tuple[str, dict[str, Any]]:
     """The caller's token and the AgentRun as the API server shows it to that token (else ``Refused``)."""
+    namespace, name = run_names(request)
     token = token_of(request)
-    namespace, name = request.match_info["namespace"], request.match_info["name"]
     try:
         return token, await request.app[KUBE].get_run(token, namespace, name)
     except KubeError as e:
@@ -103,8 +142,8 @@ async def readable_run(request: web.Request) -> tuple[dict[str, Any], bool]:
     A deleted run's history is shown to whoever may list AgentRuns in its namespace (they could see the
     run while it existed), found by the request key the operator derived from it; anyone else gets 404.
     """
+    namespace, name = run_names(request)
     token = token_of(request)
-    namespace, name = request.match_info["namespace"], request.match_info["name"]
     what = f'agentrun "{name}" in namespace "{namespace}"'
     try:
         return await request.app[KUBE].get_run(token, namespace, name), False
@@ -113,12 +152,13 @@ async def readable_run(request: web.Request) -> tuple[dict[str, Any], bool]:
             raise _refused(e, what) from None
     try:
         await request.app[KUBE].list_runs(token, namespace, limit=1)
+    except KubeError:  # may not list there: the run does not exist for this caller, deleted or not
+        raise Refused(404, "Not found", f"{what} does not exist") from None
+    try:
         found = await request.app[STORE].find_run(namespace, name)
-    except KubeError:
-        found = None
-    except Exception as e:
-        log.warning("looking up deleted run %s/%s in the store failed: %s", namespace, name, e)
-        found = None
+    except Exception as e:  # "does not exist" would be a guess: the store that knows cannot be asked
+        log.warning("looking up deleted run %s/%s in the store failed: %r", namespace, name, e)
+        raise Refused(503, "Store unavailable", STORE_DOWN) from e
     if found is None:
         raise Refused(404, "Not found", f"{what} does not exist")
     thread, uid = found
@@ -137,8 +177,9 @@ async def run_history(request: web.Request, run: dict[str, Any]) -> history.RunH
     try:
         rows = await request.app[STORE].rows(thread, meta.get("uid"))
     except Exception as e:  # the store is down or misconfigured: say so instead of a bare 500
-        log.warning("history of %s/%s: the store could not be read: %s", meta["namespace"], meta["name"], e)
-        raise Refused(503, "Store unavailable", f"the run's history could not be read from the store: {e}") from e
+        # The cause names the store's address and user: for the operators' log, not for every viewer.
+        log.warning("history of %s/%s: the store could not be read: %r", meta["namespace"], meta["name"], e)
+        raise Refused(503, "Store unavailable", STORE_DOWN) from e
     return history.build(
         rows,
         namespace=meta["namespace"],
@@ -153,25 +194,50 @@ async def run_history(request: web.Request, run: dict[str, Any]) -> history.RunH
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    # same-origin, not no-referrer: with no-referrer a browser sends "Origin: null" on form posts (the login).
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+
+
+def _answer_refused(request: web.Request, r: Refused) -> web.Response:
+    if request.path.startswith("/api/") or request.method == "POST":
+        body = {"status": r.status, "reason": r.title, "message": r.message, **r.details}
+        return web.json_response(body, status=r.status)
+    if r.status == 401 and request.app[TOKEN_LOGIN]:
+        refusal = login_refusal(request)
+        if refusal is None:
+            return web.Response(text=pages.login_page(r.message), status=401, content_type="text/html")
+        return web.Response(
+            text=pages.error_page(401, r.title, f"{r.message}; {refusal}"), status=401, content_type="text/html"
+        )
+    return web.Response(text=pages.error_page(r.status, r.title, r.message), status=r.status, content_type="text/html")
+
+
 @web.middleware
 async def answers(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """``Refused`` as JSON under /api, as a page elsewhere; security headers on every answer."""
+    """``Refused`` as JSON under /api, as a page elsewhere; security headers on every answer.
+
+    The router's own 404 and 405 are raised as ``HTTPException``: answered the same way, with the headers
+    (a redirect keeps its own answer, with the headers added)."""
     try:
         response = await handler(request)
     except Refused as r:
-        if request.path.startswith("/api/") or request.method == "POST":
-            response = web.json_response({"status": r.status, "reason": r.title, "message": r.message}, status=r.status)
-        elif r.status == 401 and request.app[TOKEN_LOGIN]:
-            response = web.Response(text=pages.login_page(r.message), status=401, content_type="text/html")
-        else:
-            response = web.Response(
-                text=pages.error_page(r.status, r.title, r.message), status=r.status, content_type="text/html"
-            )
-    response.headers.setdefault("Content-Security-Policy", CSP)
-    response.headers.setdefault("X-Content-Type-Options", "nosniff")
-    # same-origin, not no-referrer: with no-referrer a browser sends "Origin: null" on form posts (the login).
-    response.headers.setdefault("Referrer-Policy", "same-origin")
-    response.headers.setdefault("Cache-Control", "no-store")
+        response = _answer_refused(request, r)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            for key, value in SECURITY_HEADERS.items():
+                exc.headers.setdefault(key, value)
+            raise
+        message = f"{request.method} {text.visible(request.path)[:300]}: {exc.reason.lower()}"
+        response = _answer_refused(request, Refused(exc.status, exc.reason, message))
+        if "Allow" in exc.headers:
+            response.headers["Allow"] = exc.headers["Allow"]
+    for key, value in SECURITY_HEADERS.items():
+        response.headers.setdefault(key, value)
     return response
 
 
@@ -180,8 +246,10 @@ async def answers(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 async def api_list(request: web.Request) -> web.Response:
     """``GET /api/v1/.../agentruns``: the runs the caller may list, as JSON."""
-    token = token_of(request)
     namespace = request.match_info.get("namespace")
+    if namespace is not None:
+        valid_namespace(namespace)
+    token = token_of(request)
     try:
         runs = await request.app[KUBE].list_runs(token, namespace)
     except KubeError as e:
@@ -217,41 +285,137 @@ async def api_history(request: web.Request) -> web.Response:
 # --- actions (as the caller) --------------------------------------------------------------------------------------
 
 
+def _same_origin(request: web.Request, what: str) -> None:
+    """``Refused`` (403) when the browser says the request comes from a page of another origin."""
+    origin = request.headers.get("Origin")
+    if origin and origin not in (f"http://{request.host}", f"https://{request.host}"):
+        raise Refused(403, "Forbidden", f"cross-origin {what} refused (Origin {text.visible(origin)[:300]})")
+
+
 def _check_origin(request: web.Request) -> None:
     if request.headers.get(ACTION_HEADER) != "1":
         raise Refused(403, "Forbidden", f"actions need the {ACTION_HEADER} header (sent by the page's buttons)")
-    origin = request.headers.get("Origin")
-    if origin and origin not in (f"http://{request.host}", f"https://{request.host}"):
-        raise Refused(403, "Forbidden", f"cross-origin action refused (Origin {origin})")
+    _same_origin(request, "action")
 
 
 async def act(request: web.Request) -> web.Response:
     """``POST .../stop|approve|reject``: the caller's own patch of the AgentRun (409 when it cannot apply)."""
     _check_origin(request)
-    token, run = await authorized_run(request)
+    namespace, name = run_names(request)
     verb = request.match_info["verb"]
-    meta, spec, status = run["metadata"], run.get("spec") or {}, run.get("status") or {}
-    name, namespace, phase = meta["name"], meta["namespace"], status.get("phase") or "Pending"
-    kube = request.app[KUBE]
+    token_of(request)  # 401 before anything about the body
+    seen = None if verb == "stop" else await _seen(request)
+    token, run = await authorized_run(request)
     try:
         if verb == "stop":
-            if phase in pages.TERMINAL:
-                raise Refused(409, "Conflict", f"agentrun {name} already ended ({phase}); there is nothing to stop")
-            if not spec.get("stop"):
-                await kube.merge_patch(token, namespace, name, {"spec": {"stop": True}})
-            return web.json_response({"message": f"stop requested for {name}"})
-        if phase != "Interrupted":
-            raise Refused(409, "Conflict", f"agentrun {name} is not waiting for an answer (phase {phase})")
-        interrupt = status.get("interrupt") or {}
-        ids = [str(i) for i in interrupt.get("ids") or [interrupt.get("id")] if i]
-        value = verb == "approve"
-        resume: dict[str, Any] = {"values": {i: value for i in ids}} if ids else {"value": value}
-        # "add" replaces an earlier spec.resume whole (as kubectl agentrun approve does), so no answer of an
-        # earlier interrupt stays beside this one; a merge patch would keep its keys.
-        await kube.json_patch(token, namespace, name, [{"op": "add", "path": "/spec/resume", "value": resume}])
-        return web.json_response({"message": f"{verb}d: {name} resumes in a new pod"})
+            return await _stop(request, token, run)
+        assert seen is not None
+        return await _answer(request, token, run, verb, seen)
     except KubeError as e:
         raise _refused(e, f'agentrun "{name}" in namespace "{namespace}"') from None
+
+
+async def _stop(request: web.Request, token: str, run: dict[str, Any]) -> web.Response:
+    meta, phase = run["metadata"], (run.get("status") or {}).get("phase") or "Pending"
+    if phase in pages.TERMINAL:
+        raise Refused(409, "Conflict", f"agentrun {meta['name']} already ended ({phase}); there is nothing to stop")
+    # Sent even when spec.stop is already true (a no-op patch): the API server decides whether this caller may
+    # stop the run; a "stop requested" without its answer would tell a viewer they had stopped it.
+    await request.app[KUBE].merge_patch(token, meta["namespace"], meta["name"], {"spec": {"stop": True}})
+    return web.json_response({"message": f"stop requested for {meta['name']}"})
+
+
+ANSWER_ATTEMPTS = 3
+
+
+async def _seen(request: web.Request) -> tuple[str, str]:
+    """The interrupt id and digest the person answers (the page's button sends them; JSON ``interrupt``, ``digest``)."""
+    try:
+        body = await request.json() if request.can_read_body else {}
+    except ValueError:
+        body = None
+    seen = (body.get("interrupt"), body.get("digest")) if isinstance(body, dict) else (None, None)
+    if not all(isinstance(x, str) and x for x in seen):
+        raise Refused(
+            400,
+            "Bad request",
+            'an answer says which question it answers: send JSON {"interrupt": ID, "digest": SHA256} as the '
+            "run's page shows them (a 409 answer carries the current ones)",
+        )
+    return str(seen[0]), str(seen[1])
+
+
+def _question(run: dict[str, Any]) -> dict[str, Any]:
+    """What the run waits for now, for a 409 answer: its phase, and its interrupt with the digest to answer it."""
+    status = run.get("status") or {}
+    interrupt = status.get("interrupt") or {}
+    current: dict[str, Any] = {"phase": status.get("phase") or "Pending"}
+    if current["phase"] == "Interrupted" and pages.pending_ids(interrupt):
+        current["interrupt"] = {
+            "ids": pages.pending_ids(interrupt),
+            "message": interrupt.get("message"),
+            "payload": interrupt.get("payload"),
+            "digest": pages.interrupt_digest(interrupt),
+        }
+    return current
+
+
+def _conflict(run: dict[str, Any], seen: tuple[str, str]) -> Refused | None:
+    """Why an answer to ``seen`` cannot apply to ``run`` as it is now (``None``: it can)."""
+    name, current = run["metadata"]["name"], _question(run)
+    if current["phase"] != "Interrupted":
+        return Refused(
+            409, "Conflict", f"agentrun {name} is not waiting for an answer (phase {current['phase']})", current
+        )
+    waiting = current.get("interrupt")
+    if waiting is not None and seen[0] in waiting["ids"] and seen[1] == waiting["digest"]:
+        return None
+    if waiting is None:
+        now = "no interrupt it names"
+    else:
+        now = f"interrupt {', '.join(waiting['ids'])}: {text.visible(str(waiting['message'] or ''))[:500]!r}"
+    return Refused(
+        409,
+        "Conflict",
+        f"agentrun {name} no longer waits on the question you answered (interrupt {text.visible(seen[0])[:100]}); "
+        f"it now waits on {now}. Read it, then answer that one.",
+        current,
+    )
+
+
+async def _answer(
+    request: web.Request, token: str, run: dict[str, Any], verb: str, seen: tuple[str, str]
+) -> web.Response:
+    """Answer the interrupt ``seen`` names, only while the run still waits on that exact question."""
+    kube = request.app[KUBE]
+    meta = run["metadata"]
+    for _ in range(ANSWER_ATTEMPTS):
+        conflict = _conflict(run, seen)
+        if conflict is not None:
+            raise conflict
+        ids = pages.pending_ids((run.get("status") or {}).get("interrupt") or {})
+        resume = {"values": {i: verb == "approve" for i in ids}}
+        # The test op makes the API server apply the answer only to the object just checked: a run that moved on
+        # meanwhile (another question, another phase) fails it (422), and is checked again. "add" replaces an
+        # earlier spec.resume whole, so no answer of an earlier interrupt stays beside this one.
+        ops = [
+            {"op": "test", "path": "/metadata/resourceVersion", "value": run["metadata"]["resourceVersion"]},
+            {"op": "add", "path": "/spec/resume", "value": resume},
+        ]
+        try:
+            await kube.json_patch(token, meta["namespace"], meta["name"], ops)
+        except KubeError as e:
+            if e.status != 422:
+                raise
+            before = run["metadata"]["resourceVersion"]
+            run = await kube.get_run(token, meta["namespace"], meta["name"])
+            if run["metadata"].get("resourceVersion") == before:  # not the test op: the API server's own refusal
+                raise
+            continue
+        return web.json_response(
+            {"message": f"{verb}d interrupt {', '.join(ids)}: {meta['name']} resumes in a new pod"}
+        )
+    raise Refused(409, "Conflict", f"agentrun {meta['name']} kept changing; load its page again", _question(run))
 
 
 # --- the web view --------------------------------------------------------------------------------------------------
@@ -259,8 +423,10 @@ async def act(request: web.Request) -> web.Response:
 
 async def runs_page(request: web.Request) -> web.Response:
     """``GET /runs``: the list page."""
-    token = token_of(request)
     namespace = request.query.get("namespace") or None
+    if namespace is not None:
+        valid_namespace(namespace)
+    token = token_of(request)
     phase = request.query.get("phase") or None
     note = ""
     try:
@@ -300,8 +466,8 @@ async def events(request: web.Request) -> web.StreamResponse:
     meta, spec = run["metadata"], run.get("spec") or {}
     thread = thread_key(meta["namespace"], str(spec.get("threadId") or meta["name"]))
     hub, kube = request.app[HUB], request.app[KUBE]
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"})
-    response.headers["Content-Security-Policy"] = CSP
+    # The headers go out with prepare(): the middleware's come too late for a stream.
+    response = web.StreamResponse(headers={**SECURITY_HEADERS, "Content-Type": "text/event-stream"})
     try:
         await response.prepare(request)
     except ConnectionResetError:  # the page went away before the stream started (a navigation)
@@ -341,10 +507,39 @@ async def events(request: web.Request) -> web.StreamResponse:
     return response
 
 
+def _loopback(remote: str | None) -> bool:
+    try:
+        address = ipaddress.ip_address(remote or "")
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    return bool((mapped or address).is_loopback)
+
+
+def login_refusal(request: web.Request) -> str | None:
+    """Why a token may not be signed in from here (``None``: it may).
+
+    A pasted token is a bearer credential: over plain HTTP anyone on the path can read it (and the cookie
+    after it). Allowed when TLS protects the way in (the server's own, or ``--tls-in-front``: the chart's
+    ingress with TLS), from loopback (``kubectl port-forward`` arrives there), or when the operator of the
+    install said so (``--allow-plain-http-login``)."""
+    if request.app[SECURE_COOKIE] or request.app[PLAIN_HTTP_LOGIN] or _loopback(request.remote):
+        return None
+    return (
+        f"token sign-in over plain HTTP from {request.remote} is refused: the token would cross the network "
+        "in clear. Put TLS in front (chart values history.tls, or history.ingress with tlsSecretName, or "
+        "history.tlsInFront when your own proxy terminates TLS), or use kubectl agentrun ui; "
+        "history.tokenLogin.allowPlainHttp allows it anyway"
+    )
+
+
 async def login_form(request: web.Request) -> web.Response:
-    """``GET /login``: the token sign-in form (404 unless token login is on)."""
+    """``GET /login``: the token sign-in form (404 unless token login is on; 403 where a token would go in clear)."""
     if not request.app[TOKEN_LOGIN]:
         raise Refused(404, "Not found", "token login is off (--token-login / history.tokenLogin.enabled)")
+    refusal = login_refusal(request)
+    if refusal is not None:
+        raise Refused(403, "Forbidden", refusal)
     return web.Response(text=pages.login_page(), content_type="text/html")
 
 
@@ -352,9 +547,10 @@ async def login(request: web.Request) -> web.Response:
     """``POST /login``: check the token with the API server, set the sign-in cookie (404 without token login)."""
     if not request.app[TOKEN_LOGIN]:
         raise Refused(404, "Not found", "token login is off")
-    origin = request.headers.get("Origin")
-    if origin and origin not in (f"http://{request.host}", f"https://{request.host}"):
-        raise Refused(403, "Forbidden", f"cross-origin sign-in refused (Origin {origin})")
+    _same_origin(request, "sign-in")
+    refusal = login_refusal(request)
+    if refusal is not None:
+        raise Refused(403, "Forbidden", refusal)
     form = await request.post()
     token = str(form.get("token") or "").strip()
     if not token:
@@ -368,7 +564,8 @@ async def login(request: web.Request) -> web.Response:
 
 
 async def logout(request: web.Request) -> web.Response:
-    """``POST /logout``: drop the sign-in cookie."""
+    """``POST /logout``: drop the sign-in cookie (not for a page of another origin: that would sign you out)."""
+    _same_origin(request, "sign-out")
     response = web.HTTPSeeOther("/login" if request.app[TOKEN_LOGIN] else "/runs")
     response.del_cookie(COOKIE, path="/")
     raise response
@@ -385,12 +582,21 @@ async def root(_request: web.Request) -> web.Response:
 
 
 def make_app(
-    *, kube: UserKube, store: HistoryStore, hub: ProgressHub, token_login: bool = False, secure_cookie: bool = False
+    *,
+    kube: UserKube,
+    store: HistoryStore,
+    hub: ProgressHub,
+    token_login: bool = False,
+    secure_cookie: bool = False,
+    plain_http_login: bool = False,
 ) -> web.Application:
-    """The history server's application: its routes over ``kube`` (as the caller), ``store`` and ``hub``."""
+    """The history server's application: its routes over ``kube`` (as the caller), ``store`` and ``hub``.
+
+    ``secure_cookie``: TLS protects the way in (served here, or terminated in front): the sign-in cookie is
+    ``Secure``. ``plain_http_login``: a token may be signed in over plain HTTP from anywhere, not only loopback."""
     app = web.Application(middlewares=[answers], client_max_size=64 * 1024)
     app[KUBE], app[STORE], app[HUB] = kube, store, hub
-    app[TOKEN_LOGIN], app[SECURE_COOKIE] = token_login, secure_cookie
+    app[TOKEN_LOGIN], app[SECURE_COOKIE], app[PLAIN_HTTP_LOGIN] = token_login, secure_cookie, plain_http_login
     run = "/{namespace}/{name}"
     app.add_routes(
         [

@@ -27,7 +27,14 @@ replacing any earlier answer: an answer keyed by the interrupt's id cannot be
 taken for the answer to a later interrupt of the run, and it is what a run
 waiting on several interrupts at once needs. ``approve`` sends ``true`` unless
 ``--value`` gives another JSON value, ``reject`` sends ``false``; the graph's
-``interrupt()`` returns that value.
+``interrupt()`` returns that value. The answer applies only to the question
+the command read (a JSON patch guarded by a ``test`` of the resourceVersion;
+``--id`` names the one you mean), and the command prints the question it
+answered.
+
+What a run wrote (questions, payloads, results, messages, log lines) is
+printed with invisible and bidirectional control characters as escapes
+(``\\u202e``: ``agentrun_history.text``), and a closing note on stderr says so.
 """
 
 from __future__ import annotations
@@ -44,6 +51,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NoReturn
 
+from agentrun_history.text import hidden, note, visible, visible_json
+
 from .decide.attempts import is_open
 from .decide.podspec import GROUP, PLURAL, RUN_LABEL, label_value, pod_name
 from .decide.reasons import TERMINAL, Phase
@@ -56,6 +65,32 @@ WATCH_POLL_SECONDS = 1.0
 
 class PluginError(Exception):
     """A failure to report to the user in one line (exit code 1), not a traceback."""
+
+
+# Hidden characters (bidi controls, zero-width and control characters) met in the output, for the closing note.
+_hidden_seen: dict[str, None] = {}
+
+
+def say(*values: Any, sep: str = " ", end: str = "\n", file: Any = None, flush: bool = False) -> None:
+    """``print``, with every invisible or bidirectional control character shown as its escape (``\\u202e``).
+
+    What a run wrote (a question, a payload, a result, a log line) reaches the terminal only through here:
+    U+202E would make a terminal draw "IBAN 8765 4321" for "IBAN \\u202e1234 5678", and an escape sequence
+    would reach the terminal itself. ``main`` says at the end when a value contained such characters."""
+    line = sep.join(str(v) for v in values) + end
+    for char in hidden(line):
+        _hidden_seen.setdefault(char, None)
+    (file or sys.stdout).write(visible(line))
+    if flush:
+        (file or sys.stdout).flush()
+
+
+def say_json(value: Any) -> None:
+    """``value`` as indented JSON, hidden characters as their JSON escapes (the same JSON value, nothing hidden)."""
+    dumped = json.dumps(value, indent=2, ensure_ascii=False)
+    for char in hidden(dumped):
+        _hidden_seen.setdefault(char, None)
+    sys.stdout.write(visible_json(dumped) + "\n")
 
 
 # --- kubectl -------------------------------------------------------------------------------------------------------
@@ -153,6 +188,7 @@ def duration(start: datetime | None, end: datetime | None) -> str:
 
 def table(rows: Sequence[Sequence[str]]) -> str:
     """``rows`` as text columns, each as wide as its widest cell."""
+    rows = [[visible(cell) for cell in row] for row in rows]  # escapes first: they widen their cell
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("   ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows)
 
@@ -188,7 +224,7 @@ def cmd_list(kubectl: Kubectl, args: argparse.Namespace) -> int:
     items = listing.get("items") or []
     if not items:
         where = "any namespace" if args.all_namespaces else f'namespace "{kubectl.current_namespace()}"'
-        print(f"No AgentRuns in {where}.", file=sys.stderr)
+        say(f"No AgentRuns in {where}.", file=sys.stderr)
         return 0
     now = datetime.now(UTC)
     header = ["NAME", "PHASE", "NODE", "VERSION", "ATTEMPT", "AGE", "WAITING"]
@@ -205,7 +241,7 @@ def cmd_list(kubectl: Kubectl, args: argparse.Namespace) -> int:
             waiting_for(status),
         ]
         rows.append(([meta.get("namespace", "")] if args.all_namespaces else []) + row)
-    print(table(rows))
+    say(table(rows))
     return 0
 
 
@@ -282,9 +318,10 @@ def cmd_describe(kubectl: Kubectl, args: argparse.Namespace) -> int:
         if len(payload) > PAYLOAD_LIMIT:
             payload = payload[:PAYLOAD_LIMIT] + "…(truncated)"
         lines.append("  payload:    " + payload.replace("\n", "\n              "))
+        by_id = f" --id {pending_ids(status)[0]}" if pending_ids(status) else ""
         lines.append(
-            f"  answer:     kubectl agentrun approve {meta['name']} [--value JSON]   |   "
-            f"kubectl agentrun reject {meta['name']}"
+            f"  answer:     kubectl agentrun approve {meta['name']}{by_id} [--value JSON]   |   "
+            f"kubectl agentrun reject {meta['name']}{by_id}"
         )
     if status.result:
         result = status.result
@@ -292,24 +329,24 @@ def cmd_describe(kubectl: Kubectl, args: argparse.Namespace) -> int:
         lines.append("Result:       " + text + (" …(truncated)" if result.get("truncated") else ""))
         if result.get("digest"):
             lines.append(f"  digest:     {result['digest']}")
-    print("\n".join(lines))
-    print("Attempts:")
+    say("\n".join(lines))
+    say("Attempts:")
     if status.attempts:
-        print(_indent(table(_attempt_rows(status.attempts))))
+        say(_indent(table(_attempt_rows(status.attempts))))
     elif status.attempt:
-        print(f"  {status.attempt} attempt(s); the last pod: {status.pod_name or '-'} (no history recorded)")
+        say(f"  {status.attempt} attempt(s); the last pod: {status.pod_name or '-'} (no history recorded)")
     else:
-        print("  none yet")
+        say("  none yet")
     events = _events(kubectl, run)
-    print("Events:")
+    say("Events:")
     if not events:
-        print("  none")
+        say("  none")
     else:
         rows = [["AGE", "TYPE", "REASON", "MESSAGE"]]
         for event in events[-20:]:
             stamp = parse_time(event.get("lastTimestamp") or event.get("eventTime"))
             rows.append([age(stamp, now), event.get("type", ""), event.get("reason", ""), event.get("message", "")])
-        print(_indent(table(rows)))
+        say(_indent(table(rows)))
     return 0
 
 
@@ -317,10 +354,19 @@ def _indent(text: str) -> str:
     return "\n".join("  " + line for line in text.splitlines())
 
 
-def _answer(kubectl: Kubectl, args: argparse.Namespace, value: Any, verb: str) -> int:
-    run = kubectl.get_run(args.run)
-    name = run["metadata"]["name"]
-    status = AgentRunStatus.parse(run.get("status"))
+ANSWER_ATTEMPTS = 3
+
+
+def _question(status: AgentRunStatus) -> str:
+    """The question an Interrupted run waits on, as the answer's message and errors quote it."""
+    interrupt = status.interrupt or {}
+    payload = json.dumps(interrupt.get("payload"), ensure_ascii=False, default=str)
+    payload = payload if len(payload) <= 300 else payload[:300] + "…(truncated)"
+    return f'"{interrupt.get("message") or "(no message)"}" (payload {payload})'
+
+
+def _chosen(name: str, status: AgentRunStatus, args: argparse.Namespace, verb: str) -> list[str]:
+    """The interrupt ids this answer is for (``PluginError`` when the run does not wait on them)."""
     if status.phase != Phase.INTERRUPTED:
         raise PluginError(
             f"agentrun {name} is not waiting for approval: its phase is {status.phase or 'Pending'}"
@@ -329,21 +375,57 @@ def _answer(kubectl: Kubectl, args: argparse.Namespace, value: Any, verb: str) -
     pending = pending_ids(status)
     if args.id is not None:
         if pending and args.id not in pending:
-            raise PluginError(f"agentrun {name} waits on interrupt(s) {', '.join(pending)}, not {args.id}")
-        chosen = [args.id]
-    elif len(pending) > 1 and not args.all:
+            raise PluginError(
+                f"agentrun {name} waits on interrupt(s) {', '.join(pending)}, not {args.id}: "
+                f"{_question(status)}; nothing was answered"
+            )
+        return [args.id]
+    if len(pending) > 1 and not args.all:
         raise PluginError(
             f"agentrun {name} waits on {len(pending)} interrupts ({', '.join(pending)}): "
             f"{verb} each with --id ID, or all of them with --all"
         )
-    else:
-        chosen = pending
-    resume: dict[str, Any] = {"values": {i: value for i in chosen}} if chosen else {"value": value}
-    # "add" replaces a spec.resume already there, so no answer of an earlier interrupt stays beside this one.
-    kubectl.patch_run(name, "json", [{"op": "add", "path": "/spec/resume", "value": resume}])
-    target = ", ".join(chosen) if chosen else "the interrupt"
-    print(f"agentrun {name}: {verb}d {target} with {json.dumps(value)}; the run resumes in a new pod")
-    return 0
+    return pending
+
+
+def _answer(kubectl: Kubectl, args: argparse.Namespace, value: Any, verb: str) -> int:
+    """Answer the interrupt the run waits on now, only if it still waits on it when the patch lands.
+
+    The JSON patch starts with a ``test`` of the resourceVersion just read: if the run moved on in between (a
+    new question, another phase), the API server refuses the patch (422) and nothing is answered. The run is
+    read again; unchanged, the answer is tried again; changed, the error shows the question it waits on now.
+    What was answered is printed: the interrupt id and its question."""
+    run = kubectl.get_run(args.run)
+    name = run["metadata"]["name"]
+    for _ in range(ANSWER_ATTEMPTS):
+        status = AgentRunStatus.parse(run.get("status"))
+        chosen = _chosen(name, status, args, verb)
+        resume: dict[str, Any] = {"values": {i: value for i in chosen}} if chosen else {"value": value}
+        version = run["metadata"].get("resourceVersion")
+        # "add" replaces a spec.resume already there, so no answer of an earlier interrupt stays beside this one.
+        ops = [
+            {"op": "test", "path": "/metadata/resourceVersion", "value": version},
+            {"op": "add", "path": "/spec/resume", "value": resume},
+        ]
+        done = kubectl.run("patch", RESOURCE, name, "--type", "json", "-p", json.dumps(ops))
+        if done.returncode == 0:
+            target = f"interrupt {', '.join(chosen)}" if chosen else "the interrupt"
+            say(
+                f"agentrun {name}: {verb}d {target}, {_question(status)}, with {json.dumps(value)}; "
+                "the run resumes in a new pod"
+            )
+            return 0
+        run = kubectl.get_run(name)
+        if run["metadata"].get("resourceVersion") == version:  # not the test: the API server's own refusal
+            raise PluginError(done.stderr.strip() or f"kubectl patch {RESOURCE} {name} failed")
+        now = AgentRunStatus.parse(run.get("status"))
+        if now.phase != status.phase or now.interrupt != status.interrupt:
+            waits = _question(now) if now.phase == Phase.INTERRUPTED else f"nothing (phase {now.phase or 'Pending'})"
+            raise PluginError(
+                f"agentrun {name} moved on while you answered {_question(status)}: nothing was answered. "
+                f"It now waits on {waits}; run the command again to answer that"
+            )
+    raise PluginError(f"agentrun {name} kept changing while you answered; nothing was answered, try again")
 
 
 def _value(text: str | None, default: Any) -> Any:
@@ -376,10 +458,10 @@ def cmd_stop(kubectl: Kubectl, args: argparse.Namespace) -> int:
     if status.phase in TERMINAL:
         raise PluginError(f"agentrun {name} already ended ({status.phase}); there is nothing to stop")
     if (run.get("spec") or {}).get("stop"):
-        print(f"agentrun {name}: a stop was already requested (phase {status.phase or 'Pending'})")
+        say(f"agentrun {name}: a stop was already requested (phase {status.phase or 'Pending'})")
         return 0
     kubectl.patch_run(name, "merge", {"spec": {"stop": True}})
-    print(f"agentrun {name}: stop requested; the runner cancels its current node (kubectl agentrun watch {name})")
+    say(f"agentrun {name}: stop requested; the runner cancels its current node (kubectl agentrun watch {name})")
     return 0
 
 
@@ -407,18 +489,17 @@ def _print_logs(kubectl: Kubectl, pod: str, *, follow: bool, quiet: bool = False
     with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
         assert proc.stdout is not None and proc.stderr is not None
         for line in proc.stdout:
-            sys.stdout.write(line)
-            sys.stdout.flush()
+            say(line, end="", flush=True)
         error = proc.stderr.read()
         proc.wait()
     if proc.returncode == 0:
         return "ok"
     if "NotFound" in error or "not found" in error:
-        print(f"(pod {pod} no longer exists: its log is gone)")
+        say(f"(pod {pod} no longer exists: its log is gone)")
         return "gone"
     if "ContainerCreating" in error or "waiting to start" in error or "PodInitializing" in error:
         if not quiet:
-            print(f"(pod {pod} has not started yet)")
+            say(f"(pod {pod} has not started yet)")
         return "waiting"
     raise PluginError(error.strip() or f"kubectl logs {pod} failed")
 
@@ -434,7 +515,7 @@ def cmd_logs(kubectl: Kubectl, args: argparse.Namespace) -> int:
             raise PluginError(f"agentrun {name} has no attempt {args.attempt} (attempts: {known})")
         pods = {args.attempt: pods[args.attempt]}
     if not pods:
-        print(f"agentrun {name} has no pod yet", file=sys.stderr)
+        say(f"agentrun {name} has no pod yet", file=sys.stderr)
         if not args.follow:
             return 0
     done: set[int] = set()
@@ -443,7 +524,7 @@ def cmd_logs(kubectl: Kubectl, args: argparse.Namespace) -> int:
             if attempt in done:
                 continue
             following = args.follow and attempt == max(pods)
-            print(f"==> attempt {attempt}, pod {pod} <==", flush=True)
+            say(f"==> attempt {attempt}, pod {pod} <==", flush=True)
             # Following a pod that has not started yet: wait for it, or its whole log would be missed.
             while _print_logs(kubectl, pod, follow=following, quiet=following) == "waiting" and following:
                 time.sleep(WATCH_POLL_SECONDS)
@@ -510,15 +591,15 @@ def cmd_watch(kubectl: Kubectl, args: argparse.Namespace) -> int:
             key = (status.phase, status.current_node, status.step, status.state_version, status.attempt)
             if key != last:
                 last = key
-                print(_progress_line(status), flush=True)
+                say(_progress_line(status), flush=True)
                 if status.phase == Phase.INTERRUPTED:
-                    print(
+                    say(
                         f"          waiting: {waiting_for(status)} -> kubectl agentrun approve {name} [--value JSON]",
                         flush=True,
                     )
             if status.phase in TERMINAL:
                 if status.result and status.result.get("message"):
-                    print(f"result: {status.result['message'][:500]}", flush=True)
+                    say(f"result: {status.result['message'][:500]}", flush=True)
                 return 0 if status.phase == Phase.SUCCEEDED else 1
         # The watch ended (a timeout, a dropped connection): read the run again and watch on.
         kubectl.get_run(name)
@@ -630,32 +711,32 @@ def cmd_history(kubectl: Kubectl, args: argparse.Namespace) -> int:
     finally:
         server.close()
     if args.output == "json":
-        print(json.dumps(found, indent=2, ensure_ascii=False))
+        say_json(found)
         return 0
-    print(
+    say(
         f"Run:      {found['namespace']}/{found['name']}   phase {found.get('phase') or 'Pending'}"
         + (f" ({found['reason']})" if found.get("reason") else "")
     )
-    print(
+    say(
         f"Thread:   {found['thread_id']}   store status {found.get('status') or '-'}, version "
         f"{shown(found.get('version')) or '-'}"
     )
     if not found.get("recorded"):
-        print("(nothing recorded in the store for this run yet)")
-    print("Attempts:")
+        say("(nothing recorded in the store for this run yet)")
+    say("Attempts:")
     rows = _history_attempt_rows(found)
-    print(_indent(table(rows)) if len(rows) > 1 else "  none")
-    print("Tool calls:")
+    say(_indent(table(rows)) if len(rows) > 1 else "  none")
+    say("Tool calls:")
     rows = _history_tool_call_rows(found)
-    print(_indent(table(rows)) if len(rows) > 1 else "  none")
+    say(_indent(table(rows)) if len(rows) > 1 else "  none")
     if found.get("interrupts"):
-        print("Interrupts:")
-        print(_indent(table(_history_interrupt_rows(found))))
-    print("Steps:")
+        say("Interrupts:")
+        say(_indent(table(_history_interrupt_rows(found))))
+    say("Steps:")
     rows = _history_step_rows(found)
-    print(_indent(table(rows)) if len(rows) > 1 else "  none")
+    say(_indent(table(rows)) if len(rows) > 1 else "  none")
     if found.get("stop"):
-        print(f"Stop requested: {_when(found['stop']['requested_at'])} {found['stop']['reason']}")
+        say(f"Stop requested: {_when(found['stop']['requested_at'])} {found['stop']['reason']}")
     return 0
 
 
@@ -767,7 +848,7 @@ def cmd_ui(kubectl: Kubectl, args: argparse.Namespace) -> int:
 
     def ready(port: int) -> None:
         url = f"http://127.0.0.1:{port}/runs?namespace={namespace}"
-        print(f"agentrun history UI on {url} (as your kubeconfig identity; Ctrl-C stops it)", flush=True)
+        say(f"agentrun history UI on {url} (as your kubeconfig identity; Ctrl-C stops it)", flush=True)
         if not args.no_browser:
             webbrowser.open(url)
 
@@ -852,8 +933,16 @@ COMMANDS = {
 
 def fail(message: str) -> NoReturn:
     """Print ``message`` as an error and exit 1."""
-    print(f"error: {message}", file=sys.stderr)
+    say(f"error: {message}", file=sys.stderr)
     raise SystemExit(1)
+
+
+def note_hidden() -> None:
+    """Say on stderr, once, that the output showed hidden characters as escapes (and which)."""
+    if _hidden_seen:
+        found = list(_hidden_seen)
+        _hidden_seen.clear()
+        sys.stderr.write("note: " + note(found) + "\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -867,6 +956,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:  # kubectl agentrun logs RUN | head
         return 0
+    finally:
+        note_hidden()
 
 
 if __name__ == "__main__":

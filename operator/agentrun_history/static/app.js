@@ -14,8 +14,13 @@ function bindButtons() {
   document.querySelectorAll("button.act").forEach(function (button) {
     button.addEventListener("click", function () {
       button.disabled = true;
-      // The custom header makes this a CORS-preflighted request: no other site can forge it.
-      fetch(button.dataset.action, {method: "POST", headers: {"X-Agentrun-Action": "1"}, credentials: "same-origin"})
+      // The custom header makes this a CORS-preflighted request: no other site can forge it. An answer names
+      // the interrupt and the digest of the question this page shows: the server answers nothing else (409).
+      var body = button.dataset.interrupt ?
+        JSON.stringify({interrupt: button.dataset.interrupt, digest: button.dataset.digest}) : undefined;
+      var headers = {"X-Agentrun-Action": "1"};
+      if (body) { headers["Content-Type"] = "application/json"; }
+      fetch(button.dataset.action, {method: "POST", headers: headers, body: body, credentials: "same-origin"})
         .then(function (response) {
           return response.json().then(function (body) { return {ok: response.ok, body: body}; });
         })
