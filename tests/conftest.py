@@ -6,6 +6,7 @@ Tiers (the marker is added from the directory, so a test cannot end up untiered)
 - tests/postgres:    the real PostgreSQL and Redis of this machine (own database / key prefix).
 - tests/cluster:     the emulated Kubernetes cluster with the real kubectl (so are kubesim/tests,
                      the emulator's self-tests, which `make test` collects too).
+- tests/node:        real containers: the images built here (podman) and a real node (kubelet, containerd).
 
 A parameter may carry its own tier: the ``backend``/``checkpointer`` fixtures
 (one store per test, once per backend listed in tests/support/checkpointers.py)
@@ -38,6 +39,7 @@ _TIERS = {
     "postgres": "postgres",
     "cluster": "cluster",
     "e2e": "e2e",
+    "node": "node",
 }
 
 
