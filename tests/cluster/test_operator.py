@@ -157,6 +157,56 @@ def test_exit_0_without_a_completed_turn_is_a_crash_not_success(
 
 
 @pytest.mark.real_server
+@pytest.mark.parametrize(
+    ("crash", "kill", "exit_code", "ran"),
+    [
+        ("import:0", None, 0, ["work:2"]),
+        ("node:0", None, 0, ["work:1", "work:2"]),
+        ("node:1", None, 1, ["work:1", "work:2"]),
+        ("hang", "sigkill", 137, ["work:1", "work:2"]),
+        ("hang", "oom", 137, ["work:1", "work:2"]),
+    ],
+    ids=["exit-0-at-import", "exit-0-mid-node", "exit-1", "sigkill-137", "oom-killed"],
+)
+def test_one_crash_under_the_default_backoff_is_one_restart_and_a_second_pod_that_succeeds(
+    cluster: EmulatedCluster,
+    kubelet: KubeletThread,
+    operator: OperatorProcess,
+    tmp_path: Path,
+    crash: str,
+    kill: str | None,
+    exit_code: int,
+    ran: list[str],
+) -> None:
+    """Issue 31 item 9: with the CRD's default restartPolicy (3 restarts, 5 s backoff) an exit 0 before the
+    turn completed was counted again at every backoff wake-up and failed BackoffLimitExceeded with one pod."""
+    name = "crash-" + (kill or crash.replace(":", "-"))  # one thread each: the module's store is shared
+    effects = tmp_path / "e.db"
+    # No restartPolicy: the CRD's defaults apply.
+    apply(
+        cluster,
+        agentrun(
+            name, thread=name, graph="tests.cluster.crashes_once:app", effects=effects, env={"CLUSTER_CRASH": crash}
+        ),
+    )
+    if kill is not None:
+        cluster.wait_for(lambda: "work:1" in executions(effects), timeout=60, message="attempt 1 inside its node")
+        (kubelet.oom_kill if kill == "oom" else kubelet.kill)(f"{name}-1")
+    final = wait_phase(cluster, operator, name, "Succeeded", timeout=90)
+    assert (final["restarts"], final["attempt"], final["disruptions"]) == (1, 2, 0), (
+        f"GUARANTEE BROKEN: one crash must be one restart and one new pod: {final}"
+    )
+    assert pods_of(cluster, name) == [f"{name}-1", f"{name}-2"]
+    first, second = final["attempts"]
+    assert (first["outcome"], first["exitCode"], second["outcome"]) == ("Crashed", exit_code, "Completed"), final
+    if kill == "oom":
+        assert first["reason"] == "OOMKilled", first
+    if exit_code == 0:
+        assert first["message"].startswith("exited 0 before the run completed"), first
+    assert executions(effects) == ran
+
+
+@pytest.mark.real_server
 def test_kubectl_patch_stop_ends_a_run_hung_in_a_tool(
     cluster: EmulatedCluster, operator: OperatorProcess, store: str, tmp_path: Path
 ) -> None:
