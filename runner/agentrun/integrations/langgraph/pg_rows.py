@@ -175,6 +175,8 @@ async def _load_txn(conn: Connection, rows: Sequence[CheckpointRow]) -> list[Loa
 class PgRows(RowStore):
     """The LangGraph tables of ``store`` (its pool, schema, retries and fencing)."""
 
+    bound_to_loop = True  # an asyncpg pool belongs to the loop that opened it
+
     def __init__(self, store: PgCheckpointer) -> None:
         self.store = store
 

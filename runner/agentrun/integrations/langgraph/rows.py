@@ -90,6 +90,9 @@ class Query:
 class RowStore(Protocol):
     """The LangGraph tables of one of our stores. Every write is fenced and runs in one transaction."""
 
+    # Whether the store's connections belong to the event loop that opened them (asyncpg pools do).
+    bound_to_loop: bool = False
+
     @abc.abstractmethod
     async def put(self, row: CheckpointRow, blobs: list[BlobRow], *, fence: Fence) -> None:
         """Insert (or overwrite, same id) a checkpoint and insert its new blobs (kept if present)."""

@@ -15,12 +15,19 @@ capability and the extended ones, ``tests/.../test_langgraph_conformance.py``):
 - ``delete_thread`` deletes the thread from our store: its LangGraph
   history, our ledger and its ownership go together;
 - sync methods are thin wrappers that run the async ones on agentrun's one
-  blocking-API loop (``agentrun.blocking``).
+  blocking-API loop (``agentrun.blocking``);
+- the store is set up (created or migrated) on first use, in whichever loop
+  uses it; ``setup()`` does it at a time of your choosing, from sync code
+  (``saver.setup()``, on the blocking-API loop) or async code
+  (``await saver.setup()``).
 
 HAZARDS
 - A store used through the sync methods belongs to that loop: do not also use
   the same PostgreSQL store object from another event loop (asyncpg pools are
-  bound to one loop). SQLite has no such limit.
+  bound to one loop). SQLite has no such limit. In particular a sync program
+  must not ``asyncio.run(saver.setup())``: the PostgreSQL pool would belong to
+  a loop that is closed when ``invoke`` runs. The saver refuses that with a
+  ``RuntimeError`` saying what to call instead.
 - Checkpoints are not compare-and-set on their parent: LangGraph forks on
   purpose (``update_state``, time travel). Two live writers of one thread are
   kept apart by fencing only, i.e. only when each registered its attempt.
@@ -31,8 +38,9 @@ HAZARDS
 
 from __future__ import annotations
 
+import asyncio
 import random
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Coroutine, Generator, Iterator, Sequence
 from typing import Any, cast
 
 from langchain_core.runnables import RunnableConfig
@@ -79,6 +87,28 @@ def row_store(store: Checkpointer) -> RowStore:
     )
 
 
+class _Done(Coroutine[Any, Any, None]):
+    """What ``setup()`` returns when it already set the store up (called outside any event loop).
+
+    A coroutine that finishes at its first step, so awaiting it is a no-op and
+    so is ``asyncio.run(saver.setup())`` (``setup()`` ran before that loop
+    existed, on the loop ``invoke`` uses); unlike a native coroutine, dropping
+    it unawaited (plain ``saver.setup()``) warns of nothing.
+    """
+
+    def send(self, value: Any) -> None:
+        raise StopIteration
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> None:
+        raise typ if val is None else val
+
+    def close(self) -> None:
+        pass
+
+    def __await__(self) -> Generator[None, None, None]:
+        yield from ()
+
+
 def _config(thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> RunnableConfig:
     return {"configurable": {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint_id}}
 
@@ -87,8 +117,8 @@ class AgentrunSaver(BaseCheckpointSaver[str]):
     """``AgentrunSaver(store)``: LangGraph checkpoints in ``store`` (``agentrun.checkpoint.from_url(...)``).
 
     ``attempt`` and ``run_uid``: the writer's identity for fencing (the
-    runner passes its own); without them writes are not fenced. Call
-    ``await saver.setup()`` (or ``store.setup()``) once before use.
+    runner passes its own); without them writes are not fenced. The store
+    is set up on first use; ``setup()`` does it earlier (sync or async).
     """
 
     def __init__(
@@ -103,6 +133,9 @@ class AgentrunSaver(BaseCheckpointSaver[str]):
         self.store = store
         self.rows = row_store(store)
         self.fence = Fence(attempt=attempt, run_uid=run_uid)
+        # The loop the store was last set up in: set up again in another (cheap when current), refused
+        # when that loop has closed and the store's connections belonged to it (``_ready``).
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> AgentrunSaver:
@@ -111,20 +144,70 @@ class AgentrunSaver(BaseCheckpointSaver[str]):
 
         return cls(from_url(url), **kwargs)
 
-    async def setup(self) -> None:
-        """Create or migrate the store's schema (the LangGraph tables are one of its migrations)."""
+    def setup(self) -> Awaitable[None]:
+        """Create or migrate the store's schema (the LangGraph tables are one of its migrations).
+
+        Sync or async, as the saver is: in a sync program ``saver.setup()``
+        does it at once, on agentrun's blocking-API loop where ``invoke`` and
+        ``stream`` use the store; in async code ``await saver.setup()``
+        (``asetup``). Optional: the saver sets the store up on first use.
+        Raises what the store raises (``StoreConfigError``,
+        ``StoreUnavailableError``, ``StorageError``) and ``RuntimeError`` for a
+        PostgreSQL store set up in an event loop that has closed since.
+        """
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # sync code: the loop the sync methods run the store on
+            blocking.run(self.asetup, caller="setup")
+            return _Done()
+        return self.asetup()
+
+    async def asetup(self) -> None:
+        """``setup()`` in async code: create or migrate the store's schema for use in the running loop."""
+        loop = asyncio.get_running_loop()
+        self._refuse_a_closed_loop(loop)
         await self.store.setup()
+        self._loop = loop
+
+    async def _ready(self) -> None:
+        """Set the store up on first use in this loop (a no-op once it was)."""
+        if self._loop is not asyncio.get_running_loop():
+            await self.asetup()
+
+    def _refuse_a_closed_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """``RuntimeError`` when the store's connections belong to a loop that has closed: they cannot be used."""
+        previous = self._loop
+        if previous is not None and previous is not loop and previous.is_closed() and self.rows.bound_to_loop:
+            raise RuntimeError(
+                "AgentrunSaver's PostgreSQL store was set up in an event loop that has closed since (for example "
+                "asyncio.run(saver.asetup()) before app.invoke() in a sync program); its connections belonged to "
+                "that loop. In a sync program call saver.setup(), or nothing (the saver sets the store up on first "
+                "use); in async code set it up and use it in the same loop"
+            )
 
     async def aclose(self) -> None:
-        """Close the agentrun store under the saver."""
+        """Close the agentrun store under the saver (``RuntimeError`` if its connections' loop has closed)."""
+        self._refuse_a_closed_loop(asyncio.get_running_loop())
         await self.store.aclose()
+        self._loop = None  # closed stores open their connections again in whichever loop uses them next
+
+    def close(self) -> None:
+        """``aclose`` from sync code (on the blocking-API loop, where the sync methods used the store)."""
+        blocking.run(self.aclose, caller="close")
 
     async def __aenter__(self) -> AgentrunSaver:
-        await self.setup()
+        await self.asetup()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+
+    def __enter__(self) -> AgentrunSaver:
+        self.setup()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     # -- rows <-> LangGraph ------------------------------------------------------------------
 
@@ -154,6 +237,7 @@ class AgentrunSaver(BaseCheckpointSaver[str]):
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """The checkpoint ``config`` names (its ``checkpoint_id``, else the newest of its namespace), or ``None``."""
+        await self._ready()
         configurable = config["configurable"]
         loaded = await self.rows.get(
             str(configurable["thread_id"]), configurable.get("checkpoint_ns", ""), get_checkpoint_id(config)
@@ -169,6 +253,7 @@ class AgentrunSaver(BaseCheckpointSaver[str]):
         limit: int | None = None,
     ) -> AsyncIterator[CheckpointTuple]:
         """Checkpoints newest first (per thread and namespace), filtered by metadata equality, at most ``limit``."""
+        await self._ready()
         configurable = config["configurable"] if config else {}
         thread_id = configurable.get("thread_id")
         query = Query(
@@ -202,6 +287,7 @@ class AgentrunSaver(BaseCheckpointSaver[str]):
         Raises ``FencedError`` when this saver's attempt was superseded, ``StoreUnavailableError``
         when the store stayed unreachable past its retry bound.
         """
+        await self._ready()
         configurable = config["configurable"]
         thread_id = str(configurable["thread_id"])
         checkpoint_ns: str = configurable.get("checkpoint_ns", "")
@@ -238,6 +324,7 @@ class AgentrunSaver(BaseCheckpointSaver[str]):
         task_path: str = "",
     ) -> None:
         """Store a task's pending writes for the checkpoint ``config`` names (fenced, like ``aput``)."""
+        await self._ready()
         configurable = config["configurable"]
         rows = []
         for idx, (channel, value) in enumerate(writes):
@@ -253,20 +340,24 @@ class AgentrunSaver(BaseCheckpointSaver[str]):
 
     async def adelete_thread(self, thread_id: str) -> None:
         """Delete the thread from our store: its checkpoints and writes, and our ledger and owner with them."""
+        await self._ready()
         await self.rows.delete_thread(str(thread_id))
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete the checkpoints (and their writes) whose metadata ``run_id`` is one of ``run_ids``."""
+        await self._ready()
         await self.rows.delete_for_runs([str(r) for r in run_ids])
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint, write and value of one thread to another (the complete parent chain)."""
+        await self._ready()
         await self.rows.copy_thread(str(source_thread_id), str(target_thread_id), fence=self.fence)
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """``keep_latest``: keep the newest checkpoint per namespace (and its writes and values); ``delete``: all."""
         if strategy not in ("keep_latest", "delete"):
             raise ValueError(f"prune strategy must be 'keep_latest' or 'delete', not {strategy!r}")
+        await self._ready()
         await self.rows.prune([str(t) for t in thread_ids], keep_latest=strategy == "keep_latest", fence=self.fence)
 
     def get_next_version(self, current: str | None, channel: None) -> str:
