@@ -32,25 +32,37 @@ How each fact is derived (nothing extra is written on the step's path):
   run inputs for the next attempt; who answered is in the API server's audit
   log (the answer is a patch of the AgentRun by that person);
 - **failed**: the answer is a tool error message (``is_error``);
-- digests are SHA-256 of the arguments' JSON text and of the recorded result
+- digests are SHA-256 of the arguments' text and of the recorded result
   envelope's text, with their sizes in bytes; previews are cut at
-  ``PREVIEW_CHARS``. Previews are plain text: a view must escape them.
+  ``PREVIEW_CHARS``. Previews are plain text: a view must escape them. The
+  store computes both (``pg_history``): a value is never read whole, and a
+  NUL in it shows as the text ``\\u0000``;
+- a stored value parsed here (an error, the final result, a stop reason) is
+  cut at ``MAX_DEPTH`` levels, deeper parts shown as ``DEPTH_MARKER``: the
+  history shows what it can of any value and never fails on one; a row the
+  store could not read is named in ``unreadable`` and the rest is shown.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from .checkpoint.pg_history import ThreadRows
+from .checkpoint.pg_history import PREVIEW_CHARS, ThreadRows
 from .ledger import idempotency_key, ledger_key
 
-PREVIEW_CHARS = 2000
+__all__ = ["DEPTH_MARKER", "MAX_DEPTH", "PREVIEW_CHARS", "Digest", "RunHistory", "build", "digest"]
+
+# Levels of a stored value parsed for the history: json.loads recurses once per level, and a value as deep
+# as a runner could write (its own stack) fails on the server's deeper one (RecursionError, a 500).
+MAX_DEPTH = 64
+DEPTH_MARKER = f"<nested deeper than {MAX_DEPTH} levels: not shown>"
 
 Outcome = Literal["executed", "replayed", "in_doubt", "failed", "running", "requested"]
 
@@ -162,6 +174,7 @@ class RunHistory(BaseModel):
     error: dict[str, Any] | None = None
     result: Digest | None = None
     recorded: bool = True  # False: the store has nothing of this thread (not started, or its data deleted)
+    unreadable: list[str] = Field(default_factory=list)  # rows the store could not read: which, and why
     deleted: bool = False  # the AgentRun is gone; this is what the store kept of it
 
 
@@ -181,23 +194,42 @@ def _json_text(value: Any) -> str:
 
 
 def _loads(text: Any) -> Any:
+    """JSON text parsed, nesting beyond ``MAX_DEPTH`` replaced by ``DEPTH_MARKER``; None if it is not JSON."""
     if text is None or not isinstance(text, str):
         return text
     try:
-        return json.loads(text)
-    except ValueError:
+        # Fewer brackets than levels allowed: parse as is (the usual case, counted without a Python loop).
+        return json.loads(text if text.count("{") + text.count("[") <= MAX_DEPTH else _cap_depth(text))
+    except (ValueError, RecursionError):
         return None
 
 
-def _result_text(envelope_text: str | None) -> tuple[str, bool]:
-    """The recorded result as a person reads it (a message's content, else the JSON), and whether it is an error."""
-    envelope = _loads(envelope_text)
-    if isinstance(envelope, dict) and "value" in envelope:
-        value = envelope["value"]
-        if envelope.get("__kind__") == "message" and isinstance(value, dict):
-            return str(value.get("content", "")), bool(value.get("is_error"))
-        return _json_text(value), False
-    return envelope_text or "", False
+# A JSON string (its escapes included) or a bracket: what nesting is counted by.
+_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def _cap_depth(text: str) -> str:
+    """``text`` with every object or array nested deeper than ``MAX_DEPTH`` replaced by ``DEPTH_MARKER``."""
+    parts: list[str] = []
+    depth, cut_from, kept = 0, -1, 0
+    for token in _TOKEN.finditer(text):
+        bracket = token.group()
+        if bracket in "{[":
+            depth += 1
+            if depth == MAX_DEPTH + 1 and cut_from < 0:
+                cut_from = token.start()
+        elif bracket in "}]":
+            depth -= 1
+            if depth == MAX_DEPTH and cut_from >= 0:
+                parts += [text[kept:cut_from], json.dumps(DEPTH_MARKER)]
+                kept, cut_from = token.end(), -1
+    return "".join(parts) + text[kept:]
+
+
+def _digest_of(text: Any) -> Digest | None:
+    """A digest the store computed (``pg_history``: JSON text of Digest's fields), or None."""
+    fields = _loads(text) if isinstance(text, str) else text
+    return Digest.model_validate(fields) if isinstance(fields, dict) else None
 
 
 def _final(result: Any) -> Digest | None:
@@ -234,20 +266,23 @@ def _steps(states: Sequence[Mapping[str, Any]], attempt_starts: Mapping[int, flo
 def _tool_calls(rows: ThreadRows, thread_id: str, version_attempt: Mapping[int, int | None]) -> list[ToolCallRecord]:
     ledger = {r["tool_call_id"]: r for r in rows.ledger}
     intents = {r["tool_call_id"]: r for r in rows.intents}
-    messages = [(int(m["idx"]), _loads(m["body"]) or {}, int(m["version"])) for m in rows.messages]
+    # A message the store could not read is left out (named in ``unreadable``): its calls' ledger records
+    # still show, as calls whose request is not among the run's messages.
+    messages = [(m, int(m["version"])) for m in rows.messages if not m.get("unreadable")]
     calls: list[ToolCallRecord] = []
     seen: set[str] = set()
-    for position, (_, body, version) in enumerate(messages):
+    for position, (body, version) in enumerate(messages):
         if body.get("role") == "tool" or version not in version_attempt:
             continue
         # The answers to this request: the tool messages after it, up to the next request.
         answers: dict[str, tuple[dict[str, Any], int]] = {}
-        for _, later, later_version in messages[position + 1 :]:
+        for later, later_version in messages[position + 1 :]:
             if later.get("role") != "tool":
                 break
             if later.get("tool_call_id"):
                 answers.setdefault(str(later["tool_call_id"]), (later, later_version))
-        for call in body.get("tool_calls") or []:
+        requested = _loads(body.get("tool_calls"))
+        for call in requested if isinstance(requested, list) else []:
             call_id = call.get("id")
             key = ledger_key(body.get("id"), call_id)
             record = ledger.get(key) if key else None
@@ -273,17 +308,19 @@ def _tool_call(
     answer: tuple[dict[str, Any], int] | None = None,
     version_attempt: Mapping[int, int | None] | None = None,
 ) -> ToolCallRecord:
-    arguments = call.get("arguments")
     result: Digest | None = None
     is_error = False
-    if record is not None:
-        text, is_error = _result_text(record.get("result"))
-        whole = digest(record.get("result") or "")
-        result = whole.model_copy(update={"preview": text[:PREVIEW_CHARS], "truncated": len(text) > PREVIEW_CHARS})
+    if record is not None:  # the envelope's digest, the preview of what the model read
+        result = Digest(
+            sha256=str(record["result_sha256"]),
+            bytes=int(record["result_bytes"]),
+            preview=str(record["result_preview"] or ""),
+            truncated=bool(record["result_truncated"]),
+        )
+        is_error = bool(record.get("result_is_error"))
     elif answer is not None:
-        content = str(answer[0].get("content", ""))
+        result = _digest_of(answer[0].get("content")) or digest("")
         is_error = bool(answer[0].get("is_error"))
-        result = digest(content)
     ran_in = (record or intent or {}).get("attempt")
     answered_in = (version_attempt or {}).get(answer[1]) if answer is not None else None
     replayed = [answered_in] if record is not None and answered_in is not None and answered_in != ran_in else []
@@ -318,7 +355,7 @@ def _tool_call(
         finished_at=finished,
         duration_seconds=round(finished - started, 3) if started is not None and finished is not None else None,
         duration_from="intent" if started is not None and finished is not None else None,
-        arguments=digest(_json_text(arguments)) if arguments is not None else None,
+        arguments=_digest_of(call.get("arguments")),
         result=result,
     )
 
@@ -346,14 +383,14 @@ def _interrupts(states: Sequence[Mapping[str, Any]], inputs: Sequence[Mapping[st
     for position, row in enumerate(states):
         if row["status"] != "interrupted":
             continue
-        raw = _loads(row.get("interrupts")) or []
+        raw = _loads(row.get("interrupts"))
+        raw = raw if isinstance(raw, list) else []
         ids = [str(i.get("id")) for i in raw if isinstance(i, dict) and i.get("id")]
         first = next((i for i in raw if isinstance(i, dict)), {})
-        payload = first.get("payload")
         interrupt = InterruptRecord(
             ids=ids,
             message=str(first.get("message") or ""),
-            payload=digest(_json_text(payload)) if payload is not None else None,
+            payload=_digest_of(first.get("payload")),
             version=int(row["version"]),
             attempt=row.get("attempt"),
             at=float(row["at"]),
@@ -363,21 +400,27 @@ def _interrupts(states: Sequence[Mapping[str, Any]], inputs: Sequence[Mapping[st
         for later in states[position + 1 :]:
             resume = _loads(later.get("resume"))
             if isinstance(resume, dict) and any(i in resume for i in ids):
-                answers = {i: resume[i] for i in ids if i in resume}
-                value = next(iter(answers.values())) if len(answers) == 1 else answers
-                interrupt.answer = digest(_json_text(value))
+                answers = [resume[i] for i in ids if i in resume]
+                # Several ids answered at once: the digest of the checkpoint's resume values together.
+                interrupt.answer = _digest_of(answers[0] if len(answers) == 1 else later.get("resume_all"))
                 interrupt.answered_at = float(later["at"])
                 interrupt.answered_in_attempt = later.get("attempt")
                 break
         else:  # not resumed yet: the operator may already hold the answer for the next attempt
             for entry in inputs:
                 if entry.get("resume") and float(entry["at"]) >= interrupt.at:
-                    interrupt.answer = digest(str(entry["resume"]))
+                    interrupt.answer = _digest_of(entry["resume"])
                     interrupt.answered_at = float(entry["at"])
                     interrupt.answered_in_attempt = int(entry["attempt"])
                     break
         found.append(interrupt)
     return found
+
+
+def _error(text: Any) -> dict[str, Any] | None:
+    """The last checkpoint's error (a dict; anything else stored there, or a cut one, as its message)."""
+    error = _loads(text)
+    return error if isinstance(error, dict) or error is None else {"message": str(error)}
 
 
 def _epoch(value: Any) -> float | None:
@@ -469,9 +512,10 @@ def build(
         steps=steps,
         tool_calls=calls,
         interrupts=_interrupts(rows.states, rows.inputs),
-        error=_loads(last.get("error")) if last else None,
+        error=_error(last.get("error")) if last else None,
         result=_final(result),
         recorded=not rows.empty,
+        unreadable=list(rows.unreadable),
     )
     if rows.stop is not None:
         history.stop = StopRecord(reason=str(rows.stop["reason"]), requested_at=float(rows.stop["at"]))

@@ -9,16 +9,28 @@ notification (``ProgressHub`` on ``agentrun_progress``), not only by polling.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
+import sys
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
 
+from agentrun import Command, Message, ToolCall, assistant, interrupt, tool
 from agentrun.checkpoint.postgres import PgCheckpointer
-from agentrun.history import build
+from agentrun.history import PREVIEW_CHARS, build
+from agentrun.models import ScriptedModel
 from agentrun_history.store import HistoryStore, ProgressHub
+from tests.unit.helpers import tool_graph
 
 pytestmark = pytest.mark.postgres
+
+# Deeper than any reader's stack allows json.loads (the issue met 980 levels on the server; 960 read fine).
+DEEP = 2000
+MB10 = 10 << 20
 
 
 async def test_a_finished_run_reads_back_as_its_history(
@@ -77,3 +89,228 @@ async def test_the_progress_hub_is_woken_by_the_stores_notification(pg_dsn: str)
         hub.unsubscribe("default/h-2", woken)
     finally:
         await hub.aclose()
+
+
+# -- what a graph, a tool or a model may write, read back (issue 31 items 1, 2 and 7) ---------------------------
+
+NUL = "\x00"
+
+
+def _approving_graph(tools: list[Any], first_reply: Message, final: str) -> Any:
+    """model -> tools -> model: the first reply asks for ``tools``' calls, the second says ``final``."""
+    return tool_graph(tools, ScriptedModel.replies([first_reply, assistant(final)]))
+
+
+async def test_text_holding_nul_from_a_tool_the_user_and_the_model_is_shown_escaped_in_the_history(
+    pg_dsn: str,
+) -> None:
+    @tool
+    async def fetch_page(url: str) -> str:
+        return f"page {url}:{NUL}hidden after a NUL"
+
+    @tool
+    async def refund(amount: str) -> str:
+        answer = interrupt({"amount": amount, "note": f"x{NUL}y"}, message=f"refund {amount}{NUL}?")
+        return f"refunded {amount}: {answer}"
+
+    reply = assistant(
+        f"looking{NUL}",
+        tool_calls=[
+            ToolCall(id="c1", name="fetch_page", arguments=json.dumps({"url": f"a{NUL}b"})),
+            ToolCall(id="c2", name="refund", arguments=json.dumps({"amount": "5"})),
+        ],
+    )
+    config = {"thread_id": "default/nul", "attempt": 1, "run_uid": "uid-1"}
+    store = PgCheckpointer(pg_dsn)
+    try:
+        app = _approving_graph([fetch_page, refund], reply, f"done{NUL}end").compile(store)
+        await app.ainvoke({"messages": [{"role": "user", "content": f"hi{NUL}there"}]}, config)
+        await app.ainvoke(Command(resume=f"yes{NUL}"), config)
+        rows = await store.thread_rows("default/nul", run_uid="uid-1")
+    finally:
+        await store.aclose()
+    history = build(rows, namespace="default", name="nul", uid="uid-1", thread_id="default/nul")
+    assert history.status == "completed", "GUARANTEE BROKEN: a NUL in what a run wrote hides its history"
+    fetch, refunded = history.tool_calls
+    assert fetch.result is not None and fetch.result.preview == "page a\\u0000b:\\u0000hidden after a NUL"
+    assert fetch.arguments is not None and "\\u0000" in fetch.arguments.preview
+    assert refunded.result is not None and refunded.result.preview == "refunded 5: yes\\u0000"
+    (asked,) = history.interrupts
+    assert asked.message == "refund 5\\u0000?" and asked.payload is not None
+    assert json.loads(asked.payload.preview) == {"amount": "5", "note": "x\\u0000y"}
+    assert asked.answer is not None and asked.answer.preview == "yes\\u0000"
+    assert history.result is not None and history.result.preview == "done\\u0000end"
+    assert all(NUL not in (c.result.preview if c.result else "") for c in history.tool_calls)
+
+
+async def test_a_result_nested_a_thousand_levels_deep_shows_what_it_can(pg_dsn: str) -> None:
+    deep: Any = "leaf"
+    for _ in range(DEEP):
+        deep = {"a": deep}
+
+    @tool
+    async def nested() -> Any:
+        return deep
+
+    reply = assistant(tool_calls=[ToolCall(id="c1", name="nested", arguments="{}")])
+    config = {"thread_id": "default/deep", "attempt": 1, "run_uid": "uid-1"}
+
+    async def run() -> None:
+        store = PgCheckpointer(pg_dsn)
+        try:
+            app = _approving_graph([nested], reply, "done").compile(store)
+            await app.ainvoke({"messages": [{"role": "user", "content": "go"}]}, config)
+        finally:
+            await store.aclose()
+
+    def write() -> None:
+        # A graph may raise its recursion limit (the limit is the process's): then it stores what it likes.
+        limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(10 * DEEP)
+        try:
+            asyncio.run(run())
+        finally:
+            sys.setrecursionlimit(limit)
+
+    await asyncio.to_thread(write)
+    store = PgCheckpointer(pg_dsn)
+    try:
+        rows = await store.thread_rows("default/deep", run_uid="uid-1")
+    finally:
+        await store.aclose()
+    history = build(rows, namespace="default", name="deep", uid="uid-1", thread_id="default/deep")
+    (call,) = history.tool_calls
+    assert call.outcome == "executed" and call.result is not None
+    assert call.result.preview.startswith('{"a": {"a": ') and call.result.truncated
+    history.model_dump_json()  # what the server answers: no RecursionError on the way out either
+
+
+class CountingProxy:
+    """A TCP proxy in front of PostgreSQL that counts the bytes the server sends (what a history read fetches)."""
+
+    def __init__(self, dsn: str) -> None:
+        self.target = urlsplit(dsn)
+        self.received = 0
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> str:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self._server.sockets[0].getsockname()[1]
+        netloc = self.target.netloc.replace(f"{self.target.hostname}:{self.target.port}", f"127.0.0.1:{port}")
+        return urlunsplit(self.target._replace(netloc=netloc))
+
+    async def __aexit__(self, *_: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        await self._server.wait_closed()
+
+    async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        server_r, server_w = await asyncio.open_connection(self.target.hostname, self.target.port)
+
+        async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, count: bool) -> None:
+            try:
+                while data := await reader.read(65536):
+                    if count:
+                        self.received += len(data)
+                    writer.write(data)
+                    await writer.drain()
+            except ConnectionError:
+                pass
+            finally:
+                writer.close()
+
+        await asyncio.gather(pipe(client_r, server_w, count=False), pipe(server_r, client_w, count=True))
+
+
+async def test_the_history_of_a_10_mb_result_fetches_its_preview_and_digest_not_the_result(pg_dsn: str) -> None:
+    big = 'é"\\ line\n' * (MB10 // 12)
+
+    @tool
+    async def export_report() -> str:
+        return big
+
+    reply = assistant(tool_calls=[ToolCall(id="c1", name="export_report", arguments="{}")])
+    config = {"thread_id": "default/big", "attempt": 1, "run_uid": "uid-1"}
+    store = PgCheckpointer(pg_dsn)
+    try:
+        app = _approving_graph([export_report], reply, "done").compile(store)
+        await app.ainvoke({"messages": [{"role": "user", "content": "export"}]}, config)
+    finally:
+        await store.aclose()
+    conn = await asyncpg.connect(pg_dsn, server_settings={"search_path": "agentrun"})
+    try:
+        envelope = await conn.fetchval("SELECT COALESCE(result_text, result::text) FROM tool_executions")
+    finally:
+        await conn.close()
+    proxy = CountingProxy(pg_dsn)
+    async with proxy as proxied:
+        reader = HistoryStore(proxied)
+        try:
+            await reader.store.setup()  # the pool and the schema check, counted apart from the read
+            before = proxy.received
+            rows = await reader.rows("default/big", "uid-1")
+            fetched = proxy.received - before
+        finally:
+            await reader.aclose()
+    # The result is in the ledger and in the tool's answer message: two 10 MB values, neither fetched.
+    assert fetched < 64 * 1024, f"GUARANTEE BROKEN: a history read fetched {fetched} bytes of a 10 MB result"
+    history = build(rows, namespace="default", name="big", uid="uid-1", thread_id="default/big")
+    (call,) = history.tool_calls
+    assert call.result is not None and len(call.result.preview) == PREVIEW_CHARS and call.result.truncated
+    assert call.result.preview == big[:PREVIEW_CHARS]
+    whole = envelope.encode()
+    assert (call.result.sha256, call.result.bytes) == (hashlib.sha256(whole).hexdigest(), len(whole))
+    assert len(whole) > MB10
+
+
+async def test_rows_the_store_cannot_read_are_named_and_the_rest_of_the_history_is_shown(pg_dsn: str) -> None:
+    @tool
+    async def fetch_page(url: str) -> str:
+        return f"page {url}"
+
+    @tool
+    async def lookup(order_id: str) -> str:
+        return f"order {order_id}"
+
+    reply = assistant(
+        tool_calls=[
+            ToolCall(id="c1", name="fetch_page", arguments=json.dumps({"url": "a"})),
+            ToolCall(id="c2", name="lookup", arguments=json.dumps({"order_id": "7"})),
+        ]
+    )
+    config = {"thread_id": "default/damaged", "attempt": 1, "run_uid": "uid-1"}
+    store = PgCheckpointer(pg_dsn)
+    try:
+        await _approving_graph([fetch_page, lookup], reply, "done").compile(store).ainvoke("go", config)
+    finally:
+        await store.aclose()
+    # Damage three rows as a person with psql could: a ledger row that is not JSON, an answer message and a
+    # checkpoint's meta holding a number PostgreSQL's JSON accepts but cannot read (beyond numeric).
+    conn = await asyncpg.connect(pg_dsn, server_settings={"search_path": "agentrun"})
+    try:
+        await conn.execute(
+            "UPDATE tool_executions SET result_text = 'not json {', result = NULL WHERE tool_name = 'fetch_page'"
+        )
+        answer_idx = await conn.fetchval("SELECT idx FROM messages WHERE body::jsonb ->> 'tool_call_id' = 'c2'")
+        await conn.execute(
+            """UPDATE messages SET body = '{"role": "tool", "tool_call_id": "c2", "n": 1e1000000}' WHERE idx = $1""",
+            answer_idx,
+        )
+        await conn.execute("""UPDATE states SET meta = '{"error": 1e1000000}' WHERE version = 1""")
+    finally:
+        await conn.close()
+    reader = HistoryStore(pg_dsn)
+    try:
+        rows = await reader.rows("default/damaged", "uid-1")
+    finally:
+        await reader.aclose()
+    history = build(rows, namespace="default", name="damaged", uid="uid-1", thread_id="default/damaged")
+    assert history.status == "completed" and len(history.steps) >= 3
+    fetch, looked_up = history.tool_calls
+    assert fetch.result is not None and fetch.result.preview == "not json {" and fetch.outcome == "executed"
+    assert looked_up.result is not None and looked_up.result.preview == "order 7"
+    assert sorted(note.split(": ")[0] for note in history.unreadable) == [
+        f"messages row idx={answer_idx}",
+        "states row version=1",
+        f"tool_executions row tool_call_id={fetch.ledger_key!r}",
+    ], history.unreadable

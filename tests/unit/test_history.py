@@ -1,4 +1,8 @@
-"""The run history model (agentrun.history) from hand-made store rows, and the web view's escaping (pure)."""
+"""The run history model (agentrun.history) from hand-made store rows, and the web view's escaping (pure).
+
+The rows are shaped as ``pg_history`` reads them: digests and previews computed by the store (``shown``
+and ``record`` below do here what its SQL does), JSON values as text.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from typing import Any
 import pytest
 
 from agentrun.checkpoint.pg_history import ThreadRows
-from agentrun.history import PREVIEW_CHARS, build
+from agentrun.history import DEPTH_MARKER, MAX_DEPTH, PREVIEW_CHARS, build, digest
 from agentrun.ledger import idempotency_key
 from agentrun_history import pages
 
@@ -17,16 +21,51 @@ pytestmark = pytest.mark.unit
 THREAD = "default/order-1"
 
 
+def shown(value: Any) -> str | None:
+    """The digest the store reads of ``value`` (a string's own text, else its JSON), as JSON text."""
+    if value is None:
+        return None
+    return digest(value if isinstance(value, str) else json.dumps(value)).model_dump_json()
+
+
 def state(version: int, node: str, status: str, attempt: int, at: float, **meta: Any) -> dict[str, Any]:
     row: dict[str, Any] = {"version": version, "current_node": node, "step": version - 1, "status": status}
     row.update(attempt=attempt, run_uid="uid-1", at=at)
-    for key in ("interrupts", "error", "result", "stop_reason", "tool_calls", "resume"):
+    for key in ("error", "result", "stop_reason"):
         row[key] = json.dumps(meta[key]) if key in meta else None
+    interrupts = meta.get("interrupts")
+    row["interrupts"] = (
+        json.dumps(
+            [
+                {"id": i["id"], "message": i.get("message"), "payload": json.loads(shown(i.get("payload")) or "null")}
+                for i in interrupts
+            ]
+        )
+        if interrupts
+        else None
+    )
+    resume = meta.get("resume")
+    row["resume"] = json.dumps({k: json.loads(shown(v) or "null") for k, v in resume.items()}) if resume else None
+    row["resume_all"] = shown(resume)
     return row
 
 
 def message(idx: int, version: int, body: dict[str, Any]) -> dict[str, Any]:
-    return {"idx": idx, "message_id": body.get("id"), "body": json.dumps(body), "version": version}
+    calls = [
+        {"id": c["id"], "name": c["name"], "arguments": json.loads(shown(c["arguments"]) or "null")}
+        for c in body.get("tool_calls", [])
+    ]
+    return {
+        "idx": idx,
+        "message_id": body.get("id"),
+        "version": version,
+        "id": body.get("id"),
+        "role": body["role"],
+        "tool_call_id": body.get("tool_call_id"),
+        "is_error": bool(body.get("is_error")),
+        "content": shown(body.get("content")),
+        "tool_calls": json.dumps(calls) if calls else None,
+    }
 
 
 def request(*calls: tuple[str, str, str]) -> dict[str, Any]:
@@ -48,8 +87,21 @@ def answer(call_id: str, name: str, content: str, *, error: bool = False) -> dic
     }
 
 
-def envelope(content: str, name: str, call_id: str, *, error: bool = False) -> str:
-    return json.dumps({"__kind__": "message", "value": answer(call_id, name, content, error=error)})
+def record(content: str, name: str, call_id: str, *, attempt: int, at: float, error: bool = False) -> dict[str, Any]:
+    """A ledger row: the digest of the stored envelope, the preview of the content the model read."""
+    whole = digest(json.dumps({"__kind__": "message", "value": answer(call_id, name, content, error=error)}))
+    return {
+        "tool_call_id": f"m-ai:{call_id}",
+        "tool_name": name,
+        "attempt": attempt,
+        "run_uid": "uid-1",
+        "at": at,
+        "result_sha256": whole.sha256,
+        "result_bytes": whole.bytes,
+        "result_preview": content[:PREVIEW_CHARS],
+        "result_truncated": len(content) > PREVIEW_CHARS,
+        "result_is_error": error,
+    }
 
 
 def crashed_run() -> ThreadRows:
@@ -67,22 +119,8 @@ def crashed_run() -> ThreadRows:
             message(3, 3, answer("call_2", "send_receipt", "sent")),
         ],
         ledger=[
-            {
-                "tool_call_id": "m-ai:call_1",
-                "tool_name": "charge_card",
-                "result": envelope("charged", "charge_card", "call_1"),
-                "attempt": 1,
-                "run_uid": "uid-1",
-                "at": 101.0,
-            },
-            {
-                "tool_call_id": "m-ai:call_2",
-                "tool_name": "send_receipt",
-                "result": envelope("sent", "send_receipt", "call_2"),
-                "attempt": 2,
-                "run_uid": "uid-1",
-                "at": 109.5,
-            },
+            record("charged", "charge_card", "call_1", attempt=1, at=101.0),
+            record("sent", "send_receipt", "call_2", attempt=2, at=109.5),
         ],
         intents=[
             {
@@ -192,16 +230,7 @@ def test_a_huge_result_keeps_its_size_and_digest_and_a_cut_preview() -> None:
     rows = ThreadRows(
         states=[state(1, "tools", "running", 1, 1.0), state(2, "model", "running", 1, 2.0)],
         messages=[message(1, 1, request(("c1", "fetch", "{}"))), message(2, 2, answer("c1", "fetch", huge))],
-        ledger=[
-            {
-                "tool_call_id": "m-ai:c1",
-                "tool_name": "fetch",
-                "result": envelope(huge, "fetch", "c1"),
-                "attempt": 1,
-                "run_uid": None,
-                "at": 1.5,
-            }
-        ],
+        ledger=[record(huge, "fetch", "c1", attempt=1, at=1.5)],
     )
     (call,) = build(rows, namespace="default", name="r", thread_id=THREAD).tool_calls
     assert call.result is not None and call.result.truncated and len(call.result.preview) == PREVIEW_CHARS
@@ -247,3 +276,17 @@ def test_the_live_views_never_listen_through_a_transaction_pooler() -> None:
     direct = "postgresql://u@db:5432/agentrun"
     assert ProgressHub(pooled, listen=direct).dsn == direct
     assert ProgressHub(direct + "?agentrun_listen=off").dsn == direct
+
+
+def test_a_stored_value_nested_past_the_cap_is_shown_to_the_cap_with_a_marker_never_an_error() -> None:
+    levels = 5000  # far deeper than json.loads goes on any stack
+    text = json.dumps({"code": "X", "message": 'brackets in text: [[{ \\" ]'})[:-1]
+    row = state(1, "tools", "failed", 1, 1.0)
+    row["error"] = text + ', "detail": ' + "[" * levels + '"leaf"' + "]" * levels + "}"
+    history = build(ThreadRows(states=[row]), namespace="default", name="r", thread_id=THREAD)
+    assert history.error is not None and history.error["message"] == 'brackets in text: [[{ \\" ]'
+    value, depth = history.error["detail"], 1
+    while isinstance(value, list):
+        (value,), depth = value, depth + 1
+    assert (value, depth) == (DEPTH_MARKER, MAX_DEPTH), "GUARANTEE BROKEN: a deep value is not cut at the cap"
+    json.loads(history.model_dump_json())  # the server's answer, and what kubectl agentrun history reads

@@ -7,13 +7,32 @@ history never mixes two moments of a running thread. Nothing here writes, and
 nothing the runner writes changed for the history: every fact it shows is
 one the runtime already records for its own guarantees.
 
+Values are never fetched whole: PostgreSQL computes each shown value's
+digest (SHA-256 and size of its text) and cuts its preview (``PREVIEW_CHARS``),
+so a history request costs the server kilobytes however large the results
+(a 10 MB result used to be fetched twice, from the ledger and from its answer
+message, on every request). The text of a value is a string's own text, else
+its JSON; a ledger record's digest is of the envelope exactly as stored.
+
+Anything a graph, a tool or a model wrote is readable: the ``json`` columns
+accept ``\\u0000`` but PostgreSQL cannot turn it into text, so any JSON
+operator on such a value fails (``UntranslatableCharacterError``). Each
+JSON value is read through ``_readable``: a ``\\u0000`` escape becomes an
+escaped backslash, so the value shows the six characters ``\\u0000`` where the
+NUL was (and digests and sizes of such a text are of that shown form).
+
+A row PostgreSQL still cannot read (a damaged ledger row that is not JSON, a
+number beyond ``numeric``) does not hide the others: the read then runs again
+in ``careful`` mode, each table behind a savepoint and, for a table that
+fails, row by row; the rows that fail come back with their stored text only
+and ``unreadable`` naming the row and the error.
+
 HAZARDS
-- A thread's rows are read whole, ledger results included: a run with many
-  10 MB tool results costs that much memory per history request. The model
-  (``agentrun.history``) keeps digests, sizes and a short preview only.
 - Rows of other AgentRuns on the same thread (``run_uid``) are filtered out
   by the caller's ``run_uid``; rows written before run uids existed (NULL)
   are kept, as they cannot be told apart.
+- An interrupt's answer when several ids were answered at once is the digest
+  of the checkpoint's whole resume map (``resume_all``), not of those ids only.
 """
 
 from __future__ import annotations
@@ -21,37 +40,167 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+import asyncpg
+
+from ..errors import StorageError
+
 if TYPE_CHECKING:
-    import asyncpg
     from asyncpg.pool import PoolConnectionProxy
 
     Connection: TypeAlias = asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyncpg.Record]
 
-# $2: the AgentRun's uid (NULL: every row). The values and deltas are not read: the history needs the
-# meta (interrupts, error, result, stop reason, tool counts) and the step's position, not the state.
-_STATES = """
-    SELECT version, current_node, step, status, attempt, run_uid, extract(epoch FROM created_at)::float8 AS at,
-           meta -> 'interrupts' AS interrupts, meta -> 'error' AS error, meta -> 'result' AS result,
-           meta -> 'stop_reason' AS stop_reason, meta -> 'tool_calls' AS tool_calls, meta -> 'resume' AS resume
-    FROM states WHERE thread_id = $1 AND ($2::text IS NULL OR run_uid IS NULL OR run_uid = $2) ORDER BY version
+PREVIEW_CHARS = 2000
+# A value shown whole (an error, a final result, a stop reason: small by construction) is cut above this.
+BOUNDED_BYTES = 64 * 1024
+
+# Errors of one row's data, not of the store: PostgreSQL cannot convert or parse what the row holds.
+_ROW_ERRORS = (asyncpg.exceptions.DataError, asyncpg.exceptions.ProgramLimitExceededError)
+
+# A \u0000 escape is one after an even run of backslashes (after an odd one it is text: "\\u0000"); it
+# becomes an escaped backslash and "u0000", which any JSON operator reads.
+_NUL = r"'\u0000'"
+_NUL_ESCAPE = r"'(?<!\\)((?:\\\\)*)\\u0000'"
+_NUL_SHOWN = r"'\1\\\\u0000'"
+
+
+def _readable(text: str) -> str:
+    """SQL: JSON text ``text`` as jsonb, each ``\u0000`` escape turned into the visible text ``\u0000``."""
+    return (
+        f"(CASE WHEN strpos({text}, {_NUL}) > 0 THEN regexp_replace({text}, {_NUL_ESCAPE}, {_NUL_SHOWN}, 'g')"
+        f" ELSE {text} END)::jsonb"
+    )
+
+
+def _shown(value: str) -> str:
+    """SQL: the text a person reads of jsonb ``value``: a string's own text, anything else its JSON."""
+    return f"CASE jsonb_typeof({value}) WHEN 'string' THEN ({value}) #>> '{{}}' ELSE ({value})::text END"
+
+
+def _digest(text: str) -> str:
+    """SQL: the digest of text ``text`` (``history.Digest``'s fields, as JSON text), NULL when it is NULL."""
+    return (
+        "(SELECT jsonb_build_object('sha256', encode(sha256(convert_to(t, 'UTF8')), 'hex'), 'bytes', octet_length(t),"
+        f" 'preview', left(t, {PREVIEW_CHARS}), 'truncated', char_length(t) > {PREVIEW_CHARS})::text"
+        f" FROM (SELECT {text} AS t) d WHERE t IS NOT NULL)"
+    )
+
+
+def _bounded(value: str) -> str:
+    """SQL: jsonb ``value`` as JSON text when small, else its first characters as a JSON string (never whole)."""
+    return (
+        f"CASE WHEN octet_length({value}::text) <= {BOUNDED_BYTES} THEN {value}::text"
+        f" ELSE to_jsonb(left({value}::text, {PREVIEW_CHARS}) || ' ...(cut)')::text END"
+    )
+
+
+def _array(value: str) -> str:
+    return f"CASE jsonb_typeof({value}) WHEN 'array' THEN {value} END"
+
+
+@dataclass(frozen=True)
+class _Table:
+    """One table's history read: ``sql`` with its parsed ``columns`` (read from the jsonb ``parse`` gives), or
+    ``plain`` ones from the stored text only (a row PostgreSQL cannot parse), or one row (``key`` = its key)."""
+
+    name: str
+    sql: str
+    columns: str
+    plain: str
+    parse: str
+    key: str  # the column naming one row, as selected
+    scoped: bool = True  # filtered by run uid ($2)
+
+    def args(self, thread_id: str, run_uid: str | None) -> tuple[Any, ...]:
+        return (thread_id, run_uid) if self.scoped else (thread_id,)
+
+    def query(self, *, plain: bool = False, one: bool = False) -> str:
+        where = f"AND {self.key} = ${3 if self.scoped else 2}" if one else ""
+        parse = "NULL::jsonb" if plain else self.parse
+        return self.sql.format(columns=self.plain if plain else self.columns, parse=parse, one=where)
+
+
+# $1 the thread, $2 the AgentRun's uid (NULL: every row), then one row's key (careful mode). The values and
+# deltas of states are not read: the history needs their meta and the step's position, not the state.
+_STATES = _Table(
+    name="states",
+    sql="""
+    SELECT s.version, s.current_node, s.step, s.status, s.attempt, s.run_uid,
+           extract(epoch FROM s.created_at)::float8 AS at, {columns}
+    FROM states s CROSS JOIN LATERAL (SELECT {parse} AS m) p
+    WHERE s.thread_id = $1 AND ($2::text IS NULL OR s.run_uid IS NULL OR s.run_uid = $2) {one} ORDER BY s.version
+    """,
+    columns=f"""
+    (SELECT jsonb_agg(jsonb_build_object('id', i -> 'id', 'message', left(i ->> 'message', {PREVIEW_CHARS}),
+            'payload', CASE WHEN jsonb_typeof(i -> 'payload') <> 'null'
+                            THEN {_digest(_shown("i -> 'payload'"))}::jsonb END))
+     FROM jsonb_array_elements({_array("m -> 'interrupts'")}) i WHERE jsonb_typeof(i) = 'object')::text AS interrupts,
+    (SELECT jsonb_object_agg(r.key, {_digest(_shown("r.value"))}::jsonb)
+     FROM jsonb_each(CASE jsonb_typeof(m -> 'resume') WHEN 'object' THEN m -> 'resume' END) r)::text AS resume,
+    {_digest(_shown("(m -> 'resume')"))} AS resume_all,
+    {_bounded("(m -> 'error')")} AS error, {_bounded("(m -> 'result')")} AS result,
+    {_bounded("(m -> 'stop_reason')")} AS stop_reason, NULL AS unreadable
+    """,
+    plain="NULL AS interrupts, NULL AS resume, NULL AS resume_all, NULL AS error, NULL AS result, NULL AS stop_reason",
+    parse=_readable("s.meta::text"),
+    key="s.version",
+)
+# Only the messages a tool call shows in: the assistant's requests and the tool answers (no run uid: $1 only).
+_MESSAGES = _Table(
+    name="messages",
+    sql=f"""
+    SELECT m.idx, m.message_id, m.version, {{columns}}
+    FROM messages m CROSS JOIN LATERAL (SELECT {{parse}} AS b) p
+    WHERE m.thread_id = $1 {{one}}
+      AND (b IS NULL OR b ->> 'role' = 'tool' OR jsonb_array_length(COALESCE({_array("b -> 'tool_calls'")}, '[]')) > 0)
+    ORDER BY m.idx
+    """,
+    columns=f"""
+    b ->> 'id' AS id, b ->> 'role' AS role, b ->> 'tool_call_id' AS tool_call_id,
+    COALESCE(b -> 'is_error' = 'true'::jsonb, false) AS is_error, {_digest(_shown("(b -> 'content')"))} AS content,
+    (SELECT jsonb_agg(jsonb_build_object('id', c -> 'id', 'name', c -> 'name',
+            'arguments', {_digest(_shown("(c -> 'arguments')"))}::jsonb))
+     FROM jsonb_array_elements({_array("b -> 'tool_calls'")}) c WHERE jsonb_typeof(c) = 'object')::text AS tool_calls,
+    NULL AS unreadable
+    """,
+    plain="NULL AS id, NULL AS role, NULL AS tool_call_id, false AS is_error, NULL AS content, NULL AS tool_calls",
+    parse=_readable("m.body::text"),
+    key="m.idx",
+    scoped=False,
+)
+# A record's digest is of its envelope as stored; its preview is what the model read (a message's content).
+_RESULT_SHOWN = f"""
+    CASE WHEN e ->> '__kind__' = 'message' AND jsonb_typeof(e -> 'value') = 'object'
+         THEN COALESCE({_shown("(e -> 'value' -> 'content')")}, '')
+         WHEN jsonb_typeof(e) = 'object' AND e ? 'value' THEN {_shown("(e -> 'value')")} ELSE stored END
 """
-# Only the messages a tool call shows in: the assistant's requests and the tool answers.
-_MESSAGES = """
-    SELECT idx, message_id, body::text AS body, version FROM messages
-    WHERE thread_id = $1 AND (body ->> 'role' = 'tool' OR json_array_length(body -> 'tool_calls') > 0)
-    ORDER BY idx
-"""
-_LEDGER = """
-    SELECT tool_call_id, tool_name, COALESCE(result_text, result::text) AS result, attempt, run_uid,
-           extract(epoch FROM created_at)::float8 AS at
-    FROM tool_executions WHERE thread_id = $1 AND ($2::text IS NULL OR run_uid IS NULL OR run_uid = $2)
-"""
+_LEDGER = _Table(
+    name="tool_executions",
+    sql="""
+    SELECT l.tool_call_id, l.tool_name, l.attempt, l.run_uid, extract(epoch FROM l.created_at)::float8 AS at,
+           encode(sha256(convert_to(stored, 'UTF8')), 'hex') AS result_sha256, octet_length(stored) AS result_bytes,
+           {columns}
+    FROM tool_executions l CROSS JOIN LATERAL (SELECT COALESCE(l.result_text, l.result::text) AS stored) s
+         CROSS JOIN LATERAL (SELECT {parse} AS e) p
+    WHERE l.thread_id = $1 AND ($2::text IS NULL OR l.run_uid IS NULL OR l.run_uid = $2) {one}
+    """,
+    columns=f"""
+    left({_RESULT_SHOWN}, {PREVIEW_CHARS}) AS result_preview,
+    char_length({_RESULT_SHOWN}) > {PREVIEW_CHARS} AS result_truncated,
+    COALESCE(e ->> '__kind__' = 'message' AND e -> 'value' -> 'is_error' = 'true'::jsonb, false) AS result_is_error,
+    NULL AS unreadable
+    """,
+    plain=f"left(stored, {PREVIEW_CHARS}) AS result_preview, char_length(stored) > {PREVIEW_CHARS} AS result_truncated,"
+    " false AS result_is_error",
+    parse=_readable("stored"),
+    key="l.tool_call_id",
+)
 _INTENTS = """
     SELECT tool_call_id, tool_name, idempotency_key, attempt, run_uid, extract(epoch FROM started_at)::float8 AS at
     FROM tool_intents WHERE thread_id = $1 AND ($2::text IS NULL OR run_uid IS NULL OR run_uid = $2)
 """
-_INPUTS = """
-    SELECT attempt, resume::text AS resume, extract(epoch FROM created_at)::float8 AS at
+# The resume value's digest, of its JSON text as stored: never parsed, so never unreadable.
+_INPUTS = f"""
+    SELECT attempt, {_digest("resume::text")} AS resume, extract(epoch FROM created_at)::float8 AS at
     FROM run_inputs WHERE thread_id = $1 AND ($2::text IS NULL OR run_uid = $2) ORDER BY attempt
 """
 # A deleted AgentRun's thread, by the request key the operator derived from it (decide/identity.py:
@@ -65,17 +214,30 @@ _OWNER = "SELECT attempt, run_uid, extract(epoch FROM registered_at)::float8 AS 
 _STOP = "SELECT reason, extract(epoch FROM requested_at)::float8 AS at FROM stop_requests WHERE thread_id = $1"
 
 
+class UnreadableRowError(StorageError):
+    """A row of the thread holds what PostgreSQL cannot read (the fast read fails; ``careful`` finds the row)."""
+
+
 @dataclass(frozen=True)
 class ThreadRows:
-    """A thread's recorded rows, as plain dicts (JSON columns still text where noted)."""
+    """A thread's recorded rows, as plain dicts; digests and JSON values as JSON text where noted.
 
+    A digest (``history.Digest``'s fields) is JSON text or None. A row PostgreSQL could not read carries
+    ``unreadable`` (which row, why) and only what its stored text gives; ``unreadable`` lists them all.
+    """
+
+    # interrupts: [{id, message, payload: digest}]; resume: {id: digest}; resume_all: digest;
+    # error, result, stop_reason: JSON (a long one cut to a JSON string)
     states: list[dict[str, Any]] = field(default_factory=list)
-    messages: list[dict[str, Any]] = field(default_factory=list)  # body: JSON text
-    ledger: list[dict[str, Any]] = field(default_factory=list)  # result: the stored envelope text
+    # id, role, tool_call_id, is_error, content: digest, tool_calls: [{id, name, arguments: digest}]
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    # result_sha256, result_bytes (of the stored envelope), result_preview, result_truncated, result_is_error
+    ledger: list[dict[str, Any]] = field(default_factory=list)
     intents: list[dict[str, Any]] = field(default_factory=list)
-    inputs: list[dict[str, Any]] = field(default_factory=list)  # resume: JSON text or None
+    inputs: list[dict[str, Any]] = field(default_factory=list)  # resume: digest of its JSON text, or None
     owner: dict[str, Any] | None = None
     stop: dict[str, Any] | None = None
+    unreadable: list[str] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
@@ -83,23 +245,74 @@ class ThreadRows:
         return not self.states and not self.ledger and not self.intents and not self.inputs
 
 
-async def thread_rows_txn(conn: Connection, thread_id: str, run_uid: str | None) -> ThreadRows:
-    """Every row of ``thread_id`` the history shows; run it inside one read-only snapshot."""
+async def thread_rows_txn(
+    conn: Connection, thread_id: str, run_uid: str | None, *, careful: bool = False
+) -> ThreadRows:
+    """Every row of ``thread_id`` the history shows; run it inside one read-only snapshot.
+
+    Raises ``UnreadableRowError`` when a row cannot be read, unless ``careful`` (slower: a savepoint per
+    table and, in a table that fails, per row), which reads the others and names each such row.
+    """
+    unreadable: list[str] = []
 
     async def rows(sql: str, *args: Any) -> list[dict[str, Any]]:
         return [dict(r) for r in await conn.fetch(sql, *args)]
 
+    async def table(read: _Table) -> list[dict[str, Any]]:
+        args = read.args(thread_id, run_uid)
+        if careful:
+            return await _careful(conn, read, args, unreadable)
+        try:
+            return await rows(read.query(), *args)
+        except _ROW_ERRORS as e:
+            raise UnreadableRowError(
+                f"a row of {read.name} of thread {thread_id} cannot be read: {type(e).__name__}: {e}"
+            ) from e
+
     owner = await conn.fetchrow(_OWNER, thread_id)
     stop = await conn.fetchrow(_STOP, thread_id)
     return ThreadRows(
-        states=await rows(_STATES, thread_id, run_uid),
-        messages=await rows(_MESSAGES, thread_id),
-        ledger=await rows(_LEDGER, thread_id, run_uid),
+        states=await table(_STATES),
+        messages=await table(_MESSAGES),
+        ledger=await table(_LEDGER),
         intents=await rows(_INTENTS, thread_id, run_uid),
         inputs=await rows(_INPUTS, thread_id, run_uid),
         owner=dict(owner) if owner is not None else None,
         stop=dict(stop) if stop is not None else None,
+        unreadable=unreadable,
     )
+
+
+async def _careful(
+    conn: Connection, read: _Table, args: tuple[Any, ...], unreadable: list[str]
+) -> list[dict[str, Any]]:
+    """``read``'s rows behind a savepoint; if one cannot be read, each row alone, those that fail as stored text."""
+    try:
+        return await _saved(conn, read.query(), args)
+    except _ROW_ERRORS:
+        pass  # which rows: each alone
+    key = read.key.split(".")[-1]
+    rows: list[dict[str, Any]] = []
+    for plain in await conn.fetch(read.query(plain=True), *args):
+        try:
+            rows.extend(await _saved(conn, read.query(one=True), (*args, plain[key])))
+        except _ROW_ERRORS as e:
+            note = f"{read.name} row {key}={plain[key]!r}: {type(e).__name__}: {e}"
+            unreadable.append(note)
+            rows.append({**dict(plain), "unreadable": note})
+    return rows
+
+
+async def _saved(conn: Connection, sql: str, args: tuple[Any, ...]) -> list[dict[str, Any]]:
+    """``sql``'s rows, behind a savepoint (the snapshot's transaction survives a row that cannot be read)."""
+    await conn.execute("SAVEPOINT agentrun_history_row")
+    try:
+        found = [dict(r) for r in await conn.fetch(sql, *args)]
+    except _ROW_ERRORS:
+        await conn.execute("ROLLBACK TO SAVEPOINT agentrun_history_row")
+        raise
+    await conn.execute("RELEASE SAVEPOINT agentrun_history_row")
+    return found
 
 
 def _like_prefix(text: str) -> str:

@@ -150,7 +150,7 @@ from .base import (
 )
 from .group import LEDGER_GROUP_WINDOW
 from .listen import ProgressEvent, events, nothing
-from .pg_history import ThreadRows, find_run_txn, thread_rows_txn
+from .pg_history import ThreadRows, UnreadableRowError, find_run_txn, thread_rows_txn
 from .pg_listen import StopListener
 from .pg_progress import ProgressNotifier, hear, notify_sql
 from .pg_schema import (
@@ -1509,9 +1509,21 @@ class PgCheckpointer(Checkpointer):
         return [r["thread_id"] for r in rows]
 
     async def thread_rows(self, thread_id: str, *, run_uid: str | None = None) -> ThreadRows:
-        """Everything the run history shows of ``thread_id`` (``pg_history``), from one read-only snapshot."""
+        """Everything the run history shows of ``thread_id`` (``pg_history``), from one read-only snapshot.
+
+        A row PostgreSQL cannot read does not fail the read: it is read again carefully, naming that row.
+        """
+        try:
+            return await self._read(
+                "history read", lambda conn: thread_rows_txn(conn, thread_id, run_uid), snapshot=True, patient=False
+            )
+        except UnreadableRowError as e:
+            log.warning("history of %s: %s; reading it row by row", thread_id, e)
         return await self._read(
-            "history read", lambda conn: thread_rows_txn(conn, thread_id, run_uid), snapshot=True, patient=False
+            "history read",
+            lambda conn: thread_rows_txn(conn, thread_id, run_uid, careful=True),
+            snapshot=True,
+            patient=False,
         )
 
     async def find_run(self, namespace: str, name: str) -> tuple[str, str | None] | None:
