@@ -89,14 +89,16 @@ def test_cli_stop_ends_a_run_hung_in_a_tool(env: dict[str, str]) -> None:
         asked = time.monotonic()
         stop = cli(env, "stop", "--thread-id", "t-stop")
         assert stop.returncode == 0, stop.stderr
-        code = proc.wait(timeout=15)
+        code = proc.wait(timeout=60)
         latency = time.monotonic() - asked
     finally:
         proc.kill()
         proc.wait()
     _, err = proc.communicate()
     assert code == 4, f"a stopped run exits 4, got {code}\n{err}"
-    assert latency < 10, f"stop took {latency:.1f}s"
+    # Generous (the tools sleep an hour; the stop check's 1 s is proven on loop time, unit/test_stop.py): it
+    # includes starting `agentrun stop` as a process.
+    assert latency < 30, f"stop took {latency:.1f}s"
     state = json.loads(cli(env, "state", "--thread-id", "t-stop", "--json").stdout)
     assert state["status"] == "stopped" and state["current_node"] == "tools"
     assert state["stop_requested"] is None, "the stop request was not acknowledged"

@@ -164,17 +164,18 @@ async def test_hung_mcp_tool_ends_as_node_timeout_002_and_the_next_call_works(
     result = tool_messages(values)["call_1"]
     assert result.is_error and "did not finish within 1s" in result.content, result.content
     assert TOOL_TIMEOUTS.labels("hang")._value.get() == before + 1, "the timeout was not a NODE_TIMEOUT_002"
-    assert elapsed < 4, f"a hung MCP call took {elapsed:.1f}s to time out with tool_timeout=1"
+    # Generous: the call hangs for good, so any end is the deadline's; how close to 1 s is the unit tier's (looptime).
+    assert elapsed < 30, f"a hung MCP call took {elapsed:.1f}s to time out with tool_timeout=1"
     # The same server object: the hung session was dropped, a new one answers.
     again = await app_calling(server, call("call_1", "charge", order_id="1"))
-    started = time.monotonic()
     values = await again.ainvoke("go", {"thread_id": "t2", "tool_timeout": 10})
     assert not tool_messages(values)["call_1"].is_error, "the call after a timeout did not work"
-    assert time.monotonic() - started < 10
     assert len(charges(Path(server_env["MCP_CHARGES_FILE"]))) == 1
 
 
-async def test_stop_ends_a_run_hung_in_an_mcp_call_within_2_seconds(transport: tuple[str, Any]) -> None:
+async def test_stop_ends_a_run_hung_in_an_mcp_call(transport: tuple[str, Any]) -> None:
+    """The call hangs for good (no tool deadline): only the stop ends it. The bound is generous on purpose: the 1 s
+    of the stop check is proven on loop time (unit/test_stop.py), the 2 s end to end is `make bench`'s figure."""
     _, (server, _) = transport
     app = await app_calling(server, call("call_1", "hang"))
     checkpointer = app.checkpointer
@@ -186,7 +187,7 @@ async def test_stop_ends_a_run_hung_in_an_mcp_call_within_2_seconds(transport: t
     with pytest.raises(RunStopped):
         await run
     took = time.monotonic() - requested
-    assert took <= 2.0, f"the stop took {took:.2f}s to end a run hung in an MCP call"
+    assert took < 20, f"the stop took {took:.2f}s to end a run hung in an MCP call"
 
 
 async def test_server_killed_mid_call_is_a_tool_error_and_the_next_call_reconnects(
@@ -204,11 +205,11 @@ async def test_server_killed_mid_call_is_a_tool_error_and_the_next_call_reconnec
 
     killer = asyncio.create_task(asyncio.to_thread(kill_when_called))
     started = time.monotonic()
-    values = await app.ainvoke("go", {"thread_id": "t1", "tool_timeout": 30})
+    values = await app.ainvoke("go", {"thread_id": "t1", "tool_timeout": 100})
     await killer
     result = tool_messages(values)["call_1"]
     assert result.is_error and "outcome is unknown" in result.content, result.content
-    assert time.monotonic() - started < 15, "the dead server was only noticed by the tool deadline"
+    assert time.monotonic() - started < 50, "the dead server was only noticed by the tool deadline (100 s)"
     assert values["messages"][-1].role == "assistant", "the run did not continue after the server died"
     if http is not None:
         http.stop()
@@ -276,13 +277,12 @@ async def test_per_tool_deadlines_in_one_amcp_tools_call(
     tools = await amcp_tools(server, side_effects={"charge": "retry"}, timeouts={"hang": 1, "charge": 20})
     calls = [call("call_1", "hang"), call("call_2", "charge", order_id="1", seconds=3)]
     app = tool_graph(tools, calling_model(calls)).compile(InMemoryCheckpointer())
-    started = time.monotonic()
-    # The run's deadline (2 s) would cut the 3 s charge off: its own 20 s applies instead.
+    # The run's deadline (2 s) would cut the 3 s charge off: its own 20 s applies instead. Which deadline ended
+    # each call shows in its result, so no clock is needed here.
     values = await app.ainvoke("go", {"thread_id": "t1", "tool_timeout": 2})
     results = tool_messages(values)
     assert results["call_1"].is_error and "did not finish within 1s" in results["call_1"].content
     assert not results["call_2"].is_error, f"charge did not get its own deadline: {results['call_2'].content}"
-    assert time.monotonic() - started < 15
     # Without a per-tool deadline, a tool of the call keeps tool_timeout (backwards compatible).
     lookups = await amcp_tools(server, include=["lookup"], tool_timeout=7, timeouts={})
     assert lookups[0].timeout == 7
@@ -385,9 +385,9 @@ async def test_connection_lost_under_a_side_effect_call_is_in_doubt_under_its_po
         )
         killer = asyncio.create_task(asyncio.to_thread(kill_once_charged))
         started = time.monotonic()
-        values = await app.ainvoke("go", {"thread_id": "t1", "tool_timeout": 30})
+        values = await app.ainvoke("go", {"thread_id": "t1", "tool_timeout": 100})
         await killer
-        assert time.monotonic() - started < 20, "the lost connection was only noticed by the tool deadline"
+        assert time.monotonic() - started < 50, "the lost connection was only noticed by the tool deadline (100 s)"
         state = await checkpointer.aget("t1")
         assert state is not None
         counts = state.meta["tool_calls"]

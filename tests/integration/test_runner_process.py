@@ -110,7 +110,8 @@ def test_sigterm_cancels_a_hung_node_after_the_window_and_stays_resumable(pod_en
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 6, err
-    assert time.monotonic() - started < 10, "preemption must fit in a pod's termination grace period"
+    # The contract is the pod's grace period (terminationGracePeriodSeconds, 30 s by default), not a speed.
+    assert time.monotonic() - started < 25, "preemption must fit in a pod's termination grace period"
     assert status(pod_env) == ("running", "tools")
     code, err = run(pod_env, AGENTRUN_ATTEMPT="2")
     assert code == 0, err
