@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import ssl
-from typing import Any
+from typing import Any, Self
 from urllib.parse import quote
 
 import aiohttp
@@ -51,7 +51,7 @@ class UserKube:
         self._session: aiohttp.ClientSession | None = None
 
     @classmethod
-    def from_environment(cls, *, ca_file: str | None = None) -> UserKube:
+    def from_environment(cls, *, ca_file: str | None = None) -> Self:
         """In a pod: ``KUBERNETES_SERVICE_HOST`` with ``ca_file`` (the chart mounts the ``kube-root-ca.crt``
         ConfigMap, not a token); elsewhere the kubeconfig's cluster. Never a user's or the pod's credentials."""
         host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
@@ -106,7 +106,7 @@ class UserKube:
         return done
 
     async def json_patch(self, token: str, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
-        """A JSON patch of the AgentRun as the caller (an answer, guarded by a test op); returns the patched object."""
+        """A JSON patch of the AgentRun as the caller (an answer: its ops start with a ``test``); the patched object."""
         done: dict[str, Any] = await self.request(
             "PATCH", run_path(namespace, name), token, ops, patch="application/json-patch+json"
         )

@@ -42,14 +42,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import helm_python
 import pytest
 import yaml
 
 from agentrun_dev.databases import throwaway_database
 from agentrun_dev.servers import free_port
 from kubesim import KUBECTL, EmulatedCluster, KubeletThread
-from kubesim.rbac import AUTHENTICATED, User
+from tests.cluster.history_people import people
 from tests.cluster.operator_harness import (
     agentrun,
     apply,
@@ -63,32 +62,12 @@ from tests.cluster.test_kube_client import exec_user, kubeconfig_doc, write_plug
 pytestmark = [pytest.mark.cluster, pytest.mark.real_server, pytest.mark.timeout(420)]
 
 ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "helm" / "agentrun"
 BIN = Path(sys.executable).parent
 CHROMIUM = Path("/usr/bin/chromium")
-TOKENS = {"alice": "alice-token-7f3a", "bob": "bob-token-19c2"}
 
 playwright_api = pytest.importorskip("playwright.sync_api", reason="Playwright for Python is not installed")
 if not CHROMIUM.exists():
     pytest.skip("Debian's chromium is not installed (make chromium / scripts/chromium.sh)", allow_module_level=True)
-
-
-def user_roles() -> list[dict[str, Any]]:
-    """The chart's ClusterRoles for people (agentrun-view, agentrun-edit), as helm renders them."""
-    with helm_python.Chart.load(CHART) as chart:
-        rendered = chart.render(values={}, name="agentrun", namespace="agentrun-system")
-    text = next(t for path, t in rendered.items() if path.endswith("templates/userroles.yaml"))
-    return [doc for doc in yaml.safe_load_all(text) if doc]
-
-
-def binding(namespace: str, subject: dict[str, str], role: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "RoleBinding",
-        "metadata": {"name": f"{subject['name']}-{role}", "namespace": namespace},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-        "subjects": [subject],
-    }
 
 
 def call(url: str, token: str | None = None, method: str = "GET", headers: dict[str, str] | None = None) -> int:
@@ -146,18 +125,6 @@ def start_ui(kubeconfig: Path, server: str, log: Path, started: list[Any]) -> tu
     return ui, found.group(0)
 
 
-def real_users(cluster: Any, namespace: str) -> dict[str, str]:
-    """On the real API server: alice and bob are ServiceAccounts with tokens from the TokenRequest API."""
-    tokens = {}
-    for name in TOKENS:
-        made = cluster.kubectl("create", "serviceaccount", name, "-n", namespace)
-        assert made.returncode == 0 or "AlreadyExists" in made.stderr, made.stderr
-        token = cluster.kubectl("create", "token", name, "-n", namespace, "--duration=1h")
-        assert token.returncode == 0, token.stderr
-        tokens[name] = token.stdout.strip()
-    return tokens
-
-
 @pytest.fixture
 def dsn() -> Iterator[str]:
     """A fresh database per test (the runs' thread ids repeat on each API server)."""
@@ -178,28 +145,8 @@ def world(cluster: Any, kubelet: KubeletThread, dsn: str, tmp_path: Path) -> Ite
     assert made.returncode == 0, made.stderr
     store_secret(cluster, dsn, namespace=ns)
     store_secret(cluster, dsn, namespace=other_ns)
-    if real:
-        tokens = real_users(cluster, ns)
-        subjects = {name: {"kind": "ServiceAccount", "name": name, "namespace": ns} for name in TOKENS}
-    else:
-        tokens = dict(TOKENS)
-        subjects = {name: {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": name} for name in TOKENS}
-    rbac = [
-        *user_roles(),
-        binding(ns, subjects["alice"], "agentrun-view"),
-        binding(ns, subjects["alice"], "agentrun-edit"),
-        binding(other_ns, subjects["bob"], "agentrun-view"),
-    ]
-    applied = cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=yaml.safe_dump_all(rbac))
-    assert applied.returncode == 0, applied.stderr
-    if not real:
-
-        def enforce() -> None:
-            assert cluster.emulator is not None
-            cluster.emulator.token_users = {tokens[name]: User(name, (AUTHENTICATED,)) for name in TOKENS}
-            cluster.emulator.authorization = True
-
-        cluster.call(enforce)
+    grants = [("alice", ns, "agentrun-view"), ("alice", ns, "agentrun-edit"), ("bob", other_ns, "agentrun-view")]
+    tokens = people(cluster, ns, grants)
     tls = {"certificate-authority": str(cluster.plane.ca.pair.cert)} if real else {}
     started: list[Any] = []
     try:

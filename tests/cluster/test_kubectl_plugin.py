@@ -292,3 +292,70 @@ def test_a_run_waiting_on_two_interrupts_is_answered_by_id(
     assert final["attempt"] == 3
     done = executions(effects)
     assert sorted(done) == ['sign_off:finance:"yes"', "sign_off:legal:false"], done
+
+
+def waiting_on(cluster: EmulatedCluster, name: str, interrupt_id: str, question: str, amount: str) -> str:
+    """The run's status as the operator writes it for a question (the status subresource): its merge patch."""
+    interrupt = {"id": interrupt_id, "ids": [interrupt_id], "message": question, "payload": {"amount": amount}}
+    patch = json.dumps({"status": {"phase": "Interrupted", "interrupt": interrupt}})
+    done = cluster.kubectl("patch", "agentrun", name, "--subresource=status", "--type", "merge", "-p", patch)
+    assert done.returncode == 0, done.stderr
+    return patch
+
+
+def test_an_answer_names_and_shows_the_question_and_never_lands_on_another(
+    cluster: EmulatedCluster, tmp_path: Path
+) -> None:
+    # No operator: the test writes the status, so the run can move on at the exact moment that matters.
+    manifest = {
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "AgentRun",
+        "metadata": {"name": "payout"},
+        "spec": {"graph": "tests.cluster.graphs:approval", "threadId": "payout"},
+    }
+    apply(cluster, manifest)
+    spoof = "Refund to IBAN \u202e1234 5678 9000 00DE\u202c - approve?"
+    waiting_on(cluster, "payout", "r-1", spoof, "\u202e00.0001\u202c")
+    described = agentrun_cli(cluster, "describe", "payout")
+    assert "\u202e" not in described.stdout, "GUARANTEE BROKEN: the terminal got a bidi override it draws backwards"
+    assert "Refund to IBAN \\u202e1234 5678 9000 00DE\\u202c" in described.stdout, described.stdout
+    assert '"amount": "\\u202e00.0001\\u202c"' in described.stdout, described.stdout
+    assert "--id r-1" in described.stdout and "U+202E RIGHT-TO-LEFT OVERRIDE" in described.stderr, described.stderr
+
+    wrong = agentrun_cli(cluster, "approve", "payout", "--id", "r-0")
+    assert wrong.returncode == 1 and "waits on interrupt(s) r-1, not r-0" in wrong.stderr, wrong.stderr
+    assert "\\u202e1234" in wrong.stderr and "\u202e" not in wrong.stderr
+
+    # The run moves on to r-2 between the command's read and its patch: the patch must not land on r-2.
+    real = Path(KUBECTL).resolve()
+    wrapper = tmp_path / "kubectl"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        "# The real kubectl; once, just before the plugin's patch, the run moves on (as the operator would).\n"
+        'for arg in "$@"; do\n'
+        '  if [ "$arg" = patch ] && [ -e "$MOVE_MARK" ]; then\n'
+        '    rm -f "$MOVE_MARK"\n'
+        f'    "{real}" patch agentrun payout --subresource=status --type merge -p "$MOVE_PATCH" >/dev/null\n'
+        "  fi\n"
+        "done\n"
+        f'exec "{real}" "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    mark = tmp_path / "move-once"
+    mark.touch()
+    move = {"id": "r-2", "ids": ["r-2"], "message": "refund $1,000,000?", "payload": {"amount": "1000000.00"}}
+    env = plugin_env(cluster)
+    env.update(KUBECTL=str(wrapper), MOVE_MARK=str(mark), MOVE_PATCH=json.dumps({"status": {"interrupt": move}}))
+    raced = subprocess.run(
+        [KUBECTL, "agentrun", "approve", "payout"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert not mark.exists(), "the run was not moved on: the race never happened"
+    assert raced.returncode == 1, (
+        f"GUARANTEE BROKEN: an answer read for r-1 was patched in after the run moved on to r-2: {raced.stdout}"
+    )
+    assert "nothing was answered" in raced.stderr and "refund $1,000,000?" in raced.stderr, raced.stderr
+    assert "resume" not in (cluster.get("agentruns", "payout") or {})["spec"]
+
+    said = ok(agentrun_cli(cluster, "approve", "payout"))
+    assert 'approved interrupt r-2, "refund $1,000,000?" (payload {"amount": "1000000.00"})' in said, said
+    assert (cluster.get("agentruns", "payout") or {})["spec"]["resume"] == {"values": {"r-2": True}}
