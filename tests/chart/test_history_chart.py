@@ -114,6 +114,27 @@ def test_tls_ingress_and_token_login_are_off_by_default_and_work_when_on(chart: 
     assert ingress["spec"]["tls"] == [{"hosts": ["runs.example.com"], "secretName": "runs-tls"}]
 
 
+def test_the_chart_says_when_tls_is_in_front_and_the_server_reads_it(
+    chart: helm_python.Chart, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def settings_for(history: dict[str, Any]) -> HistorySettings:
+        (container,) = history_pod(render(chart, {"history": {"tokenLogin": {"enabled": True}, **history}}))[
+            "containers"
+        ]
+        for var in container["env"]:
+            monkeypatch.setenv(var["name"], var.get("value", "postgresql://from-the-secret"))
+        return HistorySettings()
+
+    ingress = {"enabled": True, "host": "runs.example.com"}
+    behind_tls = settings_for({"ingress": {**ingress, "tlsSecretName": "runs-tls"}})
+    assert behind_tls.tls_in_front, "GUARANTEE BROKEN: the chart's TLS ingress leaves the token cookie without Secure"
+    assert not behind_tls.allow_plain_http_login and not behind_tls.tls_cert_file
+    assert not settings_for({"ingress": ingress}).tls_in_front, "an ingress without TLS is no TLS"
+    assert not settings_for({}).tls_in_front
+    own_proxy = settings_for({"tlsInFront": True, "tokenLogin": {"enabled": True, "allowPlainHttp": True}})
+    assert own_proxy.tls_in_front and own_proxy.allow_plain_http_login and own_proxy.token_login
+
+
 def test_history_can_be_left_out(chart: helm_python.Chart) -> None:
     objects = render(chart, {"history": {"enabled": False}})
     assert not [o for o in objects if o["metadata"]["name"] == HISTORY]
