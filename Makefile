@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: bytecode k8s cluster dashboard prometheus chromium pgbouncer bench chaos dev test test-unit test-integration test-postgres test-cluster test-badinput test-chart lint demo demo-local e2e-kind deploy-manifests lock clean
+.PHONY: bytecode k8s image cluster dashboard prometheus chromium pgbouncer bench chaos dev test test-unit test-integration test-postgres test-cluster test-badinput test-chart lint demo demo-local e2e-kind deploy-manifests lock clean
 
 $(STAMP): pyproject.toml kubesim/pyproject.toml devtools/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -76,6 +76,9 @@ dashboard: $(STAMP)  ## helm/agentrun/dashboards/agentrun.json from hack/dashboa
 
 k8s:  ## the real control plane: kube-apiserver, kube-controller-manager (k8s.io/kubernetes) and etcd built from the Go module proxy at hack/k8s/versions.env's pins into ~/.cache/agentrun/k8s (AGENTRUN_K8S_CACHE); cold about 20 min on 2 cores, then instant (hack/k8s/README.md)
 	bash hack/k8s/build.sh
+
+image: $(STAMP)  ## the images, built here with Debian's podman from the Dockerfile: localhost/agentrun:dev (runtime), localhost/agentrun-demo:dev (demo) and localhost/agentrun-pause:dev (the node's pod sandbox), also as OCI archives in ~/.cache/agentrun/image (AGENTRUN_IMAGE_CACHE); base from Debian's packages, wheels checked against the lock's hashes, no network in the build; cold about 7 min on 2 cores, then instant while its inputs are unchanged (hack/image/build.sh)
+	bash hack/image/build.sh
 
 prometheus:  ## Debian's prometheus binary for the metrics test (tests start it themselves; never as a service)
 	bash scripts/prometheus.sh
