@@ -1,9 +1,11 @@
 """Stop requests heard as notifications (migration 11, ``pg_listen``): fast stops without a query per interval.
 
-What is protected: a stop lands within the 2 s contract while a node runs
-and between fast steps, whoever writes the request (``request_stop``, raw
-SQL as an older operator would); a listening run does not ask the store
-between notifications; a lost listener connection falls back to polling
+What is protected: a stop lands while a node runs and between fast steps,
+whoever writes the request (``request_stop``, raw SQL as an older operator
+would), heard as a notification (one check of the store per stop, none
+between notifications: counted, not timed; the 2 s contract is proven on
+loop time in unit/test_stop.py and measured by ``make bench``); a notified
+stop wakes a long node's supervisor before its next timed wake; a lost listener connection falls back to polling
 and reconnects; ``listen_for_stops=False`` polls as before; a run shorter
 than ``stop_poll_interval`` opens no listener connection; nothing is left
 behind (no task, no connection) when the run ends.
@@ -91,8 +93,9 @@ async def test_a_listening_run_asks_the_store_only_when_a_stop_is_notified(pg_ds
         quiet = runner.checks - before
         assert quiet == 0, f"a listening run asked the store {quiet} times in 3 s without a stop request"
         await operator.request_stop("t", "operator")
-        took = await stopped_within(task, 2)
-        assert took < 1.0, f"a notified stop took {took:.2f}s"
+        await stopped_within(task, 10)
+        asked = runner.checks - before - quiet
+        assert asked == 1, f"the stop was found in {asked} checks of the store: not by its notification alone"
     finally:
         await runner.aclose()
         await operator.aclose()
@@ -112,9 +115,10 @@ async def test_a_stop_written_by_raw_sql_notifies_a_run_inside_a_long_node(pg_ds
         await wait_until(listening, what="the runner to LISTEN for stop requests")
         await asyncio.sleep(0.3)
         await fetch(pg_dsn, "INSERT INTO threads (thread_id) VALUES ('t') ON CONFLICT DO NOTHING")
+        checks = runner.checks
         await fetch(pg_dsn, "INSERT INTO stop_requests (thread_id, reason) VALUES ('t', 'psql')")
-        took = await stopped_within(task, 2)
-        assert took < 1.0, f"a stop inside a running node took {took:.2f}s"
+        await stopped_within(task, 10)
+        assert runner.checks == checks + 1, "a raw SQL stop was not notified: the run found it by polling"
         state = await runner.aget("t")
         assert state is not None and state.status == "stopped" and state.meta["stop_reason"] == "psql"
         assert await runner.stop_requested("t") is None, "the stop request was not acknowledged"
@@ -122,34 +126,61 @@ async def test_a_stop_written_by_raw_sql_notifies_a_run_inside_a_long_node(pg_ds
         await runner.aclose()
 
 
+class WakeRecordingPg(CountingPg):
+    """Counts, per thread, the times its run asks its watch whether a check is due: once before the first node,
+    then at each wake of a long node's supervisor."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.wakes: dict[str, int] = {}
+
+    async def watch_stops(self, thread_id: str) -> StopWatch:
+        watch = await super().watch_stops(thread_id)
+        due = watch.due
+
+        def recorded(now: float, interval: float) -> bool:
+            self.wakes[thread_id] = self.wakes.get(thread_id, 0) + 1
+            return due(now, interval)
+
+        watch.due = recorded  # type: ignore[method-assign]
+        return watch
+
+
 async def test_a_notified_stop_wakes_the_supervisor_of_a_long_node_at_once(pg_dsn: str) -> None:
-    """Not at its next wake (every stop_poll_interval): five stops inside a node, their median well under it."""
-    runner = CountingPg(pg_dsn)
+    """Not at its next timed wake (every stop_poll_interval, at most 1 s): each stop is sent just after a timed
+    wake, so a supervisor that only wakes on its timer takes almost a whole interval; heard, it takes a notify."""
+    interval = 1.0
+    runner = WakeRecordingPg(pg_dsn)
     operator = PgCheckpointer(pg_dsn, listen_for_stops=False)
     took = []
     try:
         app = looping_graph(3600, steps=1).compile(runner)
-        for i in range(5):
-            task = await start(app, f"t{i}", stop_poll_interval=1.0)
+        for i in range(3):
+            task = await start(app, f"t{i}", stop_poll_interval=interval)
 
             async def listening() -> bool:
                 return bool(await listeners(pg_dsn))
 
             await wait_until(listening, what="the runner to LISTEN for stop requests")
-            await asyncio.sleep(0.3)
+            seen = max(runner.wakes.get(f"t{i}", 0), 1)  # the first is the check before the node
+
+            async def woke() -> bool:
+                return runner.wakes.get(f"t{i}", 0) > seen  # noqa: B023 -- awaited in this iteration
+
+            await wait_until(woke, within=10, what="a timed wake of the node's supervisor, listening")
             took.append(await _stop_now(operator, f"t{i}", task))
     finally:
         await runner.aclose()
         await operator.aclose()
     took.sort()
-    assert took[2] < 0.25, f"stops inside a node took {[round(t, 3) for t in took]}s: the supervisor polled"
+    assert took[1] < interval / 2, f"stops inside a node took {[round(t, 3) for t in took]}s: the supervisor polled"
 
 
 async def _stop_now(operator: PgCheckpointer, thread: str, task: asyncio.Task[Any]) -> float:
     sent = time.monotonic()
     await operator.request_stop(thread)
     with pytest.raises(RunStopped):
-        await asyncio.wait_for(task, 5)
+        await asyncio.wait_for(task, 10)
     return time.monotonic() - sent
 
 
@@ -166,8 +197,7 @@ async def test_a_lost_listener_falls_back_to_polling_and_listens_again(pg_dsn: s
         assert await fetchval(pg_dsn, "SELECT pg_terminate_backend($1)", pid)
         # Requested while the listener is down: no notification reaches this run.
         await fetch(pg_dsn, "INSERT INTO stop_requests (thread_id, reason) VALUES ('t', 'while down')")
-        took = await stopped_within(task, 2)
-        assert took < 2.0
+        await stopped_within(task, 10)
     finally:
         await runner.aclose()
 
@@ -197,8 +227,11 @@ async def test_without_listening_a_run_polls_and_still_stops(pg_dsn: str) -> Non
     runner = CountingPg(pg_dsn, listen_for_stops=False)
     try:
         task = await start(looping_graph(0.005).compile(runner), "t", stop_poll_interval=0.25)
-        await asyncio.sleep(1.5)
-        assert runner.checks >= 4, f"a polling run checked only {runner.checks} times in 1.5 s"
+
+        async def polled() -> bool:  # counted, not timed: a loaded machine runs fewer steps per second
+            return runner.checks >= 4
+
+        await wait_until(polled, within=30, what="a run without a listener to check the store 4 times")
         assert not await listeners(pg_dsn), "listen_for_stops=False opened a listener connection"
         await runner.request_stop("t")
         await stopped_within(task, 2)
@@ -265,10 +298,13 @@ async def test_a_listener_that_cannot_connect_neither_delays_the_stop_nor_the_en
         runner = Hanging(pg_dsn)
         try:
             task = await start(looping_graph(0.005).compile(runner), "t")
-            await asyncio.sleep(1.5)
-            assert runner.checks >= 2, "a run whose listener is not connected must poll"
+
+            async def polled() -> bool:  # counted, not timed: a loaded machine runs fewer steps per second
+                return runner.checks >= 2
+
+            await wait_until(polled, within=30, what="a run whose listener is not connected to poll")
             await runner.request_stop("t", "while the listener hangs")
-            await stopped_within(task, 2)
+            await stopped_within(task, 10)
             started = time.monotonic()
             values = (
                 await looping_graph(0.005, steps=150)
@@ -277,8 +313,9 @@ async def test_a_listener_that_cannot_connect_neither_delays_the_stop_nor_the_en
             )
             assert values["n"] == 150
             ended = time.monotonic() - started
-            # 150 steps of ~6 ms, plus at most the listener's 1 s grace: never the 30 s connect timeout.
-            assert ended < 5.0, f"the run's end waited {ended:.1f}s for a hanging listener"
+            # 150 steps of ~6 ms, plus at most the listener's 1 s grace: never the 30 s connect timeout (a
+            # generous bound between the two).
+            assert ended < 15, f"the run's end waited {ended:.1f}s for a hanging listener"
         finally:
             await runner.aclose()
 
@@ -359,8 +396,9 @@ async def test_closing_the_redis_stop_subscription_is_bounded_when_a_cancellatio
         assert len(loops) == 1
         started = time.monotonic()
         await stops.aclose()
-        assert time.monotonic() - started < 2.5, "closing the store waited on the stop loop"
-        await asyncio.wait(loops, timeout=2)
+        # Bounded at 2 s by design; the failure is a loop reconnecting for minutes: a generous bound between.
+        assert time.monotonic() - started < 10, "closing the store waited on the stop loop"
+        await asyncio.wait(loops, timeout=5)
         assert loops[0].done(), "the stop loop went on after its store closed (reconnecting to Redis forever)"
     finally:
         await cache.aclose()
