@@ -2,13 +2,16 @@
 
 The operator listens instead of polling every run (``agentrun_operator/io/notify.py``); a missed
 notification would leave a status stale until the resync, an extra one costs a reconcile, so both
-are checked here, with the throttle (at once, then at most one more per second per thread, the
-trailing one never dropped) and the reason the notification left the commit (no trigger).
+are checked here, with the throttle counted (at once, then at most one more per second per thread,
+the trailing one never dropped; when each is sent is asserted on loop time in
+unit/test_progress_notifier.py) and the reason the notification left the commit (no trigger).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 
 import asyncpg
 import pytest
@@ -40,9 +43,9 @@ async def test_a_commit_notifies_its_thread_at_once_and_a_refused_write_does_not
     conn, queue = await _listen(pg_dsn)
     try:
         await cp.aput("ns/thread-a", write((0, user("a")), count=1), expected_version=0)
-        assert (await _next(queue, 1))[1] == "ns/thread-a"
+        assert (await _next(queue))[1] == "ns/thread-a"
         await cp.aput("ns/thread-b", write((0, user("b")), count=1), expected_version=0)
-        assert (await _next(queue, 1))[1] == "ns/thread-b", "another thread is not throttled by the first"
+        assert (await _next(queue))[1] == "ns/thread-b", "another thread is not throttled by the first"
         with pytest.raises(StaleStateError):
             await cp.aput("ns/thread-a", write(count=1, step=9), expected_version=0)
         await asyncio.sleep(1.3)
@@ -57,15 +60,18 @@ async def test_a_burst_notifies_at_its_start_and_once_more_for_its_end(pg_dsn: s
     await cp.setup()
     conn, queue = await _listen(pg_dsn)
     try:
+        began = time.monotonic()
         for step in range(20):
             await cp.aput("ns/burst", write(count=0, step=step), expected_version=step)
-        first, thread = await _next(queue, 1)
-        assert thread == "ns/burst"
-        second, thread = await _next(queue, 3)
-        assert thread == "ns/burst"
-        assert 0.8 <= second - first <= 1.5, f"the trailing notification came {second - first:.2f}s after the first"
-        await asyncio.sleep(1.3)
-        assert queue.empty(), "20 steps within a second are two notifications, not more"
+        burst = time.monotonic() - began
+        heard = [(await _next(queue))[1]]
+        with contextlib.suppress(TimeoutError):
+            while True:  # until a quiet spell longer than the throttle's interval
+                heard.append((await _next(queue, 2.5))[1])
+        # Counted, not timed (when each is sent is unit/test_progress_notifier.py's, on loop time): the leading
+        # edge and the trailing one, plus one per further interval the burst lasted on a loaded machine.
+        assert set(heard) == {"ns/burst"}
+        assert 2 <= len(heard) <= 2 + int(burst), f"20 steps in {burst:.2f}s made {len(heard)} notifications"
     finally:
         await conn.close()
         await cp.aclose()
@@ -76,17 +82,21 @@ async def test_a_final_checkpoint_notifies_at_once_and_closing_sends_what_is_due
     await cp.setup()
     conn, queue = await _listen(pg_dsn)
     try:
+        # That the final one is not held back to the interval's end is unit/test_progress_notifier.py's (loop
+        # time); here: it arrives, once.
         await cp.aput("ns/final", write(count=0), expected_version=0)
-        first, _ = await _next(queue, 1)
+        assert (await _next(queue))[1] == "ns/final"
         await cp.aput("ns/final", write(count=0, step=1, status="completed"), expected_version=1)
-        ended, _ = await _next(queue, 1)
-        assert ended - first < 0.5, "the run's end must not wait for the throttle"
+        assert (await _next(queue))[1] == "ns/final"
+        await asyncio.sleep(1.5)
+        assert queue.empty(), "two commits, two notifications: nothing more comes"
 
         await cp.aput("ns/closing", write(count=0), expected_version=0)
-        await _next(queue, 1)
+        await _next(queue)
         await cp.aput("ns/closing", write(count=0, step=1), expected_version=1)  # due at the interval's end
         await cp.aclose()
-        _, thread = await _next(queue, 0.5)
+        # Sent by aclose or never: a closed store's pool cannot send it at the interval's end.
+        _, thread = await _next(queue)
         assert thread == "ns/closing", "a closing store sends the notification it still owed"
     finally:
         await conn.close()
@@ -102,7 +112,7 @@ async def test_no_trigger_notifies_inside_the_commit_and_any_thread_id_arrives_i
         assert await conn.fetchval("SELECT count(*) FROM pg_trigger WHERE tgname = 'agentrun_progress_notify'") == 0
         for thread in ("ns/it's", "ns/$p$ and $pp$", "ns/back\\slash", "ns/ends with $p", "ns/é ✓"):
             await conn.execute(notify_sql(thread))
-            assert (await _next(queue, 1))[1] == thread
+            assert (await _next(queue))[1] == thread
     finally:
         await conn.close()
         await cp.aclose()
