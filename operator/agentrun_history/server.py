@@ -10,7 +10,16 @@ that token. Approve, reject and stop patch the AgentRun with that token.
 Cross-site requests: a POST must carry ``X-Agentrun-Action`` (a custom
 header, which a page of another origin can only send after a CORS preflight
 this server never answers) and, when the browser sends one, an ``Origin``
-equal to this server's. The cookie is HttpOnly and SameSite=Strict.
+equal to this server's (so do the sign-in and the sign-out). The cookie is
+HttpOnly and SameSite=Strict, and Secure when TLS protects the way in (the
+server's own, or ``--tls-in-front``); without TLS a token is signed in only
+from loopback unless ``--allow-plain-http-login``.
+
+An approve or reject names the question it answers (the interrupt id and the
+digest of ``status.interrupt`` the page showed): anything else waiting is a
+409 with the current question, and the patch is guarded by a JSON patch
+``test`` of the object that was checked. A namespace or name that is not a
+DNS-1123 label or subdomain is a 400 before any request.
 
 Live view: ``/runs/NS/NAME/events`` is a server-sent event stream. It sends
 ``update`` when the store notifies progress for the run's thread
