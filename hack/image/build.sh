@@ -201,6 +201,7 @@ build() {
     local base digest started
     started=$(date +%s)
     base=$(base_image)
+    echo "$base" >"$cache/base-image" # for tests/node, which build the Dockerfile on it again
     digest=$(inputs_digest "$base")
     if [[ -f $cache/inputs.sha256 && $(<"$cache/inputs.sha256") == "$digest" ]]; then
         local image all=1

@@ -14,10 +14,16 @@ test that asks for the images with the script's last words; it never skips them.
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from kubesim.node import NodeCluster
+    from kubesim.real import Binaries
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = ROOT / "hack" / "image" / "build.sh"
@@ -32,6 +38,11 @@ class Images:
     runtime: str = "localhost/agentrun:dev"
     demo: str = "localhost/agentrun-demo:dev"
     pause: str = "localhost/agentrun-pause:dev"
+
+    @property
+    def base(self) -> str:
+        """The base image the Dockerfile was built on (its PYTHON_IMAGE), as the build recorded it."""
+        return (self.cache / "base-image").read_text().strip()
 
     def archive(self, image: str) -> Path:
         """The OCI archive of ``image`` (``ctr -n k8s.io images import`` loads it)."""
@@ -66,3 +77,25 @@ def images() -> Images:
     if isinstance(_built, Images):
         return _built
     pytest.fail(_built or "the images were not built: this fixture needs tests/node/conftest.py's collection hook")
+
+
+@pytest.fixture(scope="session")
+def node_cluster(
+    images: Images, real_binaries: Binaries, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[NodeCluster]:
+    """A real node (containerd, runc, kubelet, kube-proxy, kube-scheduler: ``kubesim.node``) with the images
+    imported, joined to a real control plane bound to the node's host address, for the session. Fails in
+    one line naming what is missing when it cannot start; stopped (pods first, nothing left) at the end."""
+    from kubesim.node import NodeCluster, NodeError
+    from kubesim.real import ControlPlaneError
+
+    archives = {image: images.archive(image) for image in (images.runtime, images.demo, images.pause)}
+    cluster = NodeCluster(tmp_path_factory.mktemp("node"), archives=archives, bins=real_binaries)
+    try:
+        cluster.start()
+    except (NodeError, ControlPlaneError) as e:
+        pytest.fail(f"the real node cannot start: {e}", pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
