@@ -56,5 +56,6 @@ async def test_an_unreachable_store_ends_in_store_unavailable_after_the_retry_bo
     started = time.monotonic()
     with pytest.raises(StoreUnavailableError):
         await saver.aget_tuple({"configurable": {"thread_id": "t"}})
-    assert time.monotonic() - started < 10, "the outage bound was not applied"
+    # Its 1 s retry bound, not the default 60 s: a generous bound between.
+    assert time.monotonic() - started < 30, "the outage bound was not applied"
     await saver.aclose()
