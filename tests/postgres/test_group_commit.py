@@ -116,9 +116,10 @@ async def test_a_slow_sibling_gets_its_own_commit_and_never_holds_the_finished_o
     calls = [call("c1", "fast_a"), call("c2", "fast_b"), call("c3", "slow")]
     await app_for([fast_a, fast_b, slow], calls, store).ainvoke("go", {"thread_id": THREAD})
     assert "fast" in seen, "GUARANTEE BROKEN: the finished calls were not recorded while their slow sibling ran"
-    # The bound: the window, plus a commit on a busy machine.
+    # Held back for their slow sibling, they would stay unrecorded for its 10 s; how long the batch waits
+    # (the window) is asserted on loop time (unit tier, LedgerGroup): a generous bound between.
     waited = seen["fast"] - max(returned.values())
-    assert waited < LEDGER_GROUP_WINDOW + 0.5, f"finished calls stayed unrecorded {waited:.3f}s"
+    assert waited < LEDGER_GROUP_WINDOW + 5, f"finished calls stayed unrecorded {waited:.3f}s"
     by_commit = sorted((await commits(pg_dsn, THREAD)).values(), key=len)
     assert by_commit == [{"slow"}, {"fast_a", "fast_b"}], f"the slow call alone, the fast two together: {by_commit}"
 
@@ -161,8 +162,10 @@ async def test_a_sibling_finishing_within_the_window_joins_the_batch_and_the_wai
         await asyncio.wait_for(app_for([a, b, slow], calls, store).ainvoke("go", {"thread_id": THREAD}), 20)
     finally:
         await store.aclose()
+    # Waiting for slow (which waits for a's record) would never end; the window itself is asserted on loop
+    # time (unit tier): a generous bound between.
     unrecorded = recorded_at["a"] - returned["a"]
-    assert unrecorded < window + 0.5, f"GUARANTEE BROKEN: a finished call stayed unrecorded {unrecorded:.3f}s"
+    assert unrecorded < window + 5, f"GUARANTEE BROKEN: a finished call stayed unrecorded {unrecorded:.3f}s"
     by_commit = sorted((await commits(pg_dsn, THREAD)).values(), key=len)
     assert by_commit == [{"slow"}, {"a", "b"}], f"b finished within the window and must share a's commit: {by_commit}"
 
