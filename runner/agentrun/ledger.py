@@ -24,6 +24,18 @@ never a lost or wrong result:
 - a write failure is logged at ERROR saying the call COMPLETED but was not
   recorded (a human may need to reconcile it), the result still goes to the
   model and the run continues.
+
+Arguments: an entry and an intent also record the digest of the call's
+arguments (``args_digest``). An entry recorded under the call's key by a
+DIFFERENT tool is a determinism error (DESIGN §2); one recorded by the same
+tool with other arguments belongs to another call: this one was edited since
+(a fork of a LangGraph thread by ``update_state`` that keeps the message id and
+call id, as LangGraph's docs edit a tool call), so it is not a replay. It
+runs as a new call under its own key (``edited_key``) with its own idempotency
+key, and a replay of it is answered from there; the original call keeps its
+entry (a replay of the original branch is still answered from the ledger).
+Entries and intents recorded before digests existed have none and replay as
+they always did.
 """
 
 from __future__ import annotations
@@ -43,6 +55,8 @@ from .tools import Tool
 
 MESSAGE = "message"
 RAW = "raw"
+# How much of the arguments digest an edited call's key carries: enough to keep a thread's edits of one call apart.
+EDITED_KEY_DIGEST_CHARS = 16
 
 
 class MalformedEntry(ValueError):
@@ -63,22 +77,63 @@ def idempotency_key(thread_id: str, key: str | None) -> str | None:
     return "ar-" + hashlib.sha256(f"{thread_id}\x00{key}".encode()).hexdigest()[:40]
 
 
+def args_digest(arguments: Any) -> str:
+    """SHA-256 (hex) of ``arguments`` as canonical JSON (sorted keys, no spaces): equal arguments, equal digest.
+
+    ``arguments``: the parsed arguments, or the raw text when it does not parse (then the text is compared).
+    """
+    text = json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def edited_key(key: str, digest: str) -> str:
+    """The ledger key of a call whose key holds another call's arguments (see the module docstring)."""
+    return f"{key}#args-{digest[:EDITED_KEY_DIGEST_CHARS]}"
+
+
+class HeldByAnotherCall(Exception):
+    """The key's entry or intent was recorded with other arguments: this call was edited, it is a new call.
+
+    Raised before anything of the call is recorded or started; the caller runs it again under ``edited_key``.
+    """
+
+
+def check_arguments(recorded: str | None, digest: str, *, key: str, tool_name: str, edited: bool, what: str) -> None:
+    """Whether an entry or intent (``what``) recorded with digest ``recorded`` is this call's (``digest``).
+
+    ``None`` (recorded before digests) is taken as this call's. Otherwise a mismatch raises
+    ``HeldByAnotherCall``, or, at an edited key already (``edited``), ``DeterminismError``: two different
+    arguments behind one digest prefix is not an edit the ledger can tell apart.
+    """
+    if recorded is None or recorded == digest:
+        return
+    if edited:
+        raise DeterminismError(
+            f"ledger {what} {key} of {tool_name!r} was recorded with other arguments than the call being made, "
+            "at a key that already tells edited calls apart; refusing to hand one call's result to another"
+        )
+    raise HeldByAnotherCall(key)
+
+
 @dataclass(frozen=True)
 class Recorded:
-    """A ledger hit: the tool's result and the state channels the call changed."""
+    """A ledger hit: the tool's result, the state channels the call changed, its arguments digest (if recorded)."""
 
     result: Any
     state: dict[str, Any] = field(default_factory=dict)
+    args: str | None = None
 
 
-def encode(result: Any, state: dict[str, Any] | None = None) -> dict[str, Any]:
+def encode(result: Any, state: dict[str, Any] | None = None, *, args: str | None = None) -> dict[str, Any]:
     """The stored envelope; raises ``TypeError``/``ValueError`` if it is not JSON-serializable.
 
     Text that is not Unicode (unpaired surrogates) is stored with U+FFFD in its place.
 
     Beyond DESIGN's ``{"__kind__", "value"}``: an optional ``"state"`` holds the
     channels the call changed (tools may mutate ``state``), so a replay restores
-    them too instead of answering with the result alone.
+    them too instead of answering with the result alone; ``"args"`` holds the
+    digest of the call's arguments (``args_digest``), so an edited call is not
+    answered with the original one's result.
     """
     if isinstance(result, Message):
         envelope: dict[str, Any] = {"__kind__": MESSAGE, "value": result.to_json()}
@@ -86,6 +141,8 @@ def encode(result: Any, state: dict[str, Any] | None = None) -> dict[str, Any]:
         envelope = {"__kind__": RAW, "value": result}
     if state:
         envelope["state"] = state
+    if args is not None:
+        envelope["args"] = args
     text = json.dumps(envelope, allow_nan=False, ensure_ascii=False)
     if (valid := unicode_text(text)) is not text:
         # Unpaired surrogates (see ``unicode_text``): no store takes them, so the record holds U+FFFD in
@@ -94,19 +151,25 @@ def encode(result: Any, state: dict[str, Any] | None = None) -> dict[str, Any]:
     return envelope
 
 
+_ENVELOPE_FIELDS = {"__kind__", "value", "state", "args"}
+
+
 def decode(envelope: Any) -> Recorded:
     """The recorded call; ``MalformedEntry`` if it is not an envelope."""
-    if not isinstance(envelope, dict) or not {"__kind__", "value"} <= set(envelope) <= {"__kind__", "value", "state"}:
+    if not isinstance(envelope, dict) or not {"__kind__", "value"} <= set(envelope) <= _ENVELOPE_FIELDS:
         raise MalformedEntry(f"not an envelope: {str(envelope)[:120]}")
     state = envelope.get("state", {})
     if not isinstance(state, dict):
         raise MalformedEntry(f"recorded state changes are not an object: {str(state)[:120]}")
+    args = envelope.get("args")
+    if args is not None and not isinstance(args, str):
+        raise MalformedEntry(f"recorded arguments digest is not text: {str(args)[:120]}")
     kind = envelope["__kind__"]
     if kind == RAW:
-        return Recorded(envelope["value"], state)
+        return Recorded(envelope["value"], state, args)
     if kind == MESSAGE:
         try:
-            return Recorded(Message.from_json(envelope["value"]), state)
+            return Recorded(Message.from_json(envelope["value"]), state, args)
         except ValueError as e:
             raise MalformedEntry(f"recorded message does not parse: {e}") from e
     raise MalformedEntry(f"unknown envelope kind {kind!r}")
@@ -135,8 +198,12 @@ def _after_a_miss(tool: Tool) -> str:
     return f"the tool has side effects: if its start was recorded, {policy}; if not, the tool will run again"
 
 
-async def lookup(ctx: RunContext, key: str, tool: Tool) -> Recorded | object:
-    """The recorded call for ``key``, or ``MISS``. Raises ``DeterminismError`` on a name mismatch."""
+async def lookup(ctx: RunContext, key: str, tool: Tool, *, args: str, edited: bool = False) -> Recorded | object:
+    """The recorded call for ``key``, or ``MISS``.
+
+    Raises ``DeterminismError`` on a name mismatch, and what ``check_arguments`` raises when the entry
+    was recorded with other arguments than ``args`` (the call's digest; ``edited``: ``key`` is an edited key).
+    """
     tool_name = tool.name
     try:
         entry = await ctx.checkpointer.ledger_get(ctx.thread_id, key)
@@ -166,6 +233,7 @@ async def lookup(ctx: RunContext, key: str, tool: Tool) -> Recorded | object:
             _after_a_miss(tool),
         )
         return _MISS
+    check_arguments(result.args, args, key=key, tool_name=tool_name, edited=edited, what="entry")
     LEDGER_HITS.labels(tool_name).inc()
     return result
 
@@ -177,16 +245,17 @@ async def record(
     result: Any,
     state: dict[str, Any] | None = None,
     *,
+    args: str | None,
     group: LedgerGroup | None = None,
 ) -> bool:
     """Record a completed call; ``False`` if it was not recorded. Never raises except ``FencedError``.
 
-    ``group``: the call's parallel siblings, to share their commit (``checkpoint.group``); this policy
-    applies to each call of a batch alike.
+    ``args``: the digest of the call's arguments, recorded with it. ``group``: the call's parallel
+    siblings, to share their commit (``checkpoint.group``); this policy applies to each call of a batch alike.
     """
     attempt, run_uid = ctx.config.attempt, ctx.config.run_uid
     try:
-        envelope = encode(result, state)
+        envelope = encode(result, state, args=args)
         if group is not None:
             recorded = await group.put(LedgerRow(key, tool_name, envelope))
         else:

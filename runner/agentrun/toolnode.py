@@ -147,7 +147,7 @@ def _ledger_group(ctx: RunContext, calls: int) -> LedgerGroup | None:
     )
 
 
-async def _claim_intent(ctx: RunContext, t: Tool, intent_key: str, idem: str | None) -> Intent | None:
+async def _claim_intent(ctx: RunContext, t: Tool, intent_key: str, idem: str | None, digest: str) -> Intent | None:
     """The intent of an earlier start of the call (it is in doubt), else ``None`` with this start recorded.
 
     One round trip (``intent_claim``). A failure that is not fatal is logged: the call is taken as never
@@ -156,7 +156,7 @@ async def _claim_intent(ctx: RunContext, t: Tool, intent_key: str, idem: str | N
     attempt, run_uid = ctx.config.attempt, ctx.config.run_uid
     try:
         return await ctx.checkpointer.intent_claim(
-            ctx.thread_id, intent_key, t.name, idem, attempt=attempt, run_uid=run_uid
+            ctx.thread_id, intent_key, t.name, idem, attempt=attempt, run_uid=run_uid, args_digest=digest
         )
     except (FencedError, StoreUnavailableError):
         raise
@@ -165,12 +165,29 @@ async def _claim_intent(ctx: RunContext, t: Tool, intent_key: str, idem: str | N
             "intent lookup failed for %s (%s); assuming the call never started and recording its start", intent_key, e
         )
     try:
-        await ctx.checkpointer.intent_put(ctx.thread_id, intent_key, t.name, idem, attempt=attempt, run_uid=run_uid)
+        await ctx.checkpointer.intent_put(
+            ctx.thread_id, intent_key, t.name, idem, attempt=attempt, run_uid=run_uid, args_digest=digest
+        )
     except (FencedError, StoreUnavailableError):
         raise
     except Exception as e:
         ctx.log.error("could not record the intent of %s (%s): %s; running it anyway", intent_key, t.name, e)
     return None
+
+
+def _validated(ctx: RunContext, t: Tool, call: ToolCall, parsed: dict[str, Any] | None) -> dict[str, Any] | Message:
+    """The call's arguments as its tool takes them, or the error message the model gets instead."""
+    try:
+        return t.validate_arguments(call.parsed_arguments() if parsed is None else parsed)
+    except (ValueError, ToolArgumentError) as e:
+        # The reason may quote argument values: it goes to the model, not to the log.
+        ctx.log.warning(
+            "tool failed: call %s (%s) has invalid arguments, %s; not run, the model gets an error",
+            call.id,
+            t.name,
+            arguments_digest(call),
+        )
+        return _failed(ctx, call, f"{call.name}: {e}", code=ToolError.ARGUMENTS, reason="invalid_arguments")
 
 
 def _answered_interrupts(ctx: RunContext, scope_name: str) -> int:
@@ -303,25 +320,84 @@ class ToolNode:
                 "tool failed: call %s asks for unknown tool %r; not run, the model gets an error", call.id, call.name
             )
             return _failed(ctx, call, text, code=ToolError.UNKNOWN, reason="unknown_tool", known=False)
+        try:
+            parsed: dict[str, Any] | None = call.parsed_arguments()
+        except ValueError:
+            parsed = None  # the call is answered with the reason below, once the ledger had its say
+        # What tells this call from an edited one under the same key (``ledger``); no key, no ledger, no digest.
+        digest = "" if key is None else ledger.args_digest(call.arguments if parsed is None else parsed)
+
+        async def run(key: str | None, *, edited: bool) -> Message:
+            return await self._run_keyed(
+                ctx,
+                t,
+                call=call,
+                parsed=parsed,
+                key=key,
+                digest=digest,
+                edited=edited,
+                origin_id=origin_id,
+                ambiguous=ambiguous,
+                scope=scope,
+                state=state,
+                baseline=baseline,
+                group=group,
+            )
+
+        try:
+            return await run(key, edited=False)
+        except ledger.HeldByAnotherCall:
+            assert key is not None  # raised only by the ledger, which a call without a key skips
+            own = ledger.edited_key(key, digest)
+            ctx.log.warning(
+                "tool call %s (%s): the ledger holds this call with other arguments, so it was edited since (a "
+                "changed message in the thread's history); not a replay: it runs as a new call keyed %s, with its "
+                "own idempotency key",
+                key,
+                t.name,
+                own,
+            )
+            return await run(own, edited=True)
+
+    async def _run_keyed(
+        self,
+        ctx: RunContext,
+        t: Tool,
+        *,
+        call: ToolCall,
+        parsed: dict[str, Any] | None,
+        key: str | None,
+        digest: str,
+        edited: bool,
+        origin_id: str | None,
+        ambiguous: bool,
+        scope: CallScope,
+        state: dict[str, Any],
+        baseline: dict[str, Any],
+        group: LedgerGroup | None,
+    ) -> Message:
+        """The call under ledger key ``key``; ``HeldByAnotherCall``, before anything starts, if it is not its key."""
         replayed = await self._replayed(
-            ctx, t, call=call, key=key, origin_id=origin_id, ambiguous=ambiguous, state=state
+            ctx,
+            t,
+            call=call,
+            key=key,
+            digest=digest,
+            edited=edited,
+            origin_id=origin_id,
+            ambiguous=ambiguous,
+            state=state,
         )
         if replayed is not None:
             return replayed
-        try:
-            arguments = t.validate_arguments(call.parsed_arguments())
-        except (ValueError, ToolArgumentError) as e:
-            # The reason may quote argument values: it goes to the model, not to the log.
-            ctx.log.warning(
-                "tool failed: call %s (%s) has invalid arguments, %s; not run, the model gets an error",
-                call.id,
-                t.name,
-                arguments_digest(call),
-            )
-            return _failed(ctx, call, f"{call.name}: {e}", code=ToolError.ARGUMENTS, reason="invalid_arguments")
+        arguments = _validated(ctx, t, call, parsed)
+        if isinstance(arguments, Message):
+            return arguments
         idem = ledger.idempotency_key(ctx.thread_id, key)
         if t.side_effects and key is not None:
-            decided = await self._check_intent(ctx, scope, t, key=key, idem=idem, call=call, arguments=arguments)
+            decided = await self._check_intent(
+                ctx, scope, t, key=key, idem=idem, digest=digest, edited=edited, call=call, arguments=arguments
+            )
             if decided is not None:
                 return decided
         fault_point("before_tool", t.name)
@@ -336,6 +412,7 @@ class ToolNode:
                     t,
                     key=key,
                     idem=idem,
+                    digest=digest,
                     call=call,
                     arguments=arguments,
                     state=state,
@@ -345,7 +422,16 @@ class ToolNode:
                 )
             return _failed(ctx, call, failed.text, code=failed.code, reason=failed.reason)
         return await self._completed(
-            ctx, t, call=call, key=key, result=result, state=state, baseline=baseline, started=started, group=group
+            ctx,
+            t,
+            call=call,
+            key=key,
+            digest=digest,
+            result=result,
+            state=state,
+            baseline=baseline,
+            started=started,
+            group=group,
         )
 
     async def _replayed(
@@ -355,11 +441,16 @@ class ToolNode:
         *,
         call: ToolCall,
         key: str | None,
+        digest: str,
+        edited: bool,
         origin_id: str | None,
         ambiguous: bool,
         state: dict[str, Any],
     ) -> Message | None:
-        """The call's recorded result from the ledger, or ``None``: not recorded, or no key (said in the log)."""
+        """The call's recorded result from the ledger, or ``None``: not recorded, or no key (said in the log).
+
+        Raises ``HeldByAnotherCall`` when the key's entry was recorded with other arguments (see ``ledger``).
+        """
         if key is None:
             if ambiguous:
                 ctx.log.warning(
@@ -375,7 +466,7 @@ class ToolNode:
                     "message id" if not origin_id else "call id",
                 )
             return None
-        recorded = await ledger.lookup(ctx, key, t)
+        recorded = await ledger.lookup(ctx, key, t, args=digest, edited=edited)
         if not isinstance(recorded, ledger.Recorded):
             return None
         ctx.counts.replayed += 1
@@ -391,6 +482,7 @@ class ToolNode:
         *,
         call: ToolCall,
         key: str | None,
+        digest: str,
         result: Any,
         state: dict[str, Any],
         baseline: dict[str, Any],
@@ -412,7 +504,7 @@ class ToolNode:
         )
         fault_point("after_tool", t.name)
         if key is not None:
-            await ledger.record(ctx, key, t.name, result, changed_fields(baseline, state), group=group)
+            await ledger.record(ctx, key, t.name, result, changed_fields(baseline, state), args=digest, group=group)
             fault_point("after_ledger_record", t.name)
         return _result_message(result, call, t.name, key)
 
@@ -424,6 +516,7 @@ class ToolNode:
         *,
         key: str,
         idem: str | None,
+        digest: str,
         call: ToolCall,
         arguments: dict[str, Any],
         state: dict[str, Any],
@@ -472,6 +565,7 @@ class ToolNode:
                     t,
                     call=call,
                     key=key,
+                    digest=digest,
                     result=result,
                     state=state,
                     baseline=baseline,
@@ -500,6 +594,8 @@ class ToolNode:
         *,
         key: str,
         idem: str | None,
+        digest: str,
+        edited: bool,
         call: ToolCall,
         arguments: dict[str, Any],
     ) -> Message | None:
@@ -513,8 +609,13 @@ class ToolNode:
         """
         resumes = _answered_interrupts(ctx, scope.name)
         intent_key = key if resumes == 0 else f"{key}#resume{resumes}"
-        if await _claim_intent(ctx, t, intent_key, idem) is None:
+        earlier = await _claim_intent(ctx, t, intent_key, idem, digest)
+        if earlier is None:
             return None
+        # A start with other arguments is another call's: HeldByAnotherCall, before this one starts.
+        ledger.check_arguments(
+            earlier.args_digest, digest, key=intent_key, tool_name=t.name, edited=edited, what="intent"
+        )
         IN_DOUBT.labels(t.name, t.in_doubt).inc()
         ctx.counts.in_doubt += 1
         # The run may have paused on this call before (policy interrupt, or retries that got no answer in
@@ -547,7 +648,7 @@ class ToolNode:
             return None
         if isinstance(decision, dict) and "result" in decision:
             ctx.log.info("%s (%s) resolved by a human; recording the given result", key, t.name)
-            await ledger.record(ctx, key, t.name, decision["result"])
+            await ledger.record(ctx, key, t.name, decision["result"], args=digest)
             return _result_message(decision["result"], call, t.name, key)
         return _error_message(
             call, f"in-doubt call {t.name} was not resolved (resume value {decision!r} is not understood)", "in_doubt"

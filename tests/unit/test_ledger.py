@@ -18,7 +18,8 @@ import pytest
 from agentrun import Command, DeterminismError, InMemoryCheckpointer, SqliteCheckpointer, StorageError, tool
 from agentrun.checkpoint import Checkpointer, LedgerEntry
 from agentrun.errors import StoreUnavailableError
-from agentrun.ledger import decode, idempotency_key, ledger_key
+from agentrun.ledger import args_digest, decode, edited_key, encode, idempotency_key, ledger_key
+from agentrun.tools import InDoubtPolicy, Tool
 from tests.support.checkpointers import Backend
 
 from .helpers import app_for, call, log_lines, seed_tool_step, tool_messages
@@ -50,7 +51,9 @@ async def test_recorded_key_is_the_requesting_message_id_and_call_id(
     [entry] = await checkpointer.ledger_list(t)
     assert entry.key == f"{request.id}:call_1"
     assert entry.tool_name == "lookup"
-    assert entry.result == {"__kind__": "raw", "value": {"order": "4821"}}, "the stored envelope changed"
+    assert entry.result == {"__kind__": "raw", "value": {"order": "4821"}, "args": args_digest({"order_id": "4821"})}, (
+        "the stored envelope changed"
+    )
 
 
 @pytest.mark.parametrize("missing", ["message id", "call id"])
@@ -337,3 +340,106 @@ async def test_turn_9_refund_as_call_1_executes(tmp_path: Path, monkeypatch: pyt
     call_1 = [e for e in ledger if e.key.endswith(":call_1")]
     assert len(call_1) == 9 and len({e.key for e in call_1}) == 9
     assert [e.tool_name for e in call_1] == ["lookup_order"] * 8 + ["refund_payment"]
+
+
+# -- an edited call (same message id and call id, other arguments) is not a replay (issue 31) -----------------
+
+
+def _charging(ran: list[tuple[str, str | None]], *, in_doubt: InDoubtPolicy = "interrupt") -> Tool:
+    @tool(side_effects=True, in_doubt=in_doubt)
+    async def charge_card(order_id: str, idempotency_key: str | None) -> str:
+        ran.append((order_id, idempotency_key))
+        return f"charged order {order_id}"
+
+    return charge_card
+
+
+def _recorded(order_id: str) -> dict[str, Any]:
+    return encode(f"charged order {order_id}", args=args_digest({"order_id": order_id}))
+
+
+async def test_a_call_whose_entry_holds_other_arguments_is_no_replay_and_runs_under_its_own_key(
+    backend: Backend, checkpointer: Checkpointer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two parallel edited calls: on PostgreSQL their records share a group commit, which carries the digests."""
+    t = backend.thread()
+    ran: list[tuple[str, str | None]] = []
+    calls = [call("call_1", "charge_card", order_id="9999"), call("call_2", "charge_card", order_id="5000")]
+    request = await seed_tool_step(checkpointer, t, calls)
+    for call_id, order in (("call_1", "4821"), ("call_2", "4999")):
+        await checkpointer.ledger_put(t, f"{request.id}:{call_id}", "charge_card", _recorded(order))
+    values = await app_for([_charging(ran)], [], checkpointer).ainvoke(None, {"thread_id": t})
+    assert sorted(order for order, _ in ran) == ["5000", "9999"], (
+        f"GUARANTEE BROKEN: an edited call was answered with the recorded result of other arguments: ran {ran}"
+    )
+    answers = tool_messages(values)
+    assert (answers["call_1"].content, answers["call_2"].content) == ("charged order 9999", "charged order 5000")
+    given = dict(ran)
+    for (call_id, order), recorded in zip((("call_1", "9999"), ("call_2", "5000")), ("4821", "4999"), strict=True):
+        key = f"{request.id}:{call_id}"
+        own = edited_key(key, args_digest({"order_id": order}))
+        assert given[order] == idempotency_key(t, own) != idempotency_key(t, key), "the edited call needs its own key"
+        entry = await checkpointer.ledger_get(t, own)
+        assert entry is not None and decode(entry.result) == decode(_recorded(order)), "the edited call's record"
+        original = await checkpointer.ledger_get(t, key)
+        assert original is not None and decode(original.result) == decode(_recorded(recorded)), "the original stays"
+    assert any("holds this call with other arguments" in line for line in log_lines(caplog, logging.WARNING))
+
+
+async def test_an_edited_call_is_answered_from_its_own_entry_on_replay(
+    backend: Backend, checkpointer: Checkpointer
+) -> None:
+    t = backend.thread()
+    ran: list[tuple[str, str | None]] = []
+    request = await seed_tool_step(checkpointer, t, [call("call_1", "charge_card", order_id="9999")])
+    key = f"{request.id}:call_1"
+    await checkpointer.ledger_put(t, key, "charge_card", _recorded("4821"))
+    await checkpointer.ledger_put(
+        t, edited_key(key, args_digest({"order_id": "9999"})), "charge_card", _recorded("9999")
+    )
+    values = await app_for([_charging(ran)], [], checkpointer).ainvoke(None, {"thread_id": t})
+    assert ran == [], "GUARANTEE BROKEN: an edited call recorded under its own key ran again on replay"
+    assert tool_messages(values)["call_1"].content == "charged order 9999"
+
+
+async def test_a_start_recorded_with_other_arguments_is_another_calls_so_the_edited_call_is_not_in_doubt(
+    backend: Backend, checkpointer: Checkpointer
+) -> None:
+    ran: list[tuple[str, str | None]] = []
+    for started, expected in (("4821", ["9999"]), ("9999", [])):
+        t = backend.thread(f"started-{started}")
+        request = await seed_tool_step(checkpointer, t, [call("call_1", "charge_card", order_id="9999")])
+        key = f"{request.id}:call_1"
+        await checkpointer.intent_put(t, key, "charge_card", "ar-x", args_digest=args_digest({"order_id": started}))
+        ran.clear()
+        values = await app_for([_charging(ran, in_doubt="report")], [], checkpointer).ainvoke(None, {"thread_id": t})
+        assert [order for order, _ in ran] == expected, (
+            f"GUARANTEE BROKEN: a start of order {started} made the call for 9999 {'run' if ran else 'in doubt'}"
+        )
+        if ran:
+            assert ran[0][1] == idempotency_key(t, edited_key(key, args_digest({"order_id": "9999"})))
+        else:
+            assert "outcome is unknown" in tool_messages(values)["call_1"].content
+
+
+async def test_entries_and_intents_recorded_before_argument_digests_replay_as_they_did(
+    backend: Backend, checkpointer: Checkpointer
+) -> None:
+    t = backend.thread()
+    ran: list[tuple[str, str | None]] = []
+    looked_up: list[str] = []
+
+    @tool
+    async def lookup_order(order_id: str) -> str:
+        looked_up.append(order_id)
+        return "fresh"
+
+    calls = [call("call_1", "lookup_order", order_id="4821"), call("call_2", "charge_card", order_id="4821")]
+    request = await seed_tool_step(checkpointer, t, calls)
+    # Written by a release before digests: no "args" in the entry, no digest on the intent.
+    await checkpointer.ledger_put(t, f"{request.id}:call_1", "lookup_order", {"__kind__": "raw", "value": "ORDER"})
+    await checkpointer.intent_put(t, f"{request.id}:call_2", "charge_card", "ar-x")
+    app = app_for([lookup_order, _charging(ran, in_doubt="report")], [], checkpointer)
+    answers = tool_messages(await app.ainvoke(None, {"thread_id": t}))
+    assert looked_up == [] and answers["call_1"].content == "ORDER", "an entry without a digest must still replay"
+    assert ran == [] and "outcome is unknown" in answers["call_2"].content, "an intent without a digest is in doubt"

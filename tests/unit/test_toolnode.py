@@ -370,7 +370,7 @@ async def test_in_doubt_interrupt_resumed_with_a_result_records_it_without_runni
     assert ran == [], "a call resolved by a human must not run"
     assert tool_messages(values)["call_1"].content == '{"charge": "ch_42"}'
     entry = await checkpointer.ledger_get(t, key)
-    assert entry is not None and entry.result == {"__kind__": "raw", "value": {"charge": "ch_42"}}
+    assert entry is not None and (entry.result["__kind__"], entry.result["value"]) == ("raw", {"charge": "ch_42"})
 
 
 async def test_in_doubt_interrupt_with_an_unknown_answer_is_a_tool_error(

@@ -302,6 +302,9 @@ class Intent:
     tool_name: str
     idempotency_key: str | None
     started_at: float
+    # SHA-256 of the call's arguments (``ledger.args_digest``): a start of the key with other arguments is
+    # another call's (edited since). ``None`` for intents recorded before digests were.
+    args_digest: str | None = None
 
 
 @dataclass(frozen=True)
@@ -522,10 +525,12 @@ class LedgerStore(Protocol):
         *,
         attempt: int | None = None,
         run_uid: str | None = None,
+        args_digest: str | None = None,
     ) -> None:
         """Record that a call with side effects is about to start (kept if already present).
 
-        Raises ``FencedError`` like ``ledger_put``: a fenced run must not start side effects.
+        ``args_digest``: the digest of its arguments, kept with it. Raises
+        ``FencedError`` like ``ledger_put``: a fenced run must not start side effects.
         """
 
     async def ledger_put_many(
@@ -558,6 +563,7 @@ class LedgerStore(Protocol):
         *,
         attempt: int | None = None,
         run_uid: str | None = None,
+        args_digest: str | None = None,
     ) -> Intent | None:
         """The intent already recorded for ``key`` (the call started before: it is in doubt), else record this one.
 
@@ -568,7 +574,9 @@ class LedgerStore(Protocol):
         existing = await self.intent_get(thread_id, key)
         if existing is not None:
             return existing
-        await self.intent_put(thread_id, key, tool_name, idempotency_key, attempt=attempt, run_uid=run_uid)
+        await self.intent_put(
+            thread_id, key, tool_name, idempotency_key, attempt=attempt, run_uid=run_uid, args_digest=args_digest
+        )
         return None
 
     @property

@@ -305,8 +305,11 @@ class CachedStore(Checkpointer):
         *,
         attempt: int | None = None,
         run_uid: str | None = None,
+        args_digest: str | None = None,
     ) -> None:
-        await self.inner.intent_put(thread_id, key, tool_name, idempotency_key, attempt=attempt, run_uid=run_uid)
+        await self.inner.intent_put(
+            thread_id, key, tool_name, idempotency_key, attempt=attempt, run_uid=run_uid, args_digest=args_digest
+        )
 
     @override
     async def intent_claim(
@@ -318,9 +321,10 @@ class CachedStore(Checkpointer):
         *,
         attempt: int | None = None,
         run_uid: str | None = None,
+        args_digest: str | None = None,
     ) -> Intent | None:
         return await self.inner.intent_claim(
-            thread_id, key, tool_name, idempotency_key, attempt=attempt, run_uid=run_uid
+            thread_id, key, tool_name, idempotency_key, attempt=attempt, run_uid=run_uid, args_digest=args_digest
         )
 
     # -- control -------------------------------------------------------------------------------

@@ -247,11 +247,12 @@ class InMemoryCheckpointer(Checkpointer):
         *,
         attempt: int | None = None,
         run_uid: str | None = None,
+        args_digest: str | None = None,
     ) -> None:
         async with self._lock:
             thread = self._threads.setdefault(thread_id, _Thread())
             check_fence(thread_id, thread.owner, attempt=attempt, run_uid=run_uid)
-            thread.intents.setdefault(key, Intent(key, tool_name, idempotency_key, time.time()))
+            thread.intents.setdefault(key, Intent(key, tool_name, idempotency_key, time.time(), args_digest))
 
     @override
     async def register_attempt(self, thread_id: str, attempt: int, *, run_uid: str | None = None) -> None:

@@ -837,6 +837,88 @@ MIGRATIONS: list[Migration] = [
         $$;
         """,
     ),
+    Migration(
+        "the arguments digest of an intent, recorded and returned by its claim",
+        # A start of a key with other arguments is another call's (the call was edited since, e.g. in a fork
+        # of a LangGraph thread): the ledger tells them apart by this digest (agentrun.ledger.args_digest).
+        # agentrun_claim_intents of migration 16 with the digest beside each key: a new signature, so runners
+        # of the previous release keep calling the old one during a rolling upgrade.
+        """
+        ALTER TABLE tool_intents ADD COLUMN args_digest TEXT;
+        CREATE FUNCTION agentrun_claim_intents(
+            p_thread_id {thread_id_type}, p_keys TEXT[], p_tool_names TEXT[], p_idempotency_keys TEXT[],
+            p_args_digests TEXT[], p_attempt INTEGER, p_run_uid TEXT,
+            OUT o_outcome TEXT, OUT o_owner_run_uid TEXT, OUT o_owner_attempt INTEGER, OUT o_rows TEXT[],
+            OUT o_tool_names TEXT[], OUT o_idempotency_keys TEXT[], OUT o_started_at FLOAT8[],
+            OUT o_args_digests TEXT[]
+        ) LANGUAGE plpgsql AS $$
+        DECLARE
+            v_tries INTEGER := 0;
+            v_i INTEGER;
+            v_row TEXT;
+            v_tool TEXT;
+            v_key TEXT;
+            v_started FLOAT8;
+            v_digest TEXT;
+        BEGIN
+            LOOP
+                PERFORM 1 FROM threads t WHERE t.thread_id = p_thread_id FOR SHARE;
+                EXIT WHEN FOUND;
+                v_tries := v_tries + 1;
+                IF v_tries > 3 THEN
+                    o_outcome := 'vanished';
+                    RETURN;
+                END IF;
+                INSERT INTO threads (thread_id) VALUES (p_thread_id) ON CONFLICT (thread_id) DO NOTHING;
+            END LOOP;
+            SELECT a.run_uid, a.attempt INTO o_owner_run_uid, o_owner_attempt FROM attempts a
+            WHERE a.thread_id = p_thread_id;
+            IF o_owner_attempt IS NOT NULL AND (
+                (p_run_uid IS NOT NULL AND o_owner_run_uid IS NOT NULL AND p_run_uid <> o_owner_run_uid)
+                OR (p_attempt IS NOT NULL AND p_attempt < o_owner_attempt)
+            ) THEN
+                o_outcome := 'fenced';
+                RETURN;
+            END IF;
+            o_rows := ARRAY[]::TEXT[];
+            o_tool_names := ARRAY[]::TEXT[];
+            o_idempotency_keys := ARRAY[]::TEXT[];
+            o_started_at := ARRAY[]::FLOAT8[];
+            o_args_digests := ARRAY[]::TEXT[];
+            FOR v_i IN 1 .. coalesce(cardinality(p_keys), 0) LOOP
+                INSERT INTO tool_intents (thread_id, tool_call_id, tool_name, idempotency_key, args_digest,
+                                          attempt, run_uid)
+                VALUES (p_thread_id, p_keys[v_i], p_tool_names[v_i], p_idempotency_keys[v_i], p_args_digests[v_i],
+                        p_attempt, p_run_uid)
+                ON CONFLICT (thread_id, tool_call_id) DO NOTHING;
+                IF FOUND THEN
+                    v_row := 'inserted';
+                    v_tool := NULL;
+                    v_key := NULL;
+                    v_started := NULL;
+                    v_digest := NULL;
+                ELSE
+                    SELECT i.tool_name, i.idempotency_key, extract(epoch FROM i.started_at)::float8, i.args_digest,
+                           CASE WHEN i.tool_name = p_tool_names[v_i]
+                                     AND i.idempotency_key IS NOT DISTINCT FROM p_idempotency_keys[v_i]
+                                     AND i.args_digest IS NOT DISTINCT FROM p_args_digests[v_i]
+                                     AND i.attempt IS NOT DISTINCT FROM p_attempt
+                                     AND i.run_uid IS NOT DISTINCT FROM p_run_uid
+                                THEN 'own' ELSE 'exists' END
+                    INTO v_tool, v_key, v_started, v_digest, v_row
+                    FROM tool_intents i WHERE i.thread_id = p_thread_id AND i.tool_call_id = p_keys[v_i];
+                END IF;
+                o_rows := o_rows || v_row;
+                o_tool_names := o_tool_names || v_tool;
+                o_idempotency_keys := o_idempotency_keys || v_key;
+                o_started_at := o_started_at || v_started;
+                o_args_digests := o_args_digests || v_digest;
+            END LOOP;
+            o_outcome := 'ok';
+        END
+        $$;
+        """,
+    ),
 ]
 
 _CREATE_VERSION_TABLE = """

@@ -10,8 +10,8 @@ guarantees (DESIGN.md section 2, "PostgreSQL rules" and "Fencing"):
   and nothing of the write lands; ``UNIQUE (thread_id, version)`` backs the
   lock up. Only the messages a step added or replaced are sent. The whole
   write is one statement, one round trip (the server-side function of
-  migration 8, autocommitted); ledger records and intents likewise
-  (migration 9), and a connection goes back to the pool without a reset
+  migration 8, autocommitted); ledger records likewise (migration 9), and
+  intents by their claim (migration 17), and a connection goes back to the pool without a reset
   query (``_keep_session``).
 - State rows carry only what changed (migration 11): a row holds the
   channels its step changed on top of the previous version, with a full
@@ -31,8 +31,8 @@ guarantees (DESIGN.md section 2, "PostgreSQL rules" and "Fencing"):
   compare-and-swap on its exact text. Parallel calls' results that finish
   within ``ledger_group_window`` (2 ms) share one statement and one commit
   (``ledger_put_many``, migration 15; the policy is ``checkpoint.group``), and
-  a side-effect call's intent is looked up and recorded in one round trip
-  (``intent_claim``). Ledger rows, intents, stop requests,
+  a side-effect call's intent, with its arguments digest, is looked up and
+  recorded in one round trip (``intent_claim``). Ledger rows, intents, stop requests,
   the owner and the runs seen go with their thread (``ON DELETE CASCADE``);
   nothing is deleted implicitly, only by ``delete_thread``.
 - Fencing. ``register_attempt`` records the run (AgentRun uid) and attempt
@@ -263,15 +263,12 @@ _PUT_TOOL_RESULTS = """
     SELECT o_outcome, o_owner_run_uid, o_owner_attempt, o_rows
     FROM agentrun_put_tool_results($1, $2::text[], $3::text[], $4::text[], $5::text[], $6, $7)
 """
-# An intent's lookup and record in one round trip (migration 15): the recorded one, or this one inserted.
-_CLAIM_INTENT = """
-    SELECT o_outcome, o_owner_run_uid, o_owner_attempt, o_tool_name, o_idempotency_key, o_started_at
-    FROM agentrun_claim_intent($1, $2, $3, $4, $5, $6)
-"""
-# The claims of parallel calls that start together (migration 16): per key, as _CLAIM_INTENT.
+# Intents' lookups and records in one round trip (migration 17): per key the recorded intent (with its
+# arguments digest), or this one inserted; the claims of parallel calls that start together share it.
 _CLAIM_INTENTS = """
-    SELECT o_outcome, o_owner_run_uid, o_owner_attempt, o_rows, o_tool_names, o_idempotency_keys, o_started_at
-    FROM agentrun_claim_intents($1, $2::text[], $3::text[], $4::text[], $5, $6)
+    SELECT o_outcome, o_owner_run_uid, o_owner_attempt, o_rows, o_tool_names, o_idempotency_keys, o_started_at,
+           o_args_digests
+    FROM agentrun_claim_intents($1, $2::text[], $3::text[], $4::text[], $5::text[], $6, $7)
 """
 # Compare-and-swap on the exact stored text (the repair of a malformed row). The UPDATE locks the
 # row; a second repairer waits, then re-checks the WHERE on the row the first one wrote (READ
@@ -304,7 +301,7 @@ _LIST_LEDGER = """
     FROM tool_executions WHERE thread_id = $1 ORDER BY created_at, tool_call_id
 """
 _GET_INTENT = """
-    SELECT tool_name, idempotency_key, extract(epoch FROM started_at)::float8 AS started_at
+    SELECT tool_name, idempotency_key, extract(epoch FROM started_at)::float8 AS started_at, args_digest
     FROM tool_intents WHERE thread_id = $1 AND tool_call_id = $2
 """
 # DO NOTHING: a pending request keeps its first reason until the run acknowledges it.
@@ -502,6 +499,7 @@ class _Claim:
     key: str
     tool_name: str
     idem: str | None
+    args_digest: str | None
     future: asyncio.Future[Intent | None]
 
 
@@ -1264,7 +1262,9 @@ class PgCheckpointer(Checkpointer):
     @override
     async def intent_get(self, thread_id: str, key: str) -> Intent | None:
         row = await self._read("intent read", lambda conn: conn.fetchrow(_GET_INTENT, thread_id, key))
-        return None if row is None else Intent(key, row["tool_name"], row["idempotency_key"], row["started_at"])
+        if row is None:
+            return None
+        return Intent(key, row["tool_name"], row["idempotency_key"], row["started_at"], row["args_digest"])
 
     @override
     async def intent_put(
@@ -1276,26 +1276,12 @@ class PgCheckpointer(Checkpointer):
         *,
         attempt: int | None = None,
         run_uid: str | None = None,
+        args_digest: str | None = None,
     ) -> None:
-        check_thread_id(thread_id)
-
-        async def once() -> None:
-            async with self._connection() as conn:
-                row = await conn.fetchrow(
-                    _PUT_TOOL_ROW,
-                    "tool_intents",
-                    thread_id,
-                    key,
-                    tool_name,
-                    None,
-                    None,
-                    idempotency_key,
-                    attempt,
-                    run_uid,
-                )
-            _tool_row_outcome(thread_id, row, attempt=attempt, run_uid=run_uid)
-
-        await self._call("intent record", once)
+        """A claim whose answer is not needed: the same statement (it keeps an intent already recorded)."""
+        await self.intent_claim(
+            thread_id, key, tool_name, idempotency_key, attempt=attempt, run_uid=run_uid, args_digest=args_digest
+        )
 
     @override
     async def intent_claim(
@@ -1307,11 +1293,12 @@ class PgCheckpointer(Checkpointer):
         *,
         attempt: int | None = None,
         run_uid: str | None = None,
+        args_digest: str | None = None,
     ) -> Intent | None:
         """The recorded intent, or this one recorded; claims of one thread in one loop turn share one statement.
 
         The side-effect calls of an assistant message start together, so their
-        intents cost one round trip (migrations 15 and 16), not a lookup and an
+        intents cost one round trip (migration 17), not a lookup and an
         insert per call. A failed or fenced statement fails each of its claims.
         """
         check_thread_id(thread_id)
@@ -1323,7 +1310,7 @@ class PgCheckpointer(Checkpointer):
             pending = self._claims[writer] = []
             # After the callbacks already due this turn: the sibling calls' claims join the statement.
             loop.call_soon(self._start_claims, loop, writer)
-        pending.append(_Claim(key, tool_name, idempotency_key, future))
+        pending.append(_Claim(key, tool_name, idempotency_key, args_digest, future))
         return await future
 
     def _start_claims(self, loop: asyncio.AbstractEventLoop, writer: _Writer) -> None:
@@ -1351,46 +1338,38 @@ class PgCheckpointer(Checkpointer):
         thread_id, attempt, run_uid = writer
         tries = 0
 
-        def intent(claim: _Claim, outcome: str, tool: str | None, key: str | None, at: float | None) -> Intent | None:
+        def intent(
+            claim: _Claim, outcome: str, tool: str | None, key: str | None, at: float | None, digest: str | None
+        ) -> Intent | None:
             if outcome == "inserted" or (outcome == "own" and tries > 1):  # a retry finding its own first try
                 return None
-            return Intent(claim.key, str(tool), key, float(at or 0.0))
+            return Intent(claim.key, str(tool), key, float(at or 0.0), digest)
 
         async def once() -> list[Intent | None]:
             nonlocal tries
             tries += 1
             async with self._connection() as conn:
-                if len(claims) == 1:
-                    c = claims[0]
-                    row = await conn.fetchrow(_CLAIM_INTENT, thread_id, c.key, c.tool_name, c.idem, attempt, run_uid)
-                else:
-                    row = await conn.fetchrow(
-                        _CLAIM_INTENTS,
-                        thread_id,
-                        [c.key for c in claims],
-                        [c.tool_name for c in claims],
-                        [c.idem for c in claims],
-                        attempt,
-                        run_uid,
-                    )
+                row = await conn.fetchrow(
+                    _CLAIM_INTENTS,
+                    thread_id,
+                    [c.key for c in claims],
+                    [c.tool_name for c in claims],
+                    [c.idem for c in claims],
+                    [c.args_digest for c in claims],
+                    attempt,
+                    run_uid,
+                )
             _tool_row_outcome(thread_id, row, attempt=attempt, run_uid=run_uid)
             assert row is not None
-            if len(claims) == 1:
-                return [
-                    intent(
-                        claims[0], row["o_outcome"], row["o_tool_name"], row["o_idempotency_key"], row["o_started_at"]
-                    )
-                ]
-            return [
-                intent(c, *fields)
-                for c, fields in zip(
-                    claims,
-                    zip(
-                        row["o_rows"], row["o_tool_names"], row["o_idempotency_keys"], row["o_started_at"], strict=True
-                    ),
-                    strict=True,
-                )
-            ]
+            fields = zip(
+                row["o_rows"],
+                row["o_tool_names"],
+                row["o_idempotency_keys"],
+                row["o_started_at"],
+                row["o_args_digests"],
+                strict=True,
+            )
+            return [intent(c, *f) for c, f in zip(claims, fields, strict=True)]
 
         return await self._call("intent claim", once)
 

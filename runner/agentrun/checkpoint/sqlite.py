@@ -191,6 +191,10 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id, task_id, idx)
     );
     """,
+    # 8: the arguments digest of an intent (a start of the key with other arguments is another call's)
+    """
+    ALTER TABLE tool_intents ADD COLUMN args_digest TEXT;
+    """,
 ]
 
 # OR IGNORE: the thread row is created once; a new incarnation only after a deletion.
@@ -261,8 +265,8 @@ _REPLACE_LEDGER = """
     WHERE thread_id = ? AND tool_call_id = ? AND tool_name = ? AND result = ?
 """
 _PUT_INTENT = """
-    INSERT INTO tool_intents (thread_id, tool_call_id, tool_name, idempotency_key, started_at)
-    VALUES (?, ?, ?, ?, ?) ON CONFLICT (thread_id, tool_call_id) DO NOTHING
+    INSERT INTO tool_intents (thread_id, tool_call_id, tool_name, idempotency_key, started_at, args_digest)
+    VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (thread_id, tool_call_id) DO NOTHING
 """
 
 
@@ -559,11 +563,11 @@ class SqliteCheckpointer(Checkpointer):
     async def intent_get(self, thread_id: str, key: str) -> Intent | None:
         def get(conn: sqlite3.Connection) -> Intent | None:
             row = conn.execute(
-                "SELECT tool_name, idempotency_key, started_at FROM tool_intents "
+                "SELECT tool_name, idempotency_key, started_at, args_digest FROM tool_intents "
                 "WHERE thread_id = ? AND tool_call_id = ?",
                 (thread_id, key),
             ).fetchone()
-            return None if row is None else Intent(key, row[0], row[1], row[2])
+            return None if row is None else Intent(key, row[0], row[1], row[2], row[3])
 
         return await self._run(get)
 
@@ -577,13 +581,14 @@ class SqliteCheckpointer(Checkpointer):
         *,
         attempt: int | None = None,
         run_uid: str | None = None,
+        args_digest: str | None = None,
     ) -> None:
         now = time.time()
 
         def put(conn: sqlite3.Connection) -> None:
             self._ensure_thread(conn, thread_id, now)
             self._check_fence(conn, thread_id, attempt, run_uid)
-            conn.execute(_PUT_INTENT, (thread_id, key, tool_name, idempotency_key, now))
+            conn.execute(_PUT_INTENT, (thread_id, key, tool_name, idempotency_key, now, args_digest))
 
         await self._run(lambda conn: self._write_txn(conn, put))
 

@@ -14,7 +14,11 @@ Per call, around LangGraph's own execution (``awrap_tool_call``):
    recorded by another tool name is a ``DeterminismError``); a malformed or
    unreadable entry is a miss, except ``StoreUnavailableError`` (the store is
    down past its retry bound: the attempt ends, exit 8, and a later one looks
-   again rather than risk a duplicate);
+   again rather than risk a duplicate). An entry (or intent) recorded with
+   other arguments is another call's: this one was edited since, e.g. by
+   ``update_state`` on a past checkpoint keeping the message and call ids
+   (a fork); it is not a replay but a new call under its own key and
+   idempotency key (``agentrun.ledger``: ``edited_key``);
 2. a tool declared with side effects (``side_effects=``): if an intent was
    recorded but no result, the call is in doubt and its policy applies
    (``"retry"``: run again with the same idempotency key; ``"report"``: an
@@ -49,7 +53,7 @@ import asyncio
 import contextvars
 import logging
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from langchain_core.messages import AIMessage, ToolMessage, message_to_dict, messages_from_dict
@@ -72,7 +76,17 @@ from agentrun.errors import (
     StoreUnavailableError,
 )
 from agentrun.faults import fault_point
-from agentrun.ledger import MalformedEntry, decode, encode, idempotency_key, ledger_key
+from agentrun.ledger import (
+    HeldByAnotherCall,
+    MalformedEntry,
+    args_digest,
+    check_arguments,
+    decode,
+    edited_key,
+    encode,
+    idempotency_key,
+    ledger_key,
+)
 
 from .rows import Fence
 from .saver import AgentrunSaver
@@ -112,6 +126,16 @@ class _Call:
     idempotency_key: str
     name: str
     call_id: str
+    # The digest of the call's arguments, and whether ``key`` is already its edited key (``ledger.edited_key``).
+    digest: str
+    edited: bool = False
+
+    def moved(self) -> _Call:
+        """This call under its edited key: another call's arguments were recorded under ``key``."""
+        key = edited_key(self.key, self.digest)
+        idem = idempotency_key(self.thread_id, key)
+        assert idem is not None
+        return replace(self, key=key, idempotency_key=idem, edited=True)
 
 
 # The tool-call counts of the turns the runner runs in this process, by thread id (``track``): what the mirror
@@ -144,6 +168,20 @@ def current_idempotency_key() -> str | None:
     tool's return and its ledger record is applied once.
     """
     return _idempotency_key.get()
+
+
+def _moved(call: _Call) -> _Call:
+    """The call under its edited key, said in the log: its key holds another call's arguments."""
+    moved = call.moved()
+    log.warning(
+        "tool call %s (%s): the ledger holds this call with other arguments, so it was edited since (e.g. "
+        "update_state on a past checkpoint: a fork); not a replay: it runs as a new call keyed %s, with its own "
+        "idempotency key",
+        call.key,
+        call.name,
+        moved.key,
+    )
+    return moved
 
 
 def _messages(state: Any, messages_key: str) -> Sequence[Any]:
@@ -202,7 +240,8 @@ class _Ledger:
             return None
         idem = idempotency_key(thread_id, key)
         assert idem is not None
-        return _Call(request, saver.store, saver.fence, thread_id, key, idem, name, call_id or "")
+        digest = args_digest(call.get("args") or {})
+        return _Call(request, saver.store, saver.fence, thread_id, key, idem, name, call_id or "", digest)
 
     async def _lookup(self, call: _Call) -> ToolMessage | None:
         try:
@@ -220,13 +259,15 @@ class _Ledger:
                 f"{call.name!r}; the graph or model changed between runs of this thread"
             )
         try:
-            message = messages_from_dict([decode(entry.result).result])[0]
+            recorded = decode(entry.result)
+            message = messages_from_dict([recorded.result])[0]
         except (MalformedEntry, KeyError, TypeError, ValueError, IndexError) as e:
             log.warning("ledger entry %s (%s) is malformed (%s); treating it as not recorded", call.key, call.name, e)
             return None
         if not isinstance(message, ToolMessage):
             log.warning("ledger entry %s (%s) is not a tool message; treating it as not recorded", call.key, call.name)
             return None
+        check_arguments(recorded.args, call.digest, key=call.key, tool_name=call.name, edited=call.edited, what="entry")
         log.info("tool call %s (%s) replayed from ledger; the tool is not called again", call.key, call.name)
         _count(call, "replayed")
         return message
@@ -236,10 +277,13 @@ class _Ledger:
         if call.name not in self.side_effects:
             return False
         try:
-            if await call.store.intent_get(call.thread_id, call.key) is None:
+            intent = await call.store.intent_get(call.thread_id, call.key)
+            if intent is None:
                 return False
+            # A start with other arguments is another call's: raised below, before this one starts.
+            held = intent.args_digest is not None and intent.args_digest != call.digest
             # A call that paused in interrupt() is resumed, not in doubt (its marker: _mark_paused).
-            return await call.store.ledger_get(call.thread_id, call.key + PAUSED) is None
+            paused = not held and await call.store.ledger_get(call.thread_id, call.key + PAUSED) is not None
         except StoreUnavailableError:
             raise
         except Exception as e:
@@ -247,6 +291,10 @@ class _Ledger:
                 "intent read failed for %s (%s); treating the call as never started: %s", call.key, call.name, e
             )
             return False
+        check_arguments(
+            intent.args_digest, call.digest, key=call.key, tool_name=call.name, edited=call.edited, what="intent"
+        )
+        return not paused
 
     async def _mark_paused(self, call: _Call) -> None:
         """Record that the call paused in LangGraph ``interrupt()`` (a human answers; on resume it runs on).
@@ -318,6 +366,7 @@ class _Ledger:
                 call.idempotency_key,
                 attempt=call.fence.attempt,
                 run_uid=call.fence.run_uid,
+                args_digest=call.digest,
             )
 
     async def _record(self, call: _Call, result: ToolMessage | Command[Any]) -> None:
@@ -328,7 +377,7 @@ class _Ledger:
                 )
             return
         try:
-            envelope = encode(message_to_dict(result))
+            envelope = encode(message_to_dict(result), args=call.digest)
             recorded = await call.store.ledger_put(
                 call.thread_id, call.key, call.name, envelope, attempt=call.fence.attempt, run_uid=call.fence.run_uid
             )
@@ -376,9 +425,18 @@ class _Ledger:
 
     async def _awrap(self, request: ToolCallRequest, execute: AsyncExecute) -> ToolMessage | Command[Any]:
         call = self._identify(request)
-        timeout = self._timeout(request.tool_call["name"])
+        deadline = self._timeout(request.tool_call["name"])
         if call is None:
-            return await self._run(request, execute, timeout, None)
+            return await self._run(request, execute, deadline, None)
+        try:
+            return await self._awrap_call(call, request, execute, deadline)
+        except HeldByAnotherCall:
+            return await self._awrap_call(_moved(call), request, execute, deadline)
+
+    async def _awrap_call(
+        self, call: _Call, request: ToolCallRequest, execute: AsyncExecute, deadline: float | None
+    ) -> ToolMessage | Command[Any]:
+        """The call under ``call.key``; ``HeldByAnotherCall``, before anything starts, if that key is not its own."""
         if (recorded := await self._lookup(call)) is not None:
             return recorded
         if await self._in_doubt(call) and (answer := self._decide_in_doubt(call)) is not None:
@@ -387,7 +445,7 @@ class _Ledger:
         await self._intent(call)
         fault_point("before_tool", call.name)
         try:
-            result = await self._run(request, execute, timeout, call)
+            result = await self._run(request, execute, deadline, call)
         except GraphInterrupt:
             await self._mark_paused(call)
             raise
@@ -421,6 +479,13 @@ class _Ledger:
         call = self._identify(request)
         if call is None:
             return execute(request)
+        try:
+            return self._wrap_call(call, request, execute)
+        except HeldByAnotherCall:
+            return self._wrap_call(_moved(call), request, execute)
+
+    def _wrap_call(self, call: _Call, request: ToolCallRequest, execute: SyncExecute) -> ToolMessage | Command[Any]:
+        """``_awrap_call`` for sync graphs: the store on agentrun's blocking loop."""
         if (recorded := blocking.run(lambda: self._lookup(call), caller="ledger lookup")) is not None:
             return recorded
         if (
