@@ -29,7 +29,7 @@ started=$(date +%s)
 echo "building $image from Debian $suite ($packages) with mmdebstrap ..." >&2
 # merged-usr hook: /bin, /lib, /sbin as symlinks into /usr, as Debian has them since bookworm,
 # without the usrmerge package (and the perl it needs at run time).
-mmdebstrap --quiet --variant=essential --include="$packages" \
+mmdebstrap --variant=essential --include="$packages" \
     --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
     --aptopt='APT::Install-Recommends "false"' \
     --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
@@ -37,7 +37,10 @@ mmdebstrap --quiet --variant=essential --include="$packages" \
     --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/lintian/*' \
     "$suite" "$work/rootfs.tar" \
     "deb $mirror $suite main" "deb $mirror $suite-updates main" "deb $mirror-security $suite-security main" \
-    || die "mmdebstrap failed (is $mirror reachable? apt-get update works here?)"
+    >"$work/mmdebstrap.log" 2>&1 || {
+    tail -n 30 "$work/mmdebstrap.log" >&2
+    die "mmdebstrap failed (above: its last words; is $mirror reachable, does apt-get update work here?)"
+}
 # What python:3.11-slim sets; the label records this script's digest so build.sh knows when to rebuild.
 podman import --quiet \
     --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \

@@ -32,6 +32,7 @@
 # limits (podman's defaults are higher, and a container then fails: "setrlimit RLIMIT_NOFILE:
 # operation not permitted") and, under cgroup v1/hybrid, the runc runtime (crun refuses hybrid mode).
 set -euo pipefail
+shopt -s inherit_errexit # a failure inside $(...) ends the script too, not only the substitution
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 here="$ROOT/hack/image"
@@ -125,7 +126,7 @@ platforms() {
 wheelhouse() {
     local base=$1 facts python glibc arch stamp
     # The base's interpreter decides which files fit: its Python version, glibc and architecture.
-    facts=$(podman run --rm --network none "$base" python3 -c \
+    facts=$(podman run --rm --pull=never --network none "$base" python3 -c \
         'import platform, sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}", platform.libc_ver()[1], platform.machine())')
     read -r python glibc arch <<<"$facts"
     [[ $glibc =~ ^2\.([0-9]+)$ ]] || die "the base $base reports glibc '$glibc'; only glibc bases are supported"
@@ -159,8 +160,8 @@ build_one() {
     old=$(podman image inspect --format '{{.Id}}' "$image" 2>/dev/null || true)
     started=$(date +%s)
     log="$cache/build-${image//[\/:]/_}.log"
-    say "building $image (podman build --network none; output in $log) ..."
-    if ! podman build --network none --tag "$image" "$@" >"$log" 2>&1; then
+    say "building $image (podman build --network none, output in $log) ..."
+    if ! podman build --pull=never --network none --tag "$image" "$@" >"$log" 2>&1; then
         tail -n 30 "$log" >&2
         die "podman build of $image failed (above: the end of $log)"
     fi
