@@ -379,7 +379,9 @@ def test_two_replicas_exactly_one_leads_and_the_other_takes_over(
         cluster.wait_for(lambda: standby.role() == "leader", timeout=20, message="the standby takes over")
         takeover = time.monotonic() - killed
         print(f"leader takeover after SIGKILL: {takeover:.1f}s (lease 3s)")
-        assert takeover < 3 + 3, "takeover must happen within lease duration + retry"
+        # Generous: lease duration + retry is about 6 s; what this tells apart is a standby that waits on
+        # something else than the lease's expiry.
+        assert takeover < 5 * 3, f"takeover took {takeover:.1f}s with a 3 s lease"
         apply(cluster, agentrun("after", thread="after", effects=tmp_path / "b.db"))
         wait_phase(cluster, standby, "after", "Succeeded")
     finally:
@@ -466,12 +468,16 @@ def test_a_gracefully_stopped_leader_hands_over_at_once(
             one.stop()  # SIGTERM: kopf shuts down, then the lease is released, not left to expire
             exited = time.monotonic()
             assert one.proc.returncode == 0, one.log()[-3000:]
-            # Not kopf's 5 s wait for a task left pending (its waiter on our stop flag, __main__.py).
-            assert exited - signalled < 3, f"SIGTERM to exit took {exited - signalled:.1f}s"
-            cluster.wait_for(lambda: two.role() == "leader", timeout=10, message="op-2 takes over")
+            # Not kopf's 5 s wait for a task left pending (its waiter on our stop flag, __main__.py): the bound is
+            # that failure's, the most room it leaves.
+            assert exited - signalled < 5, f"SIGTERM to exit took {exited - signalled:.1f}s"
+            # Released, not left to expire: once op-1 is gone the Lease names no one (or already op-2). Read
+            # from the Lease, not timed: a late read can only see op-2.
+            lease = cluster.get("leases", "agentrun-operator")
+            assert lease is not None and lease["spec"].get("holderIdentity") in ("", None, "op-2"), lease
+            cluster.wait_for(lambda: two.role() == "leader", timeout=30, message="op-2 takes over")
             handover = time.monotonic() - exited
             print(f"graceful handover: {exited - signalled:.1f}s to shut down, {handover:.1f}s to take over")
-            assert handover < 3, f"a released lease is taken at the next retry, not after expiry ({handover:.1f}s)"
             assert "released the leader lease" in one.log()
         finally:
             two.stop()

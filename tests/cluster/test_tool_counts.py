@@ -74,10 +74,10 @@ def test_a_recorded_call_counts_before_its_step_checkpoints(
     effects = tmp_path / "effects.db"
     apply(
         cluster,
-        agentrun("counts-live", thread="counts-live", effects=effects, env={"SUPPORT_TOOL_DELAY_SEND_RECEIPT": "8"}),
+        # send_receipt holds the step open long enough for a loaded machine: the proof is the order below.
+        agentrun("counts-live", thread="counts-live", effects=effects, env={"SUPPORT_TOOL_DELAY_SEND_RECEIPT": "20"}),
     )
     wait_node(store, "default/counts-live", "tools")
-    in_tools = time.monotonic()
     seen: list[dict[str, Any]] = []
 
     def two_executed() -> dict[str, Any] | None:
@@ -85,7 +85,7 @@ def test_a_recorded_call_counts_before_its_step_checkpoints(
         return seen[-1] if (seen[-1].get("toolCalls") or {}).get("executed") == 2 else None
 
     try:
-        live = cluster.wait_for(two_executed, timeout=15, message="status.toolCalls.executed 2")
+        live = cluster.wait_for(two_executed, timeout=30, message="status.toolCalls.executed 2")
     except AssertionError:
         shown = [(s.get("phase"), s.get("stateVersion"), s.get("toolCalls")) for s in seen]
         raise AssertionError(
@@ -93,12 +93,11 @@ def test_a_recorded_call_counts_before_its_step_checkpoints(
             f"while send_receipt ran; it showed (phase, version, toolCalls): {sorted(set(map(str, shown)))}\n"
             f"operator log (tail): {operator.log()[-3000:]}"
         ) from None
-    seen_after = time.monotonic() - in_tools
+    # Ordered, not timed: the status said executed 2 while the step had not checkpointed yet.
     stored = progress(store, "default/counts-live")
     assert stored is not None and stored.current_node == "tools" and stored.status == "running", (
         f"the step had already checkpointed ({stored}): this test proves nothing"
     )
-    assert seen_after < 6, f"executed 2 shown {seen_after:.1f}s into the tools step: not when the calls were recorded"
     assert live["phase"] == "Running"
     final = wait_phase(cluster, operator, "counts-live", "Succeeded", timeout=60)
     assert final["toolCalls"] == {"executed": 3, "replayed": 0}, final["toolCalls"]
