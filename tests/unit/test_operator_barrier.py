@@ -30,8 +30,8 @@ async def test_waiters_return_once_every_toggle_is_dropped_as_with_kopfs_own_set
         await asyncio.sleep(0)
         assert not waiter.done(), "a waiter returned while an object was still being indexed"
     await indexed.drop_toggle(toggles[-1])
-    await asyncio.wait_for(waiter, 1)
-    await asyncio.wait_for(indexed.wait_for(True), 1)  # already on: at once
+    await asyncio.wait_for(waiter, 10)
+    await asyncio.wait_for(indexed.wait_for(True), 10)  # already on: at once
 
 
 async def test_a_toggle_turned_on_or_off_wakes_the_waiters_of_that_state() -> None:
@@ -41,12 +41,12 @@ async def test_a_toggle_turned_on_or_off_wakes_the_waiters_of_that_state() -> No
     await asyncio.sleep(0)
     assert not waiter.done(), "an any() set with every toggle off reported on"
     await toggle.turn_to(True)
-    await asyncio.wait_for(waiter, 1)
+    await asyncio.wait_for(waiter, 10)
     back_off = asyncio.create_task(paused.wait_for(False))
     await asyncio.sleep(0)
     assert not back_off.done()
     await toggle.turn_to(False)
-    await asyncio.wait_for(back_off, 1)
+    await asyncio.wait_for(back_off, 10)
 
 
 async def _rechecks(toggle_set: type[aiotoggles.ToggleSet], objects: int) -> int:
