@@ -31,6 +31,8 @@ HAZARDS
 - Rows of other AgentRuns on the same thread (``run_uid``) are filtered out
   by the caller's ``run_uid``; rows written before run uids existed (NULL)
   are kept, as they cannot be told apart.
+- ``careful`` mode re-reads a failing table one row per round trip (for the
+  messages: every message of the thread); it runs only when a row failed.
 - An interrupt's answer when several ids were answered at once is the digest
   of the checkpoint's whole resume map (``resume_all``), not of those ids only.
 """
@@ -64,24 +66,30 @@ _NUL_SHOWN = r"'\1\\\\u0000'"
 
 
 def _readable(text: str) -> str:
-    """SQL: JSON text ``text`` as jsonb, each ``\u0000`` escape turned into the visible text ``\u0000``."""
+    """SQL: JSON text ``text`` as jsonb, each ``\\u0000`` escape turned into the visible text ``\\u0000``."""
     return (
         f"(CASE WHEN strpos({text}, {_NUL}) > 0 THEN regexp_replace({text}, {_NUL_ESCAPE}, {_NUL_SHOWN}, 'g')"
         f" ELSE {text} END)::jsonb"
     )
 
 
-def _shown(value: str) -> str:
-    """SQL: the text a person reads of jsonb ``value``: a string's own text, anything else its JSON."""
-    return f"CASE jsonb_typeof({value}) WHEN 'string' THEN ({value}) #>> '{{}}' ELSE ({value})::text END"
+def _shown(value: str, path: str) -> str:
+    """SQL: the text a person reads at ``path`` in jsonb ``value``: a string's own text, anything else its JSON.
+
+    A path (``#>>``), not ``->`` steps: each step would copy the value it returns (a 10 MB result, each time).
+    SQL NULL for JSON ``null`` (a payload of None shows none) and for a missing key.
+    """
+    return f"({value} #>> '{{{path}}}')"
 
 
+# Every value is computed once per row: "OFFSET 0" keeps PostgreSQL from inlining a subquery's output into
+# each place it is used (without it a 10 MB body was parsed once per column that reads it: seconds a request).
 def _digest(text: str) -> str:
     """SQL: the digest of text ``text`` (``history.Digest``'s fields, as JSON text), NULL when it is NULL."""
     return (
         "(SELECT jsonb_build_object('sha256', encode(sha256(convert_to(t, 'UTF8')), 'hex'), 'bytes', octet_length(t),"
         f" 'preview', left(t, {PREVIEW_CHARS}), 'truncated', char_length(t) > {PREVIEW_CHARS})::text"
-        f" FROM (SELECT {text} AS t) d WHERE t IS NOT NULL)"
+        f" FROM (SELECT {text} AS t OFFSET 0) d WHERE t IS NOT NULL)"
     )
 
 
@@ -116,7 +124,8 @@ class _Table:
     def query(self, *, plain: bool = False, one: bool = False) -> str:
         where = f"AND {self.key} = ${3 if self.scoped else 2}" if one else ""
         parse = "NULL::jsonb" if plain else self.parse
-        return self.sql.format(columns=self.plain if plain else self.columns, parse=parse, one=where)
+        columns = self.plain if plain else self.columns
+        return self.sql.replace("{columns}", columns).replace("{parse}", parse).replace("{one}", where)
 
 
 # $1 the thread, $2 the AgentRun's uid (NULL: every row), then one row's key (careful mode). The values and
@@ -126,17 +135,16 @@ _STATES = _Table(
     sql="""
     SELECT s.version, s.current_node, s.step, s.status, s.attempt, s.run_uid,
            extract(epoch FROM s.created_at)::float8 AS at, {columns}
-    FROM states s CROSS JOIN LATERAL (SELECT {parse} AS m) p
+    FROM states s CROSS JOIN LATERAL (SELECT {parse} AS m OFFSET 0) p
     WHERE s.thread_id = $1 AND ($2::text IS NULL OR s.run_uid IS NULL OR s.run_uid = $2) {one} ORDER BY s.version
     """,
     columns=f"""
     (SELECT jsonb_agg(jsonb_build_object('id', i -> 'id', 'message', left(i ->> 'message', {PREVIEW_CHARS}),
-            'payload', CASE WHEN jsonb_typeof(i -> 'payload') <> 'null'
-                            THEN {_digest(_shown("i -> 'payload'"))}::jsonb END))
+            'payload', {_digest(_shown("i", "payload"))}::jsonb))
      FROM jsonb_array_elements({_array("m -> 'interrupts'")}) i WHERE jsonb_typeof(i) = 'object')::text AS interrupts,
-    (SELECT jsonb_object_agg(r.key, {_digest(_shown("r.value"))}::jsonb)
+    (SELECT jsonb_object_agg(r.key, {_digest(f"COALESCE({_shown('r.value', '')}, 'null')")}::jsonb)
      FROM jsonb_each(CASE jsonb_typeof(m -> 'resume') WHEN 'object' THEN m -> 'resume' END) r)::text AS resume,
-    {_digest(_shown("(m -> 'resume')"))} AS resume_all,
+    {_digest(_shown("m", "resume"))} AS resume_all,
     {_bounded("(m -> 'error')")} AS error, {_bounded("(m -> 'result')")} AS result,
     {_bounded("(m -> 'stop_reason')")} AS stop_reason, NULL AS unreadable
     """,
@@ -149,16 +157,16 @@ _MESSAGES = _Table(
     name="messages",
     sql=f"""
     SELECT m.idx, m.message_id, m.version, {{columns}}
-    FROM messages m CROSS JOIN LATERAL (SELECT {{parse}} AS b) p
+    FROM messages m CROSS JOIN LATERAL (SELECT {{parse}} AS b OFFSET 0) p
     WHERE m.thread_id = $1 {{one}}
       AND (b IS NULL OR b ->> 'role' = 'tool' OR jsonb_array_length(COALESCE({_array("b -> 'tool_calls'")}, '[]')) > 0)
     ORDER BY m.idx
     """,
     columns=f"""
     b ->> 'id' AS id, b ->> 'role' AS role, b ->> 'tool_call_id' AS tool_call_id,
-    COALESCE(b -> 'is_error' = 'true'::jsonb, false) AS is_error, {_digest(_shown("(b -> 'content')"))} AS content,
+    COALESCE(b -> 'is_error' = 'true'::jsonb, false) AS is_error, {_digest(_shown("b", "content"))} AS content,
     (SELECT jsonb_agg(jsonb_build_object('id', c -> 'id', 'name', c -> 'name',
-            'arguments', {_digest(_shown("(c -> 'arguments')"))}::jsonb))
+            'arguments', {_digest(_shown("c", "arguments"))}::jsonb))
      FROM jsonb_array_elements({_array("b -> 'tool_calls'")}) c WHERE jsonb_typeof(c) = 'object')::text AS tool_calls,
     NULL AS unreadable
     """,
@@ -167,30 +175,27 @@ _MESSAGES = _Table(
     key="m.idx",
     scoped=False,
 )
-# A record's digest is of its envelope as stored; its preview is what the model read (a message's content).
-_RESULT_SHOWN = f"""
-    CASE WHEN e ->> '__kind__' = 'message' AND jsonb_typeof(e -> 'value') = 'object'
-         THEN COALESCE({_shown("(e -> 'value' -> 'content')")}, '')
-         WHEN jsonb_typeof(e) = 'object' AND e ? 'value' THEN {_shown("(e -> 'value')")} ELSE stored END
-"""
+# A record's digest is of its envelope as stored; its preview is what the model read (a message's content),
+# else the envelope's value, else (not an envelope, or not parsed: e is NULL) the stored text.
 _LEDGER = _Table(
     name="tool_executions",
-    sql="""
+    sql=f"""
     SELECT l.tool_call_id, l.tool_name, l.attempt, l.run_uid, extract(epoch FROM l.created_at)::float8 AS at,
            encode(sha256(convert_to(stored, 'UTF8')), 'hex') AS result_sha256, octet_length(stored) AS result_bytes,
-           {columns}
-    FROM tool_executions l CROSS JOIN LATERAL (SELECT COALESCE(l.result_text, l.result::text) AS stored) s
-         CROSS JOIN LATERAL (SELECT {parse} AS e) p
-    WHERE l.thread_id = $1 AND ($2::text IS NULL OR l.run_uid IS NULL OR l.run_uid = $2) {one}
+           left(shown, {PREVIEW_CHARS}) AS result_preview, char_length(shown) > {PREVIEW_CHARS} AS result_truncated,
+           COALESCE(e ->> '__kind__' = 'message' AND e #> '{{value,is_error}}' = 'true'::jsonb, false)
+               AS result_is_error, {{columns}}
+    FROM tool_executions l CROSS JOIN LATERAL (SELECT COALESCE(l.result_text, l.result::text) AS stored OFFSET 0) s
+         CROSS JOIN LATERAL (SELECT {{parse}} AS e OFFSET 0) p
+         CROSS JOIN LATERAL (SELECT
+             CASE WHEN e ->> '__kind__' = 'message' THEN COALESCE({_shown("e", "value,content")}, '')
+                  WHEN jsonb_typeof(e) = 'object' AND e ? 'value' THEN {_shown("e", "value")} ELSE stored END
+             AS shown OFFSET 0) v
+    WHERE l.thread_id = $1 AND ($2::text IS NULL OR l.run_uid IS NULL OR l.run_uid = $2) {{one}}
+    ORDER BY l.created_at, l.tool_call_id
     """,
-    columns=f"""
-    left({_RESULT_SHOWN}, {PREVIEW_CHARS}) AS result_preview,
-    char_length({_RESULT_SHOWN}) > {PREVIEW_CHARS} AS result_truncated,
-    COALESCE(e ->> '__kind__' = 'message' AND e -> 'value' -> 'is_error' = 'true'::jsonb, false) AS result_is_error,
-    NULL AS unreadable
-    """,
-    plain=f"left(stored, {PREVIEW_CHARS}) AS result_preview, char_length(stored) > {PREVIEW_CHARS} AS result_truncated,"
-    " false AS result_is_error",
+    columns="NULL AS unreadable",
+    plain="NULL AS unreadable",
     parse=_readable("stored"),
     key="l.tool_call_id",
 )
