@@ -15,9 +15,10 @@
 #
 # Up to date: a digest of every input (Dockerfile, .dockerignore, requirements/, pyproject.toml,
 # runner/, operator/, examples/, hack/image/, the base image's id) is stored in the cache next to
-# the archives; when it matches and the images are in the store the script returns at once (when
-# only the store lost them, it loads the archives). README.md is copied into the build only as the
-# wheel's long description: editing it does not rebuild.
+# the archives, with the images' ids; when it matches and the store holds those images the script
+# returns at once (when the store lost them, or holds other builds under their names, it loads the
+# archives). README.md is copied into the build only as the wheel's long description: editing it
+# does not rebuild. The builds read a copy of the sources taken at the start, not the work tree.
 #
 # The base: $PYTHON_IMAGE when set (a registry that serves python:3.11.x-slim), otherwise
 # localhost/agentrun-base:bookworm, built from Debian's packages by hack/image/base.sh once (and
@@ -103,15 +104,23 @@ base_image() {
     echo "$DEBIAN_BASE"
 }
 
+# A copy of what the builds read (the build context without .dockerignore's exclusions, and these
+# scripts), taken once: the digest and both images are of the same sources even when the work tree
+# changes during a build, which takes minutes.
+snapshot() {
+    tar -C "$ROOT" --exclude=__pycache__ --exclude='*.pyc' --exclude='*.egg-info' --exclude='*.db' --exclude='*.db-*' \
+        -cf - Dockerfile .dockerignore requirements pyproject.toml README.md runner operator examples hack/image |
+        tar -C "$1" -xf -
+}
+
 inputs_digest() {
-    local base=$1 base_id
+    local base=$1 src=$2 base_id
     base_id=$(podman image inspect --format '{{.Id}}' "$base" 2>/dev/null || echo absent)
     (
-        cd "$ROOT"
-        # What the build context holds (.dockerignore's exclusions left out), and the scripts.
-        find Dockerfile .dockerignore requirements pyproject.toml runner operator examples hack/image -type f \
-            ! -path '*/__pycache__/*' ! -name '*.pyc' ! -path '*.egg-info/*' ! -name '*.db' ! -name '*.db-*' \
-            -print0 | LC_ALL=C sort -z | xargs -0 sha256sum
+        cd "$src"
+        # README.md left out: only the wheel's long description, and edited all the time.
+        find Dockerfile .dockerignore requirements pyproject.toml runner operator examples hack/image -type f -print0 |
+            LC_ALL=C sort -z | xargs -0 sha256sum
         echo "base $base $base_id"
     ) | sha256sum | cut -d' ' -f1
 }
@@ -174,7 +183,7 @@ build_one() {
 build_pause() {
     local context
     context=$(mktemp -d "${TMPDIR:-/tmp}/agentrun-pause.XXXXXX")
-    gcc -static -Os -s -Wall -Wextra -Werror -o "$context/pause" "$here/pause.c"
+    gcc -static -Os -s -Wall -Wextra -Werror -o "$context/pause" "$1"
     # The uid and gid registry.k8s.io/pause runs as: not root, and no file of the pod is theirs.
     printf 'FROM scratch\nCOPY pause /pause\nUSER 65535:65535\nENTRYPOINT ["/pause"]\n' >"$context/Containerfile"
     build_one "$PAUSE" --file "$context/Containerfile" "$context"
@@ -199,17 +208,26 @@ build() {
     mkdir -p "$cache"
     exec 9>"$cache/.build.lock"
     flock 9 # make image and a test fixture may start together
-    local base digest started
+    local base digest started src
     started=$(date +%s)
     base=$(base_image)
     echo "$base" >"$cache/base-image" # for tests/node, which build the Dockerfile on it again
-    digest=$(inputs_digest "$base")
-    if [[ -f $cache/inputs.sha256 && $(<"$cache/inputs.sha256") == "$digest" ]]; then
-        local image all=1
+    src=$(mktemp -d "${TMPDIR:-/tmp}/agentrun-image-src.XXXXXX")
+    trap "rm -rf -- $(printf %q "$src")" EXIT # expanded now: src is local to this function
+    snapshot "$src"
+    digest=$(inputs_digest "$base" "$src")
+    if [[ -f $cache/inputs.sha256 && $(<"$cache/inputs.sha256") == "$digest" && -f $cache/image-ids ]]; then
+        local image all=1 id
         for image in "${images[@]}"; do
-            if ! podman image exists "$image"; then
+            # The store may have lost the image, or hold another build under its name (another checkout,
+            # another cache folder): the archive, made from these inputs, is the one to use.
+            id=$(awk -v image="$image" '$1 == image {print $2}' "$cache/image-ids")
+            [[ -n $id ]] || { all=0; break; }
+            if [[ $(podman image inspect --format '{{.Id}}' "$image" 2>/dev/null) != "$id" ]]; then
                 [[ -f $(archive_of "$image") ]] || { all=0; break; }
-                podman load --quiet --input "$(archive_of "$image")" >/dev/null && say "loaded $image from its archive"
+                podman load --quiet --input "$(archive_of "$image")" >/dev/null
+                [[ $(podman image inspect --format '{{.Id}}' "$image") == "$id" ]] || { all=0; break; }
+                say "loaded $image from its archive"
             fi
         done
         if ((all)); then
@@ -218,14 +236,14 @@ build() {
             return
         fi
     fi
-    rm -f "$cache/inputs.sha256"
+    rm -f "$cache/inputs.sha256" "$cache/image-ids"
     local wheels
     wheels=$(wheelhouse "$base")
     local common=(--build-arg "PYTHON_IMAGE=$base" --build-context "wheelhouse=$wheels"
-        --build-arg PIP_NO_INDEX=1 --build-arg PIP_FIND_LINKS=/wheelhouse --file "$ROOT/Dockerfile")
-    build_one "$RUNTIME" "${common[@]}" --target runtime "$ROOT"
-    build_one "$DEMO" "${common[@]}" --target demo "$ROOT"
-    build_pause
+        --build-arg PIP_NO_INDEX=1 --build-arg PIP_FIND_LINKS=/wheelhouse --file "$src/Dockerfile")
+    build_one "$RUNTIME" "${common[@]}" --target runtime "$src"
+    build_one "$DEMO" "${common[@]}" --target demo "$src"
+    build_pause "$src/hack/image/pause.c"
     local image archive
     for image in "${images[@]}"; do
         archive=$(archive_of "$image")
@@ -236,6 +254,9 @@ build() {
         mv -f "$archive.partial" "$archive"
     done
     report
+    for image in "${images[@]}"; do
+        echo "$image $(podman image inspect --format '{{.Id}}' "$image")"
+    done >"$cache/image-ids"
     echo "$digest" >"$cache/inputs.sha256"
     say "done in $(($(date +%s) - started)) s"
     echo "$cache"
