@@ -247,7 +247,24 @@ def _summary(history: RunHistory, status: dict[str, Any], spec: dict[str, Any]) 
     return (
         f"<section class=summary><h1><span class=ns>{e(history.namespace)}/</span>{e(history.name)} "
         f"<span id=phase>{badge('Deleted' if history.deleted else history.phase)}</span></h1>"
-        f"<table class=kv>{cells}</table>{result}</section>"
+        f"{_unreadable(history)}<table class=kv>{cells}</table>{result}</section>"
+    )
+
+
+def _unreadable(history: RunHistory) -> str:
+    """A warning naming the rows the store could not read (``RunHistory.unreadable``), or nothing.
+
+    Placed above the summary: a reader must not take a history with rows missing for a whole one. Each note
+    names the row by its key, which a run wrote (a message id, a call id), so it is escaped like any value."""
+    if not history.unreadable:
+        return ""
+    count = len(history.unreadable)
+    rows = "".join(f"<li><code>{e(note)}</code></li>" for note in history.unreadable)
+    return (
+        f"<div class=unreadable role=alert><p><strong>The store could not read {count} "
+        f"row{'s' if count != 1 else ''} of this run.</strong> Each is shown only as far as its stored text "
+        "goes (a tool call's result as stored, a checkpoint without its interrupts or error) or, for a message, "
+        f"left out; everything else on this page is as recorded.</p><ul>{rows}</ul></div>"
     )
 
 

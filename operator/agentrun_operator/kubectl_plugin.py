@@ -713,6 +713,12 @@ def cmd_history(kubectl: Kubectl, args: argparse.Namespace) -> int:
     if args.output == "json":
         say_json(found)
         return 0
+    print_history(found)
+    return 0
+
+
+def print_history(found: dict[str, Any]) -> None:
+    """``kubectl agentrun history``'s table output of the history server's answer ``found``."""
     say(
         f"Run:      {found['namespace']}/{found['name']}   phase {found.get('phase') or 'Pending'}"
         + (f" ({found['reason']})" if found.get("reason") else "")
@@ -723,6 +729,14 @@ def cmd_history(kubectl: Kubectl, args: argparse.Namespace) -> int:
     )
     if not found.get("recorded"):
         say("(nothing recorded in the store for this run yet)")
+    if unreadable := found.get("unreadable"):
+        # Up front: a history with rows missing must not read as a whole one (each row named, as the page does).
+        say(
+            f"WARNING:  the store could not read {len(unreadable)} row(s) of this run; each is shown only as far "
+            "as its stored text goes, or (a message) left out:"
+        )
+        for note in unreadable:
+            say(f"  - {' '.join(str(note).splitlines())}")
     say("Attempts:")
     rows = _history_attempt_rows(found)
     say(_indent(table(rows)) if len(rows) > 1 else "  none")
@@ -737,7 +751,6 @@ def cmd_history(kubectl: Kubectl, args: argparse.Namespace) -> int:
     say(_indent(table(rows)) if len(rows) > 1 else "  none")
     if found.get("stop"):
         say(f"Stop requested: {_when(found['stop']['requested_at'])} {found['stop']['reason']}")
-    return 0
 
 
 def _history_attempt_rows(found: dict[str, Any]) -> list[list[str]]:

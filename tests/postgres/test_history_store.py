@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import html as html_lib
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,9 @@ from agentrun import Command, Message, ToolCall, assistant, interrupt, tool
 from agentrun.checkpoint.postgres import PgCheckpointer
 from agentrun.history import PREVIEW_CHARS, build
 from agentrun.models import ScriptedModel
+from agentrun_history import pages
 from agentrun_history.store import HistoryStore, ProgressHub
+from agentrun_operator import kubectl_plugin
 from tests.unit.helpers import tool_graph
 
 pytestmark = pytest.mark.postgres
@@ -263,7 +267,9 @@ async def test_the_history_of_a_10_mb_result_fetches_its_preview_and_digest_not_
     assert len(whole) > MB10
 
 
-async def test_rows_the_store_cannot_read_are_named_and_the_rest_of_the_history_is_shown(pg_dsn: str) -> None:
+async def test_rows_the_store_cannot_read_are_named_and_the_rest_of_the_history_is_shown(
+    pg_dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     @tool
     async def fetch_page(url: str) -> str:
         return f"page {url}"
@@ -314,3 +320,15 @@ async def test_rows_the_store_cannot_read_are_named_and_the_rest_of_the_history_
         "states row version=1",
         f"tool_executions row tool_call_id={fetch.ledger_key!r}",
     ], history.unreadable
+    # The page and kubectl agentrun history name each of them, above everything else.
+    html = pages.timeline(history, {"status": {"phase": "Succeeded"}, "spec": {}})
+    warning = re.search(r"<div class=unreadable role=alert>(.*?)</div>", html, re.S)
+    assert warning and "could not read 3 rows" in warning.group(1), "GUARANTEE BROKEN: the page hides the damage"
+    assert [html_lib.unescape(i) for i in re.findall(r"<li><code>(.*?)</code></li>", warning.group(1), re.S)] == [
+        *history.unreadable
+    ]
+    kubectl_plugin.print_history(history.model_dump(mode="json"))
+    printed = capsys.readouterr().out
+    assert "could not read 3 row(s)" in printed, printed
+    # One line each (PostgreSQL's message has a DETAIL line: joined).
+    assert all(f"  - {' '.join(note.splitlines())}" in printed.splitlines() for note in history.unreadable), printed

@@ -149,3 +149,43 @@ def test_an_answer_on_the_command_line_names_the_question_when_it_is_not_the_one
         kubectl_plugin._chosen("refund", status_of(QUESTION, {"amount": AMOUNT}), args, "approve")
     said = str(refused.value)
     assert "waits on interrupt(s) r-1, not r-0" in said and QUESTION in said and "nothing was answered" in said
+
+
+# A row the store could not read, named by its key: the key holds a message id a run wrote (here a hostile one).
+UNREADABLE = f"tool_executions row tool_call_id='<img src=x onerror=alert(1)>{AMOUNT}:c1': DataError: bad"
+
+
+def test_rows_the_store_could_not_read_are_named_in_a_warning_on_the_page_escaped() -> None:
+    history, run = interrupted_run()
+    html = pages.timeline(history.model_copy(update={"unreadable": [UNREADABLE, "states row version=1: X"]}), run)
+    warning = re.search(r"<div class=unreadable role=alert>(.*?)</div>", html)
+    assert warning, "GUARANTEE BROKEN: the page does not say that rows of the run could not be read"
+    assert "could not read 2 rows" in warning.group(1)
+    items = re.findall(r"<li><code>(.*?)</code></li>", warning.group(1))
+    marked = '<span class=ctl title="U+202E RIGHT-TO-LEFT OVERRIDE">\\u202e</span>'
+    assert items == [
+        f"tool_executions row tool_call_id=&#x27;&lt;img src=x onerror=alert(1)&gt;{marked}00.0001"
+        '<span class=ctl title="U+202C POP DIRECTIONAL FORMATTING">\\u202c</span>:c1&#x27;: DataError: bad',
+        "states row version=1: X",
+    ], items
+    assert "<img" not in html and not DRAWN.search(html)
+    assert html.index("class=unreadable") < html.index("<table class=kv>"), "the warning comes before the summary"
+    assert "class=unreadable" not in pages.timeline(history, run), "a history read whole has no warning"
+
+
+def test_kubectl_agentrun_history_names_the_rows_the_store_could_not_read(capsys: pytest.CaptureFixture[str]) -> None:
+    history, _ = interrupted_run()
+    found = history.model_copy(update={"unreadable": [UNREADABLE, "messages row idx=7: DataError:\nline 2"]})
+    kubectl_plugin.print_history(found.model_dump(mode="json"))
+    kubectl_plugin.note_hidden()
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("WARNING:"))
+    assert "could not read 2 row(s)" in lines[start] and lines[start] == lines[2], out
+    assert lines[start + 1 : start + 3] == [
+        "  - tool_executions row tool_call_id='<img src=x onerror=alert(1)>\\u202e00.0001\\u202c:c1': DataError: bad",
+        "  - messages row idx=7: DataError: line 2",
+    ], out
+    assert not DRAWN.search(out) and "U+202E RIGHT-TO-LEFT OVERRIDE" in err
+    kubectl_plugin.print_history(history.model_dump(mode="json"))
+    assert "WARNING" not in capsys.readouterr().out, "a history read whole has no warning"
