@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from agentrun.history import Digest, RunHistory
+from agentrun.history import Digest, RunHistory, ToolCallRecord
 
 from . import text
 
@@ -360,7 +360,7 @@ def _tool_calls(history: RunHistory) -> str:
         retried = f" (in doubt in attempt {', '.join(map(str, c.in_doubt_in))}, ran again)" if c.in_doubt_in else ""
         rows.append(
             f'<tr class="call outcome-{a(c.outcome)}"><td class=tool>{e(c.name)}</td>'
-            f"<td><code>{e(c.call_id)}</code></td>"
+            f"<td><code>{e(c.call_id)}</code>{_edited(c)}</td>"
             f'<td><span class="badge out-{a(c.outcome)}">{e(c.outcome.replace("_", " "))}</span>{e(retried)}</td>'
             f"<td>{e(c.attempt or '-')}</td><td>{e(replayed)}</td>"
             f"<td>{e(('≤ ' if c.duration_from == 'node' else '') + seconds(c.duration_seconds))}</td>"
@@ -372,6 +372,14 @@ def _tool_calls(history: RunHistory) -> str:
         "<th>Ran in attempt</th><th>Replayed in</th><th>Duration</th><th>Arguments</th><th>Result</th>"
         f"<th>Idempotency key</th></tr></thead><tbody>{''.join(rows)}</tbody></table></section>"
     )
+
+
+def _edited(call: ToolCallRecord) -> str:
+    """The mark of an edited re-run of a call (``ToolCallRecord.edit_of``), naming both ledger keys, or nothing."""
+    if call.edit_of is None:
+        return ""
+    why = f"re-run of {call.edit_of} with other arguments (a fork or an edited message), recorded as {call.ledger_key}"
+    return f' <span class="badge edited" title="{a(why)}">edited re-run</span>'
 
 
 def _steps(history: RunHistory) -> str:

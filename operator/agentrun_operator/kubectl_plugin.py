@@ -795,7 +795,7 @@ def _history_tool_call_rows(found: dict[str, Any]) -> list[list[str]]:
         rows.append(
             [
                 c["name"],
-                c.get("call_id") or "-",
+                (c.get("call_id") or "-") + (" (edited re-run)" if c.get("edit_of") else ""),
                 c["outcome"],
                 shown(c.get("attempt")) or "-",
                 ",".join(str(n) for n in c.get("replayed_in") or []) or "-",

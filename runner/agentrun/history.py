@@ -19,6 +19,16 @@ How each fact is derived (nothing extra is written on the step's path):
   with side effects) to its record, else from the start of its tool node
   (the checkpoint that scheduled it, in the same attempt) to its record: an
   upper bound, which ``duration_from`` says;
+- an **edited** call (a LangGraph fork or an edited message: other arguments
+  under the same message and call ids) ran under its own key,
+  ``<key>#args-<digest prefix>`` (``ledger.edited_key``): a call finds that
+  record when the digest of its arguments (``ledger.args_digest``) names it,
+  or when the key's record or intent holds other arguments (arguments longer
+  than a preview are not known whole here: such a call keeps its key's
+  record, as before edits were told apart); a record of an
+  edited key without its request (a LangGraph thread's: its messages are in
+  LangGraph's tables, not read here) is shown right after the call it
+  re-ran, under that call id, with ``edit_of`` naming its key;
 - **replayed**: the tool's answer was checkpointed by a later attempt than
   the one that recorded it in the ledger, so that attempt took the result
   from the ledger instead of calling the tool (a crash between the record and
@@ -55,7 +65,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from .checkpoint.pg_history import PREVIEW_CHARS, ThreadRows
-from .ledger import idempotency_key, ledger_key
+from .ledger import args_digest, edited_from, edited_key, idempotency_key, ledger_key
+from .messages import ToolCall
 
 __all__ = ["DEPTH_MARKER", "MAX_DEPTH", "PREVIEW_CHARS", "Digest", "RunHistory", "build", "digest"]
 
@@ -102,6 +113,9 @@ class ToolCallRecord(BaseModel):
     # An intent of an earlier attempt than the record's: the call was in doubt there and ran again (retry policy).
     in_doubt_in: list[int] = Field(default_factory=list)
     requested_version: int | None = None
+    # An edited re-run (other arguments under the same message and call ids): the ledger key of the call it
+    # re-ran; it ran and is recorded under its own key (``ledger_key``, ``ledger.edited_key``).
+    edit_of: str | None = None
     started_at: float | None = None
     finished_at: float | None = None
     duration_seconds: float | None = None
@@ -284,18 +298,55 @@ def _tool_calls(rows: ThreadRows, thread_id: str, version_attempt: Mapping[int, 
         requested = _loads(body.get("tool_calls"))
         for call in requested if isinstance(requested, list) else []:
             call_id = call.get("id")
-            key = ledger_key(body.get("id"), call_id)
+            asked = ledger_key(body.get("id"), call_id)
+            key = _ran_under(asked, call.get("arguments"), ledger, intents)
             record = ledger.get(key) if key else None
             intent = intents.get(key) if key else None
             answer = answers.get(str(call_id)) if call_id else None
             if key:
                 seen.add(key)
-            calls.append(_tool_call(call, key, thread_id, version, record, intent, answer, version_attempt))
-    # Ledger records whose request is not among the run's messages (an older turn's, a foreign graph's).
+            made = _tool_call(call, key, thread_id, version, record, intent, answer, version_attempt)
+            made.edit_of = asked if key != asked else None
+            calls.append(made)
+    # Ledger records whose request is not among the run's messages (an older turn's, a foreign graph's, a
+    # LangGraph thread's); an edited re-run goes right after the call it re-ran.
     for key, record in ledger.items():
-        if key not in seen:
-            calls.append(_tool_call({"name": record["tool_name"]}, key, thread_id, None, record, intents.get(key)))
+        if key in seen:
+            continue
+        original = edited_from(key)
+        call = {"name": record["tool_name"], "id": original.split(":", 1)[1] if original and ":" in original else None}
+        made = _tool_call(call, key, thread_id, None, record, intents.get(key))
+        made.edit_of = original
+        after = [i for i, c in enumerate(calls) if original is not None and original in (c.ledger_key, c.edit_of)]
+        calls.insert(after[-1] + 1 if after else len(calls), made)
     return calls
+
+
+def _ran_under(
+    key: str | None, arguments: Any, ledger: Mapping[str, Mapping[str, Any]], intents: Mapping[str, Mapping[str, Any]]
+) -> str | None:
+    """The ledger key a call asked for under ``key`` ran under: ``key``, or its ``edited_key`` when edited.
+
+    Edited: a record or intent exists under the edited key of the call's arguments digest, or the key's own
+    holds other arguments. Arguments not known whole (a preview cut, a value not parsed) keep ``key``."""
+    digest = _arguments_digest(arguments) if key else None
+    if key is None or digest is None:
+        return key
+    edited = edited_key(key, digest)
+    held = next((r.get("args_digest") for r in (ledger.get(key), intents.get(key)) if r and r.get("args_digest")), None)
+    return edited if edited in ledger or edited in intents or held not in (None, digest) else key
+
+
+def _arguments_digest(arguments: Any) -> str | None:
+    """``ledger.args_digest`` of a call's arguments, as the tool node computed it, when its preview is whole."""
+    shown = _digest_of(arguments)
+    if shown is None or shown.truncated:
+        return None
+    try:  # the tool node's own parse: the digest is of the parsed arguments, or of the text it refused
+        parsed: Any = ToolCall(id=None, name="-", arguments=shown.preview).parsed_arguments()
+    except ValueError:
+        parsed = shown.preview
+    return args_digest(parsed)
 
 
 def _tool_call(

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,6 +90,15 @@ def args_digest(arguments: Any) -> str:
 def edited_key(key: str, digest: str) -> str:
     """The ledger key of a call whose key holds another call's arguments (see the module docstring)."""
     return f"{key}#args-{digest[:EDITED_KEY_DIGEST_CHARS]}"
+
+
+_EDITED = re.compile(rf"(.+)#args-[0-9a-f]{{{EDITED_KEY_DIGEST_CHARS}}}")
+
+
+def edited_from(key: str) -> str | None:
+    """The key of the call that ``key`` (an ``edited_key``) is an edited re-run of; ``None`` for any other key."""
+    found = _EDITED.fullmatch(key)
+    return found.group(1) if found else None
 
 
 class HeldByAnotherCall(Exception):

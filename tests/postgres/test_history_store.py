@@ -21,9 +21,10 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
-from agentrun import Command, Message, ToolCall, assistant, interrupt, tool
+from agentrun import Command, Message, Replace, ToolCall, assistant, interrupt, tool
 from agentrun.checkpoint.postgres import PgCheckpointer
 from agentrun.history import PREVIEW_CHARS, build
+from agentrun.ledger import args_digest, edited_key
 from agentrun.models import ScriptedModel
 from agentrun_history import pages
 from agentrun_history.store import HistoryStore, ProgressHub
@@ -332,3 +333,96 @@ async def test_rows_the_store_cannot_read_are_named_and_the_rest_of_the_history_
     assert "could not read 3 row(s)" in printed, printed
     # One line each (PostgreSQL's message has a DETAIL line: joined).
     assert all(f"  - {' '.join(note.splitlines())}" in printed.splitlines() for note in history.unreadable), printed
+
+
+# -- an edited call (issue 31 item 10) in the history: attached to the call it re-ran ---------------------------
+
+
+async def test_a_langgraph_forks_edited_call_shows_as_an_edited_re_run_of_its_call(pg_dsn: str) -> None:
+    """A real LangGraph fork (update_state edits charge_card 4821 -> 9999, same message and call ids) on
+    PostgreSQL, the history server's only store: the edit's record ``ai-1:c1#args-...`` is call c1's edited re-run
+    right after c1, not a call of its own named ``c1#args-...``; each with the idempotency key it was charged with."""
+    from agentrun.integrations.langgraph import AgentrunSaver, LedgerToolNode
+    from tests.support.langgraph_fork import CHARGES, EDITED, ORIGINAL, afork, check, tools
+    from tests.support.langgraph_fork import build as fork_graph
+
+    CHARGES.clear()
+    saver = AgentrunSaver.from_url(pg_dsn)
+    try:
+        node = LedgerToolNode(tools(sync=False), side_effects={"charge_card"})
+        check(await afork(fork_graph(node).compile(checkpointer=saver)), "PostgreSQL")
+    finally:
+        await saver.aclose()
+    reader = HistoryStore(pg_dsn)
+    try:
+        rows = await reader.rows("order-4821", None)
+    finally:
+        await reader.aclose()
+    history = build(rows, namespace="default", name="order-4821", thread_id="order-4821")
+    original, edit = history.tool_calls
+    assert (original.call_id, original.ledger_key, original.edit_of) == ("c1", "ai-1:c1", None)
+    assert (edit.call_id, edit.edit_of) == ("c1", "ai-1:c1"), (
+        f"the edited call shows as a call of its own: {edit.call_id!r}, edit of {edit.edit_of!r}"
+    )
+    assert edit.ledger_key == edited_key("ai-1:c1", args_digest({"order_id": EDITED}))
+    assert [(c.outcome, c.idempotency_key) for c in history.tool_calls] == [("executed", k) for _, k in CHARGES]
+    assert original.result and f"charged order {ORIGINAL}" in original.result.preview
+    assert edit.result and f"charged order {EDITED}" in edit.result.preview
+    # The page and kubectl agentrun history say which call it re-ran.
+    html = pages.timeline(history, {"status": {"phase": "Succeeded"}, "spec": {}})
+    marks = re.findall(r'<span class="badge edited" title="([^"]*)">edited re-run</span>', html)
+    assert [html_lib.unescape(m) for m in marks] == [
+        f"re-run of ai-1:c1 with other arguments (a fork or an edited message), recorded as {edit.ledger_key}"
+    ]
+    rows_shown = kubectl_plugin._history_tool_call_rows(history.model_dump(mode="json"))
+    assert [r[1] for r in rows_shown] == ["CALL ID", "c1", "c1 (edited re-run)"]
+
+
+async def test_a_request_edited_in_the_threads_history_shows_the_record_of_its_own_arguments(
+    pg_dsn: str,
+) -> None:
+    """Our own engine: after charge_card(4821) ran, a node rewrites the thread's history (``Replace``): the request
+    (same message id ai-1, call id c1) now asks for 9999, and its answer is gone; the tool node runs it as an
+    edited call. The request in the history shows the 9999 record (its edited key), not the 4821 record of its
+    key; the 4821 record is left without its request (the request it answered was edited away)."""
+    charged: list[tuple[str, str | None]] = []
+
+    @tool(side_effects=True)
+    async def charge_card(order_id: str, idempotency_key: str | None) -> str:
+        charged.append((order_id, idempotency_key))
+        return f"charged order {order_id}"
+
+    def request(order: str) -> Message:
+        arguments = json.dumps({"order_id": order})
+        return assistant(tool_calls=[ToolCall(id="c1", name="charge_card", arguments=arguments)], id="ai-1")
+
+    def model(state: dict[str, Any]) -> dict[str, Any]:
+        messages = state["messages"]
+        if messages[-1].role == "user":
+            return {"messages": [request("4821")]}
+        if messages[-1].content == "charged order 4821":  # a reviewer corrects the order in the history
+            return {"messages": Replace([messages[0], request("9999")])}
+        return {"messages": [assistant(f"done: {messages[-1].content}")]}
+
+    config = {"thread_id": "default/edited", "attempt": 1, "run_uid": "uid-1"}
+    store = PgCheckpointer(pg_dsn)
+    try:
+        await tool_graph([charge_card], model).compile(store).ainvoke("charge order 4821", config)
+    finally:
+        await store.aclose()
+    assert [o for o, _ in charged] == ["4821", "9999"]
+    reader = HistoryStore(pg_dsn)
+    try:
+        rows = await reader.rows("default/edited", "uid-1")
+    finally:
+        await reader.aclose()
+    history = build(rows, namespace="default", name="edited", uid="uid-1", thread_id="default/edited")
+    edited, original = history.tool_calls
+    assert edited.result and edited.result.preview == "charged order 9999", (
+        f"GUARANTEE BROKEN: the 9999 request shows the result {edited.result and edited.result.preview!r}"
+    )
+    assert (edited.call_id, edited.edit_of) == ("c1", "ai-1:c1") and edited.requested_version is not None
+    assert edited.ledger_key == edited_key("ai-1:c1", args_digest({"order_id": "9999"}))
+    assert original.result and original.result.preview == "charged order 4821"
+    assert (original.ledger_key, original.requested_version, original.edit_of) == ("ai-1:c1", None, None)
+    assert [c.idempotency_key for c in history.tool_calls] == [charged[1][1], charged[0][1]]

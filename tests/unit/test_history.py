@@ -290,3 +290,28 @@ def test_a_stored_value_nested_past_the_cap_is_shown_to_the_cap_with_a_marker_ne
         (value,), depth = value, depth + 1
     assert (value, depth) == (DEPTH_MARKER, MAX_DEPTH), "GUARANTEE BROKEN: a deep value is not cut at the cap"
     json.loads(history.model_dump_json())  # the server's answer, and what kubectl agentrun history reads
+
+
+def test_a_request_whose_key_holds_other_arguments_is_not_shown_with_that_record() -> None:
+    """The key's record was made with other arguments (the request was edited since) and the edited call has no
+    record yet: the request shows no result, and the record shows apart, not as this request's answer."""
+    from agentrun.ledger import args_digest
+
+    rows = ThreadRows(
+        states=[state(1, "tools", "running", 1, 1.0)],
+        messages=[message(1, 1, request(("call_1", "charge_card", '{"order_id": "9999"}')))],
+        ledger=[{**record("charged 4821", "charge_card", "call_1", attempt=1, at=0.5), "args_digest": "0" * 64}],
+    )
+    asked, recorded = build(rows, namespace="default", name="r", thread_id=THREAD).tool_calls
+    edited = f"m-ai:call_1#args-{args_digest({'order_id': '9999'})[:16]}"
+    assert (asked.ledger_key, asked.edit_of, asked.outcome, asked.result) == (edited, "m-ai:call_1", "requested", None)
+    assert (recorded.ledger_key, recorded.requested_version, recorded.result and recorded.result.preview) == (
+        "m-ai:call_1",
+        None,
+        "charged 4821",
+    )
+    # Arguments the history cannot see whole (a preview cut) cannot be told apart: the key's record, as ever.
+    long = json.dumps({"order_id": "9999", "note": "x" * PREVIEW_CHARS})
+    rows.messages[0] = message(1, 1, request(("call_1", "charge_card", long)))
+    (asked,) = build(rows, namespace="default", name="r", thread_id=THREAD).tool_calls
+    assert (asked.ledger_key, asked.edit_of) == ("m-ai:call_1", None)

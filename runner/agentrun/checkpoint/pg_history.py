@@ -194,13 +194,14 @@ _LEDGER = _Table(
     WHERE l.thread_id = $1 AND ($2::text IS NULL OR l.run_uid IS NULL OR l.run_uid = $2) {{one}}
     ORDER BY l.created_at, l.tool_call_id
     """,
-    columns="NULL AS unreadable",
-    plain="NULL AS unreadable",
+    columns="e ->> 'args' AS args_digest, NULL AS unreadable",
+    plain="NULL AS args_digest, NULL AS unreadable",
     parse=_readable("stored"),
     key="l.tool_call_id",
 )
 _INTENTS = """
-    SELECT tool_call_id, tool_name, idempotency_key, attempt, run_uid, extract(epoch FROM started_at)::float8 AS at
+    SELECT tool_call_id, tool_name, idempotency_key, attempt, run_uid, extract(epoch FROM started_at)::float8 AS at,
+           args_digest
     FROM tool_intents WHERE thread_id = $1 AND ($2::text IS NULL OR run_uid IS NULL OR run_uid = $2)
 """
 # The resume value's digest, of its JSON text as stored: never parsed, so never unreadable.
@@ -236,9 +237,10 @@ class ThreadRows:
     states: list[dict[str, Any]] = field(default_factory=list)
     # id, role, tool_call_id, is_error, content: digest, tool_calls: [{id, name, arguments: digest}]
     messages: list[dict[str, Any]] = field(default_factory=list)
-    # result_sha256, result_bytes (of the stored envelope), result_preview, result_truncated, result_is_error
+    # result_sha256, result_bytes (of the stored envelope), result_preview, result_truncated, result_is_error,
+    # args_digest (``ledger.args_digest`` of the call's arguments, as the envelope's "args"; None before digests)
     ledger: list[dict[str, Any]] = field(default_factory=list)
-    intents: list[dict[str, Any]] = field(default_factory=list)
+    intents: list[dict[str, Any]] = field(default_factory=list)  # args_digest, as the ledger's
     inputs: list[dict[str, Any]] = field(default_factory=list)  # resume: digest of its JSON text, or None
     owner: dict[str, Any] | None = None
     stop: dict[str, Any] | None = None
