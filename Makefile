@@ -17,7 +17,7 @@ dev: $(STAMP)  ## create .venv with the project and its test/lint tools
 bytecode: $(STAMP)  ## compile every module once: with PYTHONDONTWRITEBYTECODE set (this machine, the image) no process writes .pyc, so each runner process would compile agentrun from source (~200 ms of CPU per start)
 	$(BIN)/python -m compileall -q -j 0 runner operator kubesim/src devtools bench examples tests hack >/dev/null
 
-test: $(STAMP) bytecode prometheus chromium pgbouncer k8s  ## every tier (the real control plane's binaries built or reused first); needs PostgreSQL and Redis on 127.0.0.1 (.ci/run starts them)
+test: $(STAMP) bytecode prometheus chromium pgbouncer k8s image  ## every tier (the real control plane's binaries and the images built or reused first); needs PostgreSQL and Redis on 127.0.0.1 (.ci/run starts them)
 	$(BIN)/pytest -q
 
 test-unit: $(STAMP)
@@ -77,7 +77,7 @@ dashboard: $(STAMP)  ## helm/agentrun/dashboards/agentrun.json from hack/dashboa
 k8s:  ## the real control plane: kube-apiserver, kube-controller-manager (k8s.io/kubernetes) and etcd built from the Go module proxy at hack/k8s/versions.env's pins into ~/.cache/agentrun/k8s (AGENTRUN_K8S_CACHE); cold about 20 min on 2 cores, then instant (hack/k8s/README.md)
 	bash hack/k8s/build.sh
 
-image: $(STAMP)  ## the images, built here with Debian's podman from the Dockerfile: localhost/agentrun:dev (runtime), localhost/agentrun-demo:dev (demo) and localhost/agentrun-pause:dev (the node's pod sandbox), also as OCI archives in ~/.cache/agentrun/image (AGENTRUN_IMAGE_CACHE); base from Debian's packages, wheels checked against the lock's hashes, no network in the build; cold about 7 min on 2 cores, then instant while its inputs are unchanged (hack/image/build.sh)
+image: $(STAMP)  ## the images, built here with Debian's podman from the Dockerfile: localhost/agentrun:dev (runtime), localhost/agentrun-demo:dev (demo) and localhost/agentrun-pause:dev (the node's pod sandbox), also as OCI archives in ~/.cache/agentrun/image (AGENTRUN_IMAGE_CACHE); base from Debian's packages, wheels checked against the lock's hashes, no network in the build; cold about 4 min on 2 cores (9 beside a Go build), then instant while its inputs are unchanged (hack/image/build.sh)
 	bash hack/image/build.sh
 
 prometheus:  ## Debian's prometheus binary for the metrics test (tests start it themselves; never as a service)
