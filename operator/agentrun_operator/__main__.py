@@ -17,6 +17,7 @@ import signal
 import sys
 
 import kopf
+from kopf._core.engines.peering import Identity
 
 from agentrun.logs import configure_logging
 
@@ -139,6 +140,9 @@ async def _lead(
             clusterwide=not settings.namespaces,
             namespaces=settings.namespaces,
             stop_flag=kopf_stop,
+            # Without it kopf derives one from getpass.getuser(), which raises where the process's uid has no
+            # passwd entry: the image's 65532 on a Debian base, OpenShift's arbitrary uids.
+            identity=Identity(settings.identity),
         )
     )
     watchers = {operator, asyncio.create_task(stop.wait())}
