@@ -24,6 +24,7 @@ import pytest
 if TYPE_CHECKING:
     from kubesim.node import NodeCluster
     from kubesim.real import Binaries
+    from tests.node.support import InstalledChart
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = ROOT / "hack" / "image" / "build.sh"
@@ -99,3 +100,28 @@ def node_cluster(
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def agentrun_chart(
+    node_cluster: NodeCluster, images: Images, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[InstalledChart]:
+    """helm/agentrun installed on the node with real Helm (``tests/node/support.py``): the operator (two
+    replicas, one leader) and the history server as Deployments, a PostgreSQL of their own on the node's
+    host address; for the session. Fails with Helm's words and the pods' state when it cannot."""
+    from tests.node.support import ChartError, install_chart
+
+    try:
+        with install_chart(node_cluster, images, tmp_path_factory.mktemp("chart")) as chart:
+            yield chart
+    except ChartError as e:
+        pytest.fail(str(e), pytrace=False)
+
+
+@pytest.fixture
+def run_namespace(agentrun_chart: InstalledChart) -> Iterator[str]:
+    """A namespace of the test's own on the chart's cluster: restricted Pod Security, the store Secret
+    ``agentrun-store`` (as examples/*.yaml name it); deleted after the test."""
+    name = agentrun_chart.new_namespace()
+    yield name
+    agentrun_chart.delete_namespace(name)
