@@ -19,7 +19,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 
@@ -71,10 +71,23 @@ class PrivatePostgres:
 
     ``settings`` are extra server settings (``-c name=value``); ``timeout`` bounds each ``pg_ctl`` call.
     PostgreSQL refuses to run as root, so as root the server runs as the ``postgres`` OS user.
+    ``listen``: more addresses than 127.0.0.1 to listen on (a real node's pods reach the host's address on the
+    node's link, ``kubesim.node``); ``hba``: ``pg_hba.conf`` lines appended (say, password access for the pods'
+    subnet: loopback alone is trusted).
     """
 
-    def __init__(self, *, settings: Mapping[str, str] = {}, timeout: int = 30, prefix: str = "agentrun-pg-") -> None:
+    def __init__(
+        self,
+        *,
+        settings: Mapping[str, str] = {},
+        timeout: int = 30,
+        prefix: str = "agentrun-pg-",
+        listen: Sequence[str] = (),
+        hba: Sequence[str] = (),
+    ) -> None:
         self.port = free_port()
+        self.listen = ("127.0.0.1", *listen)
+        self.hba = tuple(hba)
         self.root = Path(tempfile.mkdtemp(prefix=prefix))
         self.data = self.root / "data"
         self.log = self.root / "server.log"
@@ -96,10 +109,13 @@ class PrivatePostgres:
     def init(self) -> None:
         """Create the data directory (``initdb``, trust authentication)."""
         self._run(pg_bin("initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8")
+        if self.hba:
+            with open(self.data / "pg_hba.conf", "a") as hba:
+                hba.write("".join(line + "\n" for line in self.hba))
 
     def start(self) -> None:
         """Start the server on its port and wait until it accepts connections."""
-        options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off"
+        options = f"-p {self.port} -k {self.root} -c listen_addresses={','.join(self.listen)} -c fsync=off"
         options += "".join(f" -c {name}={value}" for name, value in self.settings.items())
         pg_ctl = pg_bin("pg_ctl")
         self._run(
@@ -135,22 +151,35 @@ class PrivatePostgres:
 
 
 class PrivateRedis:
-    """A redis-server without persistence, in ``root``; ``stop()`` and ``start()`` keep its port."""
+    """A redis-server without persistence, in ``root``; ``stop()`` and ``start()`` keep its port.
 
-    def __init__(self, root: Path) -> None:
+    ``listen``: more addresses than 127.0.0.1 (as ``PrivatePostgres``); ``password``: required of every client
+    (``requirepass``), in the URL too.
+    """
+
+    def __init__(self, root: Path, *, listen: Sequence[str] = (), password: str | None = None) -> None:
         self.port = free_port()
         self.root = root
+        self.listen = ("127.0.0.1", *listen)
+        self.password = password
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
         """The server's Redis URL (database 0)."""
-        return f"redis://127.0.0.1:{self.port}/0"
+        return self.url_at("127.0.0.1")
+
+    def url_at(self, host: str) -> str:
+        """The server's Redis URL at one of its addresses, with the password when it has one."""
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}{host}:{self.port}/0"
 
     def start(self) -> None:
         """Start redis-server without persistence on its port and wait until it answers."""
         self.root.mkdir(parents=True, exist_ok=True)
-        argv = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        argv = ["redis-server", "--port", str(self.port), "--bind", *self.listen, "--save", "", "--appendonly", "no"]
+        if self.password:
+            argv += ["--requirepass", self.password]
         self.process = subprocess.Popen(
             [*argv, "--dir", str(self.root)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )

@@ -23,7 +23,11 @@ Hazards, first:
   it a moment later (pods are admitted meanwhile; a token request or a RoleBinding test that
   needs the account is not): ``create_namespace()`` waits for it, ``start()`` for ``default``'s.
 - The scheduler is not run: the kubelet stand-in binds pods itself with the admin identity
-  (``binder``), as kubesim's does, since a node may not bind pods (see kubelet.py).
+  (``binder``), as kubesim's does, since a node may not bind pods (see kubelet.py). The real node
+  (``kubesim.node``) runs kube-scheduler with its kubelet.
+- ``bind_address``: kube-apiserver listens on one address, 127.0.0.1 by default. A real node's pods
+  reach it on the node link's host address (``kubesim.node``): then it binds and advertises that
+  address, and the ``kubernetes`` Service's endpoints point there (they may not be loopback).
 """
 
 from __future__ import annotations
@@ -187,11 +191,14 @@ class RealControlPlane:
         apiserver_args: Sequence[str] = (),
         controller_manager_args: Sequence[str] = (),
         bins: Binaries | None = None,
+        bind_address: str = "127.0.0.1",
     ) -> None:
         """``users``: static token users (name -> groups) besides the admin and the ``nodes``'
         kubelets; ``apiserver_args`` / ``controller_manager_args``: flags appended to the defaults
-        (``--node-monitor-grace-period=6s`` to see a lost node sooner, say)."""
+        (``--node-monitor-grace-period=6s`` to see a lost node sooner, say); ``bind_address``: the
+        one address kube-apiserver listens on and advertises (see the module docstring)."""
         self.workdir = workdir
+        self.bind_address = bind_address
         self.controllers = tuple(controllers)
         self.apiserver_args = tuple(apiserver_args)
         self.controller_manager_args = tuple(controller_manager_args)
@@ -304,7 +311,7 @@ class RealControlPlane:
             "kube-apiserver",
             server=True,
             dns_names=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"),
-            ip_addresses=("127.0.0.1", "10.96.0.1"),
+            ip_addresses=tuple(dict.fromkeys(("127.0.0.1", self.bind_address, "10.96.0.1"))),
         )
         kubelet_client = ca.issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client", client=True)
         controller_manager = ca.issue("controller-manager", "system:kube-controller-manager", client=True)
@@ -312,7 +319,7 @@ class RealControlPlane:
         tokens = pki_dir / "tokens.csv"
         self._users.write(tokens)
         etcd_port, peer_port, api_port, kcm_port = (free_port() for _ in range(4))
-        self.url = f"https://127.0.0.1:{api_port}"
+        self.url = f"https://{self.bind_address}:{api_port}"
         _LIVE.add(self)
         try:
             self._spawn(
@@ -332,8 +339,8 @@ class RealControlPlane:
                 "kube-apiserver",
                 bins.path("kube-apiserver"),
                 f"--etcd-servers=http://127.0.0.1:{etcd_port}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
+                f"--bind-address={self.bind_address}",
+                f"--advertise-address={self.bind_address}",
                 f"--secure-port={api_port}",
                 f"--cert-dir={self.workdir / 'apiserver-certs'}",
                 f"--tls-cert-file={serving.cert}",
@@ -347,9 +354,9 @@ class RealControlPlane:
                 f"--service-account-key-file={sa.cert}",
                 f"--service-account-signing-key-file={sa.key}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
-                # Endpoints may not hold a loopback address: the `kubernetes` Service stays without
-                # endpoints rather than the reconciler failing every 10 s.
-                "--endpoint-reconciler-type=none",
+                # Endpoints may not hold a loopback address: on loopback the `kubernetes` Service stays
+                # without endpoints rather than the reconciler failing every 10 s.
+                f"--endpoint-reconciler-type={'none' if self.bind_address.startswith('127.') else 'lease'}",
                 f"--kubelet-certificate-authority={ca.pair.cert}",
                 f"--kubelet-client-certificate={kubelet_client.cert}",
                 f"--kubelet-client-key={kubelet_client.key}",
