@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: bytecode k8s image cluster dashboard prometheus chromium pgbouncer bench chaos dev test test-unit test-integration test-postgres test-cluster test-badinput test-chart lint demo demo-local e2e-kind deploy-manifests lock clean
+.PHONY: bytecode k8s image node node-packages cluster dashboard prometheus chromium pgbouncer bench chaos dev test test-unit test-integration test-postgres test-cluster test-badinput test-chart lint demo demo-local e2e-kind deploy-manifests lock clean
 
 $(STAMP): pyproject.toml kubesim/pyproject.toml devtools/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -17,7 +17,7 @@ dev: $(STAMP)  ## create .venv with the project and its test/lint tools
 bytecode: $(STAMP)  ## compile every module once: with PYTHONDONTWRITEBYTECODE set (this machine, the image) no process writes .pyc, so each runner process would compile agentrun from source (~200 ms of CPU per start)
 	$(BIN)/python -m compileall -q -j 0 runner operator kubesim/src devtools bench examples tests hack >/dev/null
 
-test: $(STAMP) bytecode prometheus chromium pgbouncer k8s image  ## every tier (the real control plane's binaries and the images built or reused first); needs PostgreSQL and Redis on 127.0.0.1 (.ci/run starts them)
+test: $(STAMP) bytecode prometheus chromium pgbouncer k8s image node-packages  ## every tier (the real control plane's binaries and the images built or reused first); needs PostgreSQL and Redis on 127.0.0.1 (.ci/run starts them)
 	$(BIN)/pytest -q
 
 test-unit: $(STAMP)
@@ -79,6 +79,12 @@ k8s:  ## the real control plane: kube-apiserver, kube-controller-manager (k8s.io
 
 image: $(STAMP)  ## the images, built here with Debian's podman from the Dockerfile: localhost/agentrun:dev (runtime), localhost/agentrun-demo:dev (demo) and localhost/agentrun-pause:dev (the node's pod sandbox), also as OCI archives in ~/.cache/agentrun/image (AGENTRUN_IMAGE_CACHE); base from Debian's packages, wheels checked against the lock's hashes, no network in the build; cold about 4 min on 2 cores (9 beside a Go build), then instant while its inputs are unchanged (hack/image/build.sh)
 	bash hack/image/build.sh
+
+node: $(STAMP) k8s image node-packages  ## a real node joined to the real control plane, kept until Ctrl-C (kubesim.node): containerd and runc (Debian's), CNI bridge, kubelet, kube-proxy, kube-scheduler, the images imported; pods reach only their subnet, Service IPs and the host address the API server listens on; root; about 25 s to Ready, Ctrl-C removes pods, mounts, namespaces, cgroups and processes (python -m kubesim.node sweep after a crash)
+	$(BIN)/python -m kubesim.node
+
+node-packages:  ## Debian's containerd, runc, containernetworking-plugins and nftables for the real node (installed without starting their services)
+	bash scripts/node_packages.sh
 
 prometheus:  ## Debian's prometheus binary for the metrics test (tests start it themselves; never as a service)
 	bash scripts/prometheus.sh
