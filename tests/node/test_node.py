@@ -246,6 +246,7 @@ def test_nothing_of_a_stopped_node_survives_it(node_cluster: NodeCluster, images
     assert "table ip kube-proxy" in tables.stdout  # kube-proxy's rules, inside the node's namespace
     assert len(veths.stdout.splitlines()) >= 2  # eth0 (to the host) and the pod's
     assert after.empty(), after
+    assert (slot.image_dir / nodehost.CLEAN).exists()  # containerd's root kept for the next node: images only
     assert _gone(during.processes) == during.processes  # containerd, kubelet, shims, the pod's processes
     assert not Path(f"/sys/class/net/{slot.host_link}").exists()
     host_tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True, check=True).stdout
@@ -295,6 +296,7 @@ def test_a_node_whose_owner_was_sigkilled_is_swept_by_the_next_start(
     with NodeCluster(tmp_path / "next", slot=slot.index, archives=node_cluster.node._archives) as cluster:
         swept = cluster.node.swept_at_start
         assert swept is not None and swept.killed and swept.unmounted, swept
+        assert f"folder {slot.image_dir}" in swept.removed  # a store that did not stop cleanly is not reused
         assert _gone(left.processes) == left.processes  # none of the old processes, before this node's first pod
         old_pod_mounts = {m for m in left.mounts if not m.endswith("/kubelet")}  # the kubelet's own is made anew
         assert old_pod_mounts and not old_pod_mounts & set(nodehost.inventory(slot).mounts)

@@ -50,6 +50,7 @@ import signal
 import ssl
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 import urllib.error
@@ -234,6 +235,7 @@ class RealNode:
         try:
             slot = self.slot
             nodehost.write_state(slot, owner=os.getpid(), pids={}, data_dir=str(slot.data_dir))
+            (slot.image_dir / nodehost.CLEAN).unlink(missing_ok=True)  # in use from now: a crash leaves it unclean
             nodehost.setup_network(slot)
             self._procs = nodehost.setup_cgroups(slot)
         except BaseException:
@@ -291,9 +293,13 @@ class RealNode:
             if self._daemons and self.plane is not None:
                 self._drain(claim.slot)
             logger.debug("node %s: drained at %.1f s", claim.slot.name, time.monotonic() - started)
-            for name in ("kube-scheduler", "kube-proxy", "kubelet", "containerd"):
+            for name in ("kube-scheduler", "kube-proxy", "kubelet"):
                 self._stop_daemon(name)
                 logger.debug("node %s: %s stopped at %.1f s", claim.slot.name, name, time.monotonic() - started)
+            forgotten = "containerd" in self._daemons and self._forget_containers()
+            if self._stop_daemon("containerd") == 0 and forgotten:
+                (claim.slot.image_dir / nodehost.CLEAN).touch()  # only images left: the next node starts from them
+            logger.debug("node %s: containerd stopped at %.1f s", claim.slot.name, time.monotonic() - started)
             if self.plane is not None and self.plane.bind_address == claim.slot.host_address:
                 self.plane.stop()  # it listens on the link the sweep removes: it must not outlive it
                 logger.debug("node %s: plane stopped at %.1f s", claim.slot.name, time.monotonic() - started)
@@ -423,8 +429,15 @@ class RealNode:
             time.sleep(0.1)
 
     def _import_images(self) -> None:
+        """Import each archive whose image the store does not hold at the archive's digest already."""
         assert self._archives is not None
+        held = {}
+        for line in self.ctr("images", "list").stdout.splitlines()[1:]:
+            ref, _, digest, *_ = line.split()
+            held[ref] = digest
         for name, archive in self._archives.items():
+            if held.get(name) == archive_digest(archive):
+                continue
             base = name.rsplit(":", 1)[0]
             done = self.ctr("images", "import", f"--base-name={base}", str(archive), timeout=600)
             if done.returncode != 0:
@@ -452,18 +465,33 @@ class RealNode:
         pids[name] = {"pid": popen.pid, "start": nodehost.start_time(popen.pid)}
         nodehost.write_state(slot, pids=pids)
 
-    def _stop_daemon(self, name: str, sig: signal.Signals = signal.SIGTERM) -> None:
+    def _stop_daemon(self, name: str, sig: signal.Signals = signal.SIGTERM) -> int | None:
+        """Stop one daemon (``sig``, SIGKILL after STOP_GRACE); its exit status, None if it was not running."""
         daemon = self._daemons.pop(name, None)
         if daemon is None:
-            return
+            return None
         if daemon.popen.poll() is None:
             daemon.popen.send_signal(sig)
         try:
-            daemon.popen.wait(STOP_GRACE)
+            return daemon.popen.wait(STOP_GRACE)
         except subprocess.TimeoutExpired:
             logger.warning("%s did not stop in %s s after %s; killing it", name, STOP_GRACE, sig.name)
             daemon.popen.kill()
-            daemon.popen.wait()
+            return daemon.popen.wait()
+
+    def _forget_containers(self) -> bool:
+        """Once the kubelet is gone: kill what still runs and delete every container (and its snapshot)
+        from containerd's store, so that only images are left in it; False if one could not be deleted."""
+        for task in self.ctr("tasks", "list", "--quiet", timeout=30).stdout.split():
+            self.ctr("tasks", "kill", "--signal=SIGKILL", task, timeout=30)
+            self.ctr("tasks", "delete", "--force", task, timeout=30)
+        listed = self.ctr("containers", "list", "--quiet", timeout=30)
+        if listed.returncode != 0:
+            return False
+        if listed.stdout.split() and self.ctr("containers", "delete", *listed.stdout.split(), timeout=60).returncode:
+            return False
+        after = self.ctr("containers", "list", "--quiet", timeout=30)
+        return after.returncode == 0 and not after.stdout.split()
 
     def _check_alive(self) -> None:
         for daemon in self._daemons.values():
@@ -525,6 +553,17 @@ class RealNode:
             logger.warning("node %s: could not drain through the API (%s); the sweep kills its pods", slot.name, e)
 
 
+def archive_digest(archive: Path) -> str | None:
+    """The manifest digest an OCI archive's index names (what ``ctr images list`` shows once imported)."""
+    with tarfile.open(archive) as tar:
+        index = next((m for m in tar if m.name.lstrip("./") == "index.json"), None)
+        member = tar.extractfile(index) if index is not None else None
+        if member is None:
+            return None
+        manifests = json.load(member).get("manifests", [])
+    return str(manifests[0]["digest"]) if len(manifests) == 1 else None
+
+
 def _node_ready(plane: RealControlPlane | None, name: str) -> bool:
     assert plane is not None
     node = plane.get("nodes", name, None)
@@ -550,7 +589,7 @@ def containerd_config(slot: Slot) -> str:
     cri = 'plugins."io.containerd.grpc.v1.cri"'
     return f"""\
 version = 2
-root = "{data}/containerd"
+root = "{slot.image_dir}"
 state = "{state}/containerd"
 disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
   "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs",

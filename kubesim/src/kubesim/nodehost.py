@@ -62,6 +62,7 @@ SERVICE_CIDR = "10.96.0.0/16"  # kubesim.real's; routed to the node's bridge for
 # than leaving by the default route.
 GUARD_ROUTES = ("10.244.0.0/16", "10.245.0.0/16")
 GUARD_METRIC = "4000"
+CLEAN = ".clean"  # in a slot's image_dir: written after a stop that deleted every container
 CGROUP_FS = Path("/sys/fs/cgroup")
 TRACKING_HIERARCHY = "pids"  # the daemons' cgroup lives here only: their memory accounting stays where it was
 # What the kubelet sets host-wide before it runs (pkg/kubelet/cm/container_manager_linux.go, setupKernelTunables).
@@ -109,6 +110,12 @@ class Slot:
     def data_dir(self) -> Path:
         """containerd's root (images, snapshots), the kubelet's root, pod logs, configs."""
         return DATA_ROOT / str(self.index)
+
+    @property
+    def image_dir(self) -> Path:
+        """containerd's root (images, unpacked layers): kept from one node to the next as a cache when the
+        node stopped cleanly (``.clean``: every container deleted), removed by the sweep otherwise."""
+        return DATA_ROOT / "images" / str(self.index)
 
     @property
     def netns(self) -> str:
@@ -438,7 +445,7 @@ def sweep(slot: Slot) -> SweepReport:
     report = SweepReport()
     report.killed = kill_processes(slot)
     shim_sockets = _shim_sockets(slot)
-    report.unmounted = unmount_under(slot.data_dir, slot.state_dir)
+    report.unmounted = unmount_under(slot.data_dir, slot.state_dir, slot.image_dir)
     logger.debug("slot %s: processes and mounts at %.2f s", slot.index, time.monotonic() - started)
     if slot.netns_path.exists():
         _run("ip", "netns", "delete", slot.netns, check=False)
@@ -450,7 +457,8 @@ def sweep(slot: Slot) -> SweepReport:
     report.removed += _remove_cgroups(slot)
     logger.debug("slot %s: cgroups at %.2f s", slot.index, time.monotonic() - started)
     report.removed += _remove_shared_files(slot, shim_sockets)
-    for folder in (slot.data_dir, slot.state_dir):
+    stale_images = [slot.image_dir] if not (slot.image_dir / CLEAN).exists() else []
+    for folder in (slot.data_dir, slot.state_dir, *stale_images):
         if folder.exists():
             shutil.rmtree(folder)
             report.removed.append(f"folder {folder}")
@@ -635,7 +643,7 @@ def inventory(slot: Slot) -> Inventory:
     """Everything of ``slot`` present now: processes (by cgroup and recorded pid), mounts under its
     folders (overlays, the kubelet's, pods' namespaces), its network namespace, its host link, its
     host routes (and the guard routes when no other node is live), its cgroups in any hierarchy, its
-    folders and its files in the shared places."""
+    folders and its files in the shared places. Not the image store a clean stop keeps (``image_dir``)."""
     netns = [slot.netns] if slot.netns_path.exists() else []
     links = [slot.host_link] if _link_exists(slot.host_link) else []
     routes = _slot_routes(slot)
@@ -643,6 +651,8 @@ def inventory(slot: Slot) -> Inventory:
         routes += [f"unreachable {guard}" for guard in _guard_routes()]
     cgroups = [str(h / slot.cgroup.lstrip("/")) for h in cgroup_hierarchies() if (h / slot.cgroup.lstrip("/")).exists()]
     files = [str(f) for f in (slot.data_dir, slot.state_dir) if f.exists()]
+    if slot.image_dir.exists() and not (slot.image_dir / CLEAN).exists():
+        files.append(str(slot.image_dir))  # a store in use, or left by a node that did not stop cleanly
     if CONTAINER_LOG_LINKS.is_dir():
         files += [
             str(link)
