@@ -12,7 +12,9 @@ and injects faults. ``kubesim.pytest_plugin`` gives tests ``cluster`` and
 kube-apiserver and kube-controller-manager built by ``hack/k8s/build.sh``, on
 loopback with certificates from ``kubesim.pki``, and the same kubelet stand-in
 as its node; the plugin's ``real_cluster`` and ``real_kubelet`` fixtures give it
-to tests.
+to tests. ``kubesim.node`` (``RealNode``, ``NodeCluster``, ``python -m kubesim.node``)
+adds a real node: containerd, runc, CNI, the kubelet, kube-proxy and kube-scheduler,
+with ``kubesim.nodehost`` for what it puts on the host and the sweep that removes it.
 
 Modules. The API server: ``emulator`` (the server and its routes), ``registry``
 (what a write does to stored objects), ``resources`` (what is served: CRDs and
@@ -25,7 +27,7 @@ that way), ``limits`` (sizes and nesting), ``apierrors`` (``v1 Status``),
 ``rbac`` (opt-in authorization). Around it: ``cluster`` (a server on a thread,
 driven like a user would), ``access`` (a client's URL and identity),
 ``kubelet`` (the stand-in), ``real`` and ``pki`` (the real control plane and its
-certificates), ``pytest_plugin``, ``testing`` (small builders), ``__main__`` (``python -m kubesim``:
+certificates), ``node`` and ``nodehost`` (the real node), ``pytest_plugin``, ``testing`` (small builders), ``__main__`` (``python -m kubesim``:
 the server, its kubeconfig, optionally the kubelet).
 
 The names below are imported on first use: pytest loads the plugin in every
