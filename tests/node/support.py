@@ -38,7 +38,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -194,15 +194,31 @@ class InstalledChart:
         holder = ((lease or {}).get("spec") or {}).get("holderIdentity")
         return str(holder) if holder else None
 
-    def wait_for_leader(self, timeout: float = 120, *, other_than: str | None = None) -> str:
-        """The name of a Running operator pod holding the Lease (not ``other_than``)."""
+    def wait_for_leader(
+        self, timeout: float = 120, *, other_than: str | None = None, excluding: Collection[str] = ()
+    ) -> str:
+        """The name of a Ready operator pod holding the Lease, neither ``other_than`` nor one of ``excluding``."""
+        refused = {*excluding, *([other_than] if other_than else [])}
 
         def running_leader() -> str | None:
             holder = self.leader()
             running = {p["metadata"]["name"] for p in self.operator_pods() if _ready(p)}
-            return holder if holder in running and holder != other_than else None
+            return holder if holder in running and holder not in refused else None
 
         return self.wait_for(running_leader, timeout=timeout, message="a Ready operator pod to hold the Lease")
+
+    def wait_operator_ready(self, timeout: float = 180) -> list[dict[str, Any]]:
+        """The operator Deployment's pods once as many are Ready as it wants (none terminating), and one leads."""
+        deployment = self.plane.get("deployments", f"{RELEASE}-operator", self.namespace)
+        wanted = int((deployment or {}).get("spec", {}).get("replicas", 0))
+
+        def ready() -> list[dict[str, Any]] | None:
+            pods = self.operator_pods()
+            return pods if len(pods) == wanted and all(_ready(p) for p in pods) else None
+
+        pods = self.wait_for(ready, timeout=timeout, message=f"{wanted} Ready operator pods")
+        self.wait_for_leader(timeout)
+        return pods
 
     # --- runs ---------------------------------------------------------------------------------------------------
 
@@ -393,6 +409,7 @@ class KeptFiles:
         # Inside the kubelet's root: a hard link cannot cross its bind mount.
         self.folder = chart.node.slot.data_dir / "kubelet" / f"kept-by-tests-{secrets.token_hex(3)}"
         self.by_uid: dict[str, Path] = {}
+        self.errors: list[str] = []
         self._stop = threading.Event()
 
     def path(self, pod: dict[str, Any]) -> Path | None:
@@ -410,17 +427,22 @@ class KeptFiles:
         finally:
             self._stop.set()
             watcher.join(timeout=10)
+        assert not self.errors, f"files of the pods' /tmp could not be kept: {self.errors}"
 
     def _watch(self) -> None:
         while True:
             stopping = self._stop.is_set()
             for found in self._pods.glob(f"*/volumes/kubernetes.io~empty-dir/tmp/{self.name}"):
-                uid = found.parts[-6]
+                uid = found.parts[-5]  # pods/<uid>/volumes/kubernetes.io~empty-dir/tmp/<name>
                 if uid not in self.by_uid:
                     kept = self.folder / f"{uid}-{self.name}"
-                    with contextlib.suppress(FileNotFoundError):  # the emptyDir went meanwhile: nothing to keep
+                    try:
                         os.link(found, kept)
                         self.by_uid[uid] = kept
+                    except FileNotFoundError:  # the emptyDir went meanwhile: nothing left to keep
+                        pass
+                    except OSError as e:  # said by keep() when the block ends
+                        self.errors.append(f"{found} -> {kept}: {e}")
             if stopping:
                 return
             time.sleep(0.02)

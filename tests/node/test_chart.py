@@ -14,8 +14,18 @@ import json
 from typing import Any
 
 import pytest
+import yaml
 
-from tests.node.support import RELEASE_NAMESPACE, InstalledChart, dump, release_objects
+from examples.support_agent import count_effects
+from tests.node.support import (
+    OPERATOR_SELECTOR,
+    RELEASE_NAMESPACE,
+    ROOT,
+    InstalledChart,
+    KeptFiles,
+    dump,
+    release_objects,
+)
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -97,3 +107,42 @@ def test_helm_install_puts_the_operator_and_the_history_server_on_the_node_as_re
     assert not _can(chart, operator_user, "patch", "agentruns", run_namespace)  # only its status
     assert not _can(chart, history_user, "list", "agentruns", run_namespace)
     assert not _can(chart, history_user, "get", "pods", run_namespace)
+
+
+def test_the_operator_pods_deleted_mid_run_are_replaced_and_a_new_one_takes_over_without_a_second_runner_pod(
+    agentrun_chart: InstalledChart, run_namespace: str
+) -> None:
+    """Item 4 g: every operator pod (the leader and the standby) deleted while a runner is inside a tool."""
+    chart, ns = agentrun_chart, run_namespace
+    before = {p["metadata"]["name"] for p in chart.wait_operator_ready()}
+    manifest = yaml.safe_load((ROOT / "examples" / "agentrun.yaml").read_text())
+    manifest["spec"]["podTemplate"]["env"].append({"name": "SUPPORT_TOOL_DELAY_SEND_RECEIPT", "value": "20"})
+    run, thread = manifest["metadata"]["name"], f"{ns}/{manifest['spec']['threadId']}"
+    with KeptFiles(chart, "support_effects.db").keep() as kept:
+        applied = chart.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(manifest))
+        assert applied.returncode == 0, applied.stderr
+        chart.wait_runner(ns, f"{run}-1")
+        chart.wait_for(
+            lambda: any(e.tool_name == "charge_card" for e in chart.ledger(thread)),
+            timeout=120,
+            message="charge_card in the ledger",
+        )
+        at_delete = chart.run(ns, run)["status"]
+        deleted = chart.kubectl("delete", "pods", "-n", RELEASE_NAMESPACE, "-l", OPERATOR_SELECTOR, "--wait=false")
+        assert deleted.returncode == 0, deleted.stderr
+        new_leader = chart.wait_for_leader(timeout=180, excluding=before)
+        status = chart.wait_phase(ns, run, "Succeeded", "Failed", timeout=240)
+        chart.wait_pod_ended(ns, f"{run}-1")
+    after = {p["metadata"]["name"] for p in chart.wait_operator_ready()}
+    pods = chart.runner_pods(ns, run)
+    new_log = chart.kubectl("logs", "-n", RELEASE_NAMESPACE, new_leader).stdout
+
+    assert (at_delete["phase"], at_delete["podName"]) == ("Running", f"{run}-1"), dump(at_delete)
+    assert len(before) == 2 and not before & after and new_leader in after, (before, after, new_leader)
+    assert "acquired the leader lease" in new_log, new_log[-3000:]
+    assert [p["metadata"]["name"] for p in pods] == [f"{run}-1"]  # no second runner pod
+    assert status["phase"] == "Succeeded", dump(status)
+    assert (status["attempt"], status.get("restarts", 0), status.get("disruptions", 0)) == (1, 0, 0), dump(status)
+    assert status["toolCalls"] == {"executed": 3, "replayed": 0}, dump(status)
+    kept_file = kept.path(pods[0])
+    assert kept_file is not None and count_effects(str(kept_file))["charges"] == 1
