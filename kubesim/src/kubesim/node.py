@@ -9,11 +9,16 @@ and a node together (``python -m kubesim.node``, ``make node``, the ``tests/node
 Hazards, first:
 
 - Root only, and it changes the host while it runs (``kubesim.nodehost`` has the list: a network
-  namespace, a veth, a route, cgroups, six kernel sysctls the kubelet insists on). ``stop()``
+  namespace, a veth, routes, cgroups, six kernel sysctls the kubelet insists on). ``stop()``
   removes all of it and restores the sysctls: pods first (deleted through the API, then whatever
-  is left killed by cgroup), then the daemons, mounts, namespaces, links, cgroups and folders. A
-  node whose owner was SIGKILLed is swept by the next node's start (a lock per slot tells a live
-  node from a dead one), or by ``python -m kubesim.node sweep``.
+  is left killed by cgroup), then the daemons, the plane bound to the node's link, mounts,
+  namespaces, links, cgroups and folders. What stays is containerd's image store, per slot, as a
+  cache for the next node (only after a clean stop: no container left in it). A node whose owner
+  was SIGKILLed is swept by the next node's start (a lock per slot tells a live node from a dead
+  one), or by ``python -m kubesim.node sweep``.
+- A plane bound to the node's link (``plane_options()``) must not outlive the link: its own requests
+  to itself would fail and, without the guard routes the host keeps while a node lives, leave by
+  the default route. ``RealNode.stop()`` stops it before the sweep.
 - Its daemons die with the process that started them (``PR_SET_PDEATHSIG``, from the main thread);
   its containers do not (their shims are not children of containerd): the sweep ends them.
 - The network: the node lives in a network namespace of its own with no route off the machine. Pods
@@ -22,8 +27,9 @@ Hazards, first:
   bound there: ``NodeCluster``) and where a store a pod should reach must listen too. No masquerade,
   no default route, no DNS server (pods keep the host's resolv.conf; its server is unreachable).
 - Images are never pulled: the OCI archives in ``$AGENTRUN_IMAGE_CACHE`` (``make image``) are imported
-  into the node's own containerd at start, ``localhost/agentrun-pause:dev`` (the sandbox image)
-  required. Pods name them as ``localhost/<name>:dev``.
+  into the node's own containerd at start, unless its store holds them at the same digest already,
+  ``localhost/agentrun-pause:dev`` (the sandbox image) required. Pods name them as
+  ``localhost/<name>:dev`` (``imagePullPolicy: Never`` or ``IfNotPresent``).
 - containerd is Debian's 1.6 (not v2 from the Go modules): it is what the notes verified on this
   machine kind, installs in seconds (``scripts/node_packages.sh``), and the kubelet 1.37 runs on it.
   What 1.6 lacks is the CRI ``RuntimeConfig`` call (the kubelet logs "Unimplemented" and uses its
