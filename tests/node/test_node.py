@@ -21,8 +21,8 @@ import pytest
 
 from agentrun_dev.servers import PrivatePostgres, PrivateRedis
 from kubesim import nodehost
-from kubesim.node import NodeCluster
-from kubesim.real import RealControlPlane
+from kubesim.node import NodeCluster, NodeError, RealNode
+from kubesim.real import Binaries, RealControlPlane
 from tests.node.conftest import Images
 
 # A node's start (a plane, containerd, the images, kubelet) is part of the first test's time.
@@ -301,3 +301,20 @@ def test_a_node_whose_owner_was_sigkilled_is_swept_by_the_next_start(
         old_pod_mounts = {m for m in left.mounts if not m.endswith("/kubelet")}  # the kubelet's own is made anew
         assert old_pod_mounts and not old_pod_mounts & set(nodehost.inventory(slot).mounts)
     assert (final := nodehost.inventory(slot)).empty(), final
+
+
+@pytest.mark.parametrize("missing", ["images", "binaries"])
+def test_a_node_that_cannot_start_says_in_one_line_what_is_missing_and_how_to_get_it(
+    missing: str, real_binaries: Binaries, tmp_path: Path
+) -> None:
+    archives = {} if missing == "images" else None
+    bins = Binaries(tmp_path) if missing == "binaries" else real_binaries
+    expected = {"images": "run make image", "binaries": "run make k8s"}[missing]
+    node = RealNode(tmp_path / "logs", archives=archives, bins=bins)
+
+    with pytest.raises(NodeError) as refused:
+        node.prepare()
+
+    assert expected in str(refused.value) and "\n" not in str(refused.value), refused.value
+    with pytest.raises(NodeError, match="not been prepared"):
+        node.slot  # noqa: B018 - refused before it claimed a slot or touched the host
