@@ -27,8 +27,9 @@ that way), ``limits`` (sizes and nesting), ``apierrors`` (``v1 Status``),
 ``rbac`` (opt-in authorization). Around it: ``cluster`` (a server on a thread,
 driven like a user would), ``access`` (a client's URL and identity),
 ``kubelet`` (the stand-in), ``real`` and ``pki`` (the real control plane and its
-certificates), ``node`` and ``nodehost`` (the real node), ``pytest_plugin``, ``testing`` (small builders), ``__main__`` (``python -m kubesim``:
-the server, its kubeconfig, optionally the kubelet).
+certificates), ``node`` and ``nodehost`` (the real node), ``pytest_plugin``,
+``testing`` (small builders), ``__main__`` (``python -m kubesim``: the server,
+its kubeconfig, optionally the kubelet).
 
 The names below are imported on first use: pytest loads the plugin in every
 session, and a session that uses no cluster should not pay for the emulator's
