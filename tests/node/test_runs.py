@@ -19,6 +19,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -198,8 +199,13 @@ def test_inside_the_runner_container_it_is_non_root_read_only_without_capabiliti
     assert inside["root"] == "EROFS" and inside["tmp_writable"] is True, dump(inside)
     assert inside["token"] is False and inside["sa_dir"] is False, dump(inside)
     assert inside["mounts_with_secrets"] == [], dump(inside)
-    # The container's process on the node: a child of containerd's shim, not of anything of this test.
-    assert chart.container_pid(pod) > 1
+    # The same process seen from the host (containerd's task pid): a child of containerd's runc shim, as confined.
+    host_pid = chart.container_pid(pod)
+    on_host = dict(line.split(":", 1) for line in Path(f"/proc/{host_pid}/status").read_text().splitlines())
+    parent = int(on_host["PPid"])
+    assert Path(f"/proc/{parent}/comm").read_text().strip().startswith("containerd-shim"), parent
+    assert on_host["Uid"].split() == ["65532"] * 4 and on_host["CapEff"].strip() == "0000000000000000"
+    assert on_host["Seccomp"].strip() == "2" and on_host["NoNewPrivs"].strip() == "1"
 
 
 # --- i: kubectl logs and kubectl agentrun through the real kubelet and the history server pod -------------------------
