@@ -197,12 +197,21 @@ def test_a_pod_reaches_the_api_server_through_the_kubernetes_service_and_the_sto
     assert report["off_node"] == "ENETUNREACH"
 
 
-def _assert_all_present(found: nodehost.Inventory) -> None:
+def _assert_all_present(found: nodehost.Inventory, slot: nodehost.Slot) -> None:
     """While a node runs a pod, each kind of thing the sweep removes exists (so its absence later means something)."""
     assert found.processes and found.netns and found.links and found.cgroups and found.files, found
     assert any("/rootfs" in m for m in found.mounts), found.mounts  # a container's overlay
     assert any("/netns/" in m for m in found.mounts), found.mounts  # a pod's network namespace
     assert any(m.endswith("/kubelet") for m in found.mounts), found.mounts  # the kubelet's bind mount of its root
+    assert str(nodehost.CGROUP_FS / "memory" / slot.name) in found.cgroups, found.cgroups
+
+
+def _kubepods(slot: nodehost.Slot) -> list[Path]:
+    """The kubelet's ``kubepods`` cgroups: under the slot's root in each hierarchy, never at a hierarchy's top."""
+    hierarchies = nodehost.cgroup_hierarchies()
+    return [h / slot.name / "kubepods" for h in hierarchies if (h / slot.name / "kubepods").exists()] + [
+        h / "kubepods" for h in hierarchies if (h / "kubepods").exists()
+    ]
 
 
 def _sleeper(images: Images) -> dict[str, Any]:
@@ -234,6 +243,7 @@ def test_nothing_of_a_stopped_node_survives_it(node_cluster: NodeCluster, images
         slot = cluster.node.slot
         _run_sleeper(cluster.plane, images)
         during = nodehost.inventory(slot)
+        kubepods = _kubepods(slot)
         tables = subprocess.run(
             ["ip", "netns", "exec", slot.netns, "nft", "list", "tables"], capture_output=True, text=True
         )
@@ -242,10 +252,12 @@ def test_nothing_of_a_stopped_node_survives_it(node_cluster: NodeCluster, images
         )
     after = nodehost.inventory(slot)
 
-    _assert_all_present(during)
+    _assert_all_present(during, slot)
     assert "table ip kube-proxy" in tables.stdout  # kube-proxy's rules, inside the node's namespace
     assert len(veths.stdout.splitlines()) >= 2  # eth0 (to the host) and the pod's
     assert after.empty(), after
+    assert {p.parent.parent for p in kubepods} == set(nodehost.cgroup_hierarchies()), kubepods  # every v1 hierarchy
+    assert _kubepods(slot) == []
     assert (slot.image_dir / nodehost.CLEAN).exists()  # containerd's root kept for the next node: images only
     assert _gone(during.processes) == during.processes  # containerd, kubelet, shims, the pod's processes
     assert not Path(f"/sys/class/net/{slot.host_link}").exists()
@@ -289,7 +301,7 @@ def test_a_node_whose_owner_was_sigkilled_is_swept_by_the_next_start(
         time.sleep(0.1)
     left = nodehost.inventory(slot)
 
-    _assert_all_present(before)
+    _assert_all_present(before, slot)
     assert not nodehost.recorded_pids(slot)
     assert left.processes and left.netns and left.links and left.cgroups, left
     assert any("/rootfs" in m for m in left.mounts), left.mounts
