@@ -38,13 +38,14 @@ test-badinput: $(STAMP)  ## bad input (issue 13): fuzzed specs and tool argument
 test-chart: $(STAMP)  ## the Helm chart (real Helm), deploy/ and the Dockerfile, without a cluster
 	$(BIN)/pytest -q tests/chart tests/e2e/test_manifests.py
 
-bench: $(STAMP) bytecode pgbouncer  ## what durability costs: agentrun vs LangGraph vs the PostgreSQL commit floor; then what the operator costs the cluster, then connections and step latency at 300 concurrent runs direct vs through PgBouncer (bench/REPORT.md; BENCH_ARGS=--baseline REV, OPERATOR_BENCH_ARGS=--baseline REV, PGBOUNCER_BENCH_ARGS=--runs N)
+bench: $(STAMP) bytecode pgbouncer  ## what durability costs: agentrun vs LangGraph vs the PostgreSQL commit floor; then what the operator costs the cluster, then connections and step latency at 300 concurrent runs direct vs through PgBouncer (bench/REPORT.md; BENCH_ARGS=--baseline REV, OPERATOR_BENCH_ARGS=--baseline REV, PGBOUNCER_BENCH_ARGS=--runs N); then runner pods on the real node beside the process kubelet (NODE_BENCH_ARGS=--pods N --kills N --burst N)
 	bash scripts/services.sh
 	$(BIN)/python -m bench.runtime $(BENCH_ARGS)
 	$(BIN)/python -m bench.runtime profile
 	$(BIN)/python -m bench.langgraph_saver
 	$(BIN)/python -m bench.operator $(OPERATOR_BENCH_ARGS)
 	$(BIN)/python -m bench.pgbouncer $(PGBOUNCER_BENCH_ARGS)
+	$(BIN)/python -m bench.node $(NODE_BENCH_ARGS)
 
 chaos: $(STAMP)  ## the seeded fault campaign: 220 trials, every fault kind, figures in bench/results/reliability.json and bench/RELIABILITY.md (CHAOS_ARGS: --trials N --first-seed S --concurrency C; replay: python -m bench.chaos replay SEED)
 	bash scripts/services.sh
