@@ -234,10 +234,12 @@ class WitnessNode:
 
     Why: the node lifecycle controller computes a zone's state from its nodes' Ready conditions, and when
     every node of every zone is NotReady it enters "master disruption mode" (it takes that for its own
-    disconnection): it removes the NoExecute taints and evicts nothing (``handleDisruption`` in
-    pkg/controller/nodelifecycle). On a one-node cluster a lost node is therefore never tainted. A real
-    cluster has other nodes; this one stands in for them. It takes no pod: it is unschedulable (the
-    scheduler skips it), and nothing runs behind it.
+    disconnection): it removes the NoExecute taints and stops tainting (``handleDisruption`` in
+    pkg/controller/nodelifecycle). On a one-node cluster whether a lost node is tainted at all is then a
+    race: its taint, queued in the same pass, is kept only when the tainting loop applies it after the
+    removal (seen here: "Entering master disruption mode", and the pods deleted 10 s later anyway). A
+    real cluster has other nodes; this one stands in for them, and the controller stays in its normal
+    mode. It takes no pod: it is unschedulable (the scheduler skips it), and nothing runs behind it.
     """
 
     RENEW_SECONDS = 2.0

@@ -372,8 +372,9 @@ def test_a_lost_node_is_tainted_its_run_rescheduled_and_resumed_when_it_returns_
     )
     old = chart.container_id(chart.wait_runner(ns, "lost-1"))
     times: dict[str, float] = {}
-    # The rest of a cluster: with every node NotReady the lifecycle controller evicts nothing (it takes that
-    # for its own disconnection), so a cordoned Node whose Lease the test renews stays Ready beside ours.
+    # The rest of a cluster: with every node NotReady the lifecycle controller stops tainting (it takes that
+    # for its own disconnection; the taint then lands only by a race), so a cordoned Node whose Lease the
+    # test renews stays Ready beside ours.
     with WitnessNode(chart.plane), watching(chart, ns) as watch:
         start = time.monotonic()
         try:
@@ -403,12 +404,14 @@ def _assert_lost_run(
     assert (final["phase"], final["attempt"], final["disruptions"], final["restarts"]) == ("Succeeded", 2, 1, 0), (
         f"GUARANTEE BROKEN: a lost node is a disruption, not a restart: {dump(final)}"
     )
-    first, then = final["attempts"]
-    assert (first["outcome"], first.get("reason"), then["outcome"]) == ("Disrupted", "NodeLost", "Completed"), dump(
-        final["attempts"]
-    )
     # The charge was recorded before the node was lost: replayed from the ledger, executed once.
     assert _tools(chart, label) == [("charge_card", 1), ("wait_for_gate", 1), ("wait_for_gate", 2)], (
         f"GUARANTEE BROKEN: charged once across a lost node: {effects(chart, label)}"
     )
     assert final["toolCalls"]["replayed"] >= 1, dump(final["toolCalls"])
+    # The history closes the lost attempt when the operator gives its pod up and starts the next one.
+    first, then = final["attempts"]
+    assert then["outcome"] == "Completed", dump(final["attempts"])
+    assert first["outcome"] == "Disrupted" and first.get("reason") == "NodeLost" and first.get("endTime"), (
+        f"attempt 1 is still shown as live after the operator replaced its pod: {dump(final['attempts'])}"
+    )
