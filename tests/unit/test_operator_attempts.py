@@ -208,3 +208,26 @@ def test_a_routine_wait_writes_no_message() -> None:
     assert (
         decide(make_spec(), status, pulling, None, NOW, LIMITS).status["message"].startswith("ErrImagePull: not found")
     )
+
+
+def test_an_attempt_given_up_on_a_lost_node_is_closed_when_the_next_one_opens() -> None:
+    """A real lost node: the taint manager marks the pod, the operator gives it up after its timeout and
+    starts the next attempt; the given-up attempt must end then (it used to stay "Terminating" forever,
+    found on the real node, tests/node/test_faults.py)."""
+    spec = make_spec()
+    status = applied({}, created(decide(spec, {}, None, None, NOW, LIMITS)))
+    status = applied(status, decide(spec, status, view(running()), progress(), later(1), LIMITS))
+    pod = running()
+    pod["metadata"]["deletionTimestamp"] = iso(NOW)
+    pod["status"]["conditions"] = [disruption_target("DeletionByTaintManager")]
+    status = applied(status, decide(spec, status, view(pod), None, later(5), LIMITS))
+    assert status["attempts"][0]["outcome"] == "Terminating"
+    late = later(LIMITS.lost_node_timeout + 5)
+    d = created(decide(spec, status, view(pod), None, late, LIMITS))
+    assert d.create_attempt == 2
+    first, second = applied(status, d)["attempts"]
+    assert first["outcome"] == "Disrupted" and first["endTime"] == iso(late), (
+        f"GUARANTEE BROKEN: the attempt given up for a new one is left open: {first}"
+    )
+    assert first["reason"] == d.reschedule_reason and "attempt 2 replaces it" in first["message"]
+    assert second == {"attempt": 2, "startTime": iso(late), "outcome": "Pending"}

@@ -109,6 +109,18 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
+def _replaced(entry: AttemptRecord, decision: Decision, *, now: datetime) -> AttemptRecord:
+    """An open entry whose attempt the operator gave up for a new one while its pod was not seen ending (a
+    pod Terminating or on a lost node past the lost-node timeout): disrupted, closed now, never left open."""
+    out = AttemptRecord(**entry)
+    out["endTime"] = iso(now)
+    was = out.get("outcome")
+    out["outcome"] = OUTCOME_WORDS[Outcome.DISRUPTED]
+    out["reason"] = str(decision.reschedule_reason or was or "Replaced")
+    out["message"] = f"given up while {was or 'pending'}; attempt {decision.create_attempt} replaces it"[:MESSAGE_LIMIT]
+    return out
+
+
 def _closed_by_run(entry: AttemptRecord, decision: Decision, *, now: datetime) -> AttemptRecord:
     """An open entry of a run that ended while its pod still ran (a forced stop, a deadline, a spec error)."""
     out = AttemptRecord(**entry)
@@ -151,6 +163,8 @@ def track(
         ends_run = decision.status.get("phase") in TERMINAL and decision.create_attempt is None
         if is_open(entry) and ends_run:
             entry = _closed_by_run(entry, decision, now=now)
+        elif is_open(entry) and decision.create_attempt is not None:
+            entry = _replaced(entry, decision, now=now)
         history[i] = entry
     if decision.create_attempt is not None:
         history = [e for e in history if e.get("attempt") != decision.create_attempt]
