@@ -30,9 +30,7 @@ import asyncio
 import contextlib
 import json
 import os
-import re
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -43,11 +41,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import helm_python
 import yaml
 
 from agentrun.checkpoint.postgres import PgCheckpointer
-from agentrun_dev.servers import PrivatePostgres
+from agentrun_dev import chart_on_node as node_chart
+from agentrun_dev.chart_on_node import (
+    RELEASE,
+    RELEASE_NAMESPACE,
+    RESTRICTED,
+    Store,
+    install_release,
+    running_store,
+    store_secret,
+    uninstall_release,
+)
+from agentrun_dev.chart_on_node import STORE_ROLE as STORE_ROLE  # re-exported: the scenarios use it
+from agentrun_dev.chart_on_node import ChartError as ChartError  # re-exported: conftest uses it
 
 if TYPE_CHECKING:
     from agentrun.checkpoint.base import LedgerEntry
@@ -56,45 +65,16 @@ if TYPE_CHECKING:
     from tests.node.conftest import Images
 
 ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "helm" / "agentrun"
-RELEASE = "agentrun"
-RELEASE_NAMESPACE = "agentrun-system"
-STORE_SECRET = "agentrun-store"  # the chart's store.defaultSecretName, and examples/agentrun.yaml's secretRef
-RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/warn": "restricted"}
 RUN_LABEL = "agentrun.dev/run"
 OPERATOR_SELECTOR = "app.kubernetes.io/component=operator"
 HISTORY_SELECTOR = "app.kubernetes.io/component=history"
-STORE_ROLE, STORE_DATABASE = "agentrun", "agentrun"
-INSTALL_TIMEOUT = 300  # seconds for helm install --wait: the first pods of a cold node unpack the images
 
 T = TypeVar("T")
 
 
-class ChartError(RuntimeError):
-    """The chart could not be installed on the node; the message says what failed and where to look."""
-
-
 def chart_values(images: Images) -> dict[str, Any]:
-    """The chart's values for this node: only what the environment needs, every default kept.
-
-    The images built here (``make image``) under the names the node imported them, never pulled; the
-    runner pods run the demo image (runtime + ``examples/``) so ``examples/*.yaml`` work unchanged.
-    """
-    repository, tag = images.runtime.rsplit(":", 1)
-    runner_repository, runner_tag = images.demo.rsplit(":", 1)
-    return {
-        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
-        "runner": {"image": {"repository": runner_repository, "tag": runner_tag}},
-    }
-
-
-@dataclass
-class Store:
-    """The runs' PostgreSQL: ``pod_dsn`` as pods reach it (in the store Secrets), ``dsn`` as the test does."""
-
-    postgres: PrivatePostgres
-    pod_dsn: str
-    dsn: str
+    """The chart's values for this node (``agentrun_dev.chart_on_node.chart_values``) with the images built here."""
+    return node_chart.chart_values(images.runtime, images.demo)
 
 
 @dataclass
@@ -322,44 +302,13 @@ class InstalledChart:
     # --- internals ----------------------------------------------------------------------------------------------
 
     def _store_secret(self, namespace: str) -> None:
-        secret = {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": STORE_SECRET, "namespace": namespace},
-            "stringData": {"postgresDsn": self.store.pod_dsn},
-        }
-        made = self.plane.api("POST", f"/api/v1/namespaces/{namespace}/secrets", secret)
-        if made.status != 201:
-            raise ChartError(f"the store Secret in {namespace} was refused: {made}")
+        store_secret(self.plane, namespace, self.store.pod_dsn)
 
 
 def _ready(pod: dict[str, Any]) -> bool:
     conditions = pod.get("status", {}).get("conditions") or []
     deleting = pod["metadata"].get("deletionTimestamp") is not None
     return not deleting and any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
-
-
-def _discovery_cache(url: str) -> Path:
-    """Where Helm's client-go caches discovery for a server (by host and port only, for 6 hours)."""
-    root = Path(os.environ.get("KUBECACHEDIR") or Path.home() / ".kube" / "cache")
-    host = url.removeprefix("https://")
-    return root / "discovery" / re.sub(r"[^(\w/.)]", "_", host)
-
-
-@contextlib.contextmanager
-def running_store(node: RealNode) -> Iterator[Store]:
-    """PostgreSQL on the node's host address: role ``agentrun`` (a password) from the pods' subnet only."""
-    password = secrets.token_hex(16)
-    hba = [f"host {STORE_DATABASE} {STORE_ROLE} {node.pod_cidr} scram-sha-256"]
-    postgres = PrivatePostgres(listen=[node.host_address], hba=hba, prefix="agentrun-node-pg-")
-    with postgres.running():
-        postgres.sql(f"CREATE ROLE {STORE_ROLE} LOGIN PASSWORD '{password}'")
-        postgres.sql(f"CREATE DATABASE {STORE_DATABASE} OWNER {STORE_ROLE}")
-        yield Store(
-            postgres=postgres,
-            pod_dsn=f"postgresql://{STORE_ROLE}:{password}@{node.host_address}:{postgres.port}/{STORE_DATABASE}",
-            dsn=f"postgresql://postgres@127.0.0.1:{postgres.port}/{STORE_DATABASE}",
-        )
 
 
 @contextlib.contextmanager
@@ -370,26 +319,14 @@ def install_chart(cluster: NodeCluster, images: Images, workdir: Path) -> Iterat
     values = chart_values(images)
     with running_store(cluster.node) as store:
         chart = InstalledChart(cluster=cluster, store=store, release={}, values=values, workdir=workdir)
-        plane.create_namespace(RELEASE_NAMESPACE, labels=RESTRICTED)
-        chart._store_secret(RELEASE_NAMESPACE)
-        cache = _discovery_cache(plane.url)
-        shutil.rmtree(cache, ignore_errors=True)  # another server's, from an earlier plane on this address and port
-        with helm_python.Config(kubeconfig_path=plane.kubeconfig, namespace=RELEASE_NAMESPACE) as helm:
-            try:
-                chart.release = helm.install(
-                    CHART, RELEASE, values, namespace=RELEASE_NAMESPACE, wait="watcher", timeout=INSTALL_TIMEOUT
-                )
-            except helm_python.HelmError as e:
-                raise ChartError(f"helm install of {CHART} on the node failed: {e}\n{chart.diagnostics()}") from e
-            try:
-                chart.wait_for_leader(timeout=120)
-                yield chart
-            finally:
-                for namespace in list(chart._namespaces):
-                    chart.delete_namespace(namespace)
-                with contextlib.suppress(helm_python.HelmError):
-                    helm.uninstall(RELEASE, timeout=60)
-                shutil.rmtree(cache, ignore_errors=True)
+        chart.release = install_release(plane, values, pod_dsn=store.pod_dsn, diagnostics=chart.diagnostics)
+        try:
+            chart.wait_for_leader(timeout=120)
+            yield chart
+        finally:
+            for namespace in list(chart._namespaces):
+                chart.delete_namespace(namespace)
+            uninstall_release(plane)
 
 
 class KeptFiles:
