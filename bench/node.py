@@ -150,6 +150,7 @@ class Target:
         made = opbench.run(
             name, graph=self.graph, env=env, labels=labels, restartPolicy={"maxRestarts": 50, "backoffSeconds": 0}
         )
+        made["spec"]["config"] = {"recursionLimit": 10000}  # a tick is a step: 50 (the default) is 50 s of ticking
         made["metadata"]["namespace"] = self.namespace
         if self.image:
             made["spec"]["image"] = self.image
