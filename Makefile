@@ -63,7 +63,8 @@ demo: $(STAMP)  ## emulated cluster: kubectl apply, SIGKILL the runner mid-tool,
 	bash scripts/services.sh
 	$(BIN)/python examples/cluster_demo.py
 
-cluster: $(STAMP)  ## a local cluster to keep: kubesim's API server on 127.0.0.1:6880 (AGENTRUN_DEV_PORT), the operator, runner pods as local processes (your PYTHONPATH), SQLite (AGENTRUN_DEV_POSTGRES_DSN for PostgreSQL); Ctrl-C stops it
+# AGENTRUN_DEV_K8S=node needs the node's binaries, images and packages; the other modes do not build them.
+cluster: $(STAMP) $(if $(filter node,$(AGENTRUN_DEV_K8S)),k8s image node-packages)  ## a local cluster to keep: kubesim's API server on 127.0.0.1:6880 (AGENTRUN_DEV_PORT), the operator, runner pods as local processes (your PYTHONPATH), SQLite (AGENTRUN_DEV_POSTGRES_DSN for PostgreSQL); AGENTRUN_DEV_K8S=real: the real control plane; AGENTRUN_DEV_K8S=node (root): the real control plane and node with the chart installed, runner pods in containers, PostgreSQL on the node's address; Ctrl-C stops it
 	$(BIN)/agentrun-dev
 
 demo-local: $(STAMP)  ## no cluster, no services: the support agent on SQLite, SIGKILL mid-tool, resume

@@ -7,6 +7,13 @@ It starts, and on Ctrl-C stops, everything it started:
   or, with ``--api-server real`` (``$AGENTRUN_DEV_K8S=real``), the real control
   plane (etcd, kube-apiserver, kube-controller-manager from ``make k8s``, on
   loopback ports of its own, TLS and RBAC as in a cluster: ``kubesim.real``);
+  or, with ``--api-server node`` (``$AGENTRUN_DEV_K8S=node``, root), that control plane
+  and a real node (``kubesim.node``: containerd, runc, kubelet, kube-proxy,
+  kube-scheduler) with helm/agentrun installed on it for real
+  (``agentrun_dev.chart_on_node``): the operator and the history server as the
+  chart's Deployments, runner pods as containers of ``make image``'s images,
+  a PostgreSQL of its own on the node's host address as the store (the items
+  below do not apply: no process of the operator or a runner runs here);
 - the kubelet stand-in: runner pods run as local processes with this
   virtualenv's Python and ``PYTHONPATH`` (the current folder first), so a
   graph module of yours runs without building an image;
@@ -54,6 +61,7 @@ DEFAULT_PORT = 6880
 STORE_SECRET = "agentrun-store"
 # The runner image every AgentRun gets unless it names one; the kubelet stand-in "has" every image.
 DEFAULT_IMAGE = "agentrun:dev"
+API_SERVERS = ("kubesim", "real", "node")
 
 
 PLUGIN = "kubectl-agentrun"
@@ -121,7 +129,8 @@ class DevCluster:
     operator: OperatorProcess | None = None
     history: subprocess.Popen[bytes] | None = None
     history_port: int = 0
-    api_server: str = "kubesim"  # or "real": the real control plane (kubesim.real)
+    api_server: str = "kubesim"  # or "real": the real control plane (kubesim.real); or "node" (ChartOnNode)
+    node: Any = None  # ChartOnNode in node mode
 
     @property
     def kubeconfig(self) -> Path:
@@ -146,8 +155,13 @@ class DevCluster:
                 "kubectl is not on PATH: the local cluster is used with the real kubectl "
                 "(install it: https://kubernetes.io/docs/tasks/tools/)"
             )
-        if self.api_server not in ("kubesim", "real"):
-            raise DevClusterError(f"--api-server {self.api_server!r}: kubesim or real")
+        if self.api_server not in API_SERVERS:
+            raise DevClusterError(f"--api-server {self.api_server!r}: one of {', '.join(API_SERVERS)}")
+        if self.api_server == "node" and self.postgres_dsn:
+            raise DevClusterError(
+                "AGENTRUN_DEV_POSTGRES_DSN (--postgres-dsn) does not apply to --api-server node: its store is a "
+                "PostgreSQL of its own that pods reach on the node's host address; unset it"
+            )
         if self.api_server == "kubesim" and not _port_free(self.host, self.port):
             raise DevClusterError(
                 f"port {self.port} on {self.host} is taken (another make cluster? see: lsof -i :{self.port}); "
@@ -173,6 +187,9 @@ class DevCluster:
             raise DevClusterError(f"no AgentRun CRD in {crds}: run agentrun-dev from a checkout of agentrun")
         self.workdir.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(self.workdir / "kubelet", ignore_errors=True)  # the last run's pod logs went with its pods
+        if self.api_server == "node":
+            self._start_node(say)
+            return
         base_env = default_base_env(pythonpath=self.pythonpath)
         if self.api_server == "real":
             self._start_real(crd_files, base_env, say)
@@ -220,6 +237,21 @@ class DevCluster:
         if done.returncode != 0:
             raise DevClusterError(f"the CRDs were not established: {done.stderr.strip()}")
         self.kubelet = self.cluster.start_kubelet(self.workdir / "kubelet", known_images=("*",), base_env=base_env)
+
+    def _start_node(self, say: Any) -> None:
+        """The real node with the chart installed on it (``ChartOnNode``); its kubeconfig copied here."""
+        from kubesim.node import NodeError
+        from kubesim.real import ControlPlaneError
+
+        from .chart_on_node import ChartError, ChartOnNode
+
+        self.node = ChartOnNode(self.workdir / "node")
+        try:
+            self.node.start(say)
+        except (NodeError, ControlPlaneError, ChartError) as e:
+            raise DevClusterError(f"the real node with the chart did not start: {e}") from None
+        self.cluster = self.node.plane
+        shutil.copyfile(self.cluster.kubeconfig, self.kubeconfig)
 
     def _kubectl(self, *args: str) -> subprocess.CompletedProcess[str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("KUBE")}
@@ -299,11 +331,15 @@ class DevCluster:
             self.operator.stop()
         if self.kubelet is not None:
             self.kubelet.stop()
-        if self.cluster is not None:
+        if self.node is not None:
+            self.node.stop()  # the plane with the node
+        elif self.cluster is not None:
             self.cluster.stop()
 
     def banner(self) -> str:
         """What to type next: the ``export KUBECONFIG`` line, the ``PATH`` line if needed, the store and the logs."""
+        if self.node is not None:
+            return self._node_banner()
         metrics_port = self.operator.port if self.operator is not None else 0
         store = "PostgreSQL (AGENTRUN_DEV_POSTGRES_DSN)" if self.postgres_dsn else f"SQLite {self.store_url}"
         on_path = plugin_path_line()
@@ -333,6 +369,36 @@ class DevCluster:
             ]
         )
 
+    def _node_banner(self) -> str:
+        from .chart_on_node import DEMO_IMAGE, RELEASE, RELEASE_NAMESPACE
+
+        on_path = plugin_path_line()
+        node = self.node.cluster.node
+        return "\n".join(
+            [
+                f"API server  {self.cluster.url} (real)   node {node.name}, pods {node.pod_cidr}",
+                f"store       PostgreSQL {self.node.store.dsn} (pods: {node.host_address}), Secret agentrun-store "
+                "in default",
+                f"operator    the chart's Deployment: kubectl -n {RELEASE_NAMESPACE} logs deploy/{RELEASE}-operator",
+                f"pods        containers of {DEMO_IMAGE} (make image: examples/ inside; rebuild it for your graphs)",
+                f"logs        {(self.workdir / 'node' / 'logs').resolve()}",
+                "",
+                "In another terminal"
+                + (f" (the PATH line puts the kubectl agentrun plugin, {PLUGIN}, on it):" if on_path else ":"),
+                "",
+                f"export KUBECONFIG={self.kubeconfig.resolve()}",
+                *([on_path] if on_path else []),
+                "",
+                "  kubectl apply -f examples/agentrun.yaml",
+                "  kubectl agentrun watch support-order-4821",
+                "  kubectl agentrun list",
+                "  kubectl agentrun ui      # the run history in your browser (a port-forward to the chart's Service)",
+                "",
+                "Ctrl-C stops the node (pods first), the control plane and the store, and leaves nothing behind "
+                "(etcd and the store start empty next time).",
+            ]
+        )
+
 
 def parser() -> argparse.ArgumentParser:
     """``agentrun-dev``'s command line."""
@@ -344,10 +410,11 @@ def parser() -> argparse.ArgumentParser:
     )
     cli.add_argument(
         "--api-server",
-        choices=("kubesim", "real"),
+        choices=API_SERVERS,
         default=os.environ.get("AGENTRUN_DEV_K8S") or "kubesim",
-        help="kubesim (the emulator, default) or real (kube-apiserver, etcd, kube-controller-manager from make k8s; "
-        "default: $AGENTRUN_DEV_K8S)",
+        help="kubesim (the emulator, default), real (kube-apiserver, etcd, kube-controller-manager from make k8s) "
+        "or node (that plane and a real node, root: make k8s image node-packages; the chart installed on it); "
+        "default: $AGENTRUN_DEV_K8S",
     )
     cli.add_argument("--workdir", type=Path, default=Path(os.environ.get("AGENTRUN_DEV_WORKDIR") or ".agentrun-dev"))
     cli.add_argument(
