@@ -598,14 +598,23 @@ def merge(out: Path, section: dict[str, Any]) -> None:
 
 
 def save(section: dict[str, Any], out: Path) -> None:
-    (RESULTS / "node.json").write_text(json.dumps(section, indent=1, sort_keys=True) + "\n")
-    merge(out, section)
+    sides = section["params"]["sides"]
+    name = "node.json" if sides == "node,process" else f"node-{sides}.json"  # one side alone: a file of its own
+    (RESULTS / name).write_text(json.dumps(section, indent=1, sort_keys=True) + "\n")
+    if sides == "node,process":
+        merge(out, section)
 
 
 def main(argv: list[str] | None = None) -> int:
     cli = argparse.ArgumentParser(prog="python -m bench.node", description=__doc__.splitlines()[0] if __doc__ else "")
-    cli.add_argument("--pods", type=int, default=20, help="runs started one after the other (startup figures)")
-    cli.add_argument("--kills", type=int, default=20, help="runners SIGKILLed one at a time (at most --pods)")
+    cli.add_argument(
+        "--pods",
+        type=int,
+        default=15,
+        help="runs started one after the other, all kept running (startup figures); a 2-CPU node fits 17 runners "
+        "by their CPU request (100m) beside the chart's pods",
+    )
+    cli.add_argument("--kills", type=int, default=15, help="runners SIGKILLed one at a time (at most --pods)")
     cli.add_argument("--evictions", type=int, default=5, help="runner pods evicted (at most --pods)")
     cli.add_argument("--burst", type=int, default=100, help="runs applied at once")
     cli.add_argument("--sides", default="node,process", help="node, process or both (comma-separated)")
@@ -613,7 +622,7 @@ def main(argv: list[str] | None = None) -> int:
     args = cli.parse_args(argv)
     section: dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-        "params": {k: getattr(args, k) for k in ("pods", "kills", "evictions", "burst")},
+        "params": {k: getattr(args, k) for k in ("pods", "kills", "evictions", "burst", "sides")},
     }
 
     def partial(side: str, figures: dict[str, Any]) -> None:
