@@ -342,22 +342,12 @@ class DevCluster:
             return self._node_banner()
         metrics_port = self.operator.port if self.operator is not None else 0
         store = "PostgreSQL (AGENTRUN_DEV_POSTGRES_DSN)" if self.postgres_dsn else f"SQLite {self.store_url}"
-        on_path = plugin_path_line()
         return "\n".join(
             [
                 f"API server  {self.cluster.url}   store {store}",
                 f"operator    metrics http://{self.host}:{metrics_port}/metrics, log {self.operator_log}",
                 f"pods        run here with {sys.executable}; PYTHONPATH={os.pathsep.join(self.pythonpath)}",
-                "",
-                "In another terminal"
-                + (f" (the PATH line puts the kubectl agentrun plugin, {PLUGIN}, on it):" if on_path else ":"),
-                "",
-                f"export KUBECONFIG={self.kubeconfig.resolve()}",
-                *([on_path] if on_path else []),
-                "",
-                "  kubectl apply -f examples/agentrun.yaml",
-                "  kubectl agentrun watch support-order-4821",
-                "  kubectl agentrun list",
+                *self._what_next(),
                 (
                     f"  kubectl agentrun ui --server http://{self.host}:{self.history_port}"
                     "      # the run history in your browser"
@@ -369,10 +359,25 @@ class DevCluster:
             ]
         )
 
+    def _what_next(self) -> list[str]:
+        """The banner's lines every mode shares: the ``export`` lines, then the first commands to try."""
+        on_path = plugin_path_line()
+        return [
+            "",
+            "In another terminal"
+            + (f" (the PATH line puts the kubectl agentrun plugin, {PLUGIN}, on it):" if on_path else ":"),
+            "",
+            f"export KUBECONFIG={self.kubeconfig.resolve()}",
+            *([on_path] if on_path else []),
+            "",
+            "  kubectl apply -f examples/agentrun.yaml",
+            "  kubectl agentrun watch support-order-4821",
+            "  kubectl agentrun list",
+        ]
+
     def _node_banner(self) -> str:
         from .chart_on_node import DEMO_IMAGE, RELEASE, RELEASE_NAMESPACE
 
-        on_path = plugin_path_line()
         node = self.node.cluster.node
         return "\n".join(
             [
@@ -382,16 +387,7 @@ class DevCluster:
                 f"operator    the chart's Deployment: kubectl -n {RELEASE_NAMESPACE} logs deploy/{RELEASE}-operator",
                 f"pods        containers of {DEMO_IMAGE} (make image: examples/ inside; rebuild it for your graphs)",
                 f"logs        {(self.workdir / 'node' / 'logs').resolve()}",
-                "",
-                "In another terminal"
-                + (f" (the PATH line puts the kubectl agentrun plugin, {PLUGIN}, on it):" if on_path else ":"),
-                "",
-                f"export KUBECONFIG={self.kubeconfig.resolve()}",
-                *([on_path] if on_path else []),
-                "",
-                "  kubectl apply -f examples/agentrun.yaml",
-                "  kubectl agentrun watch support-order-4821",
-                "  kubectl agentrun list",
+                *self._what_next(),
                 "  kubectl agentrun ui      # the run history in your browser (a port-forward to the chart's Service)",
                 "",
                 "Ctrl-C stops the node (pods first), the control plane and the store, and leaves nothing behind "
