@@ -78,6 +78,7 @@ IMAGE_CACHE_ENV = "AGENTRUN_IMAGE_CACHE"
 PAUSE_IMAGE = "localhost/agentrun-pause:dev"
 CNI_BIN = Path("/usr/lib/cni")
 NODE_BINARIES = ("kubelet", "kube-proxy", "kube-scheduler")
+CRI_READY = "Start streaming server"  # containerd 1.6: logged as its CRI service becomes ready
 PACKAGES = "bash scripts/node_packages.sh (Debian's containerd, runc, containernetworking-plugins, nftables)"
 # Besides the plane's own: what Deployments (the chart's operator and history server), Services with
 # selectors, and PodDisruptionBudgets (the drain scenario) need on a cluster that runs containers.
@@ -427,11 +428,17 @@ class RealNode:
             raise NodeError(f"the kubelet client's ClusterRoleBinding was refused: {response}")
 
     def _start_containerd(self, deadline: float) -> None:
+        """Start containerd and wait for its CRI service, not only its socket: ``ctr version`` answers
+        while the CRI plugin still recovers its state, and a kubelet started then exits 1 with "server
+        is not initialized yet" (failed CI once). containerd 1.6 logs "Start streaming server" right
+        before it marks the CRI initialized (pkg/cri/server/service.go, Run); no crictl here to ask."""
+        log = self.logs / "containerd.log"
+        offset = log.stat().st_size if log.exists() else 0
         self._spawn("containerd", "containerd", f"--config={self._file('containerd.toml')}")
-        while self.ctr("version", timeout=10).returncode != 0:
+        while not (self.ctr("version", timeout=10).returncode == 0 and _logged(log, offset, CRI_READY)):
             self._check_alive()
             if time.monotonic() > deadline:
-                raise NodeError(f"containerd did not answer on {self.containerd_socket} in time")
+                raise NodeError(f"containerd's CRI service did not start on {self.containerd_socket} in time")
             time.sleep(0.1)
 
     def _import_images(self) -> None:
@@ -586,6 +593,13 @@ def _http_ok(url: str, context: ssl.SSLContext | None = None) -> bool:
 
 
 # --- configuration files ---------------------------------------------------------------------------
+
+
+def _logged(log: Path, offset: int, line: str) -> bool:
+    """Whether ``log`` holds ``line`` past ``offset`` (this start's part of an appended log)."""
+    with open(log, "rb") as f:
+        f.seek(offset)
+        return line.encode() in f.read()
 
 
 def containerd_config(slot: Slot) -> str:
