@@ -38,7 +38,6 @@ import contextlib
 import json
 import os
 import platform
-import secrets
 import shutil
 import subprocess
 import tempfile
@@ -61,9 +60,9 @@ BUILD_SCRIPT = ROOT / "hack" / "image" / "build.sh"
 GRAPH_FILE = ROOT / "devtools" / "agentrun_dev" / "graphs.py"
 RUNTIME, DEMO, PAUSE = "localhost/agentrun:dev", "localhost/agentrun-demo:dev", "localhost/agentrun-pause:dev"
 BENCH_IMAGE = "localhost/agentrun-bench:dev"
-RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted"}
 RUN_LABEL = "agentrun.dev/run"
 TICK = {"TICKS": "100000", "TICK_SECONDS": "1"}
+BENCH_RESOURCES = {"requests": {"cpu": "25m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}}
 
 
 def p(samples: list[float], q: float) -> float:
@@ -151,6 +150,9 @@ class Target:
             name, graph=self.graph, env=env, labels=labels, restartPolicy={"maxRestarts": 50, "backoffSeconds": 0}
         )
         made["spec"]["config"] = {"recursionLimit": 10000}  # a tick is a step: 50 (the default) is 50 s of ticking
+        # A ticker needs little: the default request (100m CPU) would fit only 17 runners on this 2-CPU node beside
+        # the chart's pods, and the startup figures keep every run ticking (a 21st pod would stay Pending).
+        made["spec"]["podTemplate"]["resources"] = BENCH_RESOURCES
         made["metadata"]["namespace"] = self.namespace
         if self.image:
             made["spec"]["image"] = self.image
@@ -519,10 +521,9 @@ class NodeSide:
 
 @contextlib.contextmanager
 def node_side(cache: Path, workdir: Path) -> Iterator[Target]:
-    """The real node, the chart installed with real Helm, a restricted namespace with the store Secret."""
-    import helm_python
-
-    from agentrun_dev.servers import PrivatePostgres
+    """The real node, the chart installed with real Helm (as ``make cluster`` and tests/node install it:
+    ``agentrun_dev.chart_on_node``), a restricted namespace with the store Secret; runners run the bench image."""
+    from agentrun_dev import chart_on_node as chart
     from kubesim.node import NodeCluster
 
     archives = {
@@ -530,44 +531,18 @@ def node_side(cache: Path, workdir: Path) -> Iterator[Target]:
         for image in (RUNTIME, DEMO, PAUSE, BENCH_IMAGE)
     }
     cluster = NodeCluster(workdir / "node", archives=archives)
-    with cluster:
-        node = cluster.node
-        password = secrets.token_hex(16)
-        hba = [f"host agentrun agentrun {node.pod_cidr} scram-sha-256"]
-        postgres = PrivatePostgres(listen=[node.host_address], hba=hba, prefix="agentrun-bench-node-pg-")
-        with postgres.running():
-            postgres.sql(f"CREATE ROLE agentrun LOGIN PASSWORD '{password}'")
-            postgres.sql("CREATE DATABASE agentrun OWNER agentrun")
-            side = NodeSide(
-                cluster,
-                pod_dsn=f"postgresql://agentrun:{password}@{node.host_address}:{postgres.port}/agentrun",
-                dsn=f"postgresql://postgres@127.0.0.1:{postgres.port}/agentrun",
-            )
-            plane = side.plane
-            for namespace in ("agentrun-system", "bench"):
-                plane.create_namespace(namespace, labels=RESTRICTED)
-                secret = {
-                    "apiVersion": "v1",
-                    "kind": "Secret",
-                    "metadata": {"name": "agentrun-store", "namespace": namespace},
-                    "stringData": {"postgresDsn": side.pod_dsn},
-                }
-                assert plane.api("POST", f"/api/v1/namespaces/{namespace}/secrets", secret).status == 201
-            side.namespace = "bench"
-            values = {
-                "image": {"repository": RUNTIME.split(":")[0], "tag": "dev", "pullPolicy": "Never"},
-                "runner": {"image": {"repository": BENCH_IMAGE.split(":")[0], "tag": "dev"}},
-            }
-            with helm_python.Config(kubeconfig_path=plane.kubeconfig, namespace="agentrun-system") as helm:
-                helm.install(
-                    ROOT / "helm" / "agentrun",
-                    "agentrun",
-                    values,
-                    namespace="agentrun-system",
-                    wait="watcher",
-                    timeout=300,
-                )
-                yield Target("node", plane, "bench", "bench_graphs:ticker", side.dsn, side.kill, extras=side.extras)
+    with cluster, chart.running_store(cluster.node) as store:
+        side = NodeSide(cluster, pod_dsn=store.pod_dsn, dsn=store.dsn, namespace="bench")
+        side.plane.create_namespace(side.namespace, labels=chart.RESTRICTED)
+        chart.store_secret(side.plane, side.namespace, store.pod_dsn)
+        chart.install_release(
+            side.plane,
+            chart.chart_values(RUNTIME, BENCH_IMAGE),
+            pod_dsn=store.pod_dsn,
+            diagnostics=lambda: chart.pod_states(side.plane),
+        )
+        chart.wait_for_leader(side.plane)
+        yield Target("node", side.plane, side.namespace, "bench_graphs:ticker", side.dsn, side.kill, extras=side.extras)
 
 
 @contextlib.contextmanager
@@ -610,12 +585,12 @@ def main(argv: list[str] | None = None) -> int:
     cli.add_argument(
         "--pods",
         type=int,
-        default=15,
-        help="runs started one after the other, all kept running (startup figures); a 2-CPU node fits 17 runners "
-        "by their CPU request (100m) beside the chart's pods",
+        default=24,
+        help="runs started one after the other, all kept running (startup figures); each requests 25m CPU, so a "
+        "2-CPU node fits them beside the chart's pods",
     )
-    cli.add_argument("--kills", type=int, default=15, help="runners SIGKILLed one at a time (at most --pods)")
-    cli.add_argument("--evictions", type=int, default=5, help="runner pods evicted (at most --pods)")
+    cli.add_argument("--kills", type=int, default=24, help="runners SIGKILLed one at a time (at most --pods)")
+    cli.add_argument("--evictions", type=int, default=10, help="runner pods evicted (at most --pods)")
     cli.add_argument("--burst", type=int, default=100, help="runs applied at once")
     cli.add_argument("--sides", default="node,process", help="node, process or both (comma-separated)")
     cli.add_argument("--out", type=Path, default=RESULTS / "latest.json")
