@@ -9,7 +9,10 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import pytest
+
 from agentrun_operator.decide import attempts
+from agentrun_operator.decide.classify import classify
 from agentrun_operator.decide.conditions import QUIET_SECONDS, deferrable, status_patch
 from agentrun_operator.decide.decision import Decision
 from agentrun_operator.decide.podspec import pod_name
@@ -231,3 +234,50 @@ def test_an_attempt_given_up_on_a_lost_node_is_closed_when_the_next_one_opens() 
     )
     assert first["reason"] == d.reschedule_reason and "attempt 2 replaces it" in first["message"]
     assert second == {"attempt": 2, "startTime": iso(late), "outcome": "Pending"}
+
+
+# --- an attempt's reason names what happened (issue 32 item 3) ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pod", "outcome", "reason"),
+    [
+        pytest.param(terminated(0), "Completed", "Completed", id="exit-0"),
+        pytest.param(terminated(3), "Interrupted", "WaitingForResume", id="exit-3-waiting"),
+        pytest.param(terminated(4), "Stopped", "Stopped", id="exit-4-stopped"),
+        pytest.param(terminated(5), "Failed", "RunFailed", id="exit-5-failed"),
+        pytest.param(terminated(6), "Disrupted", "Preempted", id="exit-6-sigterm"),
+        pytest.param(terminated(7), "Superseded", "Superseded", id="exit-7-fenced"),
+        pytest.param(terminated(8), "StoreUnavailable", "StoreUnavailable", id="exit-8-store"),
+        pytest.param(terminated(1), "Crashed", "Crashed", id="exit-1-crash"),
+        pytest.param(terminated(137), "Crashed", "Crashed", id="exit-137-sigkill"),
+        pytest.param(terminated(137, reason="OOMKilled"), "Crashed", "OOMKilled", id="oom-kept"),
+        pytest.param(
+            terminated(143, phase="Failed", conditions=[disruption_target()]),
+            "Disrupted",
+            "EvictionByEvictionAPI",
+            id="evicted-api",
+        ),
+        pytest.param(
+            terminated(137, phase="Failed", reason="Error") | {"status": {"phase": "Failed", "reason": "Evicted"}},
+            "Disrupted",
+            "Evicted",
+            id="evicted-kubelet",
+        ),
+    ],
+)
+def test_an_ended_attempt_is_named_by_what_happened_not_the_kubelets_error(
+    pod: dict[str, Any], outcome: str, reason: str
+) -> None:
+    """The kubelet says "Error" for every non-zero exit: a run waiting for spec.resume (3) and a stop on
+    request (4) read as failures in describe and the history. The attempt names what happened instead."""
+    status = run_status(
+        RUNNING, attempts=[{"attempt": 1, "podName": pod_name(RUN, 1), "startTime": iso(NOW), "outcome": "Running"}]
+    )
+    d = Decision()
+    seen = view(pod)
+    attempts.track(d, status=AgentRunStatus.parse(status), pod=seen, outcome=classify(seen), now=later(1))
+    (entry,) = d.status["attempts"]
+    assert (entry["outcome"], entry.get("reason")) == (outcome, reason), (
+        f"GUARANTEE BROKEN: an attempt must be named by what happened, not the kubelet's generic word: {entry}"
+    )

@@ -55,6 +55,21 @@ OUTCOME_WORDS: dict[Outcome, str] = {
 # The words of an attempt that is not over; any other outcome closes the entry for good.
 OPEN = frozenset(OUTCOME_WORDS[o] for o in (*LIVE, Outcome.RUNNING))
 
+# The kubelet's words for any exit: "Error" for every non-zero code (a run waiting for spec.resume, a
+# stop on request, a crash alike), "Completed" for 0. They say nothing of what happened, so an attempt's
+# reason names it instead; a specific word (OOMKilled, StartError, the cluster's eviction reason) is kept.
+KUBELET_GENERIC = frozenset({"Error", "Completed"})
+REASON_WORDS: dict[Outcome, str] = {
+    Outcome.COMPLETED: "Completed",
+    Outcome.INTERRUPTED: "WaitingForResume",
+    Outcome.STOPPED: "Stopped",
+    Outcome.FAILED: "RunFailed",
+    Outcome.DISRUPTED: "Preempted",  # exit 6 without the cluster's reason: SIGTERM, checkpointed
+    Outcome.CRASHED: "Crashed",
+    Outcome.SUPERSEDED: "Superseded",
+    Outcome.STORE_UNAVAILABLE: "StoreUnavailable",
+}
+
 
 def is_open(entry: AttemptRecord) -> bool:
     """Whether the attempt is still going (no outcome that ends it, no ``endTime``)."""
@@ -85,7 +100,7 @@ def _observed(
     if pod is not None:
         if pod.exit_code is not None:
             out["exitCode"] = pod.exit_code
-        reason = pod.disruption or pod.terminated_reason or pod.waiting_reason
+        reason = pod.disruption or _ended_reason(pod.terminated_reason, outcome) or pod.waiting_reason
         if reason:
             out["reason"] = reason
         message = human(pod.termination_message) or (pod.waiting_message or "")
@@ -100,6 +115,13 @@ def _observed(
         if message:
             out["message"] = message[:MESSAGE_LIMIT]
     return out
+
+
+def _ended_reason(kubelet: str | None, outcome: Outcome) -> str | None:
+    """Why an attempt ended: the kubelet's word when it says something (OOMKilled), else what happened."""
+    if kubelet and kubelet not in KUBELET_GENERIC:
+        return kubelet
+    return REASON_WORDS.get(outcome, kubelet)
 
 
 def _signal_name(number: int) -> str:

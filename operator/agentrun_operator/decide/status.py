@@ -74,7 +74,7 @@ class AttemptRecord(TypedDict, total=False):
     endTime: str
     outcome: str  # Pending, Running, ... while open; Completed, Crashed, Disrupted, ... once it ended
     exitCode: int
-    reason: str  # the kubelet's (OOMKilled, Error), the cluster's (EvictionByEvictionAPI) or the run's reason
+    reason: str  # what happened (WaitingForResume, Crashed, ...: attempts.REASON_WORDS) or a more specific word
     message: str  # the runner's termination line, on one line, truncated
 
 
