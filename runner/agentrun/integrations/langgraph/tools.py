@@ -59,7 +59,7 @@ from typing import Any, Literal
 from langchain_core.messages import AIMessage, ToolMessage, message_to_dict, messages_from_dict
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool
-from langgraph.errors import GraphInterrupt
+from langgraph.errors import GraphBubbleUp, GraphInterrupt
 from langgraph.prebuilt import ToolNode
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.runtime import Runtime
@@ -160,8 +160,17 @@ def _count(call: _Call | None, outcome: str, result: Any = None) -> None:
     setattr(counts, outcome, getattr(counts, outcome) + 1)
 
 
+def _count_raised(call: _Call, error: Exception) -> None:
+    """Count a call whose tool raised (the run fails unless the node turns it into a message): executed, failed."""
+    if (counts := _tracked.get(call.thread_id)) is None:
+        return
+    counts.executed += 1
+    counts.fail(call.name, str(getattr(error, "code", "TOOL_ERROR_001")), f"{type(error).__name__}: {error}")
+
+
 def current_idempotency_key() -> str | None:
-    """The stable idempotency key of the tool call running now under a ``LedgerToolNode`` (``None`` outside one).
+    """The stable idempotency key of the tool call running now under a ``LedgerToolNode`` or ``LedgerMiddleware``
+    (``None`` outside one).
 
     The same on every replay of the call (derived from the thread id and the ledger key): pass it to the
     downstream API (``Idempotency-Key`` header, a charge's key) so a call repeated in the window between a
@@ -201,7 +210,7 @@ def _origin_id(state: Any, call_id: str, messages_key: str) -> str | None:
 
 
 class _Ledger:
-    """The ledger around each call of one ``LedgerToolNode``."""
+    """The ledger around each call of one ``LedgerToolNode`` (or ``LedgerMiddleware``: ``owner``)."""
 
     def __init__(
         self,
@@ -211,12 +220,14 @@ class _Ledger:
         timeouts: Mapping[str, float | None],
         tool_timeout: float | None,
         messages_key: str,
+        owner: str = "LedgerToolNode",
     ) -> None:
         self.side_effects = frozenset(side_effects)
         self.in_doubt = dict(in_doubt)
         self.timeouts = dict(timeouts)
         self.tool_timeout = tool_timeout
         self.messages_key = messages_key
+        self.owner = owner  # the class the user wrote, named in the errors they get
 
     def _identify(self, request: ToolCallRequest) -> _Call | None:
         call = request.tool_call
@@ -226,7 +237,7 @@ class _Ledger:
         saver = configurable.get(_CHECKPOINTER_KEY)
         if not isinstance(saver, AgentrunSaver):
             raise TypeError(
-                "LedgerToolNode records tool calls in agentrun's store: compile the graph with "
+                f"{self.owner} records tool calls in agentrun's store: compile the graph with "
                 f"checkpointer=AgentrunSaver(store), not {type(saver).__name__}"
             )
         thread_id = str(configurable.get("thread_id"))
@@ -449,6 +460,11 @@ class _Ledger:
         except GraphInterrupt:
             await self._mark_paused(call)
             raise
+        except GraphBubbleUp:
+            raise
+        except Exception as e:
+            _count_raised(call, e)  # not recorded: the next attempt runs it again
+            raise
         fault_point("after_tool", call.name)
         _count(call, "executed", result)
         await self._record(call, result)
@@ -501,6 +517,11 @@ class _Ledger:
             result = execute(request)
         except GraphInterrupt:
             blocking.run(lambda: self._mark_paused(call), caller="ledger record")
+            raise
+        except GraphBubbleUp:
+            raise
+        except Exception as e:
+            _count_raised(call, e)
             raise
         finally:
             _idempotency_key.reset(token)
