@@ -53,6 +53,7 @@ from typing import Any, NoReturn
 
 from agentrun_history.text import hidden, note, visible, visible_json
 
+from .decide import toolerrors
 from .decide.attempts import is_open
 from .decide.podspec import GROUP, PLURAL, RUN_LABEL, label_value, pod_name
 from .decide.reasons import TERMINAL, Phase
@@ -227,7 +228,7 @@ def cmd_list(kubectl: Kubectl, args: argparse.Namespace) -> int:
         say(f"No AgentRuns in {where}.", file=sys.stderr)
         return 0
     now = datetime.now(UTC)
-    header = ["NAME", "PHASE", "NODE", "VERSION", "ATTEMPT", "AGE", "WAITING"]
+    header = ["NAME", "PHASE", "NODE", "VERSION", "ATTEMPT", "TOOLS", "AGE", "WAITING"]
     rows: list[list[str]] = [(["NAMESPACE"] if args.all_namespaces else []) + header]
     for run in sorted(items, key=lambda r: (r["metadata"].get("namespace", ""), r["metadata"]["name"])):
         meta, status = run["metadata"], AgentRunStatus.parse(run.get("status"))
@@ -237,6 +238,7 @@ def cmd_list(kubectl: Kubectl, args: argparse.Namespace) -> int:
             shown(status.current_node),
             shown(status.state_version),
             shown(status.attempt or ""),
+            toolerrors.summary(status.tool_calls) if status.tool_calls else "",
             age(parse_time(meta.get("creationTimestamp")), now),
             waiting_for(status),
         ]
@@ -287,7 +289,8 @@ def cmd_describe(kubectl: Kubectl, args: argparse.Namespace) -> int:
         f"Namespace:    {meta.get('namespace', '')}",
         f"Graph:        {spec.get('graph', '')}",
         f"Thread:       {spec.get('threadId', '')}",
-        f"Phase:        {status.phase or 'Pending'}" + (f" ({status.reason})" if status.reason else ""),
+        f"Phase:        {toolerrors.phase_words(status.phase, status.tool_calls)}"
+        + (f" ({status.reason})" if status.reason else ""),
     ]
     if status.message:
         lines.append(f"Message:      {status.message}")
@@ -567,7 +570,7 @@ def _watch_stream(kubectl: Kubectl, name: str) -> Iterator[dict[str, Any]]:
 def _progress_line(status: AgentRunStatus) -> str:
     stamp = datetime.now().strftime("%H:%M:%S")
     parts = [
-        f"{stamp}  {(status.phase or 'Pending'):<11}",
+        f"{stamp}  {toolerrors.phase_words(status.phase, status.tool_calls):<11}",
         f"node={status.current_node or '-'}",
         f"step={shown(status.step) or '-'}",
         f"version={shown(status.state_version) or '-'}",
@@ -575,7 +578,11 @@ def _progress_line(status: AgentRunStatus) -> str:
     ]
     calls = status.tool_calls
     if calls:
-        parts.append(f"tools={calls.get('executed', 0)} run/{calls.get('replayed', 0)} replayed")
+        # Failures always counted: a run whose every call failed must not read "tools=0 run/0 replayed".
+        counted = (
+            f"tools={calls.get('executed', 0)} run/{calls.get('replayed', 0)} replayed/{calls.get('failed', 0)} failed"
+        )
+        parts.append(counted + (f"/{calls['inDoubt']} in doubt" if calls.get("inDoubt") else ""))
     if status.phase not in (Phase.RUNNING, None) and status.message:
         parts.append(f"({status.reason}: {status.message[:120]})" if status.reason else f"({status.message[:120]})")
     return "  ".join(parts)
@@ -588,7 +595,8 @@ def cmd_watch(kubectl: Kubectl, args: argparse.Namespace) -> int:
     while True:
         for run in _watch_stream(kubectl, name):
             status = AgentRunStatus.parse(run.get("status"))
-            key = (status.phase, status.current_node, status.step, status.state_version, status.attempt)
+            failed = (status.tool_calls or {}).get("failed", 0)
+            key = (status.phase, status.current_node, status.step, status.state_version, status.attempt, failed)
             if key != last:
                 last = key
                 say(_progress_line(status), flush=True)

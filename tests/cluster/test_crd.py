@@ -85,7 +85,7 @@ def test_crd_names_scope_and_version() -> None:
     assert only["subresources"] == {"status": {}}, "the operator writes status through the status subresource"
 
 
-def test_printer_columns_show_phase_node_version_attempt_age() -> None:
+def test_printer_columns_show_phase_node_version_attempt_tools_age() -> None:
     columns = [
         (c["name"], c["type"], c["jsonPath"]) for c in version()["additionalPrinterColumns"] if not c.get("priority")
     ]
@@ -94,6 +94,7 @@ def test_printer_columns_show_phase_node_version_attempt_age() -> None:
         ("Node", "string", ".status.currentNode"),
         ("Version", "integer", ".status.stateVersion"),
         ("Attempt", "integer", ".status.attempt"),
+        ("Tools", "string", ".status.toolSummary"),
         ("Age", "date", ".metadata.creationTimestamp"),
     ]
 
@@ -382,7 +383,8 @@ def test_a_full_status_validates_and_phase_is_an_enum() -> None:
         "disruptions": 0,
         "podName": "run-2",
         "lastCheckpointTime": "2025-01-01T10:00:00Z",
-        "toolCalls": {"executed": 3, "replayed": 2},
+        "toolCalls": {"executed": 3, "replayed": 2, "failed": 1},
+        "toolSummary": "3 run, 2 replayed, 1 failed",
         "interrupt": {"id": "int-1", "ids": ["int-1", "int-2"], "message": "approve?", "payload": {"amount": 49.99}},
         "conditions": [
             {

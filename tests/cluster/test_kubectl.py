@@ -94,13 +94,16 @@ def test_kubectl_apply_again_is_unchanged(cluster: EmulatedCluster) -> None:
 @pytest.mark.parametrize("resource", ["ar", "agentruns", "agentrun", "agentruns.agentrun.dev"])
 def test_kubectl_get_prints_phase_node_version_attempt(cluster: EmulatedCluster, resource: str) -> None:
     apply_example(cluster)
-    set_status(cluster, {"phase": "Running", "currentNode": "tools", "stateVersion": 7, "attempt": 2})
+    set_status(
+        cluster,
+        {"phase": "Running", "currentNode": "tools", "stateVersion": 7, "attempt": 2, "toolSummary": "3 failed"},
+    )
     result = cluster.kubectl("get", resource)
     assert result.returncode == 0 and result.stderr == "", result.stderr
     header, row = table(result.stdout)
-    assert header == ["NAME", "PHASE", "NODE", "VERSION", "ATTEMPT", "AGE"]
-    assert row[:5] == [NAME, "Running", "tools", "7", "2"]
-    assert row[5].endswith("s"), f"AGE should be an age like 3s, got {row[5]!r}"
+    assert header == ["NAME", "PHASE", "NODE", "VERSION", "ATTEMPT", "TOOLS", "AGE"]
+    assert row[:6] == [NAME, "Running", "tools", "7", "2", "3 failed"]
+    assert row[6].endswith("s"), f"AGE should be an age like 3s, got {row[6]!r}"
 
 
 @pytest.mark.real_server
@@ -116,13 +119,14 @@ def test_kubectl_get_wide_and_all_namespaces(cluster: EmulatedCluster) -> None:
         "NODE",
         "VERSION",
         "ATTEMPT",
+        "TOOLS",
         "RESTARTS",
         "DISRUPTIONS",
         "THREAD",
         "REASON",
         "AGE",
     ]
-    assert row[:9] == [NAME, "Failed", "", "", "4", "3", "1", "order-4821", "BackoffLimitExceeded"]
+    assert row[:10] == [NAME, "Failed", "", "", "4", "", "3", "1", "order-4821", "BackoffLimitExceeded"]
     header, row = table(cluster.kubectl("get", "ar", "-A").stdout)
     assert header[:3] == ["NAMESPACE", "NAME", "PHASE"] and row[:3] == ["default", NAME, "Failed"]
 

@@ -121,7 +121,7 @@ def test_a_crash_and_a_replay_show_in_list_describe_logs_and_watch(
     assert len(shown) == len(set(shown)), f"watch printed identical lines: {out}"
 
     listing = ok(agentrun_cli(cluster, "list")).splitlines()
-    assert listing[0].split() == ["NAME", "PHASE", "NODE", "VERSION", "ATTEMPT", "AGE", "WAITING"]
+    assert listing[0].split() == ["NAME", "PHASE", "NODE", "VERSION", "ATTEMPT", "TOOLS", "AGE", "WAITING"]
     row = next(line.split() for line in listing if line.startswith("replayed "))
     assert row[1:3] == ["Succeeded", "__end__"] and row[4] == "2", listing
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from agentrun.checkpoint.base import Turn
-from agentrun_operator.decide import jobparity
+from agentrun_operator.decide import jobparity, toolerrors
 from agentrun_operator.decide.conditions import status_patch
 from agentrun_operator.decide.decision import Decision
 from agentrun_operator.decide.identity import RecordedTurn, recorded_outcome, request_key
@@ -262,6 +262,31 @@ def test_failed_tool_calls_show_in_status_a_condition_an_event_and_the_metric_in
     warnings = [e for e in d.events if e.reason == Reason.TOOL_ERROR]
     assert len(warnings) == 1 and warnings[0].type == "Warning", "one Warning Event per reconcile, not per call"
     assert d.tool_failures == {"charge_card": 3}
+
+
+@pytest.mark.parametrize(
+    ("counts", "summary", "phase"),
+    [
+        ({"executed": 0, "replayed": 0, "failed": 3}, "3 failed", "Succeeded with 3 failed tool calls"),
+        (
+            {"executed": 2, "replayed": 1, "failed": 1},
+            "2 run, 1 replayed, 1 failed",
+            "Succeeded with 1 failed tool call",
+        ),
+        ({"executed": 3, "replayed": 0, "in_doubt": 1}, "3 run, 1 in doubt", "Succeeded"),
+        ({"executed": 0, "replayed": 0}, "none", "Succeeded"),
+    ],
+)
+def test_the_tools_column_and_the_phase_words_say_failed_calls(
+    counts: dict[str, int], summary: str, phase: str
+) -> None:
+    """Issue 32: all three calls failed, and kubectl get ar showed a plain Succeeded run (the counts sat in
+    describe only). status.toolSummary (the Tools column) names every non-zero outcome, failures first-class."""
+    d = decide(make_spec(), run_status(), pod=running(), store=progress(request_key=KEY, tool_calls=counts))
+    assert d.status["toolSummary"] == summary, (
+        f"GUARANTEE BROKEN: the Tools column must name the failed calls: {d.status.get('toolSummary')!r}"
+    )
+    assert toolerrors.phase_words("Succeeded", d.status["toolCalls"]) == phase
 
 
 def test_no_event_and_no_count_when_failed_did_not_grow() -> None:

@@ -120,6 +120,7 @@ def recorded_outcome(turn: RecordedTurn | None, *, run_uid: str, retried: bool, 
     d = Decision()
     d.status["stateVersion"] = turn.version
     d.status["toolCalls"] = tool_call_counts(turn.tool_calls)
+    d.status["toolSummary"] = toolerrors.summary(d.status["toolCalls"])
     d.recorded_counts = True
     d.status["completionTime"] = iso(now)
     if failed := d.status["toolCalls"].get("failed"):
@@ -154,6 +155,7 @@ def mirror_turn(d: Decision, *, status: AgentRunStatus, progress: Progress | Non
     if progress is None or (progress.request_key and request_key and progress.request_key != request_key):
         return
     d.status["toolCalls"] = tool_call_counts(progress.tool_calls)
+    d.status["toolSummary"] = toolerrors.summary(d.status["toolCalls"])
     if usage := model_usage(progress.model_usage):
         d.status["modelUsage"] = usage
     if progress.status == "completed" and (result := result_status(progress.result)):

@@ -115,6 +115,7 @@ class AgentRunStatus(BaseModel):
     current_node: str | None = Field(default=None, alias="currentNode")
     step: int | None = None
     tool_calls: ToolCalls | None = Field(default=None, alias="toolCalls")
+    tool_summary: str | None = Field(default=None, alias="toolSummary")
     model_usage: list[ModelUsage] | None = Field(default=None, alias="modelUsage")
     last_checkpoint_time: Time = Field(default=None, alias="lastCheckpointTime")
     interrupt: InterruptInfo | None = None
@@ -178,6 +179,7 @@ class StatusPatch(TypedDict, total=False):
     currentNode: str | None
     step: int
     toolCalls: ToolCalls
+    toolSummary: str  # toolCalls in a few words, for the Tools column (``toolerrors.summary``)
     modelUsage: list[ModelUsage]
     lastCheckpointTime: str
     interrupt: InterruptInfo | None

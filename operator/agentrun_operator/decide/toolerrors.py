@@ -19,6 +19,12 @@ that from going unnoticed (issue 14):
 
 ``spec.config.failOnToolError`` makes the runner fail the run instead (exit 5,
 ``TOOL_ERROR_001``), which ``messages.REASON_BY_CODE`` turns into reason ``ToolError``.
+
+Where people look (issue 32: "failed tools look like success"): ``status.toolSummary`` (``summary``),
+the ``Tools`` column of ``kubectl get ar``, reads "3 failed" where the counts alone sat unseen in
+``describe``; ``kubectl agentrun watch``, the history list and the run page say a Succeeded run with
+failed calls as "Succeeded with 3 failed tool calls" (``phase_words``), a warning, not a failure: the
+phase stays Succeeded (the model got each error and finished; ``failOnToolError`` is the way to fail).
 """
 
 from __future__ import annotations
@@ -80,3 +86,35 @@ def observe(
     if failed > seen:
         d.tool_failures[tool] = failed - seen
         d.event(Reason.TOOL_ERROR, f"{failed - seen} more failed (in all: {summary})", warning=True)
+
+
+def summary(calls: Mapping[str, Any] | None) -> str:
+    """``status.toolSummary``, the ``Tools`` column: "2 run, 1 replayed, 3 failed" (only the non-zero
+    outcomes, failures never left out; "none" before any call). The parts are disjoint, as the counters are:
+    a failed call is not counted as run."""
+    calls = calls or {}
+    parts = [
+        f"{n} {word}"
+        for key, word in (
+            ("executed", "run"),
+            ("replayed", "replayed"),
+            ("failed", "failed"),
+            ("inDoubt", "in doubt"),
+            ("unrecorded", "unrecorded"),
+        )
+        if (n := _count(calls, key))
+    ]
+    return ", ".join(parts) or "none"
+
+
+def failure_words(calls: Mapping[str, Any] | None) -> str:
+    """ "3 failed tool calls" ("1 failed tool call"), or "" when none failed."""
+    failed = _count(calls or {}, "failed")
+    return f"{failed} failed tool call{'s' if failed != 1 else ''}" if failed else ""
+
+
+def phase_words(phase: str | None, calls: Mapping[str, Any] | None) -> str:
+    """The phase as people read it: "Succeeded with 3 failed tool calls" when calls failed, else the phase."""
+    phase = phase or "Pending"
+    failures = failure_words(calls)
+    return f"{phase} with {failures}" if failures else phase
