@@ -595,7 +595,7 @@ def cmd_watch(kubectl: Kubectl, args: argparse.Namespace) -> int:
     while True:
         for run in _watch_stream(kubectl, name):
             status = AgentRunStatus.parse(run.get("status"))
-            failed = (status.tool_calls or {}).get("failed", 0)
+            failed = status.tool_calls.get("failed", 0) if status.tool_calls else 0
             key = (status.phase, status.current_node, status.step, status.state_version, status.attempt, failed)
             if key != last:
                 last = key
