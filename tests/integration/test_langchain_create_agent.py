@@ -1,6 +1,7 @@
 """A LangChain ``create_agent`` agent through agentrun's ledger (``LedgerMiddleware``, issue 32 item 7).
 
-Guarantees protected: the seed scenario as ``create_agent`` builds it
+Guarantees protected: the example runs as written (``python -m``, from a fresh folder);
+the seed scenario as ``create_agent`` builds it
 (``examples.langchain_create_agent``: a LangChain chat model asking for three
 tools in one message, ``create_agent``'s own tool node), run by the real
 runner process on a SQLite store and SIGKILLed right after ``charge_card``
@@ -114,6 +115,21 @@ def test_a_create_agent_run_killed_after_charge_card_was_recorded_charges_once(
     assert status == "completed" and meta["result"]["message"].startswith("Done: "), (status, meta)
     assert "charged 4999 cents" in meta["result"]["message"], "the model did not get charge_card's recorded result"
     assert meta["tool_calls"]["replayed"] >= 1, meta["tool_calls"]
+
+
+def test_the_example_runs_as_written(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+    ran = subprocess.run(
+        [sys.executable, "-m", "examples.langchain_create_agent"],
+        env=subprocess_env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert ran.returncode == 0, f"examples/langchain_create_agent.py does not run:\n{ran.stderr[-3000:]}"
+    assert ran.stdout.startswith("Done: order 4821: 4999 cents") and "charged 4999 cents" in ran.stdout, ran.stdout
+    assert count_effects(subprocess_env["SUPPORT_EFFECTS_DB"])["charges"] == 1
+    assert (tmp_path / "agentrun.db").exists(), "the example's own run goes to ./agentrun.db"
 
 
 # -- in process, on a real SQLite store ---------------------------------------------------------------------------
