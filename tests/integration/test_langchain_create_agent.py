@@ -331,3 +331,26 @@ async def test_an_agent_on_another_checkpointer_is_refused_naming_the_middleware
     with pytest.raises(TypeError, match="LedgerMiddleware records tool calls in agentrun's store"):
         await agent.ainvoke({"messages": [HumanMessage("charge_card")]}, {"configurable": {"thread_id": "t"}})
     assert CALLS == [], "the tool ran without a ledger"
+
+
+@pytest.mark.filterwarnings("ignore:create_react_agent has been moved")
+async def test_create_react_agent_takes_a_ledger_tool_node_and_replays_a_recorded_call(tmp_path: Path) -> None:
+    """README's other prebuilt: LangGraph's (deprecated) ``create_react_agent`` takes a ``LedgerToolNode`` as tools."""
+    from langgraph.prebuilt import create_react_agent
+
+    from agentrun.integrations.langgraph import LedgerToolNode
+
+    saver = await _saver(tmp_path)
+    config: Any = {"configurable": {"thread_id": "t"}}
+    try:
+        agent = create_react_agent(
+            OneCallModel(), tools=LedgerToolNode([charge_card], side_effects={"charge_card"}), checkpointer=saver
+        )
+        await agent.ainvoke({"messages": [HumanMessage("charge_card")]}, config)
+        # Replay the tool node from the checkpoint before it (time travel): the ledger answers.
+        before_tools = [s.config async for s in agent.aget_state_history(config) if s.next == ("tools",)]
+        values = await agent.ainvoke(None, before_tools[-1])
+    finally:
+        await saver.aclose()
+    assert len(CALLS) == 1, f"GUARANTEE BROKEN: a recorded call ran again on replay: {CALLS}"
+    assert values["messages"][-1].content == "done: charged order 7"
