@@ -11,7 +11,8 @@ and model nodes, so the tool node runs MCP and LangChain tools exactly like
 native ones: ledger, idempotency key, intents with the in-doubt policy the
 user declares per tool, the tool deadline, stop. ``langgraph/`` goes the other
 way: a LangGraph graph keeps LangGraph's engine and gets agentrun's store
-(``AgentrunSaver``) and ledger (``LedgerToolNode``); see its package docstring.
+(``AgentrunSaver``) and ledger (``LedgerToolNode``; ``LedgerMiddleware`` for LangChain's
+``create_agent``); see its package docstring.
 """
 
 from __future__ import annotations
