@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from agentrun.history import Digest, RunHistory, ToolCallRecord
+from agentrun_operator.decide import toolerrors
 
 from . import text
 
@@ -120,6 +121,17 @@ def badge(phase: str | None) -> str:
     return f'<span class="badge phase-{a(phase.lower())}">{e(phase)}</span>'
 
 
+def phase_badge(phase: str | None, calls: dict[str, Any] | None) -> str:
+    """The phase badge and, when tool calls failed, a warning beside it: "Succeeded" "with 3 failed tool calls".
+
+    A warning, not another phase: the model got each error and the run finished (``toolerrors``)."""
+    failures = toolerrors.failure_words(calls)
+    if not failures:
+        return badge(phase)
+    why = "the model got each error and the run went on; spec.config.failOnToolError: true fails such a run"
+    return f'{badge(phase)} <span class="badge warn" title="{a(why)}">with {e(failures)}</span>'
+
+
 def run_list(
     runs: Sequence[dict[str, Any]], *, namespace: str | None, phase: str | None, note: str = "", now: datetime
 ) -> str:
@@ -141,18 +153,18 @@ def run_list(
             "<tr>"
             f"<td>{e(meta.get('namespace'))}</td>"
             f'<td><a class=run href="{a(run_url(meta["namespace"], meta["name"]))}">{e(meta["name"])}</a></td>'
-            f"<td>{badge(status.get('phase'))}</td>"
+            f"<td>{phase_badge(status.get('phase'), calls)}</td>"
             f"<td>{e(status.get('currentNode') or '-')}</td>"
             f"<td>{e(status.get('stateVersion', '-'))}</td>"
             f"<td>{e(status.get('attempt', '-'))}</td>"
-            f"<td>{e(calls.get('executed', 0))} / {e(calls.get('replayed', 0))}</td>"
+            f"<td class=tools>{e(toolerrors.summary(calls) if calls else '-')}</td>"
             f"<td>{e(spec.get('graph'))}</td>"
             f"<td>{e(_age(created, now))}</td>"
             "</tr>"
         )
     table = (
         "<table class=runs><thead><tr><th>Namespace</th><th>Name</th><th>Phase</th><th>Node</th><th>Version</th>"
-        "<th>Attempt</th><th>Tools run / replayed</th><th>Graph</th><th>Age</th></tr></thead>"
+        "<th>Attempt</th><th>Tool calls</th><th>Graph</th><th>Age</th></tr></thead>"
         f"<tbody>{''.join(rows)}</tbody></table>"
         if rows
         else "<p class=empty>No AgentRuns here that you may see.</p>"
@@ -211,8 +223,34 @@ def timeline(history: RunHistory, run: dict[str, Any]) -> str:
     return flagged("".join(parts))
 
 
+def _tool_counts(history: RunHistory, status: dict[str, Any]) -> dict[str, Any]:
+    """``status.toolCalls``; for a run without one (deleted, or not mirrored yet) the history's calls counted."""
+    if calls := status.get("toolCalls"):
+        return dict(calls)
+    outcomes: list[str] = [c.outcome for c in history.tool_calls]
+    counted = {"executed": "executed", "replayed": "replayed", "failed": "failed", "inDoubt": "in_doubt"}
+    return {key: outcomes.count(outcome) for key, outcome in counted.items()}
+
+
+def _tool_warning(history: RunHistory, status: dict[str, Any], calls: dict[str, Any]) -> str:
+    """A warning above the summary when tool calls failed, with the last error (condition ``ToolErrors``)."""
+    failures = toolerrors.failure_words(calls)
+    if not failures:
+        return ""
+    last: dict[str, Any] = next(
+        (c for c in status.get("conditions") or [] if c.get("type") == toolerrors.CONDITION), {}
+    )
+    said = f" {last['message']}." if last.get("message") else ""
+    phase = "Deleted" if history.deleted else (history.phase or "Pending")
+    return (
+        f"<p class=warning role=status><strong>{e(phase)} with {e(failures)}.</strong>{e(said)} The model got "
+        "each error as the tool's answer and the run went on; <code>spec.config.failOnToolError: true</code> "
+        "fails such a run instead.</p>"
+    )
+
+
 def _summary(history: RunHistory, status: dict[str, Any], spec: dict[str, Any]) -> str:
-    calls = status.get("toolCalls") or {}
+    calls = _tool_counts(history, status)
     rows = [
         *([("AgentRun", "deleted: this is what the store kept of it")] if history.deleted else []),
         ("Graph", history.graph),
@@ -246,8 +284,9 @@ def _summary(history: RunHistory, status: dict[str, Any], spec: dict[str, Any]) 
     cells = "".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in rows)
     return (
         f"<section class=summary><h1><span class=ns>{e(history.namespace)}/</span>{e(history.name)} "
-        f"<span id=phase>{badge('Deleted' if history.deleted else history.phase)}</span></h1>"
-        f"{_unreadable(history)}<table class=kv>{cells}</table>{result}</section>"
+        f"<span id=phase>{badge('Deleted') if history.deleted else phase_badge(history.phase, calls)}</span></h1>"
+        f"{_unreadable(history)}{_tool_warning(history, status, calls)}"
+        f"<table class=kv>{cells}</table>{result}</section>"
     )
 
 
@@ -337,6 +376,7 @@ def _attempts(history: RunHistory) -> str:
         exit_code = "-" if a.exit_code is None else a.exit_code
         rows.append(
             f"<tr><td>{e(a.attempt)}</td><td>{e(a.pod or '-')}</td><td>{e(when(a.started_at))}</td>"
+            f"<td>{e(seconds(a.pod_start_seconds))}</td>"
             f"<td>{e(when(a.ended_at))}</td><td>{e(a.last_node or '-')}</td>"
             f"<td>{e(a.outcome or '-')}</td><td>{e(exit_code)}</td>"
             f"<td>{e(a.reason or '')}</td><td>{e(a.steps)}</td>"
@@ -345,6 +385,7 @@ def _attempts(history: RunHistory) -> str:
         )
     return (
         "<section><h2>Attempts</h2><table class=attempts><thead><tr><th>#</th><th>Pod</th><th>Started</th>"
+        '<th title="pod created to runner ready: scheduling, image, imports, store">Pod start</th>'
         "<th>Last checkpoint</th><th>At node</th><th>Outcome</th><th>Exit</th><th>Reason</th><th>Steps</th>"
         "<th>Tools run / replayed</th><th>Message</th></tr></thead>"
         f"<tbody>{''.join(rows)}</tbody></table></section>"
@@ -387,12 +428,16 @@ def _steps(history: RunHistory) -> str:
         return ""
     rows = "".join(
         f"<tr><td>{e(s.version)}</td><td>{e(s.step)}</td><td>{e(s.node or '-')}</td><td>{e(s.status)}</td>"
-        f"<td>{e(s.attempt or '-')}</td><td>{e(when(s.at))}</td><td>{e(seconds(s.duration_seconds))}</td></tr>"
+        f"<td>{e(s.attempt or '-')}</td><td>{e(when(s.at))}</td>"
+        f"<td>{e(seconds(s.pod_start_seconds) if s.pod_start_seconds is not None else '')}</td>"
+        f"<td>{e(seconds(s.duration_seconds))}</td></tr>"
         for s in history.steps
     )
     return (
         "<section><h2>Steps (checkpoints)</h2><table class=steps><thead><tr><th>Version</th><th>Step</th>"
-        "<th>Next node</th><th>Status</th><th>Attempt</th><th>Written</th><th>Duration</th></tr></thead>"
+        "<th>Next node</th><th>Status</th><th>Attempt</th><th>Written</th>"
+        '<th title="before the attempt\'s first checkpoint: its pod was created, scheduled and started">Pod start</th>'
+        "<th>Duration</th></tr></thead>"
         f"<tbody>{rows}</tbody></table></section>"
     )
 

@@ -45,6 +45,7 @@ from typing import Any
 from aiohttp import web
 
 from agentrun import history
+from agentrun_operator.decide import toolerrors
 from agentrun_operator.decide.spec import thread_key
 
 from . import pages, text
@@ -278,6 +279,9 @@ def _brief(run: dict[str, Any]) -> dict[str, Any]:
         "stateVersion": status.get("stateVersion"),
         "attempt": status.get("attempt"),
         "toolCalls": status.get("toolCalls") or {},
+        # The list's words: "2 run, 3 failed" and, when calls failed, "3 failed tool calls" (a warning).
+        "tools": toolerrors.summary(status.get("toolCalls")),
+        "warning": toolerrors.failure_words(status.get("toolCalls")) or None,
         "graph": (run.get("spec") or {}).get("graph"),
         "created": meta.get("creationTimestamp"),
     }

@@ -728,7 +728,7 @@ def cmd_history(kubectl: Kubectl, args: argparse.Namespace) -> int:
 def print_history(found: dict[str, Any]) -> None:
     """``kubectl agentrun history``'s table output of the history server's answer ``found``."""
     say(
-        f"Run:      {found['namespace']}/{found['name']}   phase {found.get('phase') or 'Pending'}"
+        f"Run:      {found['namespace']}/{found['name']}   phase {_history_phase(found)}"
         + (f" ({found['reason']})" if found.get("reason") else "")
     )
     say(
@@ -761,6 +761,12 @@ def print_history(found: dict[str, Any]) -> None:
         say(f"Stop requested: {_when(found['stop']['requested_at'])} {found['stop']['reason']}")
 
 
+def _history_phase(found: dict[str, Any]) -> str:
+    """The phase, "with 3 failed tool calls" when the history's calls failed (``toolerrors.phase_words``)."""
+    failed = sum(1 for c in found.get("tool_calls") or [] if c.get("outcome") == "failed")
+    return toolerrors.phase_words(found.get("phase"), {"failed": failed})
+
+
 def _history_attempt_rows(found: dict[str, Any]) -> list[list[str]]:
     """``kubectl agentrun history``'s attempts table: the header, then one row per attempt."""
     rows = [
@@ -768,6 +774,7 @@ def _history_attempt_rows(found: dict[str, Any]) -> list[list[str]]:
             "ATTEMPT",
             "POD",
             "STARTED",
+            "POD START",
             "LAST CHECKPOINT",
             "AT NODE",
             "OUTCOME",
@@ -783,6 +790,7 @@ def _history_attempt_rows(found: dict[str, Any]) -> list[list[str]]:
                 str(a["attempt"]),
                 a.get("pod") or "-",
                 _when(a.get("started_at")),
+                _secs(a.get("pod_start_seconds")),
                 _when(a.get("ended_at")),
                 a.get("last_node") or "-",
                 a.get("outcome") or "-",
@@ -836,7 +844,8 @@ def _history_interrupt_rows(found: dict[str, Any]) -> list[list[str]]:
 
 def _history_step_rows(found: dict[str, Any]) -> list[list[str]]:
     """The steps table: one row per checkpoint version."""
-    rows = [["VERSION", "STEP", "NEXT NODE", "STATUS", "ATTEMPT", "WRITTEN", "DURATION"]]
+    # POD START on an attempt's first checkpoint: its pod's start, never counted in that step's DURATION.
+    rows = [["VERSION", "STEP", "NEXT NODE", "STATUS", "ATTEMPT", "WRITTEN", "POD START", "DURATION"]]
     for st in found.get("steps") or []:
         rows.append(
             [
@@ -846,6 +855,7 @@ def _history_step_rows(found: dict[str, Any]) -> list[list[str]]:
                 st["status"],
                 shown(st.get("attempt")) or "-",
                 _when(st.get("at")),
+                _secs(st["pod_start_seconds"]) if st.get("pod_start_seconds") is not None else "",
                 _secs(st.get("duration_seconds")),
             ]
         )

@@ -9,9 +9,16 @@ rows do (``delete_thread`` is the only thing that removes them), except the
 pod facts, which live in the AgentRun's status (its last 20 attempts).
 
 How each fact is derived (nothing extra is written on the step's path):
+- an attempt's **pod start** runs from its start (its run inputs row, written
+  just before its pod, or ``status.attempts``) to its runner being ready: its
+  registration (``register_attempt``; the store keeps the newest attempt's),
+  else its opening checkpoint (a new turn's step 0, an answered interrupt's
+  re-run: written before any node runs); unknown otherwise (an older attempt
+  that resumed after a crash). Pod start is never counted in a step;
 - a step's duration is the time from the previous checkpoint of the same
   attempt to this one (node plus write); the first step of an attempt counts
-  from the attempt's start (its run inputs row, written just before its pod);
+  from its runner being ready, and has none when that is unknown or when it is
+  the opening checkpoint itself (no node ran; the pod start is shown instead);
 - a tool call comes from the assistant message that asked for it; its ledger
   key (``ledger.ledger_key``) finds the ledger record (executed, by which
   attempt, when) and the intent (started when, with which idempotency key);
@@ -37,6 +44,12 @@ How each fact is derived (nothing extra is written on the step's path):
   is unknown (the tool's in-doubt policy decided what came next); a record of
   a later attempt than its intent was in doubt there and ran again
   (``in_doubt_in``);
+- **running** only while the attempt that started it may still run; once that
+  attempt ended, a call without a record or an answer is **cancelled** when the
+  attempt ended by a stop (a stopped checkpoint, ``status.attempts`` Stopped:
+  the runner cancelled it, or the forced stop killed it), else **in doubt** (a
+  crash, an eviction: it may or may not have taken effect). A call requested
+  and never started in a run that ended stopped is cancelled too;
 - an interrupt's answer is the resume value of the first checkpoint after it
   that carries its id (state meta ``resume``), before that the operator's
   run inputs for the next attempt; who answered is in the API server's audit
@@ -75,7 +88,7 @@ __all__ = ["DEPTH_MARKER", "MAX_DEPTH", "PREVIEW_CHARS", "Digest", "RunHistory",
 MAX_DEPTH = 64
 DEPTH_MARKER = f"<nested deeper than {MAX_DEPTH} levels: not shown>"
 
-Outcome = Literal["executed", "replayed", "in_doubt", "failed", "running", "requested"]
+Outcome = Literal["executed", "replayed", "in_doubt", "failed", "running", "requested", "cancelled"]
 
 
 class Digest(BaseModel):
@@ -96,7 +109,8 @@ class StepRecord(BaseModel):
     status: str
     attempt: int | None
     at: float
-    duration_seconds: float | None = None
+    duration_seconds: float | None = None  # the step's own time, never its pod's start (module docstring)
+    pod_start_seconds: float | None = None  # on an attempt's first checkpoint: that attempt's pod start
 
 
 class ToolCallRecord(BaseModel):
@@ -147,6 +161,8 @@ class AttemptHistory(BaseModel):
     pod: str | None = None
     started_at: float | None = None
     ended_at: float | None = None
+    # Pod creation -> runner ready (its registration or opening checkpoint): scheduling, image, imports, store.
+    pod_start_seconds: float | None = None
     outcome: str | None = None
     exit_code: int | None = None
     reason: str | None = None
@@ -255,24 +271,59 @@ def _final(result: Any) -> Digest | None:
     return digest(_json_text(result)) if result is not None else None
 
 
-def _steps(states: Sequence[Mapping[str, Any]], attempt_starts: Mapping[int, float]) -> list[StepRecord]:
+def _opening(row: Mapping[str, Any], before: Mapping[str, Any] | None) -> bool:
+    """A checkpoint written before any node ran: a new turn's step 0, or an answered interrupt's re-run."""
+    if row["status"] != "running":
+        return False
+    return int(row["step"]) == 0 or (before is not None and before["status"] == "interrupted")
+
+
+def _ready(states: Sequence[Mapping[str, Any]], owner: Mapping[str, Any] | None, uid: str | None) -> dict[int, float]:
+    """When each attempt's runner was ready: its registration (the store keeps the newest attempt's only),
+    else its opening checkpoint when its first checkpoint is one; attempts not listed are unknown."""
+    ready: dict[int, float] = {}
+    before: Mapping[str, Any] | None = None
+    seen: set[int] = set()
+    for row in states:
+        attempt = row.get("attempt")
+        if attempt is not None and attempt not in seen:
+            seen.add(attempt)
+            if _opening(row, before):
+                ready[attempt] = float(row["at"])
+        before = row
+    # Another AgentRun's registration on the thread is not ours.
+    ours = owner is not None and (uid is None or owner.get("run_uid") in (None, uid))
+    if owner is not None and ours and isinstance(owner.get("attempt"), int) and owner.get("at") is not None:
+        ready[owner["attempt"]] = float(owner["at"])
+    return ready
+
+
+def _steps(
+    states: Sequence[Mapping[str, Any]], attempt_starts: Mapping[int, float], ready: Mapping[int, float]
+) -> list[StepRecord]:
     steps: list[StepRecord] = []
     previous: dict[int | None, float] = {}
     for row in states:
         attempt = row.get("attempt")
-        since = previous.get(attempt, attempt_starts.get(attempt) if attempt is not None else None)
         at = float(row["at"])
-        steps.append(
-            StepRecord(
-                version=int(row["version"]),
-                step=int(row["step"]),
-                node=row.get("current_node"),
-                status=str(row["status"]),
-                attempt=attempt,
-                at=at,
-                duration_seconds=round(at - since, 3) if since is not None and at >= since else None,
-            )
+        step = StepRecord(
+            version=int(row["version"]),
+            step=int(row["step"]),
+            node=row.get("current_node"),
+            status=str(row["status"]),
+            attempt=attempt,
+            at=at,
         )
+        since = previous.get(attempt)
+        if since is None and attempt is not None:  # the attempt's first checkpoint: its pod start goes apart
+            began, up = attempt_starts.get(attempt), ready.get(attempt)
+            if began is not None and up is not None and began <= up <= at:
+                step.pod_start_seconds = round(up - began, 3)
+            # From the runner being ready; none when that is this checkpoint (the opening: no node ran).
+            since = up if up is not None and up < at else None
+        if since is not None and at >= since:
+            step.duration_seconds = round(at - since, 3)
+        steps.append(step)
         previous[attempt] = at
     return steps
 
@@ -411,10 +462,10 @@ def _tool_call(
     )
 
 
-def _node_durations(
-    calls: Sequence[ToolCallRecord], steps: Sequence[StepRecord], attempt_starts: Mapping[int, float]
-) -> None:
-    """A call without an intent: from the start of its tool node (in the attempt that recorded it) to its record."""
+def _node_durations(calls: Sequence[ToolCallRecord], steps: Sequence[StepRecord], ready: Mapping[int, float]) -> None:
+    """A call without an intent: from the start of its tool node (in the attempt that recorded it) to its record;
+    in an attempt that resumed at that node, from its runner being ready (never from its pod's creation: a 5 ms
+    call must not show the pod's start as its duration)."""
     at_version = {s.version: s for s in steps}
     for call in calls:
         if call.duration_seconds is not None or call.finished_at is None or call.attempt is None:
@@ -422,7 +473,7 @@ def _node_durations(
         scheduled = at_version.get(call.requested_version) if call.requested_version is not None else None
         start = scheduled.at if scheduled is not None and scheduled.attempt == call.attempt else None
         if start is None:
-            start = attempt_starts.get(call.attempt)
+            start = ready.get(call.attempt)
         if start is not None and start <= call.finished_at:
             call.started_at = start
             call.duration_seconds = round(call.finished_at - start, 3)
@@ -488,6 +539,7 @@ def _attempts(
     calls: Sequence[ToolCallRecord],
     inputs: Sequence[Mapping[str, Any]],
     status_attempts: Iterable[Mapping[str, Any]],
+    pod_starts: Mapping[int, float],
 ) -> list[AttemptHistory]:
     by_number: dict[int, AttemptHistory] = {}
 
@@ -521,7 +573,39 @@ def _attempts(
         item.exit_code = raw.get("exitCode") if isinstance(raw.get("exitCode"), int) else item.exit_code
         item.reason = raw.get("reason") or item.reason
         item.message = raw.get("message") or item.message
+    for number, seconds in pod_starts.items():
+        entry(number).pod_start_seconds = seconds
     return [by_number[n] for n in sorted(by_number)]
+
+
+def _pod_starts(attempt_starts: Mapping[int, float], ready: Mapping[int, float]) -> dict[int, float]:
+    """Each attempt's pod start, where both ends are known (module docstring)."""
+    return {n: round(up - attempt_starts[n], 3) for n, up in ready.items() if attempt_starts.get(n, up + 1) <= up}
+
+
+# The statuses a runner writes last before it exits: the attempt that wrote one has ended.
+_EXITED = frozenset({"completed", "failed", "stopped", "interrupted"})
+
+
+def _settle(calls: Sequence[ToolCallRecord], steps: Sequence[StepRecord], status: Mapping[str, Any]) -> None:
+    """Calls an ended attempt left open: "running" (started, no record, no answer) becomes "cancelled" when that
+    attempt was stopped, else "in_doubt"; "requested" (never started) becomes "cancelled" after a stop."""
+    listed = [raw for raw in status.get("attempts") or [] if isinstance(raw.get("attempt"), int)]
+    stopped = {s.attempt for s in steps if s.status == "stopped"}
+    stopped |= {raw["attempt"] for raw in listed if raw.get("outcome") == "Stopped"}
+    known = {s.attempt for s in steps} | {raw["attempt"] for raw in listed} | {c.attempt for c in calls}
+    numbers = {n for n in known if n is not None}
+    newest = max(numbers, default=0)
+    ended = {n for n in numbers if n < newest} | {raw["attempt"] for raw in listed if raw.get("endTime")}
+    ended |= {s.attempt for s in steps[-1:] if s.status in _EXITED}
+    stop_versions = [s.version for s in steps if s.status == "stopped"]
+    for call in calls:
+        if call.outcome == "running" and call.attempt in stopped:
+            call.outcome = "cancelled"
+        elif call.outcome == "running" and call.attempt in ended:
+            call.outcome = "in_doubt"
+        elif call.outcome == "requested" and any(v >= (call.requested_version or 0) for v in stop_versions):
+            call.outcome = "cancelled"
 
 
 def build(
@@ -541,10 +625,12 @@ def build(
         started = _epoch(raw.get("startTime"))
         if isinstance(raw.get("attempt"), int) and started is not None:
             attempt_starts.setdefault(raw["attempt"], started)
-    steps = _steps(rows.states, attempt_starts)
+    ready = _ready(rows.states, rows.owner, uid)
+    steps = _steps(rows.states, attempt_starts, ready)
     version_attempt = {s.version: s.attempt for s in steps}
     calls = _tool_calls(rows, thread_id, version_attempt)
-    _node_durations(calls, steps, attempt_starts)
+    _node_durations(calls, steps, ready)
+    _settle(calls, steps, status)
     last = rows.states[-1] if rows.states else None
     result = _loads(last.get("result")) if last else None
     history = RunHistory(
@@ -559,7 +645,7 @@ def build(
         status=str(last["status"]) if last else None,
         version=int(last["version"]) if last else None,
         current_node=last.get("current_node") if last else None,
-        attempts=_attempts(steps, calls, rows.inputs, status.get("attempts") or []),
+        attempts=_attempts(steps, calls, rows.inputs, status.get("attempts") or [], _pod_starts(attempt_starts, ready)),
         steps=steps,
         tool_calls=calls,
         interrupts=_interrupts(rows.states, rows.inputs),

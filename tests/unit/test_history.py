@@ -7,6 +7,7 @@ and ``record`` below do here what its SQL does), JSON values as text.
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -141,6 +142,8 @@ def crashed_run() -> ThreadRows:
             },
         ],
         inputs=[{"attempt": 2, "resume": None, "at": 108.0}],
+        # Attempt 2's runner registered at 109.0 (its pod created at 108.0): its pod start is 1 s.
+        owner={"attempt": 2, "run_uid": "uid-1", "at": 109.0},
     )
 
 
@@ -169,11 +172,11 @@ def test_a_call_recorded_by_a_dead_attempt_and_answered_by_the_next_is_replayed(
     assert (charge.duration_seconds, charge.duration_from) == (0.25, "intent") and charge.idempotency_key == "ar-x"
     assert charge.arguments is not None and charge.arguments.preview == '{"order_id": "1"}'
     assert charge.result is not None and charge.result.preview == "charged" and charge.result.bytes > 7
-    # In doubt in attempt 1 (an intent, no record), run again and recorded by attempt 2.
     # In doubt in attempt 1 (an intent, no record), run again and recorded by attempt 2: its duration runs
-    # from attempt 2's start (its inputs), an upper bound.
+    # from attempt 2's runner being ready (its registration, 109.0), an upper bound; never from its pod's
+    # creation (108.0: the pod's start is no part of a call).
     assert (receipt.outcome, receipt.attempt, receipt.in_doubt_in) == ("executed", 2, [1])
-    assert (receipt.duration_seconds, receipt.duration_from) == (1.5, "node")
+    assert (receipt.duration_seconds, receipt.duration_from) == (0.5, "node")
     first, second = history.attempts
     assert (first.pod, first.exit_code, first.steps, first.tool_calls_executed) == ("order-1-1", 137, 2, 1)
     assert (first.last_node, second.last_node) == ("tools", "__end__")
@@ -183,7 +186,10 @@ def test_a_call_recorded_by_a_dead_attempt_and_answered_by_the_next_is_replayed(
         1,
         1,
     )
-    assert [s.duration_seconds for s in history.steps] == [None, 0.5, 2.0, 0.2]
+    # Attempt 2's first step runs from its registration, not from its pod's creation (2.0 s with the pod start).
+    assert [s.duration_seconds for s in history.steps] == [None, 0.5, 1.0, 0.2]
+    assert [s.pod_start_seconds for s in history.steps] == [None, None, 1.0, None]
+    assert second.pod_start_seconds == 1.0
     assert history.result is not None and history.result.sha256 == "ab" and history.status == "completed"
 
 
@@ -315,3 +321,109 @@ def test_a_request_whose_key_holds_other_arguments_is_not_shown_with_that_record
     rows.messages[0] = message(1, 1, request(("call_1", "charge_card", long)))
     (asked,) = build(rows, namespace="default", name="r", thread_id=THREAD).tool_calls
     assert (asked.ledger_key, asked.edit_of) == ("m-ai:call_1", None)
+
+
+# --- honest outcomes (issue 32 item 3) -------------------------------------------------------------------------------
+
+
+def in_flight_run(*last: dict[str, Any]) -> ThreadRows:
+    """Attempt 1 asked for charge_card (a side effect: its intent recorded) and lookup_order (no intent); neither
+    answered nor recorded. ``last``: the checkpoints after the request (a stop's, or none)."""
+    return ThreadRows(
+        states=[state(1, "model", "running", 1, 10.0), state(2, "tools", "running", 1, 11.0), *last],
+        messages=[message(1, 2, request(("c1", "charge_card", "{}"), ("c2", "lookup_order", "{}")))],
+        intents=[
+            {
+                "tool_call_id": "m-ai:c1",
+                "tool_name": "charge_card",
+                "idempotency_key": "ar-c1",
+                "attempt": 1,
+                "run_uid": "uid-1",
+                "at": 11.1,
+            }
+        ],
+        inputs=[{"attempt": 1, "resume": None, "at": 6.0}],
+    )
+
+
+def outcomes(rows: ThreadRows, status: dict[str, Any] | None = None) -> list[str]:
+    return [c.outcome for c in build(rows, namespace="default", name="r", thread_id=THREAD, status=status).tool_calls]
+
+
+def test_a_stopped_runs_calls_in_flight_are_cancelled_never_running_forever() -> None:
+    """The runner cancelled charge_card ("tool cancelled … after 23.989s") and the page said "running" forever."""
+    stopped = in_flight_run(state(3, "tools", "stopped", 1, 35.0, stop_reason="spec.stop"))
+    assert outcomes(stopped) == ["cancelled", "cancelled"], (
+        "GUARANTEE BROKEN: a stopped run's calls in flight (started or only asked for) must show cancelled"
+    )
+    # A forced stop (the runner did not exit in its grace: the pod deleted, no stopped checkpoint): the attempt
+    # the operator closed as Stopped.
+    forced = {"phase": "Stopped", "attempts": [{"attempt": 1, "outcome": "Stopped", "reason": "ForcedStop"}]}
+    assert outcomes(in_flight_run(), forced)[0] == "cancelled"
+
+
+def test_a_call_in_flight_is_running_while_its_attempt_runs_and_in_doubt_once_it_crashed() -> None:
+    running = {"phase": "Running", "attempts": [{"attempt": 1, "outcome": "Running"}]}
+    assert outcomes(in_flight_run(), running) == ["running", "requested"]
+    crashed = {
+        "phase": "Failed",
+        "attempts": [{"attempt": 1, "outcome": "Crashed", "exitCode": 137, "endTime": "2026-01-01T00:00:00Z"}],
+    }
+    assert outcomes(in_flight_run(), crashed) == ["in_doubt", "requested"], (
+        "GUARANTEE BROKEN: a call whose attempt was killed mid-call may or may not have taken effect: in doubt"
+    )
+    # No status (a deleted run): a later attempt's checkpoint says attempt 1 is over.
+    resumed = in_flight_run(state(3, "tools", "running", 2, 40.0))
+    assert outcomes(resumed)[0] == "in_doubt"
+
+
+def test_pod_start_is_shown_apart_and_never_counted_in_a_step() -> None:
+    """Step 0's "Duration" was the pod's start (3.8 s) and a 5 ms lookup showed "≤ 22.3 s"."""
+    rows = ThreadRows(
+        # Attempt 1's pod created at 6.0, its opening checkpoint (no node ran) at 9.8, then the model node.
+        states=[state(1, "model", "running", 1, 9.8), state(2, "tools", "running", 1, 10.3)],
+        messages=[message(1, 2, request(("c1", "lookup_order", "{}")))],
+        inputs=[{"attempt": 1, "resume": None, "at": 6.0}],
+    )
+    history = build(rows, namespace="default", name="r", thread_id=THREAD)
+    (attempt,) = history.attempts
+    assert attempt.pod_start_seconds == 3.8, "the pod's start: created -> its runner's opening checkpoint"
+    assert [(s.pod_start_seconds, s.duration_seconds) for s in history.steps] == [(3.8, None), (None, 0.5)], (
+        "GUARANTEE BROKEN: step 0's duration counted the pod's start"
+    )
+    # Its runner registered at 9.7 (the store keeps the newest attempt's registration): the opening write's own time.
+    registered = build(
+        ThreadRows(states=rows.states, inputs=rows.inputs, owner={"attempt": 1, "run_uid": None, "at": 9.7}),
+        namespace="default",
+        name="r",
+        thread_id=THREAD,
+    )
+    assert [(s.pod_start_seconds, s.duration_seconds) for s in registered.steps] == [(3.7, 0.1), (None, 0.5)]
+    # Another AgentRun's registration on the thread says nothing of this run's pod.
+    other = ThreadRows(states=rows.states, inputs=rows.inputs, owner={"attempt": 1, "run_uid": "uid-2", "at": 9.7})
+    built = build(other, namespace="default", name="r", thread_id=THREAD, uid="uid-1")
+    assert built.attempts[0].pod_start_seconds == 3.8
+
+
+def test_the_page_and_the_list_say_a_succeeded_run_with_failed_calls_and_a_cancelled_call() -> None:
+    calls = {"executed": 0, "replayed": 0, "failed": 3}
+    condition = {"type": "ToolErrors", "status": "True", "message": "3 tool calls failed; last: lookup_order: no 9999"}
+    run = {
+        "metadata": {"namespace": "default", "name": "r", "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": {"graph": "g:app"},
+        "status": {"phase": "Succeeded", "toolCalls": calls, "toolSummary": "3 failed", "conditions": [condition]},
+    }
+    listed = pages.run_list([run], namespace=None, phase=None, now=datetime(2026, 1, 1, tzinfo=UTC))
+    assert "Succeeded</span>" in listed and "with 3 failed tool calls" in listed and "3 failed" in listed, (
+        "GUARANTEE BROKEN: the list must show a Succeeded run whose tool calls failed as a warning"
+    )
+    history = build(
+        in_flight_run(state(3, "tools", "stopped", 1, 35.0)), namespace="default", name="r", thread_id=THREAD
+    )
+    history.phase = "Succeeded"
+    page = pages.timeline(history, run)
+    assert "Succeeded with 3 failed tool calls." in page and "lookup_order: no 9999" in page
+    assert page.count('class="badge out-cancelled"') == 2 and "out-running" not in page
+    assert "Pod start" in page
+    plain = pages.timeline(history, {**run, "status": {"phase": "Succeeded", "toolCalls": {"executed": 2}}})
+    assert "failed tool call" not in plain, "no warning without failures"
