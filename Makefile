@@ -64,7 +64,10 @@ demo: $(STAMP)  ## emulated cluster: kubectl apply, SIGKILL the runner mid-tool,
 	$(BIN)/python examples/cluster_demo.py
 
 # AGENTRUN_DEV_K8S=node needs the node's binaries, images and packages; the other modes do not build them.
-cluster: $(STAMP) $(if $(filter node,$(AGENTRUN_DEV_K8S)),k8s image node-packages)  ## a local cluster to keep: kubesim's API server on 127.0.0.1:6880 (AGENTRUN_DEV_PORT), the operator, runner pods as local processes (your PYTHONPATH), SQLite (AGENTRUN_DEV_POSTGRES_DSN for PostgreSQL); AGENTRUN_DEV_K8S=real: the real control plane; AGENTRUN_DEV_K8S=node (root): the real control plane and node with the chart installed, runner pods in containers, PostgreSQL on the node's address; Ctrl-C stops it
+# The default store is the local PostgreSQL (the history reads PostgreSQL only): started as make demo starts it,
+# unless another store is named; when that fails (no root for apt?) agentrun-dev falls back to SQLite and says so.
+cluster: $(STAMP) $(if $(filter node,$(AGENTRUN_DEV_K8S)),k8s image node-packages)  ## a local cluster to keep: kubesim's API server on 127.0.0.1:6880 (AGENTRUN_DEV_PORT), the operator, runner pods as local processes (your PYTHONPATH), the history server, the store in database agentrun_dev of the local PostgreSQL (scripts/services.sh; AGENTRUN_DEV_POSTGRES_DSN for yours, AGENTRUN_DEV_STORE=sqlite for a file, no history); AGENTRUN_DEV_K8S=real: the real control plane; AGENTRUN_DEV_K8S=node (root): the real control plane and node with the chart installed, runner pods in containers, PostgreSQL on the node's address; Ctrl-C stops it
+	$(if $(filter node,$(AGENTRUN_DEV_K8S))$(AGENTRUN_DEV_POSTGRES_DSN)$(filter sqlite,$(AGENTRUN_DEV_STORE)),,bash scripts/services.sh || echo "make cluster: scripts/services.sh failed (above): agentrun-dev uses SQLite if no PostgreSQL answers")
 	$(BIN)/agentrun-dev
 
 demo-local: $(STAMP)  ## no cluster, no services: the support agent on SQLite, SIGKILL mid-tool, resume

@@ -17,14 +17,22 @@ It starts, and on Ctrl-C stops, everything it started:
 - the kubelet stand-in: runner pods run as local processes with this
   virtualenv's Python and ``PYTHONPATH`` (the current folder first), so a
   graph module of yours runs without building an image;
-- a store: a SQLite file in the work folder by default, PostgreSQL when
-  ``$AGENTRUN_DEV_POSTGRES_DSN`` is set; the Secret ``agentrun-store`` in
-  namespace ``default`` points at it;
+- a store (``dev_store``): the database ``agentrun_dev`` on the PostgreSQL
+  ``scripts/services.sh`` starts on 127.0.0.1:5432 (created when missing), or
+  ``$AGENTRUN_DEV_POSTGRES_DSN``'s, or a SQLite file in the work folder
+  (``$AGENTRUN_DEV_STORE=sqlite``, or when no PostgreSQL answers); the Secret
+  ``agentrun-store`` in namespace ``default`` points at it;
 - the real operator (``python -m agentrun_operator``), configured to accept
-  the local SQLite store.
+  a local SQLite store;
+- on PostgreSQL, the history server (``python -m agentrun_history``) on
+  127.0.0.1, its URL written into the kubeconfig (the cluster's
+  ``agentrun.dev/history`` extension), where ``kubectl agentrun history`` and
+  ``ui`` find it without ``--server``.
 
 It writes a kubeconfig into the work folder (``--workdir``, default
-``.agentrun-dev``) and prints the ``export KUBECONFIG=...`` line to use it,
+``.agentrun-dev``, made absolute once, from the folder it starts in: the
+control plane's own kubeconfigs name files in it, and a relative path there
+is read relative to the kubeconfig) and prints the ``export KUBECONFIG=...`` line to use it,
 and, when ``kubectl agentrun`` would not find this virtualenv's plugin (the
 console script ``kubectl-agentrun`` beside its Python) on the ``PATH`` it was
 started with, the ``export PATH=...`` line that puts it there (a process
@@ -51,10 +59,17 @@ import subprocess
 import sys
 import sysconfig
 import threading
+import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from agentrun_operator.kubectl_plugin import HISTORY_EXTENSION  # where kubectl agentrun looks for the history
+
+from .dev_store import STORES, DevStore, StoreError, choose_store
 from .launch import OperatorNotReady, OperatorProcess, start_operator
 
 DEFAULT_PORT = 6880
@@ -123,6 +138,7 @@ class DevCluster:
     port: int = DEFAULT_PORT
     host: str = "127.0.0.1"
     postgres_dsn: str | None = None
+    store: str = "auto"  # dev_store.STORES: auto (PostgreSQL if one answers, else SQLite), postgres, sqlite
     pythonpath: list[str] = field(default_factory=list)
     cluster: Any = None
     kubelet: Any = None
@@ -131,6 +147,11 @@ class DevCluster:
     history_port: int = 0
     api_server: str = "kubesim"  # or "real": the real control plane (kubesim.real); or "node" (ChartOnNode)
     node: Any = None  # ChartOnNode in node mode
+    dev_store: DevStore | None = None  # chosen by start()
+
+    def __post_init__(self) -> None:
+        # Once, here: every path below is absolute, whichever folder a process reading it starts in.
+        self.workdir = self.workdir.absolute()
 
     @property
     def kubeconfig(self) -> Path:
@@ -139,8 +160,14 @@ class DevCluster:
 
     @property
     def store_url(self) -> str:
-        """The store the ``agentrun-store`` Secret names: ``AGENTRUN_DEV_POSTGRES_DSN``, else a SQLite file here."""
-        return self.postgres_dsn or f"sqlite:///{(self.workdir / 'agentrun.db').resolve()}"
+        """The store the ``agentrun-store`` Secret names (``dev_store.choose_store``, by ``start()``)."""
+        assert self.dev_store is not None, "start() chooses the store"
+        return self.dev_store.url
+
+    @property
+    def on_postgres(self) -> bool:
+        """Whether the store is PostgreSQL (the history server then runs)."""
+        return self.dev_store is not None and self.dev_store.postgres
 
     @property
     def operator_log(self) -> Path:
@@ -157,6 +184,8 @@ class DevCluster:
             )
         if self.api_server not in API_SERVERS:
             raise DevClusterError(f"--api-server {self.api_server!r}: one of {', '.join(API_SERVERS)}")
+        if self.store not in STORES:
+            raise DevClusterError(f"--store {self.store!r} (AGENTRUN_DEV_STORE): one of {', '.join(STORES)}")
         if self.api_server == "node" and self.postgres_dsn:
             raise DevClusterError(
                 "AGENTRUN_DEV_POSTGRES_DSN (--postgres-dsn) does not apply to --api-server node: its store is a "
@@ -190,6 +219,10 @@ class DevCluster:
         if self.api_server == "node":
             self._start_node(say)
             return
+        try:  # before any process: a store that cannot be had stops nothing but this
+            self.dev_store = choose_store(self.workdir, store=self.store, postgres_dsn=self.postgres_dsn)
+        except StoreError as e:
+            raise DevClusterError(str(e)) from None
         base_env = default_base_env(pythonpath=self.pythonpath)
         if self.api_server == "real":
             self._start_real(crd_files, base_env, say)
@@ -206,14 +239,14 @@ class DevCluster:
         say("kubelet")
         self._setup_store()
         self._store_secret()
-        say("store" + (" (PostgreSQL)" if self.postgres_dsn else " (SQLite)"))
+        say("store" + (" (PostgreSQL)" if self.on_postgres else " (SQLite)"))
         operator = self._start_operator()
         try:
             operator.wait_until_leader()
         except OperatorNotReady as e:
             raise DevClusterError(str(e)) from None
         say("operator")
-        if self.postgres_dsn:  # the history server reads PostgreSQL only
+        if self.on_postgres:  # the history server reads PostgreSQL only (dev_store says why)
             self._start_history()
             say("history server")
 
@@ -277,7 +310,7 @@ class DevCluster:
             raise DevClusterError(f"the store {self._store_name()} cannot be set up: {e}") from None
 
     def _store_name(self) -> str:
-        return "AGENTRUN_DEV_POSTGRES_DSN" if self.postgres_dsn else self.store_url
+        return "AGENTRUN_DEV_POSTGRES_DSN" if self.postgres_dsn else self.store_url.split("?", 1)[0]
 
     def _store_secret(self) -> None:
         done = self._kubectl(
@@ -293,7 +326,7 @@ class DevCluster:
             "pod_grace_seconds": 10,
             "local_stores": True,
         }
-        if not self.postgres_dsn:  # SQLite cannot notify the operator of progress: a resync every second shows it
+        if not self.on_postgres:  # SQLite cannot notify the operator of progress: a resync every second shows it
             settings["resync_interval_seconds"] = 1
         self.operator = start_operator(
             self.kubeconfig, identity="agentrun-dev", log_path=self.operator_log, settings=settings
@@ -312,10 +345,50 @@ class DevCluster:
             AGENTRUN_HISTORY_HOST=self.host,
             AGENTRUN_HISTORY_PORT=str(self.history_port),
         )
-        with open(self.workdir / "history.log", "wb") as log:
+        with open(self.history_log, "wb") as log:
             self.history = subprocess.Popen(
                 [sys.executable, "-m", "agentrun_history"], env=env, stdout=log, stderr=subprocess.STDOUT
             )
+        self._wait_history()
+        self._name_history_in_kubeconfig()
+
+    @property
+    def history_url(self) -> str:
+        """The history server's URL (``http://127.0.0.1:PORT``)."""
+        return f"http://{self.host}:{self.history_port}"
+
+    @property
+    def history_log(self) -> Path:
+        """The history server's log file."""
+        return self.workdir / "history.log"
+
+    def _wait_history(self, timeout: float = 30) -> None:
+        """Return once the history server answers (its ``/healthz``), so the banner's commands work at once."""
+        assert self.history is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.history.poll() is not None:
+                raise DevClusterError(f"the history server exited ({self.history.returncode}); see {self.history_log}")
+            try:
+                with urllib.request.urlopen(self.history_url + "/healthz", timeout=2):
+                    return
+            except OSError:
+                time.sleep(0.1)
+        raise DevClusterError(f"the history server did not answer in {timeout:g}s; see {self.history_log}")
+
+    def _name_history_in_kubeconfig(self) -> None:
+        """Write the history server's URL into the exported kubeconfig's cluster (``HISTORY_EXTENSION``).
+
+        ``kubectl agentrun history|ui`` read it there (through ``kubectl config view``): a URL that travels
+        with the kubeconfig it belongs to, rewritten by each start (the port changes), and kubectl keeps
+        cluster extensions it does not know.
+        """
+        config = yaml.safe_load(self.kubeconfig.read_text())
+        for entry in config.get("clusters") or []:
+            cluster = entry.setdefault("cluster", {})
+            others = [e for e in cluster.get("extensions") or [] if e.get("name") != HISTORY_EXTENSION]
+            cluster["extensions"] = [*others, {"name": HISTORY_EXTENSION, "extension": {"server": self.history_url}}]
+        self.kubeconfig.write_text(yaml.safe_dump(config, sort_keys=False))
 
     def stop(self) -> None:
         """Stop the history server and the operator, then the pods (SIGTERM, then SIGKILL after their grace), then
@@ -341,23 +414,39 @@ class DevCluster:
         if self.node is not None:
             return self._node_banner()
         metrics_port = self.operator.port if self.operator is not None else 0
-        store = "PostgreSQL (AGENTRUN_DEV_POSTGRES_DSN)" if self.postgres_dsn else f"SQLite {self.store_url}"
         return "\n".join(
             [
-                f"API server  {self.cluster.url}   store {store}",
+                f"API server  {self.cluster.url}   store {self._store_line()}",
                 f"operator    metrics http://{self.host}:{metrics_port}/metrics, log {self.operator_log}",
+                *(
+                    [f"history     {self.history_url} (named in the kubeconfig), log {self.history_log}"]
+                    if self.history is not None
+                    else []
+                ),
                 f"pods        run here with {sys.executable}; PYTHONPATH={os.pathsep.join(self.pythonpath)}",
                 *self._what_next(),
-                (
-                    f"  kubectl agentrun ui --server http://{self.host}:{self.history_port}"
-                    "      # the run history in your browser"
+                *(
+                    [
+                        "  kubectl agentrun history support-order-4821   # what it did: attempts, steps, tool calls",
+                        "  kubectl agentrun ui                           # the run history in your browser",
+                    ]
                     if self.history is not None
-                    else "  (kubectl agentrun ui / history need the PostgreSQL store: AGENTRUN_DEV_POSTGRES_DSN)"
+                    else []
                 ),
                 "",
                 "Ctrl-C stops the cluster and every pod (AgentRuns live in memory; the store keeps the threads).",
             ]
         )
+
+    def _store_line(self) -> str:
+        """The banner's store: which, where, and on SQLite why there is no history."""
+        assert self.dev_store is not None
+        if not self.dev_store.postgres:
+            return f"SQLite {self.store_url} (no history server: {self.dev_store.why_not_postgres})"
+        created = ", created now" if self.dev_store.created else ""
+        if self.postgres_dsn:
+            return f"PostgreSQL (AGENTRUN_DEV_POSTGRES_DSN{created})"
+        return f"PostgreSQL {self.store_url}{created}"
 
     def _what_next(self) -> list[str]:
         """The banner's lines every mode shares: the ``export`` lines, then the first commands to try."""
@@ -416,7 +505,15 @@ def parser() -> argparse.ArgumentParser:
     cli.add_argument(
         "--postgres-dsn",
         default=os.environ.get("AGENTRUN_DEV_POSTGRES_DSN") or None,
-        help="a PostgreSQL store instead of SQLite (default: $AGENTRUN_DEV_POSTGRES_DSN)",
+        help="the PostgreSQL store, its database created when missing (default: $AGENTRUN_DEV_POSTGRES_DSN, else "
+        "agentrun_dev on the PostgreSQL scripts/services.sh starts on 127.0.0.1:5432)",
+    )
+    cli.add_argument(
+        "--store",
+        choices=STORES,
+        default=os.environ.get("AGENTRUN_DEV_STORE") or "auto",
+        help="auto (default: PostgreSQL, SQLite when none answers), postgres (PostgreSQL or an error) or sqlite "
+        "(a file in the work folder; no history server); default: $AGENTRUN_DEV_STORE",
     )
     return cli
 
@@ -426,7 +523,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     pythonpath = [str(Path.cwd())] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     dev = DevCluster(
-        args.workdir, port=args.port, postgres_dsn=args.postgres_dsn, pythonpath=pythonpath, api_server=args.api_server
+        args.workdir,
+        port=args.port,
+        postgres_dsn=args.postgres_dsn,
+        store=args.store,
+        pythonpath=pythonpath,
+        api_server=args.api_server,
     )
     try:
         dev.check()

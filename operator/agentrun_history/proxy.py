@@ -7,6 +7,8 @@ the operator's client refreshes it), so the browser never holds the token.
 Only requests for this proxy's own address are served (a ``Host`` header
 naming another host is refused: DNS rebinding), and the upstream's own
 checks (the action header, ``Origin``) still apply to what the page posts.
+A browser that goes away mid-answer (a live view's tab closed) ends that
+request quietly: no traceback for an everyday event.
 """
 
 from __future__ import annotations
@@ -48,10 +50,15 @@ async def forward(request: web.Request) -> web.StreamResponse:
         for key, value in upstream.headers.items():
             if key.lower() not in HOP_BY_HOP:
                 response.headers.add(key, value)
-        await response.prepare(request)
-        async for chunk in upstream.content.iter_any():  # event streams pass through as they come
-            await response.write(chunk)
-        await response.write_eof()
+        try:
+            await response.prepare(request)
+            async for chunk in upstream.content.iter_any():  # event streams pass through as they come
+                await response.write(chunk)
+            await response.write_eof()
+        except ConnectionResetError:
+            # The browser went away (a live tab closed, a navigation): nothing to tell anyone. Leaving the
+            # upstream request closes it, so the history server's stream ends too.
+            pass
         return response
 
 

@@ -16,8 +16,9 @@ reject or stop, list on events, get/list on pods and get on pods/log.
 
 ``history`` and ``ui`` talk to the history server (``agentrun_history``),
 which reads the store for you: ``--server URL`` (or ``$AGENTRUN_HISTORY_URL``),
-else a ``kubectl port-forward`` to its Service (``--history-namespace``,
-default ``agentrun-system``). They send your kubeconfig's bearer token (a
+else the URL the kubeconfig's cluster names in its ``agentrun.dev/history``
+extension (``make cluster`` writes it), else a ``kubectl port-forward`` to its
+Service (``--history-namespace``, default ``agentrun-system``). They send your kubeconfig's bearer token (a
 token, a token file or an exec credential plugin); the server shows a run
 only when that identity may ``get`` it. A client-certificate identity has no
 token to send: use a token (``kubectl create token``) or the chart's login.
@@ -617,6 +618,9 @@ def cmd_watch(kubectl: Kubectl, args: argparse.Namespace) -> int:
 # --- history (through the history server) ----------------------------------------------------------------------------
 
 HISTORY_SERVICE = "agentrun-history"
+# A kubeconfig cluster extension naming that cluster's history server (``agentrun-dev`` writes it into the
+# kubeconfig it exports): ``extensions: [{name: agentrun.dev/history, extension: {server: URL}}]``.
+HISTORY_EXTENSION = "agentrun.dev/history"
 
 
 def _bearer(args: argparse.Namespace) -> str:
@@ -639,11 +643,28 @@ def _bearer(args: argparse.Namespace) -> str:
     return header
 
 
+def kubeconfig_history_url(kubectl: Kubectl) -> str:
+    """The history server the current context's cluster names (``HISTORY_EXTENSION``), or ``""``.
+
+    Read through kubectl (``config view --minify``), so ``--kubeconfig``, ``--context`` and a merged
+    ``KUBECONFIG`` pick the cluster as kubectl does. Trusting it is no new trust: the same kubeconfig already
+    says where your token goes (the cluster's server) and which credential plugin runs.
+    """
+    path = f'jsonpath={{.clusters[0].cluster.extensions[?(@.name=="{HISTORY_EXTENSION}")].extension.server}}'
+    done = kubectl.run("config", "view", "--minify", "-o", path, namespaced=False)
+    url = done.stdout.strip() if done.returncode == 0 else ""
+    if url and not url.startswith(("http://", "https://")):
+        raise PluginError(f"the kubeconfig's {HISTORY_EXTENSION} extension names {url!r}, not an http(s) URL")
+    return url
+
+
 class HistoryServer:
-    """The history server's URL: ``--server``, ``$AGENTRUN_HISTORY_URL``, else a port-forward while in use."""
+    """The history server's URL: ``--server``, ``$AGENTRUN_HISTORY_URL``, the kubeconfig's cluster extension
+    ``agentrun.dev/history`` (``make cluster`` writes it), else a port-forward to its Service while in use."""
 
     def __init__(self, kubectl: Kubectl, args: argparse.Namespace) -> None:
-        self.url = (args.server or os.environ.get("AGENTRUN_HISTORY_URL") or "").rstrip("/")
+        url = args.server or os.environ.get("AGENTRUN_HISTORY_URL") or kubeconfig_history_url(kubectl)
+        self.url = url.rstrip("/")
         self._forward: subprocess.Popen[str] | None = None
         if not self.url:
             self._port_forward(kubectl, args.history_namespace, args.history_service)
@@ -693,9 +714,26 @@ class HistoryServer:
                     message = json.loads(e.read()).get("message") or e.reason
                 except ValueError:
                     message = e.reason
-            raise PluginError(f"the history server answered {e.code}: {message}") from None
+            raise HistoryAnswer(e.code, f"the history server answered {e.code}: {message}") from None
         except (urllib.error.URLError, OSError) as e:
             raise PluginError(f"cannot reach the history server at {self.url}: {e}") from None
+
+
+class HistoryAnswer(PluginError):
+    """The history server refused (``status``: its HTTP status)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _runs_of_thread(kubectl: Kubectl, thread_id: str) -> list[str]:
+    """The AgentRuns of the namespace whose ``spec.threadId`` is ``thread_id`` (a hint for a 404), by name."""
+    done = kubectl.run("get", RESOURCE, "-o", "json")
+    if done.returncode != 0:
+        return []
+    items = json.loads(done.stdout).get("items") or []
+    return sorted(i["metadata"]["name"] for i in items if (i.get("spec") or {}).get("threadId") == thread_id)
 
 
 def _when(moment: float | None) -> str:
@@ -716,6 +754,15 @@ def cmd_history(kubectl: Kubectl, args: argparse.Namespace) -> int:
     try:
         path = f"/api/v1/namespaces/{quote(namespace, safe='')}/agentruns/{quote(args.run, safe='')}/history"
         found = server.get_json(path, authorization)
+    except HistoryAnswer as e:
+        # The history is an AgentRun's (a thread may hold several runs' turns): a thread id is a 404 that names them.
+        runs = _runs_of_thread(kubectl, args.run) if e.status == 404 else []
+        if runs:
+            raise PluginError(
+                f"{e}; {args.run!r} is the threadId of {', '.join(runs)}: "
+                f"kubectl agentrun history {runs[0]} (history takes the AgentRun's name)"
+            ) from None
+        raise
     finally:
         server.close()
     if args.output == "json":
@@ -936,7 +983,8 @@ def parser() -> argparse.ArgumentParser:
     for sub in (history, ui):
         sub.add_argument(
             "--server",
-            help="the history server's URL (default: $AGENTRUN_HISTORY_URL, else a port-forward to its Service)",
+            help="the history server's URL (default: $AGENTRUN_HISTORY_URL, else the kubeconfig cluster's "
+            f"{HISTORY_EXTENSION} extension, which make cluster writes, else a port-forward to its Service)",
         )
         sub.add_argument(
             "--history-namespace",

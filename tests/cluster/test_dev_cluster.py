@@ -9,6 +9,8 @@ group): every process the cluster started must be gone, checked by pid.
 
 from __future__ import annotations
 
+import asyncio
+import http.client
 import os
 import re
 import selectors
@@ -100,6 +102,9 @@ class DevCluster:
             AGENTRUN_DEV_K8S=api_server,
             AGENTRUN_DEV_PORT=str(port),
             AGENTRUN_DEV_WORKDIR=str(workdir),
+            # The SQLite store (no history server): the default, this machine's database agentrun_dev, is a
+            # person's; the PostgreSQL default is tested on a database of its own, below.
+            AGENTRUN_DEV_STORE="sqlite",
             PYTHONPATH=str(pythonpath),
             # Without the virtualenv: a terminal where it was never activated, as after a fresh clone.
             PATH=os.pathsep.join([str(BIN), env.get("PATH", "")]) if venv_on_path else path_without_venv(),
@@ -291,3 +296,146 @@ def test_no_path_line_when_the_plugin_is_already_found() -> None:
 
     assert plugin_path_line(str(BIN)) is None, "the virtualenv is on PATH: nothing to export"
     assert plugin_path_line(path_without_venv()) == f"export PATH={BIN}:$PATH"
+
+
+TICKER = textwrap.dedent(
+    '''
+    """A graph that keeps making progress: a step every 0.3 s (the history's live view has something to say)."""
+    import time
+
+    from agentrun import END, START, StateGraph, assistant
+
+
+    def tick(state):
+        time.sleep(0.3)
+        return {"messages": [assistant("tick")]}
+
+
+    graph = StateGraph()
+    graph.add_node("tick", tick)
+    graph.add_edge(START, "tick")
+    graph.add_conditional_edges("tick", lambda state: "tick" if len(state["messages"]) < 400 else END)
+    app = graph.compile()
+    '''
+)
+
+
+def agentrun_dev(cwd: Path, api_server: str, dsn: str) -> subprocess.Popen[bytes]:
+    """``agentrun-dev`` as a person starts it in a folder of theirs: no work folder named, no store variable but
+    the database (one that does not exist yet, so the test can drop it)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBE", "AGENTRUN_", "MAKE"))}
+    env.update(AGENTRUN_DEV_K8S=api_server, AGENTRUN_DEV_PORT=str(free_port()), AGENTRUN_DEV_POSTGRES_DSN=dsn)
+    env.pop("PYTHONPATH", None)
+    return subprocess.Popen(
+        [str(BIN / "agentrun-dev")],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def plugin(kubeconfig: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """``kubectl agentrun ...`` in a terminal with only the printed ``export KUBECONFIG`` line (no ``--server``)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBE", "AGENTRUN_"))}
+    env.update(KUBECONFIG=kubeconfig, PATH=os.pathsep.join([str(BIN), path_without_venv()]))
+    return subprocess.run([KUBECTL, "agentrun", *args], capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def state_version(kubeconfig: str, name: str) -> int:
+    return int(kubectl(kubeconfig, "get", "ar", name, "-o", "jsonpath={.status.stateVersion}").stdout.strip() or 0)
+
+
+@pytest.mark.real_server
+def test_agentrun_dev_started_in_any_folder_shows_the_history_without_flags(api_server: str, tmp_path: Path) -> None:
+    """Issue 32 item 6, a fresh clone's path: ``agentrun-dev`` in a folder of the user's with its default, relative
+    work folder (the real control plane read it twice: kube-controller-manager exited), the store's database
+    created, ``kubectl agentrun history`` and ``ui`` finding the history server with no ``--server``, a thread id
+    for a run name answered with the run's name, and a live view closed without a traceback in ``ui``."""
+    from agentrun_dev.databases import drop_database, postgres_dsn, with_database
+
+    home = tmp_path / "my-agents"
+    home.mkdir()
+    (home / "my_greeter.py").write_text(GRAPH)
+    (home / "my_ticker.py").write_text(TICKER)
+    database = f"agentrun_devtest_{os.getpid()}_{free_port()}"
+    dsn = with_database(postgres_dsn(), database)
+    proc = agentrun_dev(home, api_server, dsn)
+    dev = DevCluster.__new__(DevCluster)  # the reader of make cluster's output, on this process
+    dev.proc, dev.output, dev._selector = proc, "", selectors.DefaultSelector()
+    assert proc.stdout is not None
+    os.set_blocking(proc.stdout.fileno(), False)
+    dev._selector.register(proc.stdout, selectors.EVENT_READ)
+    try:
+        dev.read_until(r"Ctrl-C stops", timeout=150)
+        kubeconfig = dev.read_until(r"^export KUBECONFIG=(\S+)$").group(1)
+        assert kubeconfig == str(home / ".agentrun-dev" / "kubeconfig"), dev.output
+        assert re.search(r"store PostgreSQL \(AGENTRUN_DEV_POSTGRES_DSN, created now\)", dev.output), dev.output
+        assert "--server" not in dev.output, "the banner's commands need no --server"
+
+        greet = run_manifest("greet-order-1", "hi").replace("threadId: greet-order-1", "threadId: order-1")
+        assert kubectl(kubeconfig, "apply", "-f", "-", input=greet).returncode == 0
+        wait_phase(kubeconfig, "greet-order-1", "Succeeded")
+        shown = plugin(kubeconfig, "history", "greet-order-1", "-o", "json")
+        assert shown.returncode == 0, shown
+        history = yaml.safe_load(shown.stdout)
+        assert history["thread_id"].endswith("order-1") and [s["node"] for s in history["steps"]][:1] == ["greet"], (
+            history
+        )
+        table = plugin(kubeconfig, "history", "greet-order-1")
+        assert table.returncode == 0 and "greet" in table.stdout, table
+        by_thread = plugin(kubeconfig, "history", "order-1")
+        assert by_thread.returncode == 1, by_thread
+        assert "'order-1' is the threadId of greet-order-1: kubectl agentrun history greet-order-1" in (
+            by_thread.stderr
+        ), by_thread.stderr
+
+        ticker = yaml.safe_load(run_manifest("ticker", "go"))
+        ticker["spec"].update(graph="my_ticker:app", config={"recursionLimit": 1000})
+        assert kubectl(kubeconfig, "apply", "-f", "-", input=yaml.safe_dump(ticker)).returncode == 0
+        wait_phase(kubeconfig, "ticker", "Running")
+        closed_a_live_view_in_ui(kubeconfig, tmp_path)
+
+        assert dev.interrupt() == 0, dev.output
+    finally:
+        dev.kill()
+        asyncio.run(drop_database(dsn))
+
+
+def closed_a_live_view_in_ui(kubeconfig: str, tmp_path: Path) -> None:
+    """``kubectl agentrun ui``: a live view of the ticking run opened through it and closed (a tab closing) while
+    the run goes on; the proxy must say nothing about it (it printed aiohttp's "Cannot write to closing
+    transport" traceback)."""
+    log = tmp_path / "ui.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBE", "AGENTRUN_"))}
+    env.update(KUBECONFIG=kubeconfig, PATH=os.pathsep.join([str(BIN), path_without_venv()]))
+    with log.open("wb") as out:
+        ui = subprocess.Popen(
+            [KUBECTL, "agentrun", "ui", "--port", "0", "--no-browser"], env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while not (found := re.search(r"http://127\.0\.0\.1:(\d+)/", log.read_text())):
+            assert ui.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        port = int(found.group(1))
+        for _ in range(3):  # three tabs, each closed after its first event
+            stream = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            stream.request("GET", "/runs/default/ticker/events")
+            response = stream.getresponse()
+            assert response.status == 200, (response.status, response.read())
+            assert response.readline().startswith(b"event: update"), "a live view gets an update"
+            stream.close()
+        # The server keeps writing to the proxy while the run goes on: wait for a few steps more.
+        seen = state_version(kubeconfig, "ticker")
+        while state_version(kubeconfig, "ticker") < seen + 10:
+            assert time.monotonic() < deadline + 60, "the ticker stopped ticking"
+            time.sleep(0.3)
+        time.sleep(3)  # the history server's poll (2 s) writes the update the proxy can no longer deliver
+        assert ui.poll() is None, log.read_text()
+    finally:
+        ui.send_signal(signal.SIGINT)
+        ui.wait(timeout=30)
+    said = log.read_text()
+    assert "Traceback" not in said and "Error handling request" not in said, said
