@@ -48,8 +48,10 @@ How each fact is derived (nothing extra is written on the step's path):
   attempt ended, a call without a record or an answer is **cancelled** when the
   attempt ended by a stop (a stopped checkpoint, ``status.attempts`` Stopped:
   the runner cancelled it, or the forced stop killed it), else **in doubt** (a
-  crash, an eviction: it may or may not have taken effect). A call requested
-  and never started in a run that ended stopped is cancelled too;
+  crash, an eviction: it may or may not have taken effect), and
+  **interrupted** while it waits at its own ``interrupt()`` (a known point: not
+  in doubt; it starts again in the attempt that resumes the run). A call
+  requested and never started in a run that ended stopped is cancelled too;
 - an interrupt's answer is the resume value of the first checkpoint after it
   that carries its id (state meta ``resume``), before that the operator's
   run inputs for the next attempt; who answered is in the API server's audit
@@ -88,7 +90,7 @@ __all__ = ["DEPTH_MARKER", "MAX_DEPTH", "PREVIEW_CHARS", "Digest", "RunHistory",
 MAX_DEPTH = 64
 DEPTH_MARKER = f"<nested deeper than {MAX_DEPTH} levels: not shown>"
 
-Outcome = Literal["executed", "replayed", "in_doubt", "failed", "running", "requested", "cancelled"]
+Outcome = Literal["executed", "replayed", "in_doubt", "failed", "running", "requested", "cancelled", "interrupted"]
 
 
 class Digest(BaseModel):
@@ -589,23 +591,35 @@ _EXITED = frozenset({"completed", "failed", "stopped", "interrupted"})
 
 def _settle(calls: Sequence[ToolCallRecord], steps: Sequence[StepRecord], status: Mapping[str, Any]) -> None:
     """Calls an ended attempt left open: "running" (started, no record, no answer) becomes "cancelled" when that
-    attempt was stopped, else "in_doubt"; "requested" (never started) becomes "cancelled" after a stop."""
+    attempt was stopped, "interrupted" when it paused at the tool's own ``interrupt()`` (a known point: not in
+    doubt), else "in_doubt"; "requested" (never started) becomes "cancelled" after a stop."""
     listed = [raw for raw in status.get("attempts") or [] if isinstance(raw.get("attempt"), int)]
     stopped = {s.attempt for s in steps if s.status == "stopped"}
     stopped |= {raw["attempt"] for raw in listed if raw.get("outcome") == "Stopped"}
+    last_status = {s.attempt: s.status for s in steps}  # each attempt's last checkpoint
     known = {s.attempt for s in steps} | {raw["attempt"] for raw in listed} | {c.attempt for c in calls}
     numbers = {n for n in known if n is not None}
     newest = max(numbers, default=0)
     ended = {n for n in numbers if n < newest} | {raw["attempt"] for raw in listed if raw.get("endTime")}
-    ended |= {s.attempt for s in steps[-1:] if s.status in _EXITED}
+    ended |= {n for n, last in last_status.items() if n == newest and last in _EXITED}
+    run_stopped = status.get("phase") == "Stopped"
+    if run_stopped:  # however it ended (a forced stop, a stop while it waited for an answer)
+        stopped.add(newest)
     stop_versions = [s.version for s in steps if s.status == "stopped"]
     for call in calls:
-        if call.outcome == "running" and call.attempt in stopped:
+        asked = call.requested_version or 0
+        if call.outcome == "requested" and (run_stopped or any(v >= asked for v in stop_versions)):
             call.outcome = "cancelled"
-        elif call.outcome == "running" and call.attempt in ended:
+        if call.outcome != "running":
+            continue
+        # A call that paused at its interrupt() starts again in the attempt that resumed the run: that one holds it.
+        holder = newest if last_status.get(call.attempt) == "interrupted" else call.attempt
+        if holder in stopped:
+            call.outcome = "cancelled"
+        elif last_status.get(holder) == "interrupted":
+            call.outcome = "interrupted"
+        elif holder in ended:
             call.outcome = "in_doubt"
-        elif call.outcome == "requested" and any(v >= (call.requested_version or 0) for v in stop_versions):
-            call.outcome = "cancelled"
 
 
 def build(

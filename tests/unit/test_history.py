@@ -377,6 +377,16 @@ def test_a_call_in_flight_is_running_while_its_attempt_runs_and_in_doubt_once_it
     assert outcomes(resumed)[0] == "in_doubt"
 
 
+def test_a_call_waiting_at_its_own_interrupt_is_interrupted_then_running_again_once_answered() -> None:
+    """A tool with side effects that asks a human (its intent recorded, then interrupt()) stopped at a known
+    point: not in doubt. Answered, the next attempt runs it again: running while that attempt runs."""
+    waiting = in_flight_run(state(3, "tools", "interrupted", 1, 12.0))
+    assert outcomes(waiting, {"phase": "Interrupted"})[0] == "interrupted"
+    resumed = in_flight_run(state(3, "tools", "interrupted", 1, 12.0), state(4, "tools", "running", 2, 20.0))
+    assert outcomes(resumed, {"phase": "Running"})[0] == "running"
+    assert outcomes(waiting, {"phase": "Stopped"}) == ["cancelled", "cancelled"], "a stop while it waited"
+
+
 def test_pod_start_is_shown_apart_and_never_counted_in_a_step() -> None:
     """Step 0's "Duration" was the pod's start (3.8 s) and a 5 ms lookup showed "≤ 22.3 s"."""
     rows = ThreadRows(
