@@ -439,3 +439,33 @@ def closed_a_live_view_in_ui(kubeconfig: str, tmp_path: Path) -> None:
         ui.wait(timeout=30)
     said = log.read_text()
     assert "Traceback" not in said and "Error handling request" not in said, said
+
+
+def test_the_dev_store_is_postgresql_created_when_missing_and_sqlite_only_when_none_answers(tmp_path: Path) -> None:
+    """``agentrun-dev``'s store choice (``agentrun_dev.dev_store``) on this machine's PostgreSQL and a closed port."""
+    from agentrun_dev.databases import drop_database, postgres_dsn, with_database
+    from agentrun_dev.dev_store import DEFAULT_DSN, StoreError, choose_store
+
+    assert DEFAULT_DSN == "postgresql://postgres@127.0.0.1:5432/agentrun_dev", "the server scripts/services.sh starts"
+    dsn = with_database(postgres_dsn(), f"agentrun_devtest_{os.getpid()}_{free_port()}")
+    try:
+        first = choose_store(tmp_path, default_dsn=dsn)
+        again = choose_store(tmp_path, default_dsn=dsn)
+        assert (first.url, first.postgres, first.created) == (dsn, True, True)
+        assert (again.postgres, again.created) == (True, False), "an existing database is used as it is"
+        named = choose_store(tmp_path, postgres_dsn=dsn + "?agentrun_listen=off")
+        assert named.postgres and named.url.endswith("agentrun_listen=off"), "agentrun's parameters stay in the URL"
+    finally:
+        asyncio.run(drop_database(dsn))
+
+    closed = f"postgresql://postgres@127.0.0.1:{free_port()}/agentrun_dev"
+    fallback = choose_store(tmp_path, default_dsn=closed)
+    assert fallback.url == f"sqlite:///{tmp_path / 'agentrun.db'}" and not fallback.postgres
+    assert "bash scripts/services.sh" in fallback.why_not_postgres and "AGENTRUN_DEV_POSTGRES_DSN" in (
+        fallback.why_not_postgres
+    )
+    with pytest.raises(StoreError, match=r"start the server .*createdb .*AGENTRUN_DEV_POSTGRES_DSN"):
+        choose_store(tmp_path, postgres_dsn=closed)  # named: never a silent SQLite
+    with pytest.raises(StoreError, match="both set"):
+        choose_store(tmp_path, store="sqlite", postgres_dsn=dsn)
+    assert not choose_store(tmp_path, store="sqlite").postgres
