@@ -249,6 +249,10 @@ class DevCluster:
         if self.on_postgres:  # the history server reads PostgreSQL only (dev_store says why)
             self._start_history()
             say("history server")
+        else:  # kubectl agentrun history|ui say why instead of looking for the chart's Service
+            assert self.dev_store is not None
+            reason = f"the store of make cluster is SQLite ({self.dev_store.why_not_postgres})"
+            self._name_history_in_kubeconfig({"unavailable": reason})
 
     def _start_real(self, crd_files: tuple[Path, ...], base_env: dict[str, str], say: Any) -> None:
         """The real control plane (a fresh etcd each start, as kubesim's memory), its CRDs, a kubelet stand-in."""
@@ -350,7 +354,7 @@ class DevCluster:
                 [sys.executable, "-m", "agentrun_history"], env=env, stdout=log, stderr=subprocess.STDOUT
             )
         self._wait_history()
-        self._name_history_in_kubeconfig()
+        self._name_history_in_kubeconfig({"server": self.history_url})
 
     @property
     def history_url(self) -> str:
@@ -376,8 +380,9 @@ class DevCluster:
                 time.sleep(0.1)
         raise DevClusterError(f"the history server did not answer in {timeout:g}s; see {self.history_log}")
 
-    def _name_history_in_kubeconfig(self) -> None:
-        """Write the history server's URL into the exported kubeconfig's cluster (``HISTORY_EXTENSION``).
+    def _name_history_in_kubeconfig(self, extension: dict[str, str]) -> None:
+        """Write where the history server is (``{server: URL}``), or why there is none (``{unavailable: why}``),
+        into the exported kubeconfig's cluster (``HISTORY_EXTENSION``).
 
         ``kubectl agentrun history|ui`` read it there (through ``kubectl config view``): a URL that travels
         with the kubeconfig it belongs to, rewritten by each start (the port changes), and kubectl keeps
@@ -387,7 +392,7 @@ class DevCluster:
         for entry in config.get("clusters") or []:
             cluster = entry.setdefault("cluster", {})
             others = [e for e in cluster.get("extensions") or [] if e.get("name") != HISTORY_EXTENSION]
-            cluster["extensions"] = [*others, {"name": HISTORY_EXTENSION, "extension": {"server": self.history_url}}]
+            cluster["extensions"] = [*others, {"name": HISTORY_EXTENSION, "extension": extension}]
         self.kubeconfig.write_text(yaml.safe_dump(config, sort_keys=False))
 
     def stop(self) -> None:

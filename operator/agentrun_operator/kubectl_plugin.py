@@ -648,11 +648,20 @@ def kubeconfig_history_url(kubectl: Kubectl) -> str:
 
     Read through kubectl (``config view --minify``), so ``--kubeconfig``, ``--context`` and a merged
     ``KUBECONFIG`` pick the cluster as kubectl does. Trusting it is no new trust: the same kubeconfig already
-    says where your token goes (the cluster's server) and which credential plugin runs.
+    says where your token goes (the cluster's server) and which credential plugin runs. The extension holds
+    ``{server: URL}``, or ``{unavailable: why}`` (``make cluster`` on SQLite): then a ``PluginError`` says why.
     """
-    path = f'jsonpath={{.clusters[0].cluster.extensions[?(@.name=="{HISTORY_EXTENSION}")].extension.server}}'
+    path = f'jsonpath={{.clusters[0].cluster.extensions[?(@.name=="{HISTORY_EXTENSION}")].extension}}'
     done = kubectl.run("config", "view", "--minify", "-o", path, namespaced=False)
-    url = done.stdout.strip() if done.returncode == 0 else ""
+    try:
+        extension = json.loads(done.stdout) if done.returncode == 0 and done.stdout.strip() else {}
+    except ValueError:
+        extension = {}
+    if not isinstance(extension, dict):
+        extension = {}
+    if extension.get("unavailable"):
+        raise PluginError(f"this cluster has no history server: {extension['unavailable']}")
+    url = str(extension.get("server") or "")
     if url and not url.startswith(("http://", "https://")):
         raise PluginError(f"the kubeconfig's {HISTORY_EXTENSION} extension names {url!r}, not an http(s) URL")
     return url

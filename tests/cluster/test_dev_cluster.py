@@ -220,6 +220,11 @@ def test_make_cluster_runs_a_users_graph_and_ctrl_c_leaves_no_process(
     wait_phase(kubeconfig, "hello", "Succeeded")
     answer = kubectl(kubeconfig, "get", "ar", "hello", "-o", "jsonpath={.status.result.message}").stdout
     assert answer == "hello from my_greeter: hi", "the graph module from the temporary folder must have run"
+    no_history = plugin(kubeconfig, "history", "hello")  # SQLite: why, not a port-forward to a chart's Service
+    assert no_history.returncode == 1, no_history
+    assert "this cluster has no history server: the store of make cluster is SQLite (AGENTRUN_DEV_STORE=sqlite)" in (
+        no_history.stderr
+    ), no_history.stderr
 
     # A runner still running when Ctrl-C comes: it must go too.
     assert kubectl(kubeconfig, "apply", "-f", "-", input=run_manifest("sleeper", "sleep")).returncode == 0
