@@ -95,8 +95,27 @@ class DevCluster:
     """``make cluster`` as a subprocess: its output read line by line, the group signalled as a terminal does."""
 
     def __init__(
-        self, workdir: Path, pythonpath: Path, port: int, api_server: str = "kubesim", *, venv_on_path: bool = True
+        self,
+        workdir: Path,
+        pythonpath: Path,
+        port: int,
+        api_server: str = "kubesim",
+        *,
+        venv_on_path: bool = True,
+        started: subprocess.Popen[bytes] | None = None,
     ) -> None:
+        """``make cluster`` with these settings, or the output of ``started`` (another way it was started)."""
+        self.proc = started or self._make_cluster(workdir, pythonpath, port, api_server, venv_on_path)
+        self.output = ""
+        self._selector = selectors.DefaultSelector()
+        assert self.proc.stdout is not None
+        os.set_blocking(self.proc.stdout.fileno(), False)
+        self._selector.register(self.proc.stdout, selectors.EVENT_READ)
+
+    @staticmethod
+    def _make_cluster(
+        workdir: Path, pythonpath: Path, port: int, api_server: str, venv_on_path: bool
+    ) -> subprocess.Popen[bytes]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBE", "AGENTRUN_", "MAKE"))}
         env.update(
             AGENTRUN_DEV_K8S=api_server,
@@ -110,7 +129,7 @@ class DevCluster:
             PATH=os.pathsep.join([str(BIN), env.get("PATH", "")]) if venv_on_path else path_without_venv(),
         )
         # -o: the virtualenv counts as installed (no pip run by a test, whatever pyproject.toml's timestamp).
-        self.proc = subprocess.Popen(
+        return subprocess.Popen(
             ["make", "--no-print-directory", "-o", ".venv/.installed", "cluster"],
             cwd=ROOT,
             env=env,
@@ -118,11 +137,6 @@ class DevCluster:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        self.output = ""
-        self._selector = selectors.DefaultSelector()
-        assert self.proc.stdout is not None
-        os.set_blocking(self.proc.stdout.fileno(), False)
-        self._selector.register(self.proc.stdout, selectors.EVENT_READ)
 
     def read_until(self, pattern: str, timeout: float = 90) -> re.Match[str]:
         deadline = time.monotonic() + timeout
@@ -366,12 +380,7 @@ def test_agentrun_dev_started_in_any_folder_shows_the_history_without_flags(api_
     (home / "my_ticker.py").write_text(TICKER)
     database = f"agentrun_devtest_{os.getpid()}_{free_port()}"
     dsn = with_database(postgres_dsn(), database)
-    proc = agentrun_dev(home, api_server, dsn)
-    dev = DevCluster.__new__(DevCluster)  # the reader of make cluster's output, on this process
-    dev.proc, dev.output, dev._selector = proc, "", selectors.DefaultSelector()
-    assert proc.stdout is not None
-    os.set_blocking(proc.stdout.fileno(), False)
-    dev._selector.register(proc.stdout, selectors.EVENT_READ)
+    dev = DevCluster(home / ".agentrun-dev", home, 0, started=agentrun_dev(home, api_server, dsn))
     try:
         dev.read_until(r"Ctrl-C stops", timeout=150)
         kubeconfig = dev.read_until(r"^export KUBECONFIG=(\S+)$").group(1)
