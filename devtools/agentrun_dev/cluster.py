@@ -40,8 +40,8 @@ cannot change its parent shell's ``PATH``).
 
 HAZARD: the API server keeps its objects in memory. A restart loses every
 AgentRun, Secret and pod (and the pods' logs); what survives is the store:
-the threads, their checkpoints and the tool-call ledger (the SQLite file in
-the work folder, or your PostgreSQL database), so an AgentRun applied again
+the threads, their checkpoints and the tool-call ledger (the PostgreSQL
+database, or the SQLite file in the work folder), so an AgentRun applied again
 after a restart continues its thread, and a request that completed is not
 run again. Runner processes are children of this one; a SIGKILL of it (not
 Ctrl-C) leaves them to finish on their own.
