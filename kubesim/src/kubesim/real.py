@@ -197,7 +197,8 @@ class RealControlPlane:
         kubelets; ``apiserver_args`` / ``controller_manager_args``: flags appended to the defaults
         (``--node-monitor-grace-period=6s`` to see a lost node sooner, say); ``bind_address``: the
         one address kube-apiserver listens on and advertises (see the module docstring)."""
-        self.workdir = workdir
+        # Absolute: kube-controller-manager reads a kubeconfig's relative paths from the kubeconfig's folder.
+        self.workdir = workdir = workdir.absolute()
         self.bind_address = bind_address
         self.controllers = tuple(controllers)
         self.apiserver_args = tuple(apiserver_args)
