@@ -18,7 +18,7 @@ bytecode: $(STAMP)  ## compile every module once: with PYTHONDONTWRITEBYTECODE s
 	$(BIN)/python -m compileall -q -j 0 runner operator kubesim/src devtools bench examples tests hack >/dev/null
 
 test: $(STAMP) bytecode prometheus chromium pgbouncer k8s image node-packages  ## every tier (the real control plane's binaries and the images built or reused first); needs PostgreSQL and Redis on 127.0.0.1 (.ci/run starts them)
-	$(BIN)/pytest -q
+	bash hack/test_tiers.sh
 
 test-unit: $(STAMP)
 	$(BIN)/pytest -q tests/unit

@@ -1,6 +1,7 @@
-"""The fault campaign's smoke (``make chaos`` in small): 24 seeded trials in one emulated cluster.
+"""The fault campaign's smoke (``make chaos`` in small): 12 seeded trials in one emulated cluster.
 
-Seeds 1 to 24 spread their first faults over every kind, twice (``bench.chaos.plan``):
+Seeds 1 to 12 spread their first faults over every kind, once each (``bench.chaos.plan``; ``make chaos``
+runs the hundreds; 24 here cost CI a minute more for each kind a second time):
 runner SIGKILLs inside a tool, inside the checkpoint transaction, between a tool's return and
 its ledger record, during an interrupt resume and during a SIGTERM drain; eviction; node loss;
 SIGKILL of the operator leader (two replicas); a PostgreSQL and a Redis restart (private
@@ -26,7 +27,7 @@ from bench.chaos.verdict import LOSSES
 
 pytestmark = pytest.mark.timeout(300)
 
-SEEDS = list(range(1, 25))
+SEEDS = list(range(1, 13))
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +44,7 @@ def _losses(outcome: campaign.Outcome) -> dict[str, int]:
 
 def test_the_smoke_seeds_cover_every_fault_kind() -> None:
     assert {plan(s).faults[0].kind for s in SEEDS} >= set(KINDS)
-    assert sum(any(f.kind == KILL_DURING_RESUME for f in plan(s).faults) for s in SEEDS) >= 2
+    assert sum(any(f.kind == KILL_DURING_RESUME for f in plan(s).faults) for s in SEEDS) >= 1
 
 
 def test_no_fault_loses_a_recorded_tool_call_a_step_a_run_or_the_final_state(smoke: campaign.Result) -> None:
