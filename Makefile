@@ -17,7 +17,8 @@ dev: $(STAMP)  ## create .venv with the project and its test/lint tools
 bytecode: $(STAMP)  ## compile every module once: with PYTHONDONTWRITEBYTECODE set (this machine, the image) no process writes .pyc, so each runner process would compile agentrun from source (~200 ms of CPU per start)
 	$(BIN)/python -m compileall -q -j 0 runner operator kubesim/src devtools bench examples tests hack >/dev/null
 
-test: $(STAMP) bytecode prometheus chromium pgbouncer k8s image node-packages  ## every tier (the real control plane's binaries and the images built or reused first); needs PostgreSQL and Redis on 127.0.0.1 (.ci/run starts them)
+test: $(STAMP) bytecode prometheus chromium pgbouncer k8s image node-packages  ## every tier (the real control plane's binaries and the images built or reused first; PostgreSQL and Redis on 127.0.0.1 installed and started when down); tests/cluster beside the rest (hack/test_tiers.sh)
+	bash scripts/services.sh
 	bash hack/test_tiers.sh
 
 test-unit: $(STAMP)
