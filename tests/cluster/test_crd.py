@@ -85,7 +85,7 @@ def test_crd_names_scope_and_version() -> None:
     assert only["subresources"] == {"status": {}}, "the operator writes status through the status subresource"
 
 
-def test_printer_columns_show_phase_node_version_attempt_tools_age() -> None:
+def test_printer_columns_show_phase_node_version_attempt_tools_waiting_age() -> None:
     columns = [
         (c["name"], c["type"], c["jsonPath"]) for c in version()["additionalPrinterColumns"] if not c.get("priority")
     ]
@@ -95,6 +95,7 @@ def test_printer_columns_show_phase_node_version_attempt_tools_age() -> None:
         ("Version", "integer", ".status.stateVersion"),
         ("Attempt", "integer", ".status.attempt"),
         ("Tools", "string", ".status.toolSummary"),
+        ("Waiting", "string", ".status.waitingFor"),
         ("Age", "date", ".metadata.creationTimestamp"),
     ]
 
@@ -386,6 +387,7 @@ def test_a_full_status_validates_and_phase_is_an_enum() -> None:
         "toolCalls": {"executed": 3, "replayed": 2, "failed": 1},
         "toolSummary": "3 run, 2 replayed, 1 failed",
         "interrupt": {"id": "int-1", "ids": ["int-1", "int-2"], "message": "approve?", "payload": {"amount": 49.99}},
+        "waitingFor": "2 interrupts: approve?",
         "conditions": [
             {
                 "type": "Ready",

@@ -101,9 +101,13 @@ def test_kubectl_get_prints_phase_node_version_attempt(cluster: EmulatedCluster,
     result = cluster.kubectl("get", resource)
     assert result.returncode == 0 and result.stderr == "", result.stderr
     header, row = table(result.stdout)
-    assert header == ["NAME", "PHASE", "NODE", "VERSION", "ATTEMPT", "TOOLS", "AGE"]
-    assert row[:6] == [NAME, "Running", "tools", "7", "2", "3 failed"]
-    assert row[6].endswith("s"), f"AGE should be an age like 3s, got {row[6]!r}"
+    assert header == ["NAME", "PHASE", "NODE", "VERSION", "ATTEMPT", "TOOLS", "WAITING", "AGE"]
+    assert row[:7] == [NAME, "Running", "tools", "7", "2", "3 failed", ""]
+    assert row[7].endswith("s"), f"AGE should be an age like 3s, got {row[7]!r}"
+    # What a waiting run waits for (status.waitingFor, the operator's few words of status.interrupt).
+    set_status(cluster, {"phase": "Interrupted", "waitingFor": "refund 49.99 for order 4821?"})
+    header, row = table(cluster.kubectl("get", resource).stdout)
+    assert row[header.index("WAITING")] == "refund 49.99 for order 4821?", row
 
 
 @pytest.mark.real_server
@@ -120,13 +124,14 @@ def test_kubectl_get_wide_and_all_namespaces(cluster: EmulatedCluster) -> None:
         "VERSION",
         "ATTEMPT",
         "TOOLS",
+        "WAITING",
         "RESTARTS",
         "DISRUPTIONS",
         "THREAD",
         "REASON",
         "AGE",
     ]
-    assert row[:10] == [NAME, "Failed", "", "", "4", "", "3", "1", "order-4821", "BackoffLimitExceeded"]
+    assert row[:11] == [NAME, "Failed", "", "", "4", "", "", "3", "1", "order-4821", "BackoffLimitExceeded"]
     header, row = table(cluster.kubectl("get", "ar", "-A").stdout)
     assert header[:3] == ["NAMESPACE", "NAME", "PHASE"] and row[:3] == ["default", NAME, "Failed"]
 

@@ -566,6 +566,28 @@ def test_resume_naming_unknown_interrupt_ids_starts_no_pod() -> None:
     assert "resumeDigest" not in d.status
 
 
+def test_a_waiting_run_says_what_it_waits_for_in_a_few_words_until_it_is_answered_or_ends() -> None:
+    # status.waitingFor is the Waiting column of kubectl get ar (issue 32 item 5): the question, short.
+    status = interrupted_status(ASK)
+    assert status["waitingFor"] == "approve the refund?"
+    assert interrupted_status(ASK, ASK2)["waitingFor"] == "2 interrupts: approve the refund?"
+    unasked = interrupted_status({"id": "int-7", "payload": {}})
+    assert unasked["waitingFor"] == "interrupt int-7", "a question without words is named by its id"
+    long = interrupted_status({**ASK, "message": "refund\n" + "x" * 500})
+    assert len(long["waitingFor"]) == 60 and long["waitingFor"].startswith("refund x") and long["waitingFor"][-1] == "…"
+
+    answered = decide(make_spec(resume={"value": True}), status, view(terminated(3)), None, NOW, LIMITS)
+    assert "waitingFor" not in applied(status, answered), "an answered run no longer waits"
+    stopped = decide(make_spec(stop=True), status, view(terminated(3)), None, NOW, LIMITS)
+    after = applied(status, stopped)
+    assert after["phase"] == "Stopped" and "waitingFor" not in after, "a stopped run waits for nothing"
+
+    # A run that was waiting before the operator wrote the field gets it at its next reconcile.
+    older = {k: v for k, v in status.items() if k != "waitingFor"}
+    d = decide(make_spec(), older, view(terminated(3)), interrupted_progress(ASK), later(1), LIMITS)
+    assert d.status.get("waitingFor") == "approve the refund?" and no_action(d)
+
+
 def test_interrupt_missing_from_status_is_filled_from_the_store_later() -> None:
     # The store could not be read when the pod exited 3: status has no interrupt.
     d = decide(make_spec(), run_status(), view(terminated(3)), None, NOW, LIMITS)

@@ -18,6 +18,25 @@ from typing import Any
 
 from agentrun.checkpoint.base import Progress
 
+from .status import InterruptInfo
+
+WAITING_CHARS = 60
+
+
+def waiting_words(interrupt: InterruptInfo | None) -> str:
+    """What an Interrupted run waits for in a few words: ``status.waitingFor``, the ``Waiting`` column.
+
+    The question (``interrupt(..., message=...)``), prefixed by the count when several calls interrupted at
+    once; the interrupt's id when it has no question. Cut at ``WAITING_CHARS``: a column, not the question
+    (``kubectl agentrun describe`` and the run's page show it whole, with the payload)."""
+    info = interrupt or {}
+    ids = [str(i) for i in info.get("ids") or [info.get("id")] if i]
+    message = " ".join(str(info.get("message") or "").split())
+    words = message or (f"interrupt {ids[0]}" if ids else "an answer in spec.resume")
+    if len(ids) > 1:
+        words = f"{len(ids)} interrupts: {words}"
+    return words if len(words) <= WAITING_CHARS else words[: WAITING_CHARS - 1] + "…"
+
 
 def carried_answer(previous: dict[str, Any] | None, progress: Progress | None) -> dict[str, Any] | None:
     """The resume value for the next attempt: ``previous`` (the last attempt's) if still unanswered, else None.

@@ -46,6 +46,7 @@ from typing import Any, cast
 from agentrun.checkpoint.base import Progress
 
 from . import attempts, identity, jobparity, outage
+from .answers import waiting_words
 from .classify import LIVE, Outcome, PodView, classify
 from .decision import Decision, Limits, StoreProblem
 from .identity import RecordedTurn
@@ -337,6 +338,7 @@ class _Run:
         d.status["completionTime"] = iso(self.now)
         d.status["nextAttemptTime"] = None
         d.status["lostSince"] = None
+        d.status["waitingFor"] = None  # a run that ended (stopped or failed while it waited) waits for nothing
         # A stop this run asked for and its runner never acknowledged (it completed first, failed, or was
         # force-stopped) would otherwise stay in the store and end the thread's NEXT turn at once.
         d.clear_stop = self.status.stop_requested_time is not None
@@ -348,6 +350,8 @@ class _Run:
             # The store could not be read when the pod exited 3: fill the interrupt in now, or it would
             # stay missing from status for good and a resume by interrupt id could never match.
             d.status["interrupt"] = interrupt
+        if interrupt and self.status.waiting_for is None:  # also a run that waited before the field existed
+            d.status["waitingFor"] = waiting_words(interrupt)
         answer_spec = self.spec.resume
         if answer_spec is None or answer_spec.digest() == self.status.resume_digest:
             return d
@@ -367,6 +371,7 @@ class _Run:
             answer = {"values": {pending[0]: answer_spec.value}} if pending else {"value": answer_spec.value}
         d.status["resumeDigest"] = answer_spec.digest()
         d.status["interrupt"] = None
+        d.status["waitingFor"] = None
         d.reschedule_reason = RescheduleReason.RESUME
         return self.start(d, self.attempt + 1, resume=answer)
 
@@ -451,6 +456,7 @@ class _Run:
         if outcome is Outcome.INTERRUPTED:
             interrupt = _interrupt_status(self.progress)
             d.status["interrupt"] = interrupt
+            d.status["waitingFor"] = waiting_words(interrupt)
             message = (interrupt or {}).get("message") or "waiting for spec.resume"
             return d.phase(Phase.INTERRUPTED, Reason.INTERRUPTED, message)
         if outcome is Outcome.STOPPED:

@@ -119,6 +119,7 @@ class AgentRunStatus(BaseModel):
     model_usage: list[ModelUsage] | None = Field(default=None, alias="modelUsage")
     last_checkpoint_time: Time = Field(default=None, alias="lastCheckpointTime")
     interrupt: InterruptInfo | None = None
+    waiting_for: str | None = Field(default=None, alias="waitingFor")
     conditions: list[Condition] = []
     observed_generation: int | None = Field(default=None, alias="observedGeneration")
     start_time: Time = Field(default=None, alias="startTime")
@@ -183,6 +184,7 @@ class StatusPatch(TypedDict, total=False):
     modelUsage: list[ModelUsage]
     lastCheckpointTime: str
     interrupt: InterruptInfo | None
+    waitingFor: str | None  # the interrupt in a few words while Interrupted, for the Waiting column
     conditions: list[Condition]
     observedGeneration: int
     startTime: str
