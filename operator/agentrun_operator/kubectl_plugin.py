@@ -1,4 +1,4 @@
-"""``kubectl agentrun``: list, describe, approve, reject, stop, follow the logs of and watch AgentRuns.
+"""``kubectl agentrun``: list, describe, approve, reject, retry, stop, follow the logs of and watch AgentRuns.
 
 A kubectl plugin: the console script ``kubectl-agentrun`` is found on PATH by
 kubectl, which runs it for ``kubectl agentrun ...`` (``pip install agentrun``
@@ -8,11 +8,11 @@ so the user's kubeconfig, contexts, exec credential plugins and RBAC apply
 exactly as for kubectl itself; the plugin never reads a store. What it shows
 comes from the AgentRun (its status, including ``status.attempts``, the
 interrupt waiting and the tool call counts), its Events and its pods; what it
-changes is the AgentRun's spec (``spec.resume``, ``spec.stop``), the one
-way a user steers a run.
+changes is the AgentRun's spec (``spec.resume``, ``spec.retry``, ``spec.stop``),
+the one way a user steers a run.
 
 RBAC it needs: get/list/watch on agentruns, patch on agentruns to approve,
-reject or stop, list on events, get/list on pods and get on pods/log.
+reject, retry or stop, list on events, get/list on pods and get on pods/log.
 
 ``history`` and ``ui`` talk to the history server (``agentrun_history``),
 which reads the store for you: ``--server URL`` (or ``$AGENTRUN_HISTORY_URL``),
@@ -31,7 +31,9 @@ waiting on several interrupts at once needs. ``approve`` sends ``true`` unless
 ``interrupt()`` returns that value. The answer applies only to the question
 the command read (a JSON patch guarded by a ``test`` of the resourceVersion;
 ``--id`` names the one you mean), and the command prints the question it
-answered.
+answered. ``retry`` re-opens a Failed run (``spec.retry`` one higher, as
+README documents it), guarded the same way: a run retried or changed by
+someone else meanwhile is read again, never retried twice.
 
 What a run wrote (questions, payloads, results, messages, log lines) is
 printed with invisible and bidirectional control characters as escapes
@@ -54,7 +56,8 @@ from typing import Any, NoReturn
 
 from agentrun_history.text import hidden, note, visible, visible_json
 
-from .decide import toolerrors
+from .decide import jobparity, toolerrors
+from .decide.answers import waiting_words
 from .decide.attempts import is_open
 from .decide.podspec import GROUP, PLURAL, RUN_LABEL, label_value, pod_name
 from .decide.reasons import TERMINAL, Phase
@@ -199,11 +202,7 @@ def waiting_for(status: AgentRunStatus) -> str:
     """The interrupts an Interrupted run waits on, in a few words."""
     if status.phase != Phase.INTERRUPTED:
         return ""
-    interrupt = status.interrupt or {}
-    ids = [i for i in interrupt.get("ids") or [interrupt.get("id")] if i]
-    message = (interrupt.get("message") or "").strip()
-    count = f"{len(ids)} interrupts: " if len(ids) > 1 else ""
-    return (count + (message or "waiting for spec.resume"))[:60]
+    return status.waiting_for or waiting_words(status.interrupt)
 
 
 def shown(value: Any) -> str:
@@ -326,6 +325,10 @@ def cmd_describe(kubectl: Kubectl, args: argparse.Namespace) -> int:
         lines.append(
             f"  answer:     kubectl agentrun approve {meta['name']}{by_id} [--value JSON]   |   "
             f"kubectl agentrun reject {meta['name']}{by_id}"
+        )
+    if status.phase == Phase.FAILED and jobparity.retry_refusal(meta["name"], spec, status) is None:
+        lines.append(
+            f"Retry:        kubectl agentrun retry {meta['name']}   (resumes the turn; completed calls replay)"
         )
     if status.result:
         result = status.result
@@ -452,6 +455,44 @@ def cmd_approve(kubectl: Kubectl, args: argparse.Namespace) -> int:
 def cmd_reject(kubectl: Kubectl, args: argparse.Namespace) -> int:
     """``kubectl agentrun reject``: answer the run's interrupt with ``--value`` (default ``false``)."""
     return _answer(kubectl, args, _value(args.value, False), "reject")
+
+
+def cmd_retry(kubectl: Kubectl, args: argparse.Namespace) -> int:
+    """``kubectl agentrun retry``: re-open a Failed run (``spec.retry`` one higher), only while it is as read.
+
+    Guarded like an answer: the JSON patch tests the resourceVersion read, so a run that changed meanwhile
+    (retried by someone else, deleted and re-created) is read again and checked again, never retried twice."""
+    run = kubectl.get_run(args.run)
+    name = run["metadata"]["name"]
+    for _ in range(ANSWER_ATTEMPTS):
+        spec, status = run.get("spec") or {}, AgentRunStatus.parse(run.get("status"))
+        refusal = jobparity.retry_refusal(name, spec, status)
+        if refusal is not None:
+            raise PluginError(refusal)
+        if jobparity.retry_requested(jobparity.retry_of(spec), status):
+            say(
+                f"agentrun {name}: a retry was already requested (spec.retry {jobparity.retry_of(spec)}); "
+                f"the operator re-opens the run (kubectl agentrun watch {name})"
+            )
+            return 0
+        retry, version = jobparity.next_retry(spec, status), run["metadata"].get("resourceVersion")
+        ops = [
+            {"op": "test", "path": "/metadata/resourceVersion", "value": version},
+            {"op": "add", "path": "/spec/retry", "value": retry},
+        ]
+        done = kubectl.run("patch", RESOURCE, name, "--type", "json", "-p", json.dumps(ops))
+        if done.returncode == 0:
+            why = ": ".join(x for x in (status.reason, status.message) if x)
+            say(
+                f"agentrun {name}: retry {retry} requested (it failed: {why or 'no reason recorded'}); the next "
+                "attempt resumes its turn from the last checkpoint and completed tool calls replay from the "
+                f"ledger (kubectl agentrun watch {name})"
+            )
+            return 0
+        run = kubectl.get_run(name)
+        if run["metadata"].get("resourceVersion") == version:  # not the test: the API server's own refusal
+            raise PluginError(done.stderr.strip() or f"kubectl patch {RESOURCE} {name} failed")
+    raise PluginError(f"agentrun {name} kept changing while you retried it; nothing was changed, try again")
 
 
 def cmd_stop(kubectl: Kubectl, args: argparse.Namespace) -> int:
@@ -950,7 +991,7 @@ def cmd_ui(kubectl: Kubectl, args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    """``kubectl agentrun``'s command line: list, describe, approve, reject, stop, logs, watch, history, ui."""
+    """``kubectl agentrun``'s command line: list, describe, approve, reject, retry, stop, logs, watch, history, ui."""
     top = argparse.ArgumentParser(
         prog="kubectl agentrun",
         description="Day-to-day commands for AgentRuns, through your kubeconfig and RBAC (no database access).",
@@ -978,6 +1019,9 @@ def parser() -> argparse.ArgumentParser:
         answer.add_argument("--all", action="store_true", help="answer every pending interrupt with the value")
         answer.add_argument("--value", help=f"the answer, as JSON (default: {default})")
     command("stop", "stop a run, even one hung inside a tool (spec.stop)").add_argument("run")
+    command(
+        "retry", "re-open a Failed run (spec.retry): it resumes its turn, completed tool calls replay"
+    ).add_argument("run")
     logs = command("logs", "the runner logs of every attempt, oldest first")
     logs.add_argument("run")
     logs.add_argument("--attempt", type=int, help="only this attempt's pod")
@@ -1011,6 +1055,7 @@ COMMANDS = {
     "describe": cmd_describe,
     "approve": cmd_approve,
     "reject": cmd_reject,
+    "retry": cmd_retry,
     "stop": cmd_stop,
     "logs": cmd_logs,
     "watch": cmd_watch,

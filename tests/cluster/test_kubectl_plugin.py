@@ -152,6 +152,9 @@ def test_approve_resumes_an_interrupted_run_to_succeeded(
     effects = tmp_path / "effects.db"
     apply(cluster, approval_run("refund", effects))
     paused = wait_phase(cluster, operator, "refund", "Interrupted")
+    assert paused["waitingFor"] == "refund 49.99 for order 4821?", paused
+    got = cluster.kubectl("get", "ar", "refund")
+    assert got.returncode == 0 and "refund 49.99 for order 4821?" in got.stdout, "kubectl get ar: what it waits for"
     listing = ok(agentrun_cli(cluster, "list"))
     assert "refund 49.99 for order 4821?" in listing, listing
     described = ok(agentrun_cli(cluster, "describe", "refund"))
@@ -185,6 +188,7 @@ def test_approve_resumes_an_interrupted_run_to_succeeded(
     resumed = followed.split("==> attempt 2")[1]
     assert "(refund) in " in resumed and "(lookup_order) from the ledger" in resumed, followed
     assert final["result"]["message"] == "Your refund is on its way."
+    assert "waitingFor" not in final, "an answered run waits for nothing"
     assert count_effects(str(effects))["refunds"] == 1
     again = agentrun_cli(cluster, "approve", "refund")
     assert again.returncode == 1, again.stdout
@@ -202,6 +206,40 @@ def test_reject_answers_false_and_the_run_declines(
     assert "not approved" in final["result"]["message"]
     assert count_effects(str(effects))["refunds"] == 0, "a rejected refund must not be paid"
     assert [a["outcome"] for a in final["attempts"]] == ["Interrupted", "Completed"], final["attempts"]
+
+
+def test_retry_reopens_a_failed_run_and_refuses_a_run_it_cannot_reopen(
+    cluster: EmulatedCluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    # Its first attempt crashes inside its node; no restart allowed: Failed BackoffLimitExceeded.
+    flaky = agentrun(
+        "flaky",
+        thread="flaky",
+        graph="tests.cluster.crashes_once:app",
+        effects=tmp_path / "e.db",
+        env={"CLUSTER_CRASH": "node:1"},
+        restartPolicy={"maxRestarts": 0, "backoffSeconds": 0},
+    )
+    apply(cluster, flaky)
+    failed = wait_phase(cluster, operator, "flaky", "Failed")
+    assert failed["reason"] == "BackoffLimitExceeded", failed
+    assert "kubectl agentrun retry flaky" in ok(agentrun_cli(cluster, "describe", "flaky"))
+    said = ok(agentrun_cli(cluster, "retry", "flaky"))
+    assert "agentrun flaky: retry 1 requested (it failed: BackoffLimitExceeded" in said, said
+    final = wait_phase(cluster, operator, "flaky", "Succeeded")
+    assert (final["observedRetry"], final["attempt"], final["restarts"]) == (1, 2, 0), final
+    assert (cluster.get("agentruns", "flaky") or {})["spec"]["retry"] == 1
+    assert executions(tmp_path / "e.db") == ["work:1", "work:2"], "the retry ran the node once more"
+    done = agentrun_cli(cluster, "retry", "flaky")
+    assert done.returncode == 1 and "flaky succeeded: there is nothing to retry" in done.stderr, done.stderr
+
+    # A stop is one-way: the command says so and what to do instead, and changes nothing.
+    apply(cluster, agentrun("halted", thread="halted", effects=tmp_path / "h.db", stop=True))
+    wait_phase(cluster, operator, "halted", "Stopped")
+    refused = agentrun_cli(cluster, "retry", "halted")
+    assert refused.returncode == 1 and "spec.stop is one-way" in refused.stderr, refused.stderr
+    assert "new AgentRun with the same threadId" in refused.stderr
+    assert "retry" not in (cluster.get("agentruns", "halted") or {})["spec"]
 
 
 def test_stop_ends_a_run_hung_in_a_tool(cluster: EmulatedCluster, operator: OperatorProcess, tmp_path: Path) -> None:

@@ -243,6 +243,38 @@ def test_a_hostile_raw_retry_reads_as_zero(raw: Any) -> None:
     assert jobparity.retry_of({"retry": 3}) == 3
 
 
+@pytest.mark.parametrize(
+    ("spec", "status", "refused"),
+    [
+        pytest.param({}, FAILED_STATUS, None, id="failed"),
+        pytest.param({"retry": 1}, FAILED_STATUS, None, id="failed-retry-pending"),
+        pytest.param({"stop": True}, FAILED_STATUS, "failed after a stop was requested", id="failed-after-stop"),
+        pytest.param({}, run_status(Phase.STOPPED, reason="Stopped"), "was stopped (spec.stop is one-way)", id="stop"),
+        pytest.param({}, run_status(Phase.SUCCEEDED, reason="Completed"), "nothing to retry", id="succeeded"),
+        pytest.param({}, run_status(Phase.INTERRUPTED), "has not failed (phase Interrupted)", id="waiting"),
+        pytest.param({"retry": 1000}, {**FAILED_STATUS, "observedRetry": 1000}, "retried 1000 times", id="max"),
+    ],
+)
+def test_a_retry_is_offered_for_a_failed_run_only_and_refusals_say_what_to_do(
+    spec: dict[str, Any], status: dict[str, Any], refused: str | None
+) -> None:
+    # kubectl agentrun retry and the run page's Retry (issue 32 item 5) ask this one rule.
+    why = jobparity.retry_refusal("r", spec, AgentRunStatus.parse(status))
+    if refused is None:
+        assert why is None, why
+    else:
+        assert why is not None and refused in why, why
+        if "stop" in refused:
+            assert "new AgentRun with the same threadId" in why, "a refusal says what to do instead"
+
+
+def test_the_next_retry_is_above_both_the_spec_and_the_retry_acted_on() -> None:
+    failed = AgentRunStatus.parse({**FAILED_STATUS, "observedRetry": 2})
+    assert jobparity.next_retry({}, failed) == 3, "a run created with retry 2 then failed retries as 3"
+    assert jobparity.next_retry({"retry": 2}, failed) == 3
+    assert jobparity.next_retry({"retry": 5}, failed) == 6
+
+
 # --- tool errors -----------------------------------------------------------------------------------------------------
 
 LAST_ERROR = {"tool": "charge_card", "code": "TOOL_ERROR", "message": "ValueError: no order 9999"}

@@ -39,6 +39,39 @@ def retry_requested(retry: int, status: AgentRunStatus) -> bool:
     return status.phase == Phase.FAILED and retry > status.observed_retry
 
 
+RETRY_LIMIT = 1000  # the CRD's maximum of spec.retry
+NEW_RUN = "apply a new AgentRun with the same threadId to continue the thread"
+
+
+def next_retry(raw_spec: object, status: AgentRunStatus) -> int:
+    """The ``spec.retry`` that re-opens a Failed run: one above both the spec's and the one acted on."""
+    return max(retry_of(raw_spec), status.observed_retry) + 1
+
+
+def retry_refusal(name: str, raw_spec: object, status: AgentRunStatus) -> str | None:
+    """Why a retry (``kubectl agentrun retry``, the run page's Retry) cannot re-open the run, or None.
+
+    Only a Failed run re-opens. A stop is one-way (the CRD refuses a retry of a run whose ``spec.stop`` is
+    set), and a Succeeded run keeps its outcome: a new turn is a new AgentRun. A Failed run whose retry is
+    already requested is not refused here: asking again is a no-op the caller reports as such."""
+    phase = status.phase or Phase.PENDING
+    stopped = isinstance(raw_spec, dict) and raw_spec.get("stop") is True
+    if phase == Phase.STOPPED or (phase == Phase.FAILED and stopped):
+        return (
+            f"agentrun {name} was stopped (spec.stop is one-way): a retry cannot re-open it; {NEW_RUN}"
+            if phase == Phase.STOPPED
+            else f"agentrun {name} failed after a stop was requested (spec.stop is one-way): a retry cannot "
+            f"re-open it; {NEW_RUN}"
+        )
+    if phase == Phase.SUCCEEDED:
+        return f"agentrun {name} succeeded: there is nothing to retry (a new turn is a new AgentRun)"
+    if phase != Phase.FAILED:
+        return f"agentrun {name} has not failed (phase {phase}): only a Failed run can be retried"
+    if not retry_requested(retry_of(raw_spec), status) and next_retry(raw_spec, status) > RETRY_LIMIT:
+        return f"agentrun {name} was retried {RETRY_LIMIT} times (spec.retry's maximum); {NEW_RUN}"
+    return None
+
+
 def deadline(spec: AgentRunSpec, status: AgentRunStatus) -> datetime | None:
     """When ``spec.activeDeadlineSeconds`` runs out, or None (no deadline, or the run has not started)."""
     if spec.activeDeadlineSeconds is None or status.start_time is None:
