@@ -20,7 +20,8 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from agentrun.history import Digest, RunHistory, ToolCallRecord
-from agentrun_operator.decide import toolerrors
+from agentrun_operator.decide import jobparity, toolerrors
+from agentrun_operator.decide.status import AgentRunStatus
 
 from . import text
 
@@ -322,31 +323,84 @@ def interrupt_digest(interrupt: dict[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+def retry_pending(run: dict[str, Any]) -> bool:
+    """A Failed run whose ``spec.retry`` is above the retry the operator acted on: it is about to run again."""
+    status = AgentRunStatus.parse(run.get("status"))
+    return jobparity.retry_requested(jobparity.retry_of(run.get("spec")), status)
+
+
+def ended(run: dict[str, Any]) -> bool:
+    """The run is in a final phase and stays there (a Failed run with a retry requested does not)."""
+    return ((run.get("status") or {}).get("phase") or "Pending") in TERMINAL and not retry_pending(run)
+
+
 def _actions(history: RunHistory, status: dict[str, Any], spec: dict[str, Any]) -> str:
     if history.deleted:
         return ""
     phase = history.phase or "Pending"
-    buttons, question = [], ""
     base = run_url(history.namespace, history.name)
-    interrupt = status.get("interrupt") or {}
-    ids = pending_ids(interrupt)
-    if phase == "Interrupted" and ids:
-        # The buttons carry what this page shows: the server answers only that question (else 409).
-        seen = f'data-interrupt="{a(ids[0])}" data-digest="{a(interrupt_digest(interrupt))}"'
-        buttons.append(f'<button class="act approve" data-action="{a(base + "/approve")}" {seen}>Approve</button>')
-        buttons.append(f'<button class="act reject" data-action="{a(base + "/reject")}" {seen}>Reject</button>')
-        payload = json.dumps(interrupt.get("payload"), ensure_ascii=False, default=str)
-        question = (
-            f"<p class=question>Answers interrupt <code>{e(', '.join(ids))}</code>: "
-            f"<q>{e(interrupt.get('message') or '(no message)')}</q> payload <code>{e(payload[:2000])}</code></p>"
-        )
+    parts = []
+    if phase == "Interrupted" and pending_ids(status.get("interrupt") or {}):
+        parts.append(_answer_form(base, status.get("interrupt") or {}))
     if phase not in TERMINAL and not spec.get("stop"):
-        buttons.append(f'<button class="act stop" data-action="{a(base + "/stop")}">Stop</button>')
-    if not buttons:
+        parts.append(f'<button class="act stop" data-action="{a(base + "/stop")}">Stop</button>')
+    if phase == "Failed":
+        parts.append(_retry_action(history.name, base, status, spec))
+    if not any(parts):
         return ""
     return (
-        f"<section class=actions>{question}" + "".join(buttons) + "<span class=act-note>acts as you: the patch "
-        "is made with your own Kubernetes identity</span><span id=act-result></span></section>"
+        "<section class=actions>" + "".join(parts) + "<span class=act-note>acts as you: the patch is made with your "
+        "own Kubernetes identity</span><span id=act-result></span>"
+        "<div id=act-confirm class=confirm hidden role=dialog aria-label=Confirm></div></section>"
+    )
+
+
+def _answer_form(base: str, interrupt: dict[str, Any]) -> str:
+    """The question, a JSON value field and Approve / Reject; app.js confirms exactly what is sent first.
+
+    The buttons carry what this page shows (the interrupt ids, its digest, its question as ``a()`` writes it,
+    hidden characters as escapes): the server answers only that question (else 409), and the confirmation
+    shows the question from the same attribute, so it cannot read differently from what the answer names."""
+    ids = pending_ids(interrupt)
+    question = interrupt.get("message") or "(no message)"
+    seen = (
+        f'data-interrupt="{a(ids[0])}" data-digest="{a(interrupt_digest(interrupt))}" '
+        f'data-ids="{a(", ".join(ids))}" data-question="{a(question)}"'
+    )
+    payload = json.dumps(interrupt.get("payload"), ensure_ascii=False, default=str)
+    buttons = "".join(
+        f'<button class="act {verb}" data-action="{a(base + "/" + verb)}" data-verb="{verb}" '
+        f'data-default="{default}" {seen}>{verb.capitalize()}</button>'
+        for verb, default in (("approve", "true"), ("reject", "false"))
+    )
+    return (
+        f"<p class=question>Answers interrupt <code>{e(', '.join(ids))}</code>: "
+        f"<q>{e(question)}</q> payload <code>{e(payload[:2000])}</code></p>"
+        "<label class=answer-value>Answer value, as JSON (optional: empty, Approve sends <code>true</code> and "
+        "Reject <code>false</code>; the graph's <code>interrupt()</code> returns it)"
+        "<textarea id=answer-value rows=3 spellcheck=false autocomplete=off "
+        """placeholder='e.g. {"approved": true, "note": "checked the order"}'></textarea></label>"""
+        f"<span id=answer-error class=error role=alert></span>{buttons}"
+    )
+
+
+def _retry_action(name: str, base: str, status: dict[str, Any], spec: dict[str, Any]) -> str:
+    """A Failed run's Retry button (with the ``spec.retry`` this page shows), or why there is none."""
+    run = {"spec": spec, "status": status}
+    parsed = AgentRunStatus.parse(status)
+    if retry_pending(run):
+        return f"<p class=note>Retry {e(jobparity.retry_of(spec))} requested: the operator re-opens the run.</p>"
+    refusal = jobparity.retry_refusal(name, spec, parsed)
+    if refusal is not None:
+        return f"<p class=note>{e(refusal)}</p>"
+    retry = jobparity.retry_of(spec)
+    what = (
+        f"Retry agentrun {name}: spec.retry {retry} -> {jobparity.next_retry(spec, parsed)}. It resumes its turn "
+        "from the last checkpoint; completed tool calls replay from the ledger."
+    )
+    return (
+        f'<button class="act retry" data-action="{a(base + "/retry")}" data-retry="{retry}" '
+        f'data-confirm="{a(what)}">Retry</button>'
     )
 
 

@@ -5,7 +5,7 @@ the ``agentrun_token`` cookie of the token login (``--token-login``). No
 token: 401. Before anything of a run is read from the store, the AgentRun is
 read from the API server with that token; its answer decides (403, 404 and
 401 are passed on as they are). A list is what the API server lists for
-that token. Approve, reject and stop patch the AgentRun with that token.
+that token. Approve, reject, retry and stop patch the AgentRun with that token.
 
 Cross-site requests: a POST must carry ``X-Agentrun-Action`` (a custom
 header, which a page of another origin can only send after a CORS preflight
@@ -16,9 +16,14 @@ server's own, or ``--tls-in-front``); without TLS a token is signed in only
 from loopback unless ``--allow-plain-http-login``.
 
 An approve or reject names the question it answers (the interrupt id and the
-digest of ``status.interrupt`` the page showed): anything else waiting is a
-409 with the current question, and the patch is guarded by a JSON patch
-``test`` of the object that was checked. A namespace or name that is not a
+digest of ``status.interrupt`` the page showed) and may carry the answer
+(``value``: any JSON; without it approve sends ``true``, reject ``false``):
+anything else waiting is a 409 with the current question, and the patch is
+guarded by a JSON patch ``test`` of the object that was checked. A retry
+names the failure it re-opens (the ``spec.retry`` the page showed): a run
+retried meanwhile, or not Failed, is a 409 with its current state, and the
+patch (``spec.retry`` one higher) is guarded the same way. A body that is not
+a JSON object is a 400 saying what to send. A namespace or name that is not a
 DNS-1123 label or subdomain is a 400 before any request.
 
 Live view: ``/runs/NS/NAME/events`` is a server-sent event stream. It sends
@@ -45,8 +50,9 @@ from typing import Any
 from aiohttp import web
 
 from agentrun import history
-from agentrun_operator.decide import toolerrors
+from agentrun_operator.decide import jobparity, toolerrors
 from agentrun_operator.decide.spec import thread_key
+from agentrun_operator.decide.status import AgentRunStatus
 
 from . import pages, text
 from .kube import KubeError, UserKube
@@ -312,18 +318,23 @@ def _check_origin(request: web.Request) -> None:
 
 
 async def act(request: web.Request) -> web.Response:
-    """``POST .../stop|approve|reject``: the caller's own patch of the AgentRun (409 when it cannot apply)."""
+    """``POST .../stop|approve|reject|retry``: the caller's own patch of the AgentRun (409 when it cannot apply)."""
     _check_origin(request)
     namespace, name = run_names(request)
     verb = request.match_info["verb"]
     token_of(request)  # 401 before anything about the body
-    seen = None if verb == "stop" else await _seen(request)
+    body = {} if verb == "stop" else await _body(request)
+    seen = _seen(body) if verb in ("approve", "reject") else None
+    seen_retry = _seen_retry(body) if verb == "retry" else None
     token, run = await authorized_run(request)
     try:
         if verb == "stop":
             return await _stop(request, token, run)
+        if seen_retry is not None:
+            return await _retry(request, token, run, seen_retry)
         assert seen is not None
-        return await _answer(request, token, run, verb, seen)
+        value = body.get("value", verb == "approve")  # "value": null is an answer too (JSON's null)
+        return await _answer(request, token, run, verb, seen, value)
     except KubeError as e:
         raise _refused(e, f'agentrun "{name}" in namespace "{namespace}"') from None
 
@@ -339,23 +350,110 @@ async def _stop(request: web.Request, token: str, run: dict[str, Any]) -> web.Re
 
 
 ANSWER_ATTEMPTS = 3
+ANSWER_SHAPE = (
+    'send JSON {"interrupt": ID, "digest": SHA256, "value": ANY JSON VALUE} ("value" optional: approve sends true, '
+    "reject false) with the id and digest the run's page shows (a 409 answer carries the current ones)"
+)
 
 
-async def _seen(request: web.Request) -> tuple[str, str]:
-    """The interrupt id and digest the person answers (the page's button sends them; JSON ``interrupt``, ``digest``)."""
+async def _body(request: web.Request) -> dict[str, Any]:
+    """The action's JSON object (``{}`` without a body); ``Refused`` (400) naming the fault when it is not one."""
+    raw = await request.text() if request.can_read_body else ""
+    if not raw.strip():
+        return {}
     try:
-        body = await request.json() if request.can_read_body else {}
-    except ValueError:
-        body = None
-    seen = (body.get("interrupt"), body.get("digest")) if isinstance(body, dict) else (None, None)
+        body = json.loads(raw)
+    except ValueError as e:
+        where = f" ({e.msg} at character {e.pos})" if isinstance(e, json.JSONDecodeError) else ""
+        raise Refused(400, "Bad request", f"the request body is not JSON{where}: {ANSWER_SHAPE}") from None
+    except RecursionError:  # nested deeper than the parser goes: no answer a graph could use
+        raise Refused(400, "Bad request", f"the request body is nested too deeply to read: {ANSWER_SHAPE}") from None
+    if not isinstance(body, dict):
+        raise Refused(400, "Bad request", f"the request body is JSON but not an object: {ANSWER_SHAPE}")
+    return body
+
+
+def _seen(body: dict[str, Any]) -> tuple[str, str]:
+    """The interrupt id and digest the person answers (the page's buttons send them: ``interrupt``, ``digest``)."""
+    seen = (body.get("interrupt"), body.get("digest"))
     if not all(isinstance(x, str) and x for x in seen):
+        raise Refused(400, "Bad request", f"an answer says which question it answers: {ANSWER_SHAPE}")
+    return str(seen[0]), str(seen[1])
+
+
+def _seen_retry(body: dict[str, Any]) -> int:
+    """The ``spec.retry`` the person saw on the run's page (JSON ``retry``): a retry re-opens only that failure."""
+    seen = body.get("retry")
+    if not isinstance(seen, int) or isinstance(seen, bool) or seen < 0:
         raise Refused(
             400,
             "Bad request",
-            'an answer says which question it answers: send JSON {"interrupt": ID, "digest": SHA256} as the '
-            "run's page shows them (a 409 answer carries the current ones)",
+            'a retry says which failure it retries: send JSON {"retry": N}, the spec.retry the run\'s page shows '
+            "(0 when unset; a 409 answer carries the current one)",
         )
-    return str(seen[0]), str(seen[1])
+    return seen
+
+
+def _retry_state(run: dict[str, Any]) -> dict[str, Any]:
+    """The run as a retry sees it, for a 409 answer: phase, reason, ``spec.retry`` and ``status.observedRetry``."""
+    status = run.get("status") or {}
+    return {
+        "phase": status.get("phase") or "Pending",
+        "reason": status.get("reason"),
+        "retry": jobparity.retry_of(run.get("spec")),
+        "observedRetry": AgentRunStatus.parse(status).observed_retry,
+    }
+
+
+def _retry_conflict(run: dict[str, Any], seen: int) -> Refused | None:
+    """Why a retry of the failure seen (``spec.retry`` ``seen``) cannot apply to ``run`` as it is now."""
+    name, spec, current = run["metadata"]["name"], run.get("spec") or {}, _retry_state(run)
+    refusal = jobparity.retry_refusal(name, spec, AgentRunStatus.parse(run.get("status")))
+    if refusal is not None:
+        return Refused(409, "Conflict", refusal, current)
+    if current["retry"] != seen:
+        return Refused(
+            409,
+            "Conflict",
+            f"agentrun {name} was retried since you saw it (spec.retry {current['retry']}, you saw {seen}; "
+            f"phase {current['phase']}): nothing was changed. Load its page again.",
+            current,
+        )
+    if current["retry"] > current["observedRetry"]:
+        return Refused(409, "Conflict", f"a retry of agentrun {name} is already requested", current)
+    return None
+
+
+async def _retry(request: web.Request, token: str, run: dict[str, Any], seen: int) -> web.Response:
+    """Re-open the Failed run the person saw (``spec.retry`` one higher), only while it is still that failure."""
+    kube, meta = request.app[KUBE], run["metadata"]
+    for _ in range(ANSWER_ATTEMPTS):
+        conflict = _retry_conflict(run, seen)
+        if conflict is not None:
+            raise conflict
+        retry = jobparity.next_retry(run.get("spec"), AgentRunStatus.parse(run.get("status")))
+        ops = [
+            {"op": "test", "path": "/metadata/resourceVersion", "value": run["metadata"]["resourceVersion"]},
+            {"op": "add", "path": "/spec/retry", "value": retry},
+        ]
+        try:
+            await kube.json_patch(token, meta["namespace"], meta["name"], ops)
+        except KubeError as e:
+            if e.status != 422:
+                raise
+            before = run["metadata"]["resourceVersion"]
+            run = await kube.get_run(token, meta["namespace"], meta["name"])
+            if run["metadata"].get("resourceVersion") == before:  # not the test op: the API server's own refusal
+                raise
+            continue
+        return web.json_response(
+            {
+                "message": f"retry {retry} requested for {meta['name']}: it resumes its turn from the last "
+                "checkpoint, completed tool calls replay from the ledger",
+                "retry": retry,
+            }
+        )
+    raise Refused(409, "Conflict", f"agentrun {meta['name']} kept changing; load its page again", _retry_state(run))
 
 
 def _question(run: dict[str, Any]) -> dict[str, Any]:
@@ -397,9 +495,9 @@ def _conflict(run: dict[str, Any], seen: tuple[str, str]) -> Refused | None:
 
 
 async def _answer(
-    request: web.Request, token: str, run: dict[str, Any], verb: str, seen: tuple[str, str]
+    request: web.Request, token: str, run: dict[str, Any], verb: str, seen: tuple[str, str], value: Any
 ) -> web.Response:
-    """Answer the interrupt ``seen`` names, only while the run still waits on that exact question."""
+    """Answer the interrupt ``seen`` names with ``value``, only while the run still waits on that exact question."""
     kube = request.app[KUBE]
     meta = run["metadata"]
     for _ in range(ANSWER_ATTEMPTS):
@@ -407,7 +505,7 @@ async def _answer(
         if conflict is not None:
             raise conflict
         ids = pages.pending_ids((run.get("status") or {}).get("interrupt") or {})
-        resume = {"values": {i: verb == "approve" for i in ids}}
+        resume = {"values": {i: value for i in ids}}
         # The test op makes the API server apply the answer only to the object just checked: a run that moved on
         # meanwhile (another question, another phase) fails it (422), and is checked again. "add" replaces an
         # earlier spec.resume whole, so no answer of an earlier interrupt stays beside this one.
@@ -425,8 +523,13 @@ async def _answer(
             if run["metadata"].get("resourceVersion") == before:  # not the test op: the API server's own refusal
                 raise
             continue
+        sent = json.dumps(value, ensure_ascii=False)
         return web.json_response(
-            {"message": f"{verb}d interrupt {', '.join(ids)}: {meta['name']} resumes in a new pod"}
+            {
+                "message": f"{verb}d interrupt {', '.join(ids)} with {text.visible(sent)[:300]}: "
+                f"{meta['name']} resumes in a new pod",
+                "values": resume["values"],
+            }
         )
     raise Refused(409, "Conflict", f"agentrun {meta['name']} kept changing; load its page again", _question(run))
 
@@ -461,7 +564,7 @@ async def run_page(request: web.Request) -> web.Response:
     run, deleted = await readable_run(request)
     found = await run_history(request, run)
     found.deleted = deleted
-    live = not deleted and (found.phase or "Pending") not in pages.TERMINAL
+    live = not deleted and not pages.ended(run)
     return web.Response(text=pages.run_page(found, run, live=live), content_type="text/html")
 
 
@@ -510,7 +613,7 @@ async def events(request: web.Request) -> web.StreamResponse:
                 if quiet >= HEARTBEAT_SECONDS:
                     quiet = 0.0
                     await response.write(b": still here\n\n")
-            if (status.get("phase") or "Pending") in pages.TERMINAL:
+            if pages.ended(run):  # a Failed run with a retry requested is about to run again
                 await response.write(f"event: end\ndata: {json.dumps({'phase': status.get('phase')})}\n\n".encode())
                 break
     except (ConnectionResetError, asyncio.CancelledError):
@@ -622,11 +725,11 @@ def make_app(
             web.get("/runs" + run, run_page),
             web.get("/runs" + run + "/timeline", timeline),
             web.get("/runs" + run + "/events", events),
-            web.post("/runs" + run + "/{verb:approve|reject|stop}", act),
+            web.post("/runs" + run + "/{verb:approve|reject|retry|stop}", act),
             web.get("/api/v1/agentruns", api_list),
             web.get("/api/v1/namespaces/{namespace}/agentruns", api_list),
             web.get("/api/v1/namespaces/{namespace}/agentruns/{name}/history", api_history),
-            web.post("/api/v1/namespaces/{namespace}/agentruns/{name}/{verb:approve|reject|stop}", act),
+            web.post("/api/v1/namespaces/{namespace}/agentruns/{name}/{verb:approve|reject|retry|stop}", act),
             web.static("/static", STATIC),
         ]
     )

@@ -7,6 +7,7 @@ and ``record`` below do here what its SQL does), JSON values as text.
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -261,6 +262,48 @@ def test_the_web_view_renders_hostile_tool_output_as_text() -> None:
     html = pages.timeline(history, {"status": {"phase": "Running"}, "spec": {}})
     assert "<script>" not in html and "<img" not in html and 'onerror="' not in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+
+
+def page_of(spec: dict[str, Any], status: dict[str, Any]) -> str:
+    """The run page's live part for a run with ``spec`` and ``status`` (nothing recorded in the store)."""
+    history = build(ThreadRows(), namespace="default", name="r", thread_id=THREAD, status=status)
+    return pages.timeline(history, {"metadata": {"namespace": "default", "name": "r"}, "spec": spec, "status": status})
+
+
+def test_a_waiting_run_is_answered_with_a_json_value_after_a_confirmation_of_what_is_sent() -> None:
+    # Issue 32 item 5: the page's buttons carry what the confirmation shows (ids, question) and app.js sends
+    # the value field's JSON, or the button's default when it is empty.
+    interrupt = {"id": "i-1", "ids": ["i-1", "i-2"], "message": "refund <b>120</b>?", "payload": {"amount": 120}}
+    html = page_of({}, {"phase": "Interrupted", "interrupt": interrupt})
+    assert re.search(r"<textarea id=answer-value [^>]*>", html), html
+    approve = re.search(r'<button class="act approve" ([^>]*)>Approve</button>', html)
+    reject = re.search(r'<button class="act reject" ([^>]*)>Reject</button>', html)
+    assert approve and reject, html
+    for button, default in ((approve.group(1), "true"), (reject.group(1), "false")):
+        assert f'data-default="{default}"' in button and 'data-ids="i-1, i-2"' in button
+        assert 'data-question="refund &lt;b&gt;120&lt;/b&gt;?"' in button, "the question, escaped, for the confirmation"
+        assert f'data-digest="{pages.interrupt_digest(interrupt)}"' in button
+    assert "<div id=act-confirm class=confirm hidden" in html, "the confirmation starts hidden"
+    assert 'class="act retry"' not in html
+
+
+def test_a_retry_is_offered_for_a_failed_run_with_the_retry_it_saw_and_never_twice() -> None:
+    failed = {"phase": "Failed", "reason": "BackoffLimitExceeded"}
+    html = page_of({}, failed)
+    retry = re.search(r'<button class="act retry" ([^>]*)>Retry</button>', html)
+    assert retry and 'data-retry="0"' in retry.group(1) and "spec.retry 0 -&gt; 1" in retry.group(1), html
+    assert pages.ended({"spec": {}, "status": failed})
+
+    pending = page_of({"retry": 1}, failed)
+    assert 'class="act retry"' not in pending and "Retry 1 requested" in pending
+    assert not pages.ended({"spec": {"retry": 1}, "status": failed}), "a requested retry keeps the live view open"
+    again = page_of({"retry": 1}, {**failed, "observedRetry": 1})
+    assert 'data-retry="1"' in again and "spec.retry 1 -&gt; 2" in again, "a run that failed again is retried again"
+
+    after_stop = page_of({"stop": True}, failed)
+    assert 'class="act retry"' not in after_stop and "spec.stop is one-way" in after_stop
+    for phase in ("Stopped", "Succeeded", "Running"):
+        assert 'class="act retry"' not in page_of({}, {"phase": phase}), phase
 
 
 def test_a_stop_shows_while_requested_and_after_it_was_acknowledged() -> None:

@@ -1,8 +1,11 @@
-// agentrun history: live updates (server-sent events) and the approve / reject / stop buttons.
-// The server renders every value escaped; this script only swaps in the server's own HTML fragment.
+// agentrun history: live updates (server-sent events) and the approve / reject / retry / stop buttons.
+// The server renders every value escaped; this script only swaps in the server's own HTML fragment, and writes
+// what it shows itself (the confirmation) as text, never as HTML.
 "use strict";
 
 var lastMessage = "";  // the last action's answer, kept across live updates of the page
+var draft = null;      // the answer value being typed, kept across live updates of the page
+var source = null;     // the live view's event stream, once one is open
 
 function say(text) {
   lastMessage = text;
@@ -10,26 +13,114 @@ function say(text) {
   if (out) { out.textContent = text; }
 }
 
+function post(button, body) {
+  // The custom header makes this a CORS-preflighted request: no other site can forge it.
+  var headers = {"X-Agentrun-Action": "1"};
+  if (body !== undefined) { headers["Content-Type"] = "application/json"; }
+  button.disabled = true;
+  fetch(button.dataset.action, {method: "POST", headers: headers, body: body, credentials: "same-origin"})
+    .then(function (response) {
+      return response.json().then(function (answer) { return {ok: response.ok, body: answer}; });
+    })
+    .then(function (r) {
+      say(r.ok ? r.body.message : "refused: " + r.body.message);
+      if (!r.ok) { button.disabled = false; }
+      if (r.ok && button.dataset.verb) { draft = null; }
+      if (r.ok && button.classList.contains("retry")) { follow(true); }  // the run runs again: follow it
+      refresh();
+    })
+    .catch(function (err) { say(String(err)); button.disabled = false; });
+}
+
+// The answer this button sends: the value field's JSON, else the button's default (true / false).
+// Returns {value} or {error}: invalid JSON is said next to the field and nothing is sent.
+function answerValue(button) {
+  var field = document.getElementById("answer-value");
+  var text = field ? field.value.trim() : "";
+  if (!text) { return {value: JSON.parse(button.dataset.default)}; }
+  try {
+    return {value: JSON.parse(text)};
+  } catch (err) {
+    return {error: "not JSON: " + err.message + ' (strings need quotes, e.g. "yes")'};
+  }
+}
+
+function lines(panel, pairs) {
+  var list = document.createElement("dl");
+  pairs.forEach(function (pair) {
+    var term = document.createElement("dt");
+    term.textContent = pair[0];
+    var detail = document.createElement("dd");
+    var code = document.createElement(pair[2] ? "pre" : "span");
+    code.textContent = pair[1];
+    if (pair[2]) { code.className = "sent"; }
+    detail.appendChild(code);
+    list.appendChild(term);
+    list.appendChild(detail);
+  });
+  panel.appendChild(list);
+}
+
+// Shows exactly what the button will send and sends it only on "Send"; "Cancel" sends nothing.
+function confirmThen(button, title, pairs, body) {
+  var panel = document.getElementById("act-confirm");
+  if (!panel) { return; }
+  panel.textContent = "";
+  var heading = document.createElement("p");
+  heading.className = "confirm-title";
+  heading.textContent = title;
+  panel.appendChild(heading);
+  lines(panel, pairs);
+  var send = document.createElement("button");
+  send.className = "confirm-send";
+  send.textContent = "Send";
+  var cancel = document.createElement("button");
+  cancel.className = "confirm-cancel";
+  cancel.textContent = "Cancel";
+  panel.appendChild(send);
+  panel.appendChild(cancel);
+  panel.hidden = false;
+  cancel.addEventListener("click", function () { panel.hidden = true; panel.textContent = ""; refresh(); });
+  send.addEventListener("click", function () {
+    panel.hidden = true;
+    panel.textContent = "";
+    post(button, body);
+  });
+  send.focus();
+}
+
+function onAnswer(button) {
+  var error = document.getElementById("answer-error");
+  var found = answerValue(button);
+  if (error) { error.textContent = found.error || ""; }
+  if (found.error) { return; }
+  var shown = JSON.stringify(found.value, null, 2);
+  // An answer names the interrupt and the digest of the question this page shows: the server answers
+  // nothing else (409).
+  var body = JSON.stringify({interrupt: button.dataset.interrupt, digest: button.dataset.digest, value: found.value});
+  confirmThen(button, button.dataset.verb === "approve" ? "Approve with this answer?" : "Reject with this answer?", [
+    ["Interrupt", button.dataset.ids],
+    ["Question", button.dataset.question],
+    ["Value sent", shown, true],
+  ], body);
+}
+
+function onRetry(button) {
+  var body = JSON.stringify({retry: Number(button.dataset.retry)});
+  confirmThen(button, "Retry this run?", [["What happens", button.dataset.confirm]], body);
+}
+
 function bindButtons() {
+  var field = document.getElementById("answer-value");
+  if (field) {
+    if (draft !== null) { field.value = draft; }
+    field.addEventListener("input", function () { draft = field.value; });
+  }
   document.querySelectorAll("button.act").forEach(function (button) {
     button.addEventListener("click", function () {
-      button.disabled = true;
-      // The custom header makes this a CORS-preflighted request: no other site can forge it. An answer names
-      // the interrupt and the digest of the question this page shows: the server answers nothing else (409).
-      var body = button.dataset.interrupt ?
-        JSON.stringify({interrupt: button.dataset.interrupt, digest: button.dataset.digest}) : undefined;
-      var headers = {"X-Agentrun-Action": "1"};
-      if (body) { headers["Content-Type"] = "application/json"; }
-      fetch(button.dataset.action, {method: "POST", headers: headers, body: body, credentials: "same-origin"})
-        .then(function (response) {
-          return response.json().then(function (body) { return {ok: response.ok, body: body}; });
-        })
-        .then(function (r) {
-          say(r.ok ? r.body.message : "refused: " + r.body.message);
-          if (!r.ok) { button.disabled = false; }
-          refresh();
-        })
-        .catch(function (err) { say(String(err)); button.disabled = false; });
+      if (button.dataset.interrupt) { onAnswer(button); }
+      else if (button.classList.contains("retry")) { onRetry(button); }
+      else { post(button, undefined); }
     });
   });
 }
@@ -37,6 +128,8 @@ function bindButtons() {
 function refresh() {
   var root = document.getElementById("run");
   if (!root) { return; }
+  var panel = document.getElementById("act-confirm");
+  if (panel && !panel.hidden) { return; }  // never swap the page under a confirmation being read
   fetch(root.dataset.timeline, {credentials: "same-origin"})
     .then(function (response) { return response.ok ? response.text() : null; })
     .then(function (text) {
@@ -49,12 +142,14 @@ function refresh() {
     });
 }
 
-function follow() {
+function follow(again) {
   var root = document.getElementById("run");
-  if (!root || root.dataset.live !== "1" || !window.EventSource) { return; }
-  var source = new EventSource(root.dataset.events);
+  if (!root || !window.EventSource) { return; }
+  if (again) { root.dataset.live = "1"; }
+  if (root.dataset.live !== "1" || source !== null) { return; }
+  source = new EventSource(root.dataset.events);
   source.addEventListener("update", refresh);
-  source.addEventListener("end", function () { source.close(); refresh(); });
+  source.addEventListener("end", function () { source.close(); source = null; refresh(); });
 }
 
-document.addEventListener("DOMContentLoaded", function () { bindButtons(); follow(); });
+document.addEventListener("DOMContentLoaded", function () { bindButtons(); follow(false); });
