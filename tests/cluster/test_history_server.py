@@ -69,15 +69,17 @@ def serving(kube: UserKube, dsn: str) -> Iterator[str]:
         loop.close()
 
 
-def call(url: str, token: str, method: str = "GET", body: Any = None) -> tuple[int, dict[str, str], str]:
-    """One request as ``token`` (a POST as the page's buttons send it); status, headers, body."""
+def call(
+    url: str, token: str, method: str = "GET", body: Any = None, *, raw: bytes | None = None
+) -> tuple[int, dict[str, str], str]:
+    """One request as ``token`` (a POST as the page's buttons send it; ``raw``: a body sent as is)."""
     headers = {"Authorization": f"Bearer {token}"}
-    data = None
+    data = raw
     if method == "POST":
         headers["X-Agentrun-Action"] = "1"
-    if body is not None:
+    if body is not None or raw is not None:
         headers["Content-Type"] = "application/json"
-        data = json.dumps(body).encode()
+        data = json.dumps(body).encode() if raw is None else raw
     request = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=20) as response:
@@ -114,6 +116,23 @@ def shown(page: str) -> dict[str, str]:
     found = re.search(r'class="act approve"[^>]*data-interrupt="([^"]*)" data-digest="([^"]*)"', page)
     assert found, page[:3000]
     return {"interrupt": found.group(1), "digest": found.group(2)}
+
+
+def retry_shown(page: str) -> dict[str, int]:
+    """The failure the page's Retry button re-opens: the spec.retry it shows."""
+    found = re.search(r'class="act retry"[^>]*data-retry="(\d+)"', page)
+    assert found, page[:3000]
+    return {"retry": int(found.group(1))}
+
+
+def patch_spec(cluster: Any, name: str, **spec: Any) -> None:
+    """Another person's change of the run's spec (the cluster's admin)."""
+    done = cluster.api("PATCH", run_path(NS, name), {"spec": spec}, content_type=MERGE)
+    assert done.status == 200, done.body
+
+
+def retry_of(cluster: Any, name: str) -> Any:
+    return (cluster.get("agentruns", name, NS) or {}).get("spec", {}).get("retry")
 
 
 def resume_of(cluster: Any, name: str) -> Any:
@@ -179,6 +198,102 @@ def test_an_answer_applies_only_to_the_question_the_person_saw(cluster: Any, kub
         )
         assert status == 409 and json.loads(body)["interrupt"]["payload"] == {"amount": "9000000.00"}, body
         assert resume_of(cluster, "refund") == {"values": {"r-3": True}}
+
+
+def test_an_answer_carries_the_json_value_the_person_sent_and_a_body_that_is_not_json_is_a_400(
+    cluster: Any, kube: MovingKube, dsn: str
+) -> None:
+    alice = people(cluster, NS, [("alice", NS, "agentrun-view"), ("alice", NS, "agentrun-edit")])["alice"]
+    create_run(cluster, "valued")
+    ask(cluster, "valued", "v-1", "refund how much?", "120.00")
+    with serving(kube, dsn) as server:
+        page_url, approve = f"{server}/runs/{NS}/valued", f"{server}/runs/{NS}/valued/approve"
+        saw = shown(call(page_url, alice)[2])
+        nested = b'{"value": ' + b"[" * 20000 + b"]" * 20000 + b"}"
+        for raw, says in (
+            (b'{"interrupt": "v-1", "value": {amount: 10}}', "the request body is not JSON (Expecting property name"),
+            (b"[1, 2]", "the request body is JSON but not an object"),
+            (nested, "nested too deeply"),
+        ):
+            status, _, body = call(approve, alice, "POST", raw=raw)
+            assert status == 400, (status, body)
+            refused = json.loads(body)["message"]
+            assert says in refused and '"value": ANY JSON VALUE' in refused, refused
+        assert resume_of(cluster, "valued") is None, "a refused answer must not reach the run"
+
+        value = {"amount_cents": 2000, "note": "partial refund, \u2713 checked", "items": [1, 2]}
+        status, _, body = call(approve, alice, "POST", {**saw, "value": value})
+        assert status == 200, body
+        assert json.loads(body)["values"] == {"v-1": value} and '"amount_cents": 2000' in json.loads(body)["message"]
+        assert resume_of(cluster, "valued") == {"values": {"v-1": value}}, "the run must get exactly the value sent"
+
+        # A reject with a value sends that value; without one, false (and approve, true: the first test).
+        ask(cluster, "valued", "v-2", "and the shipping?", "4.99")
+        saw = shown(call(page_url, alice)[2])
+        status, _, body = call(f"{server}/runs/{NS}/valued/reject", alice, "POST", {**saw, "value": "too late"})
+        assert status == 200 and resume_of(cluster, "valued") == {"values": {"v-2": "too late"}}, body
+        ask(cluster, "valued", "v-3", "gift wrap?", "0")
+        saw = shown(call(page_url, alice)[2])
+        status, _, body = call(f"{server}/runs/{NS}/valued/reject", alice, "POST", saw)
+        assert status == 200 and resume_of(cluster, "valued") == {"values": {"v-3": False}}, body
+
+
+def test_a_retry_reopens_only_the_failure_the_person_saw_as_their_own_patch(
+    cluster: Any, kube: MovingKube, dsn: str
+) -> None:
+    tokens = people(
+        cluster, NS, [("alice", NS, "agentrun-view"), ("alice", NS, "agentrun-edit"), ("bob", NS, "agentrun-view")]
+    )
+    alice, bob = tokens["alice"], tokens["bob"]
+    create_run(cluster, "flaky")
+    set_status(cluster, "flaky", phase="Failed", reason="BackoffLimitExceeded")
+    with serving(kube, dsn) as server:
+        page_url, retry = f"{server}/runs/{NS}/flaky", f"{server}/runs/{NS}/flaky/retry"
+        saw = retry_shown(call(page_url, alice)[2])
+        assert saw == {"retry": 0}
+        status, _, body = call(retry, bob, "POST", saw)
+        assert status == 403, f"GUARANTEE BROKEN: bob may only view, the API server must refuse him: {status} {body}"
+        status, _, body = call(retry, alice, "POST")
+        assert status == 400 and '{"retry": N}' in json.loads(body)["message"], body
+        assert retry_of(cluster, "flaky") is None
+
+        # Someone retried it while alice read the page: hers is not a second retry.
+        patch_spec(cluster, "flaky", retry=1)
+        status, _, body = call(retry, alice, "POST", saw)
+        refused = json.loads(body)
+        assert status == 409 and "was retried since you saw it" in refused["message"], body
+        assert (refused["retry"], refused["phase"]) == (1, "Failed") and retry_of(cluster, "flaky") == 1
+
+        # It was re-opened and failed again; it is retried again between the server's read and its patch.
+        set_status(cluster, "flaky", observedRetry=1)
+        saw = retry_shown(call(page_url, alice)[2])
+        assert saw == {"retry": 1}
+        kube.before_patch = lambda: patch_spec(cluster, "flaky", retry=2)
+        status, _, body = call(retry, alice, "POST", saw)
+        assert status == 409 and json.loads(body)["retry"] == 2, body
+        assert retry_of(cluster, "flaky") == 2, "GUARANTEE BROKEN: the run was retried twice for one failure"
+
+        # A status change that leaves the failure as it was is no reason to refuse.
+        set_status(cluster, "flaky", observedRetry=2)
+        saw = retry_shown(call(page_url, alice)[2])
+        kube.before_patch = lambda: set_status(cluster, "flaky", message="still failed")
+        status, _, body = call(retry, alice, "POST", saw)
+        assert status == 200 and json.loads(body)["retry"] == 3, body
+        assert retry_of(cluster, "flaky") == 3
+        status, _, body = call(retry, alice, "POST", {"retry": 3})
+        assert status == 409 and "already requested" in json.loads(body)["message"], body
+        page = call(page_url, alice)[2]
+        assert 'class="act retry"' not in page and "Retry 3 requested" in page
+
+        # Only a Failed run: a stop is one-way (the CRD refuses the patch too), a running run has not failed.
+        create_run(cluster, "halted", stop=True)
+        set_status(cluster, "halted", phase="Stopped", reason="Stopped")
+        status, _, body = call(f"{server}/runs/{NS}/halted/retry", alice, "POST", {"retry": 0})
+        assert status == 409 and "spec.stop is one-way" in json.loads(body)["message"], body
+        set_status(cluster, "flaky", phase="Running", observedRetry=3)
+        status, _, body = call(retry, alice, "POST", {"retry": 3})
+        assert status == 409 and "has not failed (phase Running)" in json.loads(body)["message"], body
+        assert retry_of(cluster, "halted") is None and retry_of(cluster, "flaky") == 3
 
 
 def test_a_viewers_stop_is_the_api_servers_answer_even_on_a_run_already_stopping(

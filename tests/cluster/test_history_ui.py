@@ -11,8 +11,11 @@ What it proves, in one cluster (the runs take most of the time):
 - the list shows the runs the person may list;
 - a run SIGKILLed after ``charge_card`` was recorded and rescheduled shows two attempts and ``charge_card``
   replayed from the ledger in attempt 2 (charged once);
-- approving a waiting run with the button resumes it, and the page follows it to Succeeded live (server-sent
-  events), without a reload;
+- approving a waiting run with a JSON value (invalid JSON is said in the page and nothing is sent; a
+  confirmation shows the interrupt, its question and the value before anything is sent) resumes it with that
+  value, and the page follows it to Succeeded live (server-sent events), without a reload;
+- retrying a Failed run with the button (a confirmation, then ``spec.retry`` as the person's patch) re-opens
+  it, and the page follows it to Succeeded live;
 - stopping a run with the button (``spec.stop``, alice's patch) is followed live to Stopped;
 - bob gets 403 for a run in ``default`` (the API server's answer to his own token), and his approve of a run
   he may only view is refused by the API server: the server never acts with rights of its own;
@@ -52,6 +55,7 @@ from tests.cluster.history_people import people
 from tests.cluster.operator_harness import (
     agentrun,
     apply,
+    executions,
     start_operator,
     store_secret,
     wait_node,
@@ -235,6 +239,16 @@ def test_the_history_view_in_a_real_browser(world: dict[str, Any], dsn: str, tmp
     apply(cluster, agentrun("hostile-run", thread="hostile-run", graph=hostile, effects=tmp_path / "h.db"), ns)
     apply(cluster, agentrun("other-run", thread="other-run", graph=approval, effects=tmp_path / "o.db"), other_ns)
     apply(cluster, agentrun("stop-run", thread="stop-run", graph=approval, effects=tmp_path / "s.db"), ns)
+    # Its first attempt crashes inside its node and no restart is allowed: Failed, for the Retry button.
+    flaky = agentrun(
+        "retry-run",
+        thread="retry-run",
+        graph="tests.cluster.crashes_once:app",
+        effects=tmp_path / "r.db",
+        env={"CLUSTER_CRASH": "node:1"},
+        restartPolicy={"maxRestarts": 0, "backoffSeconds": 0},
+    )
+    apply(cluster, flaky, ns)
     # Five runs start at once on a shared plane: on the real server under a full suite their pods can take
     # longer than the default 30 s to reach their first tool (it did once in CI).
     wait_node(dsn, f"{ns}/crash-run", "tools", timeout=90)
@@ -245,6 +259,7 @@ def test_the_history_view_in_a_real_browser(world: dict[str, Any], dsn: str, tmp
     wait_phase(cluster, operator, "hostile-run", "Succeeded", timeout=60, namespace=ns)
     wait_phase(cluster, operator, "other-run", "Interrupted", timeout=60, namespace=other_ns)
     wait_phase(cluster, operator, "stop-run", "Interrupted", timeout=60, namespace=ns)
+    wait_phase(cluster, operator, "retry-run", "Failed", timeout=60, namespace=ns)
 
     # Without a token, nothing; with bob's, not a run of ns (the API server's own 403).
     server = world["server"]
@@ -283,19 +298,50 @@ def test_the_history_view_in_a_real_browser(world: dict[str, Any], dsn: str, tmp
             assert "ar-" in cells.nth(8).inner_text(), "the idempotency key is shown"
             shoot(page, tmp_path, "crashed-run")
 
-            # Approve with the button, then watch it finish without reloading.
+            # Approve with a JSON value: invalid JSON is said and nothing is sent; a valid value is shown in a
+            # confirmation (interrupt, question, value) and sent only on Send; the page follows the run live.
             page.goto(f"{world['alice']}/runs/{ns}/approve-run")
             assert "Interrupted" in page.locator("#phase").inner_text()
             assert "approve a refund of 120?" in page.locator("table.interrupts").inner_text()
             page.evaluate("window.__sameDocument = true")
+            page.fill("#answer-value", "{ok: yes}")
             page.locator("button.approve").click()
+            page.locator("#answer-error", has_text="not JSON").wait_for(timeout=5_000)
+            assert page.locator("#act-confirm").is_hidden(), "invalid JSON must not reach the confirmation"
+            page.fill("#answer-value", '{"ok": true, "note": "checked the order"}')
+            page.locator("button.approve").click()
+            confirm = page.locator("#act-confirm")
+            confirm.wait_for(state="visible", timeout=5_000)
+            shown = confirm.inner_text()
+            interrupt_id = (cluster.get("agentruns", "approve-run", ns) or {})["status"]["interrupt"]["id"]
+            assert interrupt_id in shown and "approve a refund of 120?" in shown, shown
+            assert json.loads(confirm.locator("pre.sent").inner_text()) == {"ok": True, "note": "checked the order"}
+            shoot(page, tmp_path, "approve-confirm")
+            confirm.locator("button.confirm-cancel").click()
+            assert "resume" not in (cluster.get("agentruns", "approve-run", ns) or {})["spec"], "Cancel sent it"
+            page.locator("button.approve").click()
+            confirm.locator("button.confirm-send").click()
             # Locators, not wait_for_function: the page's Content-Security-Policy forbids eval.
             page.locator("#phase", has_text="Succeeded").wait_for(timeout=60_000)
             assert page.evaluate("window.__sameDocument") is True, "the page reloaded instead of updating live"
             assert int(page.evaluate("document.body.dataset.updates || '0'")) >= 2, "no live update arrived"
             answered = page.locator("table.interrupts").inner_text()
-            assert "true" in answered and "waiting" not in answered, answered
+            assert "checked the order" in answered and "waiting" not in answered, answered
+            decided = [line for line in executions(tmp_path / "a.db") if line.startswith("approve:")]
+            assert decided == ['approve:{"ok": true, "note": "checked the order"}'], decided
             shoot(page, tmp_path, "approved-run")
+
+            # Retry a Failed run: a confirmation, then spec.retry as alice's patch; the page follows it live.
+            page.goto(f"{world['alice']}/runs/{ns}/retry-run")
+            assert "Failed" in page.locator("#phase").inner_text()
+            page.locator("button.retry").click()
+            confirm.wait_for(state="visible", timeout=5_000)
+            assert "spec.retry 0 -> 1" in confirm.inner_text(), confirm.inner_text()
+            confirm.locator("button.confirm-send").click()
+            page.locator("#phase", has_text="Succeeded").wait_for(timeout=60_000)
+            assert page.locator("table.attempts tbody tr").count() == 2, page.locator("table.attempts").inner_text()
+            assert (cluster.get("agentruns", "retry-run", ns) or {})["spec"]["retry"] == 1
+            shoot(page, tmp_path, "retried-run")
 
             # Stop with the button: spec.stop as alice's own patch; the page follows the run to Stopped.
             page.goto(f"{world['alice']}/runs/{ns}/stop-run")
@@ -336,6 +382,7 @@ def test_the_history_view_in_a_real_browser(world: dict[str, Any], dsn: str, tmp
             allowed = page.goto(f"{world['bob']}/runs/{other_ns}/other-run")
             assert allowed is not None and allowed.status == 200
             page.locator("button.approve").click()
+            page.locator("#act-confirm button.confirm-send").click()
             page.locator("#act-result", has_text="refused").wait_for(timeout=20_000)
             assert "forbidden" in page.locator("#act-result").inner_text().lower()
 

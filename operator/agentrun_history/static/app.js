@@ -128,12 +128,12 @@ function bindButtons() {
 function refresh() {
   var root = document.getElementById("run");
   if (!root) { return; }
-  var panel = document.getElementById("act-confirm");
-  if (panel && !panel.hidden) { return; }  // never swap the page under a confirmation being read
   fetch(root.dataset.timeline, {credentials: "same-origin"})
     .then(function (response) { return response.ok ? response.text() : null; })
     .then(function (text) {
-      if (text === null) { return; }
+      // Never swapped under a confirmation being read (Send and Cancel refresh the page afterwards).
+      var panel = document.getElementById("act-confirm");
+      if (text === null || (panel && !panel.hidden)) { return; }
       root.innerHTML = text;  // the server's fragment: every value in it is escaped there
       bindButtons();
       say(lastMessage);
