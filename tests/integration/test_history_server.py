@@ -159,9 +159,16 @@ def test_a_dot_or_any_name_the_api_server_would_refuse_is_a_400_before_any_reque
 
 def test_an_answer_must_name_the_question_it_answers(tmp_path: Path) -> None:
     with history_server(tmp_path) as server:
-        for body in (None, "{}", '{"interrupt": "r-1"}', "not json", '["r-1"]'):
+        shape = '{"interrupt": ID, "digest": SHA256, "value": ANY JSON VALUE}'
+        for body in (None, "{}", '{"interrupt": "r-1"}', "not json", '["r-1"]', '{"value": [[[[[}'):
             status, _, text = server.call("POST", "/runs/a/x/approve", headers=ACTION, body=body)
-            assert status == 400 and '{"interrupt": ID, "digest": SHA256}' in answer(400, text)["message"], text
+            assert status == 400 and shape in answer(400, text)["message"], text
+        said = answer(400, server.call("POST", "/runs/a/x/approve", headers=ACTION, body="not json")[2])["message"]
+        assert said.startswith("the request body is not JSON (Expecting value at character 0)"), said
+        # A retry names the failure it re-opens: the spec.retry the page showed, a non-negative integer.
+        for body in (None, "{}", '{"retry": -1}', '{"retry": "1"}', '{"retry": true}', '{"retry": 1.5}'):
+            status, _, text = server.call("POST", "/runs/a/x/retry", headers=ACTION, body=body)
+            assert status == 400 and '{"retry": N}' in answer(400, text)["message"], (body, text)
         status, _, text = server.call("POST", "/runs/a/x/reject", headers=BEARER, body='{"interrupt": "r"}')
         assert status == 403, "the action header comes first"
         status, _, text = server.call("POST", "/runs/a/x/approve", headers={"X-Agentrun-Action": "1"})
