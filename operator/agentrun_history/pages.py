@@ -14,7 +14,7 @@ import hashlib
 import html
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -23,7 +23,7 @@ from agentrun.history import Digest, RunHistory, ToolCallRecord
 from agentrun_operator.decide import jobparity, toolerrors
 from agentrun_operator.decide.status import AgentRunStatus
 
-from . import text
+from . import listing, text
 
 PHASES = ("Pending", "Running", "Interrupted", "Stopping", "Stopped", "Succeeded", "Failed")
 TERMINAL = ("Stopped", "Succeeded", "Failed")
@@ -134,44 +134,82 @@ def phase_badge(phase: str | None, calls: dict[str, Any] | None) -> str:
 
 
 def run_list(
-    runs: Sequence[dict[str, Any]], *, namespace: str | None, phase: str | None, note: str = "", now: datetime
+    items: Sequence[dict[str, Any]],
+    *,
+    namespace: str | None,
+    phase: str | None,
+    search: str | None = None,
+    page_at: tuple[int, int, int] | None = None,
+    note: str = "",
+    now: datetime,
 ) -> str:
-    """The list of runs the caller may see, filtered by namespace and phase."""
+    """The list: ``items`` (``listing`` entries, one page of them), the filters that chose them, the pager.
+
+    ``page_at``: (page, pages, total) of the whole choice; without it ``items`` is all of it."""
     options = "".join(
-        f'<option value="{a(p)}"{" selected" if p == phase else ""}>{e(p)}</option>' for p in ("", *PHASES)
+        f'<option value="{a(p)}"{" selected" if p == phase else ""}>{e(p)}</option>'
+        for p in ("", *PHASES, listing.DELETED)
     )
     form = (
         '<form class=filters method=get action="/runs">'
         f'<label>Namespace <input name=namespace value="{a(namespace or "")}" placeholder="all namespaces"></label>'
+        f'<label>Search <input name=q value="{a(search or "")}" placeholder="name, graph or thread"></label>'
         f"<label>Phase <select name=phase>{options}</select></label><button type=submit>Filter</button></form>"
     )
-    rows = []
-    for run in runs:
-        meta, spec, status = run["metadata"], run.get("spec") or {}, run.get("status") or {}
-        created = meta.get("creationTimestamp")
-        calls = status.get("toolCalls") or {}
-        rows.append(
-            "<tr>"
-            f"<td>{e(meta.get('namespace'))}</td>"
-            f'<td><a class=run href="{a(run_url(meta["namespace"], meta["name"]))}">{e(meta["name"])}</a></td>'
-            f"<td>{phase_badge(status.get('phase'), calls)}</td>"
-            f"<td>{e(status.get('currentNode') or '-')}</td>"
-            f"<td>{e(status.get('stateVersion', '-'))}</td>"
-            f"<td>{e(status.get('attempt', '-'))}</td>"
-            f"<td class=tools>{e(toolerrors.summary(calls) if calls else '-')}</td>"
-            f"<td>{e(spec.get('graph'))}</td>"
-            f"<td>{e(_age(created, now))}</td>"
-            "</tr>"
-        )
+    rows = "".join(_list_row(item, now) for item in items)
     table = (
         "<table class=runs><thead><tr><th>Namespace</th><th>Name</th><th>Phase</th><th>Node</th><th>Version</th>"
-        "<th>Attempt</th><th>Tool calls</th><th>Graph</th><th>Age</th></tr></thead>"
-        f"<tbody>{''.join(rows)}</tbody></table>"
+        "<th>Attempt</th><th>Tool calls</th><th>Graph</th><th>Thread</th><th>Age</th></tr></thead>"
+        f"<tbody>{rows}</tbody></table>"
         if rows
-        else "<p class=empty>No AgentRuns here that you may see.</p>"
+        else "<p class=empty>No AgentRuns here that you may see"
+        + (" match these filters." if search or phase else ".")
+        + "</p>"
     )
+    at, pages, total = page_at or (1, 1, len(items))
+    pager = _pager(namespace, phase, search, at, pages, total, len(items))
     notice = f"<p class=note>{e(note)}</p>" if note else ""
-    return page("Runs", f"<h1>AgentRuns</h1>{form}{notice}{flagged(table)}")
+    return page("Runs", f"<h1>AgentRuns</h1>{form}{notice}{pager}{flagged(table)}")
+
+
+def _list_row(item: dict[str, Any], now: datetime) -> str:
+    """One run of the list; a deleted one marked, with what the store last recorded of its turn."""
+    link = f'<a class=run href="{a(run_url(item["namespace"], item["name"]))}">{e(item["name"])}</a>'
+    if item["deleted"]:
+        why = "the AgentRun was deleted: its history stays in the store"
+        phase = f'<span class="badge phase-deleted" title="{a(why)}">Deleted</span> {e(item["storeStatus"] or "")}'
+    else:
+        phase = phase_badge(item["phase"], item["toolCalls"])
+    cells = (
+        e(item["currentNode"] or "-"),
+        e("-" if item["stateVersion"] is None else item["stateVersion"]),
+        e("-" if item["attempt"] is None else item["attempt"]),
+    )
+    return (
+        f'<tr class="{"deleted" if item["deleted"] else "run"}"><td>{e(item["namespace"])}</td><td>{link}</td>'
+        f"<td>{phase}</td>" + "".join(f"<td>{c}</td>" for c in cells) + f"<td class=tools>"
+        f"{e(item['tools'] if item['toolCalls'] else '-')}</td><td>{e(item['graph'] or '-')}</td>"
+        f"<td>{e(item['threadId'] or '-')}</td><td>{e(_age(item['created'], now))}</td></tr>"
+    )
+
+
+def _pager(
+    namespace: str | None, phase: str | None, search: str | None, at: int, pages: int, total: int, shown: int
+) -> str:
+    """ "Runs 51-100 of 120, newest first" with links to the newer and older pages (the filters kept)."""
+    if total == 0:
+        return ""
+    first = (at - 1) * listing.PAGE_SIZE + 1
+    links = []
+    for label, to in (("← newer", at - 1), ("older →", at + 1)):
+        if 1 <= to <= pages:
+            href = "/runs" + query(namespace=namespace, q=search, phase=phase, page=str(to))
+            links.append(f'<a class=page href="{a(href)}">{e(label)}</a>')
+    return (
+        f"<p class=pager>Runs {first}-{first + shown - 1} of {total}, newest first"
+        + (f" · page {at} of {pages} · " + " ".join(links) if pages > 1 else "")
+        + "</p>"
+    )
 
 
 def _age(stamp: str | None, now: datetime) -> str:
@@ -500,9 +538,3 @@ def query(**params: str | None) -> str:
     """A query string of the non-empty ``params`` (``""`` when none)."""
     kept = {k: v for k, v in params.items() if v}
     return ("?" + urlencode(kept)) if kept else ""
-
-
-def list_filter(runs: Iterable[dict[str, Any]], phase: str | None) -> list[dict[str, Any]]:
-    """The runs in ``phase`` (all when ``None``), sorted by namespace and name."""
-    chosen = [r for r in runs if not phase or ((r.get("status") or {}).get("phase") or "Pending") == phase]
-    return sorted(chosen, key=lambda r: (r["metadata"].get("namespace", ""), r["metadata"]["name"]))

@@ -50,11 +50,11 @@ from typing import Any
 from aiohttp import web
 
 from agentrun import history
-from agentrun_operator.decide import jobparity, toolerrors
+from agentrun_operator.decide import jobparity
 from agentrun_operator.decide.spec import thread_key
 from agentrun_operator.decide.status import AgentRunStatus
 
-from . import pages, text
+from . import listing, pages, text
 from .kube import KubeError, UserKube
 from .store import HistoryStore, ProgressHub
 
@@ -260,37 +260,41 @@ async def answers(request: web.Request, handler: Handler) -> web.StreamResponse:
 # --- JSON --------------------------------------------------------------------------------------------------------
 
 
-async def api_list(request: web.Request) -> web.Response:
-    """``GET /api/v1/.../agentruns``: the runs the caller may list, as JSON."""
-    namespace = request.match_info.get("namespace")
-    if namespace is not None:
-        valid_namespace(namespace)
+async def _listed(request: web.Request, namespace: str | None) -> tuple[list[dict[str, Any]], str]:
+    """The list's entries (``listing``): the runs the caller may list there, and the deleted ones the store kept
+    (asked only once the API server listed that scope for the caller); a note when the store could not say."""
     token = token_of(request)
     try:
         runs = await request.app[KUBE].list_runs(token, namespace)
     except KubeError as e:
         raise _refused(e, "the list") from None
-    phase = request.query.get("phase") or None
-    items = [_brief(r) for r in pages.list_filter(runs, phase)]
-    return web.json_response({"items": items})
+    try:
+        recorded = await request.app[STORE].recorded_runs(namespace)
+    except Exception as e:  # the living runs are still worth showing; the log has the store's address
+        log.warning("listing deleted runs from the store failed: %r", e)
+        return listing.entries(runs), "Deleted runs are not listed: the store could not be read (try again later)."
+    return listing.entries(runs, recorded), ""
 
 
-def _brief(run: dict[str, Any]) -> dict[str, Any]:
-    meta, status = run["metadata"], run.get("status") or {}
-    return {
-        "namespace": meta.get("namespace"),
-        "name": meta["name"],
-        "phase": status.get("phase") or "Pending",
-        "currentNode": status.get("currentNode"),
-        "stateVersion": status.get("stateVersion"),
-        "attempt": status.get("attempt"),
-        "toolCalls": status.get("toolCalls") or {},
-        # The list's words: "2 run, 3 failed" and, when calls failed, "3 failed tool calls" (a warning).
-        "tools": toolerrors.summary(status.get("toolCalls")),
-        "warning": toolerrors.failure_words(status.get("toolCalls")) or None,
-        "graph": (run.get("spec") or {}).get("graph"),
-        "created": meta.get("creationTimestamp"),
-    }
+def _choice(request: web.Request, items: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int, int, int]:
+    """The query's filters (``phase``, ``q``) and page (``page``) applied: entries, page, pages, total."""
+    kept = listing.chosen(items, phase=request.query.get("phase") or None, search=request.query.get("q") or None)
+    shown, at, pages = listing.paged(kept, listing.page_number(request.query.get("page")))
+    return shown, at, pages, len(kept)
+
+
+async def api_list(request: web.Request) -> web.Response:
+    """``GET /api/v1/.../agentruns``: the runs the caller may list and the deleted ones, newest first, as JSON.
+
+    ``?q=`` searches names, graphs and thread ids, ``?phase=`` (``Deleted`` too) filters, ``?page=`` pages."""
+    namespace = request.match_info.get("namespace")
+    if namespace is not None:
+        valid_namespace(namespace)
+    items, note = await _listed(request, namespace)
+    shown, at, count, total = _choice(request, items)
+    return web.json_response(
+        {"items": shown, "page": at, "pages": count, "total": total, **({"note": note} if note else {})}
+    )
 
 
 async def api_history(request: web.Request) -> web.Response:
@@ -538,23 +542,28 @@ async def _answer(
 
 
 async def runs_page(request: web.Request) -> web.Response:
-    """``GET /runs``: the list page."""
+    """``GET /runs``: the list page (``?namespace=``, ``?q=``, ``?phase=``, ``?page=``)."""
     namespace = request.query.get("namespace") or None
     if namespace is not None:
         valid_namespace(namespace)
-    token = token_of(request)
-    phase = request.query.get("phase") or None
-    note = ""
+    phase, search = request.query.get("phase") or None, request.query.get("q") or None
     try:
-        runs = await request.app[KUBE].list_runs(token, namespace)
-    except KubeError as e:
-        if e.status != 403:
-            raise _refused(e, "the list") from None
-        runs = []
+        items, note = await _listed(request, namespace)
+    except Refused as r:
+        if r.status != 403:
+            raise
+        items = []
         where = f'namespace "{namespace}"' if namespace else "all namespaces"
-        note = f"You may not list AgentRuns in {where} ({e.message}). Choose a namespace you may read."
+        note = f"You may not list AgentRuns in {where} ({r.message}). Choose a namespace you may read."
+    shown, at, count, total = _choice(request, items)
     html = pages.run_list(
-        pages.list_filter(runs, phase), namespace=namespace, phase=phase, note=note, now=datetime.now(UTC)
+        shown,
+        namespace=namespace,
+        phase=phase,
+        search=search,
+        page_at=(at, count, total),
+        note=note,
+        now=datetime.now(UTC),
     )
     return web.Response(text=html, content_type="text/html")
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import Any
 
 from agentrun.checkpoint import from_url, listen_dsn
 from agentrun.checkpoint.listen import Listening, Progressed
@@ -30,6 +31,7 @@ from agentrun.checkpoint.pg_progress import CHANNEL
 from agentrun.checkpoint.postgres import PgCheckpointer
 
 log = logging.getLogger("agentrun.history")
+RECORDED_LIMIT = 1000  # the newest runs the store recorded, for the list's deleted ones: a bound on one read
 
 
 class HistoryStore:
@@ -50,6 +52,10 @@ class HistoryStore:
     async def find_run(self, namespace: str, name: str) -> tuple[str, str | None] | None:
         """The thread and run uid a deleted AgentRun ``namespace/name`` recorded its turn under, or ``None``."""
         return await self.store.find_run(namespace, name)
+
+    async def recorded_runs(self, namespace: str | None) -> list[dict[str, Any]]:
+        """The AgentRuns that recorded a turn (``namespace``'s, or all), newest first: deleted ones among them."""
+        return await self.store.recorded_runs(namespace, limit=RECORDED_LIMIT)
 
     async def aclose(self) -> None:
         """Close the store's pool."""

@@ -20,7 +20,8 @@ What it proves, in one cluster (the runs take most of the time):
 - bob gets 403 for a run in ``default`` (the API server's answer to his own token), and his approve of a run
   he may only view is refused by the API server: the server never acts with rights of its own;
 - a shared install's token login (a pasted token in an HttpOnly cookie) authorizes as that person;
-- a deleted run's history stays readable (from the store) for whoever may list AgentRuns there;
+- a deleted run's history stays readable (from the store) for whoever may list AgentRuns there, and the list
+  shows it, marked Deleted (found by a search of its name); bob, who may not list there, sees neither;
 - an unknown run is a 404 page; a 300 kB tool result is shown as a cut preview with its size; ``<script>``
   and ``onerror`` in tool output are text, never run;
 - ``kubectl agentrun history`` prints the same history (table and ``-o json``).
@@ -368,13 +369,23 @@ def test_the_history_view_in_a_real_browser(world: dict[str, Any], dsn: str, tmp
             assert gone is not None and gone.status == 200, page.inner_text("body")[:300]
             assert "Deleted" in page.locator("#phase").inner_text() and row_of(page, "fetch_page").count() == 1
             assert page.locator("button.act").count() == 0, "a deleted run offers no action"
+            # ... and in the list, marked, found by a search of its name (issue 32 item 4).
+            page.goto(f"{world['alice']}/runs?namespace={ns}&q=hostile")
+            listed = page.locator("table.runs tbody tr")
+            assert listed.count() == 1 and "Deleted" in listed.inner_text(), page.locator("main").inner_text()[:1000]
+            assert "deleted" in (listed.get_attribute("class") or "") and "completed" in listed.inner_text()
+            shoot(page, tmp_path, "list-deleted")
+            listed.locator("a.run").click()
+            page.locator("#phase", has_text="Deleted").wait_for(timeout=10_000)
 
             # An unknown run.
             missing = page.goto(f"{world['alice']}/runs/{ns}/no-such-run")
             assert missing is not None and missing.status == 404
             assert "does not exist" in page.inner_text("body")
 
-            # bob: view in other_ns only.
+            # bob: view in other_ns only; he may not list ns, so its deleted runs are not his to see either.
+            page.goto(f"{world['bob']}/runs?namespace={ns}")
+            assert "You may not list AgentRuns" in page.inner_text("main") and page.locator("a.run").count() == 0
             denied = page.goto(f"{world['bob']}/runs/{ns}/crash-run")
             assert denied is not None and denied.status == 403, f"GUARANTEE BROKEN: bob saw a run in {ns}"
             assert "Forbidden" in page.inner_text("body")

@@ -426,3 +426,44 @@ async def test_a_request_edited_in_the_threads_history_shows_the_record_of_its_o
     assert original.result and original.result.preview == "charged order 4821"
     assert (original.ledger_key, original.requested_version, original.edit_of) == ("ai-1:c1", None, None)
     assert [c.idempotency_key for c in history.tool_calls] == [charged[1][1], charged[0][1]]
+
+
+async def test_the_store_lists_the_runs_it_recorded_newest_first_by_their_derived_request_key(
+    pg_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The run list's deleted runs (issue 32 item 4): the latest turn of each <namespace>/<name>, newest first.
+    monkeypatch.setenv("SUPPORT_EFFECTS_DB", str(tmp_path / "effects.db"))
+    from examples.support_agent import graph
+
+    store = PgCheckpointer(pg_dsn)
+    turns = [
+        ("team-a/t-1", "team-a/first/0123456789abcdef", "u-1"),
+        ("team-a/t-2", "team-a/second/fedcba9876543210", "u-2"),
+        ("team-a/t-1", "team-a/first/00000000000000ff", "u-3"),  # the same run name, a later turn
+        ("team-b/t-9", "team-b/other/0123456789abcdef", "u-4"),
+        ("team-a/t-3", "order-4821/retry/1", "u-5"),  # a spec.requestId with slashes: no run name
+        ("team-b/t-8", "team-a/spoof/0123456789abcdef", "u-6"),  # a key naming another namespace than its thread
+    ]
+    try:
+        app = graph.compile(store)
+        for thread, key, uid in turns:
+            config = {"thread_id": thread, "attempt": 1, "run_uid": uid, "request_key": key}
+            await app.ainvoke({"messages": [{"role": "user", "content": f"look up order 4821 ({key})"}]}, config)
+    finally:
+        await store.aclose()
+    reader = HistoryStore(pg_dsn)
+    try:
+        team_a = await reader.recorded_runs("team-a")
+        every = await reader.recorded_runs(None)
+    finally:
+        await reader.aclose()
+    assert [(r["name"], r["run_uid"], r["thread_id"]) for r in team_a] == [
+        ("first", "u-3", "team-a/t-1"),
+        ("second", "u-2", "team-a/t-2"),
+    ], team_a
+    assert all(r["status"] == "completed" and r["started_at"] <= r["updated_at"] for r in team_a)
+    assert [(r["namespace"], r["name"]) for r in every] == [
+        ("team-b", "other"),
+        ("team-a", "first"),
+        ("team-a", "second"),
+    ]

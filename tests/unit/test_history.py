@@ -16,7 +16,7 @@ import pytest
 from agentrun.checkpoint.pg_history import ThreadRows
 from agentrun.history import DEPTH_MARKER, MAX_DEPTH, PREVIEW_CHARS, build, digest
 from agentrun.ledger import idempotency_key
-from agentrun_history import pages
+from agentrun_history import listing, pages
 
 pytestmark = pytest.mark.unit
 
@@ -466,7 +466,7 @@ def test_the_page_and_the_list_say_a_succeeded_run_with_failed_calls_and_a_cance
         "spec": {"graph": "g:app"},
         "status": {"phase": "Succeeded", "toolCalls": calls, "toolSummary": "3 failed", "conditions": [condition]},
     }
-    listed = pages.run_list([run], namespace=None, phase=None, now=datetime(2026, 1, 1, tzinfo=UTC))
+    listed = pages.run_list(listing.entries([run]), namespace=None, phase=None, now=datetime(2026, 1, 1, tzinfo=UTC))
     assert "Succeeded</span>" in listed and "with 3 failed tool calls" in listed and "3 failed" in listed, (
         "GUARANTEE BROKEN: the list must show a Succeeded run whose tool calls failed as a warning"
     )
@@ -480,3 +480,51 @@ def test_the_page_and_the_list_say_a_succeeded_run_with_failed_calls_and_a_cance
     assert "Pod start" in page
     plain = pages.timeline(history, {**run, "status": {"phase": "Succeeded", "toolCalls": {"executed": 2}}})
     assert "failed tool call" not in plain, "no warning without failures"
+
+
+def a_run(name: str, created: str, *, phase: str = "Succeeded", ns: str = "default", **spec: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"namespace": ns, "name": name, "creationTimestamp": created},
+        "spec": {"graph": "examples.support_agent:app", "threadId": f"t-{name}", **spec},
+        "status": {"phase": phase, "reason": "Completed"},
+    }
+
+
+def test_the_list_is_newest_first_searchable_paged_and_shows_deleted_runs_marked() -> None:
+    # Issue 32 item 4: it was sorted by name, had no search or paging, and deleted runs dropped out of it.
+    runs = [a_run(f"r-{i:03d}", f"2026-01-01T00:{i // 60:02d}:{i % 60:02d}Z") for i in range(120)]
+    runs.append(a_run("lg-order", "2026-01-02T00:00:00Z", phase="Failed", graph="examples.langgraph_agent:graph"))
+    recorded = [
+        {"namespace": "default", "name": "gone", "thread_id": "default/order-4821", "run_uid": "u-9",
+         "status": "completed", "started_at": datetime(2026, 1, 1, 12, tzinfo=UTC).timestamp(), "updated_at": 0.0},
+        # A name that exists again: the living run only.
+        {"namespace": "default", "name": "r-001", "thread_id": "default/t-r-001", "run_uid": "u-old",
+         "status": "failed", "started_at": 0.0, "updated_at": 0.0},
+    ]  # fmt: skip
+    items = listing.entries(runs, recorded)
+    assert len(items) == 122, "a deleted run whose name exists again is listed once, alive"
+    newest = listing.chosen(items, phase=None, search=None)
+    assert [x["name"] for x in newest[:3]] == ["lg-order", "gone", "r-119"], "newest first, deleted ones among them"
+    (gone,) = [x for x in newest if x["deleted"]]
+    assert (gone["phase"], gone["threadId"], gone["storeStatus"]) == ("Deleted", "order-4821", "completed")
+    assert gone["created"] == "2026-01-01T12:00:00Z"
+
+    assert [x["name"] for x in listing.chosen(items, phase=None, search="LANGGRAPH")] == ["lg-order"], "by graph"
+    assert [x["name"] for x in listing.chosen(items, phase=None, search="4821")] == ["gone"], "by thread id"
+    assert [x["name"] for x in listing.chosen(items, phase="Deleted", search=None)] == ["gone"]
+    assert [x["name"] for x in listing.chosen(items, phase="Failed", search="order")] == ["lg-order"]
+
+    first, at, pages_count = listing.paged(newest, 1)
+    assert (len(first), at, pages_count) == (listing.PAGE_SIZE, 1, 3)
+    last, at, _ = listing.paged(newest, 99)
+    assert at == 3 and len(last) == 122 - 2 * listing.PAGE_SIZE and last[-1]["name"] == "r-000", "clamped"
+    assert [listing.page_number(t) for t in (None, "", "2", "0", "-1", "x", "9" * 40)] == [1, 1, 2, 1, 1, 1, 1]
+
+    html = pages.run_list(
+        first, namespace="default", phase=None, search="r-", page_at=(1, 3, 122), now=datetime(2026, 1, 3, tzinfo=UTC)
+    )
+    assert re.search(r'<tr class="deleted">.*?>gone</a>.*?Deleted</span> completed', html), "marked, with its end"
+    assert "Runs 1-50 of 122, newest first" in html and "page 1 of 3" in html
+    older = re.search(r'<a class=page href="([^"]*)">older', html)
+    assert older and older.group(1) == "/runs?namespace=default&amp;q=r-&amp;page=2", "the pager keeps the filters"
+    assert '<option value="Deleted">' in html and 'name=q value="r-"' in html

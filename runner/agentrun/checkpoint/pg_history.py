@@ -216,6 +216,25 @@ _RUN_BY_REQUEST_KEY = """
     WHERE thread_id LIKE $1 ESCAPE '\\' AND request_key LIKE $2 ESCAPE '\\'
     ORDER BY updated_at DESC LIMIT 1
 """
+# The AgentRuns the store recorded turns for, by the same derived request key: the latest turn of each
+# (namespace, name), newest first, for the run list's deleted runs. The key's shape is checked (a
+# spec.requestId may hold slashes too) and its namespace must be its thread's.
+_RECORDED_RUNS = """
+    SELECT namespace, name, thread_id, run_uid, status, started_at, updated_at FROM (
+        SELECT DISTINCT ON (namespace, name) namespace, name, thread_id, run_uid, status,
+               extract(epoch FROM started_at)::float8 AS started_at,
+               extract(epoch FROM updated_at)::float8 AS updated_at, updated_at AS updated
+        FROM (
+            SELECT split_part(request_key, '/', 1) AS namespace, split_part(request_key, '/', 2) AS name,
+                   thread_id::text AS thread_id, run_uid, status, started_at, updated_at
+            FROM turns
+            WHERE request_key LIKE $1 ESCAPE '\\' AND request_key ~ '^[a-z0-9-]+/[a-z0-9.-]+/[0-9a-f]+$'
+        ) keyed
+        WHERE split_part(thread_id, '/', 1) = namespace
+        ORDER BY namespace, name, updated_at DESC
+    ) latest
+    ORDER BY updated DESC LIMIT $2
+"""
 _OWNER = "SELECT attempt, run_uid, extract(epoch FROM registered_at)::float8 AS at FROM attempts WHERE thread_id = $1"
 _STOP = "SELECT reason, extract(epoch FROM requested_at)::float8 AS at FROM stop_requests WHERE thread_id = $1"
 
@@ -324,6 +343,13 @@ async def _saved(conn: Connection, sql: str, args: tuple[Any, ...]) -> list[dict
 
 def _like_prefix(text: str) -> str:
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
+
+async def recorded_runs_txn(conn: Connection, namespace: str | None, limit: int) -> list[dict[str, Any]]:
+    """The AgentRuns with a turn recorded (``namespace``'s, or every namespace's), the latest turn of each,
+    newest first, at most ``limit``: namespace, name, thread_id, run_uid, status, started_at, updated_at."""
+    prefix = _like_prefix(f"{namespace}/") if namespace else "%"
+    return [dict(row) for row in await conn.fetch(_RECORDED_RUNS, prefix, limit)]
 
 
 async def find_run_txn(conn: Connection, namespace: str, name: str) -> tuple[str, str | None] | None:

@@ -150,7 +150,7 @@ from .base import (
 )
 from .group import LEDGER_GROUP_WINDOW
 from .listen import ProgressEvent, events, nothing
-from .pg_history import ThreadRows, UnreadableRowError, find_run_txn, thread_rows_txn
+from .pg_history import ThreadRows, UnreadableRowError, find_run_txn, recorded_runs_txn, thread_rows_txn
 from .pg_listen import StopListener
 from .pg_progress import ProgressNotifier, hear, notify_sql
 from .pg_schema import (
@@ -1508,3 +1508,9 @@ class PgCheckpointer(Checkpointer):
     async def find_run(self, namespace: str, name: str) -> tuple[str, str | None] | None:
         """The thread and run uid a (deleted) AgentRun recorded its turn under, by its derived request key."""
         return await self._read("history lookup", lambda conn: find_run_txn(conn, namespace, name), patient=False)
+
+    async def recorded_runs(self, namespace: str | None, *, limit: int = 500) -> list[dict[str, Any]]:
+        """The AgentRuns that recorded a turn (``namespace``'s, or all), newest first: the run list's archive."""
+        return await self._read(
+            "history list", lambda conn: recorded_runs_txn(conn, namespace, limit), snapshot=True, patient=False
+        )
