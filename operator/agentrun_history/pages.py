@@ -169,7 +169,12 @@ def run_list(
     at, pages, total = page_at or (1, 1, len(items))
     pager = _pager(namespace, phase, search, at, pages, total, len(items))
     notice = f"<p class=note>{e(note)}</p>" if note else ""
-    return page("Runs", f"<h1>AgentRuns</h1>{form}{notice}{pager}{flagged(table)}")
+    # The live list: app.js follows /runs/events and swaps this part for the same part of the page read again.
+    events = "/runs/events" + query(namespace=namespace)
+    return page(
+        "Runs",
+        f'<h1>AgentRuns</h1>{form}<div id=runs-table data-events="{a(events)}">{notice}{pager}{flagged(table)}</div>',
+    )
 
 
 def _list_row(item: dict[str, Any], now: datetime) -> str:

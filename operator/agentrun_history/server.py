@@ -26,7 +26,7 @@ patch (``spec.retry`` one higher) is guarded the same way. A body that is not
 a JSON object is a 400 saying what to send. A namespace or name that is not a
 DNS-1123 label or subdomain is a 400 before any request.
 
-Live view: ``/runs/NS/NAME/events`` is a server-sent event stream. It sends
+Live view: ``/runs/NS/NAME/events`` is a server-sent event stream (the list's: ``/runs/events``). It sends
 ``update`` when the store notifies progress for the run's thread
 (``ProgressHub``) or when the AgentRun changed (read with the caller's token
 every ``POLL_SECONDS``: phases are written by the operator, not the store),
@@ -632,6 +632,53 @@ async def events(request: web.Request) -> web.StreamResponse:
     return response
 
 
+async def list_events(request: web.Request) -> web.StreamResponse:
+    """``GET /runs/events?namespace=``: server-sent ``update`` each time the list the caller may see changed.
+
+    The list is read with the caller's token every ``POLL_SECONDS`` and compared by each run's name and
+    resourceVersion (a list's own resourceVersion moves with any write in the cluster); a run deleted leaves
+    it, so the page shows it again as deleted. A caller who may no longer list gets ``end``."""
+    namespace = request.query.get("namespace") or None
+    if namespace is not None:
+        valid_namespace(namespace)
+    token, kube = token_of(request), request.app[KUBE]
+    try:
+        seen = _list_mark(await kube.list_runs(token, namespace))
+    except KubeError as e:
+        raise _refused(e, "the list") from None
+    response = web.StreamResponse(headers={**SECURITY_HEADERS, "Content-Type": "text/event-stream"})
+    try:
+        await response.prepare(request)
+    except ConnectionResetError:
+        return response
+    quiet = 0.0
+    try:
+        while True:
+            await asyncio.sleep(POLL_SECONDS)
+            try:
+                now = _list_mark(await kube.list_runs(token, namespace))
+            except KubeError as e:
+                await response.write(f"event: end\ndata: {json.dumps({'status': e.status})}\n\n".encode())
+                break
+            if now != seen:
+                seen, quiet = now, 0.0
+                await response.write(b"event: update\ndata: {}\n\n")
+            else:
+                quiet += POLL_SECONDS
+                if quiet >= HEARTBEAT_SECONDS:
+                    quiet = 0.0
+                    await response.write(b": still here\n\n")
+    except (ConnectionResetError, asyncio.CancelledError):
+        pass
+    return response
+
+
+def _list_mark(runs: list[dict[str, Any]]) -> frozenset[tuple[str, str, str]]:
+    """What makes a list differ: each run's namespace, name and resourceVersion."""
+    metas = (r["metadata"] for r in runs)
+    return frozenset((str(m.get("namespace")), str(m.get("name")), str(m.get("resourceVersion"))) for m in metas)
+
+
 def _loopback(remote: str | None) -> bool:
     try:
         address = ipaddress.ip_address(remote or "")
@@ -731,6 +778,7 @@ def make_app(
             web.post("/login", login),
             web.post("/logout", logout),
             web.get("/runs", runs_page),
+            web.get("/runs/events", list_events),
             web.get("/runs" + run, run_page),
             web.get("/runs" + run + "/timeline", timeline),
             web.get("/runs" + run + "/events", events),

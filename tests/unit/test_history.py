@@ -528,3 +528,4 @@ def test_the_list_is_newest_first_searchable_paged_and_shows_deleted_runs_marked
     older = re.search(r'<a class=page href="([^"]*)">older', html)
     assert older and older.group(1) == "/runs?namespace=default&amp;q=r-&amp;page=2", "the pager keeps the filters"
     assert '<option value="Deleted">' in html and 'name=q value="r-"' in html
+    assert '<div id=runs-table data-events="/runs/events?namespace=default">' in html, "the list follows changes"

@@ -1,4 +1,5 @@
-// agentrun history: live updates (server-sent events) and the approve / reject / retry / stop buttons.
+// agentrun history: live updates of a run and of the list (server-sent events), the approve / reject / retry /
+// stop buttons.
 // The server renders every value escaped; this script only swaps in the server's own HTML fragment, and writes
 // what it shows itself (the confirmation) as text, never as HTML.
 "use strict";
@@ -152,4 +153,23 @@ function follow(again) {
   source.addEventListener("end", function () { source.close(); source = null; refresh(); });
 }
 
-document.addEventListener("DOMContentLoaded", function () { bindButtons(); follow(false); });
+// The list: each update reads this page's own URL again and swaps in the server's table (escaped there).
+function followList() {
+  var table = document.getElementById("runs-table");
+  if (!table || !window.EventSource) { return; }
+  var listSource = new EventSource(table.dataset.events);
+  listSource.addEventListener("update", function () {
+    fetch(window.location.href, {credentials: "same-origin"})
+      .then(function (response) { return response.ok ? response.text() : null; })
+      .then(function (text) {
+        if (text === null) { return; }
+        var fresh = new DOMParser().parseFromString(text, "text/html").getElementById("runs-table");
+        if (!fresh) { return; }
+        table.innerHTML = fresh.innerHTML;
+        document.body.dataset.updates = String(Number(document.body.dataset.updates || "0") + 1);
+      });
+  });
+  listSource.addEventListener("end", function () { listSource.close(); });
+}
+
+document.addEventListener("DOMContentLoaded", function () { bindButtons(); follow(false); followList(); });
