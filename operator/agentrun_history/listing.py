@@ -9,13 +9,13 @@ deleted. A name that exists again lists the living run only.
 
 Sorted newest first (creation time; a deleted run's first turn), then namespace and name. The search is a
 case-insensitive substring of the name, graph, thread id or namespace; the phase filter takes ``Deleted``
-too. Pages of ``PAGE_SIZE``.
+too; the time filter keeps runs created within the last hour, day, week or 30 days. Pages of ``PAGE_SIZE``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from agentrun_operator.decide import toolerrors
@@ -80,9 +80,22 @@ def entries(runs: Iterable[dict[str, Any]], recorded: Iterable[dict[str, Any]] =
     return living + gone
 
 
-def matches(entry: dict[str, Any], *, phase: str | None, search: str | None) -> bool:
-    """``entry`` is in ``phase`` (``Deleted`` for a deleted run) and ``search`` is in one of its names."""
+# The time filter's choices: created within the last hour, day, week, 30 days.
+WITHIN = {"1h": timedelta(hours=1), "24h": timedelta(days=1), "7d": timedelta(days=7), "30d": timedelta(days=30)}
+
+
+def since(within: str | None, now: datetime) -> str | None:
+    """The creation time (ISO-8601 UTC, as entries hold it) a ``within`` choice starts at, or None (any time)."""
+    window = WITHIN.get(within or "")
+    return (now - window).strftime("%Y-%m-%dT%H:%M:%SZ") if window else None
+
+
+def matches(entry: dict[str, Any], *, phase: str | None, search: str | None, after: str | None = None) -> bool:
+    """``entry`` is in ``phase`` (``Deleted`` for a deleted run), was created at ``after`` or later, and
+    ``search`` is in one of its names."""
     if phase and entry["phase"] != phase:
+        return False
+    if after and str(entry.get("created") or "") < after:
         return False
     if not search:
         return True
@@ -91,9 +104,11 @@ def matches(entry: dict[str, Any], *, phase: str | None, search: str | None) -> 
     return any(needle in str(f).casefold() for f in fields if f)
 
 
-def chosen(items: Iterable[dict[str, Any]], *, phase: str | None, search: str | None) -> list[dict[str, Any]]:
+def chosen(
+    items: Iterable[dict[str, Any]], *, phase: str | None, search: str | None, after: str | None = None
+) -> list[dict[str, Any]]:
     """The entries that match, newest first (then namespace and name)."""
-    kept = [x for x in items if matches(x, phase=phase, search=search)]
+    kept = [x for x in items if matches(x, phase=phase, search=search, after=after)]
     kept.sort(key=lambda x: (str(x.get("namespace") or ""), x["name"]))
     kept.sort(key=lambda x: str(x.get("created") or ""), reverse=True)  # ISO-8601 UTC: text order is time order
     return kept

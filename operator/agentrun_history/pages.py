@@ -139,6 +139,7 @@ def run_list(
     namespace: str | None,
     phase: str | None,
     search: str | None = None,
+    within: str | None = None,
     page_at: tuple[int, int, int] | None = None,
     note: str = "",
     now: datetime,
@@ -154,7 +155,9 @@ def run_list(
         '<form class=filters method=get action="/runs">'
         f'<label>Namespace <input name=namespace value="{a(namespace or "")}" placeholder="all namespaces"></label>'
         f'<label>Search <input name=q value="{a(search or "")}" placeholder="name, graph or thread"></label>'
-        f"<label>Phase <select name=phase>{options}</select></label><button type=submit>Filter</button></form>"
+        f"<label>Phase <select name=phase>{options}</select></label>"
+        f"<label>Created <select name=within>{_within_options(within)}</select></label>"
+        "<button type=submit>Filter</button></form>"
     )
     rows = "".join(_list_row(item, now) for item in items)
     table = (
@@ -163,11 +166,12 @@ def run_list(
         f"<tbody>{rows}</tbody></table>"
         if rows
         else "<p class=empty>No AgentRuns here that you may see"
-        + (" match these filters." if search or phase else ".")
+        + (" match these filters." if search or phase or within else ".")
         + "</p>"
     )
     at, pages, total = page_at or (1, 1, len(items))
-    pager = _pager(namespace, phase, search, at, pages, total, len(items))
+    filters = {"namespace": namespace, "q": search, "phase": phase, "within": within}
+    pager = _pager(filters, at, pages, total, len(items))
     notice = f"<p class=note>{e(note)}</p>" if note else ""
     # The live list: app.js follows /runs/events and swaps this part for the same part of the page read again.
     events = "/runs/events" + query(namespace=namespace)
@@ -198,9 +202,15 @@ def _list_row(item: dict[str, Any], now: datetime) -> str:
     )
 
 
-def _pager(
-    namespace: str | None, phase: str | None, search: str | None, at: int, pages: int, total: int, shown: int
-) -> str:
+def _within_options(within: str | None) -> str:
+    words = {"": "any time", "1h": "last hour", "24h": "last day", "7d": "last week", "30d": "last 30 days"}
+    return "".join(
+        f'<option value="{a(key)}"{" selected" if key == (within or "") else ""}>{e(word)}</option>'
+        for key, word in words.items()
+    )
+
+
+def _pager(filters: dict[str, str | None], at: int, pages: int, total: int, shown: int) -> str:
     """ "Runs 51-100 of 120, newest first" with links to the newer and older pages (the filters kept)."""
     if total == 0:
         return ""
@@ -208,7 +218,7 @@ def _pager(
     links = []
     for label, to in (("← newer", at - 1), ("older →", at + 1)):
         if 1 <= to <= pages:
-            href = "/runs" + query(namespace=namespace, q=search, phase=phase, page=str(to))
+            href = "/runs" + query(**filters, page=str(to))
             links.append(f'<a class=page href="{a(href)}">{e(label)}</a>')
     return (
         f"<p class=pager>Runs {first}-{first + shown - 1} of {total}, newest first"

@@ -277,8 +277,10 @@ async def _listed(request: web.Request, namespace: str | None) -> tuple[list[dic
 
 
 def _choice(request: web.Request, items: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int, int, int]:
-    """The query's filters (``phase``, ``q``) and page (``page``) applied: entries, page, pages, total."""
-    kept = listing.chosen(items, phase=request.query.get("phase") or None, search=request.query.get("q") or None)
+    """The query's filters (``phase``, ``q``, ``within``) and page (``page``) applied: entries, page, pages, total."""
+    after = listing.since(request.query.get("within"), datetime.now(UTC))
+    phase, search = request.query.get("phase") or None, request.query.get("q") or None
+    kept = listing.chosen(items, phase=phase, search=search, after=after)
     shown, at, pages = listing.paged(kept, listing.page_number(request.query.get("page")))
     return shown, at, pages, len(kept)
 
@@ -286,7 +288,8 @@ def _choice(request: web.Request, items: list[dict[str, Any]]) -> tuple[list[dic
 async def api_list(request: web.Request) -> web.Response:
     """``GET /api/v1/.../agentruns``: the runs the caller may list and the deleted ones, newest first, as JSON.
 
-    ``?q=`` searches names, graphs and thread ids, ``?phase=`` (``Deleted`` too) filters, ``?page=`` pages."""
+    ``?q=`` searches names, graphs and thread ids, ``?phase=`` (``Deleted`` too) and ``?within=`` (1h, 24h, 7d,
+    30d) filter, ``?page=`` pages."""
     namespace = request.match_info.get("namespace")
     if namespace is not None:
         valid_namespace(namespace)
@@ -542,7 +545,7 @@ async def _answer(
 
 
 async def runs_page(request: web.Request) -> web.Response:
-    """``GET /runs``: the list page (``?namespace=``, ``?q=``, ``?phase=``, ``?page=``)."""
+    """``GET /runs``: the list page (``?namespace=``, ``?q=``, ``?phase=``, ``?within=``, ``?page=``)."""
     namespace = request.query.get("namespace") or None
     if namespace is not None:
         valid_namespace(namespace)
@@ -561,6 +564,7 @@ async def runs_page(request: web.Request) -> web.Response:
         namespace=namespace,
         phase=phase,
         search=search,
+        within=request.query.get("within") or None,
         page_at=(at, count, total),
         note=note,
         now=datetime.now(UTC),

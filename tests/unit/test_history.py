@@ -514,6 +514,11 @@ def test_the_list_is_newest_first_searchable_paged_and_shows_deleted_runs_marked
     assert [x["name"] for x in listing.chosen(items, phase="Deleted", search=None)] == ["gone"]
     assert [x["name"] for x in listing.chosen(items, phase="Failed", search="order")] == ["lg-order"]
 
+    # Created within a time range: the last day of 2026-01-02T06:00 keeps what was created since 01-01T06:00.
+    after = listing.since("24h", datetime(2026, 1, 2, 6, tzinfo=UTC))
+    assert after == "2026-01-01T06:00:00Z" and listing.since("forever", datetime.now(UTC)) is None
+    assert [x["name"] for x in listing.chosen(items, phase=None, search=None, after=after)] == ["lg-order", "gone"]
+
     first, at, pages_count = listing.paged(newest, 1)
     assert (len(first), at, pages_count) == (listing.PAGE_SIZE, 1, 3)
     last, at, _ = listing.paged(newest, 99)
@@ -527,5 +532,5 @@ def test_the_list_is_newest_first_searchable_paged_and_shows_deleted_runs_marked
     assert "Runs 1-50 of 122, newest first" in html and "page 1 of 3" in html
     older = re.search(r'<a class=page href="([^"]*)">older', html)
     assert older and older.group(1) == "/runs?namespace=default&amp;q=r-&amp;page=2", "the pager keeps the filters"
-    assert '<option value="Deleted">' in html and 'name=q value="r-"' in html
+    assert '<option value="Deleted">' in html and 'name=q value="r-"' in html and '<option value="7d">' in html
     assert '<div id=runs-table data-events="/runs/events?namespace=default">' in html, "the list follows changes"
