@@ -513,12 +513,27 @@ def _interrupts(states: Sequence[Mapping[str, Any]], inputs: Sequence[Mapping[st
         else:  # not resumed yet: the operator may already hold the answer for the next attempt
             for entry in inputs:
                 if entry.get("resume") and float(entry["at"]) >= interrupt.at:
-                    interrupt.answer = _digest_of(entry["resume"])
+                    interrupt.answer = _answer_to(ids, _digest_of(entry["resume"]))
                     interrupt.answered_at = float(entry["at"])
                     interrupt.answered_in_attempt = int(entry["attempt"])
                     break
         found.append(interrupt)
     return found
+
+
+def _answer_to(ids: Sequence[str], resume: Digest | None) -> Digest | None:
+    """The answer to ``ids`` in the resume value the operator holds for the next attempt, as the resumed
+    checkpoint will show it: the value for those ids, not the operator's ``{"values": {id: value}}`` wrapping
+    (the issue saw that flash by). A preview cut short cannot be unwrapped: the whole digest then."""
+    if resume is None or resume.truncated:
+        return resume
+    parsed = _loads(resume.preview)
+    values = parsed.get("values") if isinstance(parsed, dict) else None
+    if isinstance(values, dict) and (picked := {i: values[i] for i in ids if i in values}):
+        return digest(_json_text(next(iter(picked.values())) if len(picked) == 1 else picked))
+    if isinstance(parsed, dict) and set(parsed) == {"value"}:
+        return digest(_json_text(parsed["value"]))
+    return resume
 
 
 def _error(text: Any) -> dict[str, Any] | None:

@@ -232,6 +232,23 @@ def test_an_interrupt_shows_its_question_and_the_answer_the_resumed_attempt_used
     assert interrupt.payload is not None and json.loads(interrupt.payload.preview) == {"amount": 120}
 
 
+def test_an_answer_not_resumed_yet_shows_the_value_sent_not_the_operators_wrapping() -> None:
+    # The Answer column showed {"values": {"d545774b37977364": true}} until the next attempt checkpointed.
+    question = [{"id": "i-1", "payload": {"amount": 120}, "message": "approve?", "node": "tools"}]
+    sent = {"values": {"i-1": {"ok": True, "note": "checked"}}}
+    rows = ThreadRows(
+        states=[state(1, "tools", "interrupted", 1, 5.0, interrupts=question)],
+        inputs=[{"attempt": 2, "resume": shown(sent), "at": 7.0}],
+    )
+    (interrupt,) = build(rows, namespace="default", name="r", thread_id=THREAD).interrupts
+    assert interrupt.answer is not None and json.loads(interrupt.answer.preview) == {"ok": True, "note": "checked"}
+    assert (interrupt.answered_at, interrupt.answered_in_attempt) == (7.0, 2)
+    for resume, preview in (({"values": {"i-1": "yes"}}, "yes"), ({"value": False}, "false")):
+        rows = ThreadRows(states=rows.states, inputs=[{"attempt": 2, "resume": shown(resume), "at": 7.0}])
+        (interrupt,) = build(rows, namespace="default", name="r", thread_id=THREAD).interrupts
+        assert interrupt.answer is not None and interrupt.answer.preview == preview, resume
+
+
 def test_a_huge_result_keeps_its_size_and_digest_and_a_cut_preview() -> None:
     huge = "x" * (PREVIEW_CHARS * 50)
     rows = ThreadRows(
