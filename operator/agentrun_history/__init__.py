@@ -9,7 +9,7 @@ Authorization is the caller's own Kubernetes identity, never the server's:
 every request carries the user's bearer token (an ``Authorization`` header,
 ``kubectl agentrun ui``'s local proxy, or the token login's cookie), and the
 server reads the AgentRun from the API server WITH THAT TOKEN before it shows
-anything of it; approve, reject and stop are patches of the AgentRun's spec
+anything of it; approve, reject, retry and stop are patches of the AgentRun's spec
 made with that token, so RBAC decides and the audit log names the person.
 The server itself holds no Kubernetes rights (the chart mounts no service
 account token): it reads only its store, with a DSN from its Secret.
