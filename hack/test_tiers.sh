@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
 # make test: the cluster tier (tests/cluster) in a pytest of its own beside every other tier.
 #
-# Why two at once: measured in one CI run (57 min, bench/REPORT.md's CI section), the cluster tier
-# took 29 min and the rest 25 (the node tier 7.5 of it), most of both waiting on processes and
-# containers (pods start, a drain, a lost node's taint, an operator's resync), the machine's two
-# cores half idle; one after the other they were twice the 30-minute budget. They share nothing:
-# every cluster test has its own kubesim or the session's real plane on loopback and a database of
-# its own; the node tier's plane listens on the node's host address in a network namespace of its own.
+# Why two at once: measured in CI runs here (tests/README.md, "How long"), the cluster tier took 29 min
+# and the rest 25 one after the other (57 min in all), much of both waiting on processes and containers;
+# side by side .ci/run took 35. They share nothing: every cluster test has its own kubesim or the
+# session's real plane on loopback and a database of its own; the node tier's plane listens on the
+# node's host address in a network namespace of its own.
 # Each pytest keeps its own temporary folder.
 #
 # The cluster tier's output goes to a file, printed whole at the end (the two never interleave); the
