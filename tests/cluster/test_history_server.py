@@ -209,11 +209,11 @@ def test_an_answer_carries_the_json_value_the_person_sent_and_a_body_that_is_not
     with serving(kube, dsn) as server:
         page_url, approve = f"{server}/runs/{NS}/valued", f"{server}/runs/{NS}/valued/approve"
         saw = shown(call(page_url, alice)[2])
-        nested = b'{"value": ' + b"[" * 20000 + b"]" * 20000 + b"}"
+        # (A body nested deeper than the parser goes: integration/test_history_server.py, in a server process of
+        # its own; this process runs kubesim, which raises the recursion limit.)
         for raw, says in (
             (b'{"interrupt": "v-1", "value": {amount: 10}}', "the request body is not JSON (Expecting property name"),
             (b"[1, 2]", "the request body is JSON but not an object"),
-            (nested, "nested too deeply"),
         ):
             status, _, body = call(approve, alice, "POST", raw=raw)
             assert status == 400, (status, body)
@@ -255,7 +255,7 @@ def test_a_retry_reopens_only_the_failure_the_person_saw_as_their_own_patch(
         assert status == 403, f"GUARANTEE BROKEN: bob may only view, the API server must refuse him: {status} {body}"
         status, _, body = call(retry, alice, "POST")
         assert status == 400 and '{"retry": N}' in json.loads(body)["message"], body
-        assert retry_of(cluster, "flaky") is None
+        assert retry_of(cluster, "flaky") == 0, "the CRD's default: nothing patched"
 
         # Someone retried it while alice read the page: hers is not a second retry.
         patch_spec(cluster, "flaky", retry=1)
@@ -293,7 +293,7 @@ def test_a_retry_reopens_only_the_failure_the_person_saw_as_their_own_patch(
         set_status(cluster, "flaky", phase="Running", observedRetry=3)
         status, _, body = call(retry, alice, "POST", {"retry": 3})
         assert status == 409 and "has not failed (phase Running)" in json.loads(body)["message"], body
-        assert retry_of(cluster, "halted") is None and retry_of(cluster, "flaky") == 3
+        assert retry_of(cluster, "halted") == 0 and retry_of(cluster, "flaky") == 3
 
 
 def test_a_viewers_stop_is_the_api_servers_answer_even_on_a_run_already_stopping(

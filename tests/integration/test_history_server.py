@@ -165,6 +165,9 @@ def test_an_answer_must_name_the_question_it_answers(tmp_path: Path) -> None:
             assert status == 400 and shape in answer(400, text)["message"], text
         said = answer(400, server.call("POST", "/runs/a/x/approve", headers=ACTION, body="not json")[2])["message"]
         assert said.startswith("the request body is not JSON (Expecting value at character 0)"), said
+        nested = '{"value": ' + "[" * 20000 + "]" * 20000 + "}"  # deeper than the parser goes, within 64 KiB
+        status, _, text = server.call("POST", "/runs/a/x/approve", headers=ACTION, body=nested)
+        assert status == 400 and "nested too deeply" in answer(400, text)["message"], text
         # A retry names the failure it re-opens: the spec.retry the page showed, a non-negative integer.
         for body in (None, "{}", '{"retry": -1}', '{"retry": "1"}', '{"retry": true}', '{"retry": 1.5}'):
             status, _, text = server.call("POST", "/runs/a/x/retry", headers=ACTION, body=body)
