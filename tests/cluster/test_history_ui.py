@@ -328,8 +328,9 @@ def test_the_history_view_in_a_real_browser(world: dict[str, Any], dsn: str, tmp
             assert int(page.evaluate("document.body.dataset.updates || '0'")) >= 2, "no live update arrived"
             answered = page.locator("table.interrupts").inner_text()
             assert "checked the order" in answered and "waiting" not in answered, answered
-            decided = [line for line in executions(tmp_path / "a.db") if line.startswith("approve:")]
-            assert decided == ['approve:{"ok": true, "note": "checked the order"}'], decided
+            lines = executions(tmp_path / "a.db")
+            decided = [json.loads(li.removeprefix("approve:")) for li in lines if li.startswith("approve:")]
+            assert decided == [{"ok": True, "note": "checked the order"}], "the graph got exactly the value sent"
             shoot(page, tmp_path, "approved-run")
 
             # Retry a Failed run: a confirmation, then spec.retry as alice's patch; the page follows it live.
