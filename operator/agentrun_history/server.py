@@ -433,15 +433,48 @@ def _retry_conflict(run: dict[str, Any], seen: int) -> Refused | None:
 
 async def _retry(request: web.Request, token: str, run: dict[str, Any], seen: int) -> web.Response:
     """Re-open the Failed run the person saw (``spec.retry`` one higher), only while it is still that failure."""
-    kube, meta = request.app[KUBE], run["metadata"]
+
+    def next_retry(run: dict[str, Any]) -> int:
+        return jobparity.next_retry(run.get("spec"), AgentRunStatus.parse(run.get("status")))
+
+    run = await _patch_as_seen(
+        request.app[KUBE],
+        token,
+        run,
+        conflict=lambda run: _retry_conflict(run, seen),
+        change=lambda run: [{"op": "add", "path": "/spec/retry", "value": next_retry(run)}],
+        state=_retry_state,
+    )
+    retry = next_retry(run)
+    return web.json_response(
+        {
+            "message": f"retry {retry} requested for {run['metadata']['name']}: it resumes its turn from the last "
+            "checkpoint, completed tool calls replay from the ledger",
+            "retry": retry,
+        }
+    )
+
+
+async def _patch_as_seen(
+    kube: UserKube,
+    token: str,
+    run: dict[str, Any],
+    *,
+    conflict: Callable[[dict[str, Any]], Refused | None],
+    change: Callable[[dict[str, Any]], list[dict[str, Any]]],
+    state: Callable[[dict[str, Any]], dict[str, Any]],
+) -> dict[str, Any]:
+    """Patch ``run`` with ``change(run)`` as the person's own request, only while ``conflict(run)`` finds nothing
+    against it; the run as it was when patched. The test op makes the API server apply the change only to the
+    object just checked: a run that moved on meanwhile fails it (422) and is read and checked again."""
+    meta = run["metadata"]
     for _ in range(ANSWER_ATTEMPTS):
-        conflict = _retry_conflict(run, seen)
-        if conflict is not None:
-            raise conflict
-        retry = jobparity.next_retry(run.get("spec"), AgentRunStatus.parse(run.get("status")))
+        refused = conflict(run)
+        if refused is not None:
+            raise refused
         ops = [
             {"op": "test", "path": "/metadata/resourceVersion", "value": run["metadata"]["resourceVersion"]},
-            {"op": "add", "path": "/spec/retry", "value": retry},
+            *change(run),
         ]
         try:
             await kube.json_patch(token, meta["namespace"], meta["name"], ops)
@@ -453,14 +486,8 @@ async def _retry(request: web.Request, token: str, run: dict[str, Any], seen: in
             if run["metadata"].get("resourceVersion") == before:  # not the test op: the API server's own refusal
                 raise
             continue
-        return web.json_response(
-            {
-                "message": f"retry {retry} requested for {meta['name']}: it resumes its turn from the last "
-                "checkpoint, completed tool calls replay from the ledger",
-                "retry": retry,
-            }
-        )
-    raise Refused(409, "Conflict", f"agentrun {meta['name']} kept changing; load its page again", _retry_state(run))
+        return run
+    raise Refused(409, "Conflict", f"agentrun {meta['name']} kept changing; load its page again", state(run))
 
 
 def _question(run: dict[str, Any]) -> dict[str, Any]:
@@ -505,40 +532,28 @@ async def _answer(
     request: web.Request, token: str, run: dict[str, Any], verb: str, seen: tuple[str, str], value: Any
 ) -> web.Response:
     """Answer the interrupt ``seen`` names with ``value``, only while the run still waits on that exact question."""
-    kube = request.app[KUBE]
-    meta = run["metadata"]
-    for _ in range(ANSWER_ATTEMPTS):
-        conflict = _conflict(run, seen)
-        if conflict is not None:
-            raise conflict
-        ids = pages.pending_ids((run.get("status") or {}).get("interrupt") or {})
-        resume = {"values": {i: value for i in ids}}
-        # The test op makes the API server apply the answer only to the object just checked: a run that moved on
-        # meanwhile (another question, another phase) fails it (422), and is checked again. "add" replaces an
-        # earlier spec.resume whole, so no answer of an earlier interrupt stays beside this one.
-        ops = [
-            {"op": "test", "path": "/metadata/resourceVersion", "value": run["metadata"]["resourceVersion"]},
-            {"op": "add", "path": "/spec/resume", "value": resume},
-        ]
-        try:
-            await kube.json_patch(token, meta["namespace"], meta["name"], ops)
-        except KubeError as e:
-            if e.status != 422:
-                raise
-            before = run["metadata"]["resourceVersion"]
-            run = await kube.get_run(token, meta["namespace"], meta["name"])
-            if run["metadata"].get("resourceVersion") == before:  # not the test op: the API server's own refusal
-                raise
-            continue
-        sent = json.dumps(value, ensure_ascii=False)
-        return web.json_response(
-            {
-                "message": f"{verb}d interrupt {', '.join(ids)} with {text.visible(sent)[:300]}: "
-                f"{meta['name']} resumes in a new pod",
-                "values": resume["values"],
-            }
-        )
-    raise Refused(409, "Conflict", f"agentrun {meta['name']} kept changing; load its page again", _question(run))
+
+    def values(run: dict[str, Any]) -> dict[str, Any]:
+        return {i: value for i in pages.pending_ids((run.get("status") or {}).get("interrupt") or {})}
+
+    # "add" replaces an earlier spec.resume whole, so no answer of an earlier interrupt stays beside this one.
+    run = await _patch_as_seen(
+        request.app[KUBE],
+        token,
+        run,
+        conflict=lambda run: _conflict(run, seen),
+        change=lambda run: [{"op": "add", "path": "/spec/resume", "value": {"values": values(run)}}],
+        state=_question,
+    )
+    answered = values(run)
+    sent = json.dumps(value, ensure_ascii=False)
+    return web.json_response(
+        {
+            "message": f"{verb}d interrupt {', '.join(answered)} with {text.visible(sent)[:300]}: "
+            f"{run['metadata']['name']} resumes in a new pod",
+            "values": answered,
+        }
+    )
 
 
 # --- the web view --------------------------------------------------------------------------------------------------
