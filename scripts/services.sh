@@ -5,15 +5,18 @@
 # package service left to systemd (there is none here): both servers are started directly and kept running.
 set -euo pipefail
 
+# The newest PostgreSQL major version whose server is installed (a client package alone also makes
+# /usr/lib/postgresql/N, and postgresql-common's pg_ctlcluster can be there without any server).
+server_version() { ls /usr/lib/postgresql/*/bin/postgres 2>/dev/null | cut -d/ -f5 | sort -V | tail -n1; }
 missing=()
-command -v pg_ctlcluster >/dev/null || missing+=(postgresql)
+{ [ -n "$(server_version)" ] && command -v pg_ctlcluster >/dev/null; } || missing+=(postgresql)
 command -v redis-server >/dev/null || missing+=(redis-server)
 [ ${#missing[@]} -eq 0 ] || { echo "installing ${missing[*]}"; bash "$(dirname "$0")/apt_install.sh" "${missing[@]}"; }
 # PgBouncer: installed only, never started as a service (tests and the bench start their own process).
 bash "$(dirname "$0")/pgbouncer.sh"
 
 # PostgreSQL: the newest installed major version's "main" cluster, created when absent.
-version="$(ls /usr/lib/postgresql | sort -V | tail -n1)"
+version="$(server_version)"
 if ! pg_lsclusters -h | awk '{print $1" "$2}' | grep -qx "$version main"; then
     pg_createcluster "$version" main >/dev/null
 fi
