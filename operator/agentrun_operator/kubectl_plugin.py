@@ -408,23 +408,16 @@ def _answer(kubectl: Kubectl, args: argparse.Namespace, value: Any, verb: str) -
         status = AgentRunStatus.parse(run.get("status"))
         chosen = _chosen(name, status, args, verb)
         resume: dict[str, Any] = {"values": {i: value for i in chosen}} if chosen else {"value": value}
-        version = run["metadata"].get("resourceVersion")
         # "add" replaces a spec.resume already there, so no answer of an earlier interrupt stays beside this one.
-        ops = [
-            {"op": "test", "path": "/metadata/resourceVersion", "value": version},
-            {"op": "add", "path": "/spec/resume", "value": resume},
-        ]
-        done = kubectl.run("patch", RESOURCE, name, "--type", "json", "-p", json.dumps(ops))
-        if done.returncode == 0:
+        moved = _patch_as_read(kubectl, run, [{"op": "add", "path": "/spec/resume", "value": resume}])
+        if moved is None:
             target = f"interrupt {', '.join(chosen)}" if chosen else "the interrupt"
             say(
                 f"agentrun {name}: {verb}d {target}, {_question(status)}, with {json.dumps(value)}; "
                 "the run resumes in a new pod"
             )
             return 0
-        run = kubectl.get_run(name)
-        if run["metadata"].get("resourceVersion") == version:  # not the test: the API server's own refusal
-            raise PluginError(done.stderr.strip() or f"kubectl patch {RESOURCE} {name} failed")
+        run = moved
         now = AgentRunStatus.parse(run.get("status"))
         if now.phase != status.phase or now.interrupt != status.interrupt:
             waits = _question(now) if now.phase == Phase.INTERRUPTED else f"nothing (phase {now.phase or 'Pending'})"
@@ -433,6 +426,21 @@ def _answer(kubectl: Kubectl, args: argparse.Namespace, value: Any, verb: str) -
                 f"It now waits on {waits}; run the command again to answer that"
             )
     raise PluginError(f"agentrun {name} kept changing while you answered; nothing was answered, try again")
+
+
+def _patch_as_read(kubectl: Kubectl, run: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Apply ``ops`` to ``run`` only as it was read: the JSON patch starts with a ``test`` of its resourceVersion.
+    None when it applied; else the run read again (it changed meanwhile). PluginError when the API server
+    refused the patch itself (the run had not changed)."""
+    name, version = run["metadata"]["name"], run["metadata"].get("resourceVersion")
+    guarded = [{"op": "test", "path": "/metadata/resourceVersion", "value": version}, *ops]
+    done = kubectl.run("patch", RESOURCE, name, "--type", "json", "-p", json.dumps(guarded))
+    if done.returncode == 0:
+        return None
+    again = kubectl.get_run(name)
+    if again["metadata"].get("resourceVersion") == version:  # not the test: the API server's own refusal
+        raise PluginError(done.stderr.strip() or f"kubectl patch {RESOURCE} {name} failed")
+    return again
 
 
 def _value(text: str | None, default: Any) -> Any:
@@ -475,13 +483,9 @@ def cmd_retry(kubectl: Kubectl, args: argparse.Namespace) -> int:
                 f"the operator re-opens the run (kubectl agentrun watch {name})"
             )
             return 0
-        retry, version = jobparity.next_retry(spec, status), run["metadata"].get("resourceVersion")
-        ops = [
-            {"op": "test", "path": "/metadata/resourceVersion", "value": version},
-            {"op": "add", "path": "/spec/retry", "value": retry},
-        ]
-        done = kubectl.run("patch", RESOURCE, name, "--type", "json", "-p", json.dumps(ops))
-        if done.returncode == 0:
+        retry = jobparity.next_retry(spec, status)
+        moved = _patch_as_read(kubectl, run, [{"op": "add", "path": "/spec/retry", "value": retry}])
+        if moved is None:
             why = ": ".join(x for x in (status.reason, status.message) if x)
             say(
                 f"agentrun {name}: retry {retry} requested (it failed: {why or 'no reason recorded'}); the next "
@@ -489,9 +493,7 @@ def cmd_retry(kubectl: Kubectl, args: argparse.Namespace) -> int:
                 f"ledger (kubectl agentrun watch {name})"
             )
             return 0
-        run = kubectl.get_run(name)
-        if run["metadata"].get("resourceVersion") == version:  # not the test: the API server's own refusal
-            raise PluginError(done.stderr.strip() or f"kubectl patch {RESOURCE} {name} failed")
+        run = moved
     raise PluginError(f"agentrun {name} kept changing while you retried it; nothing was changed, try again")
 
 
