@@ -22,11 +22,13 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import asyncpg
 
 from agentrun.checkpoint.pg_url import parse_store_url
+
+from .databases import with_database
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/agentrun_dev"
 STORES = ("auto", "postgres", "sqlite")
@@ -68,7 +70,7 @@ async def ensure_database(url: str) -> bool:
         await conn.close()
         return False
     name, _ = _where(dsn)
-    admin = await asyncpg.connect(urlunsplit(urlsplit(dsn)._replace(path="/postgres")), timeout=CONNECT_TIMEOUT)
+    admin = await asyncpg.connect(with_database(dsn, "postgres"), timeout=CONNECT_TIMEOUT)
     try:
         quoted = '"' + name.replace('"', '""') + '"'
         await admin.execute(f"CREATE DATABASE {quoted}")
