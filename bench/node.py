@@ -445,12 +445,11 @@ def _delete_runs(target: Target) -> None:
 
 @dataclass
 class NodeSide:
-    """The real node with the chart installed (as tests/node/support.py installs it), and the node's own clocks."""
+    """The real node with the chart installed (``agentrun_dev.chart_on_node``), and the node's own clocks."""
 
     cluster: Any  # kubesim.node.NodeCluster
-    pod_dsn: str
-    dsn: str
-    namespace: str = ""
+    dsn: str  # the runs' store as this machine reads it
+    namespace: str
     hz: int = field(default_factory=lambda: os.sysconf("SC_CLK_TCK"))
 
     @property
@@ -532,7 +531,7 @@ def node_side(cache: Path, workdir: Path) -> Iterator[Target]:
     }
     cluster = NodeCluster(workdir / "node", archives=archives)
     with cluster, chart.running_store(cluster.node) as store:
-        side = NodeSide(cluster, pod_dsn=store.pod_dsn, dsn=store.dsn, namespace="bench")
+        side = NodeSide(cluster, dsn=store.dsn, namespace="bench")
         side.plane.create_namespace(side.namespace, labels=chart.RESTRICTED)
         chart.store_secret(side.plane, side.namespace, store.pod_dsn)
         chart.install_release(
