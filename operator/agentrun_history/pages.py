@@ -332,15 +332,26 @@ def _summary(history: RunHistory, status: dict[str, Any], spec: dict[str, Any]) 
         rows.append(("Stop requested", f"{when(history.stop.requested_at)} {history.stop.reason}"))
     if history.error:
         rows.append(("Error", json.dumps(history.error, ensure_ascii=False)[:2000]))
-    result = ""
-    if history.result is not None:
-        result = f"<h3>Result</h3><pre class=result>{e(history.result.preview)}</pre>"
+    result = _result(history)
     cells = "".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in rows)
     return (
         f"<section class=summary><h1><span class=ns>{e(history.namespace)}/</span>{e(history.name)} "
         f"<span id=phase>{badge('Deleted') if history.deleted else phase_badge(history.phase, calls)}</span></h1>"
         f"{_unreadable(history)}{_tool_warning(history, status, calls)}"
         f"<table class=kv>{cells}</table>{result}</section>"
+    )
+
+
+def _result(history: RunHistory) -> str:
+    """The run's answer (``agentrun.result``): the last assistant message, or the final state's values."""
+    if history.result is None:
+        return ""
+    found = history.result
+    what = "the final state's values" if history.result_kind == "state" else "the last assistant message"
+    cut = f", the first {len(found.preview)} characters" if found.truncated else ""
+    return (
+        f"<h3>Result <span class=note>({e(what)}{e(cut)}; sha256 <code>{e(found.sha256[:16])}</code>)</span></h3>"
+        f'<pre class="result result-{a(history.result_kind or "message")}">{e(found.preview)}</pre>'
     )
 
 

@@ -333,7 +333,8 @@ def cmd_describe(kubectl: Kubectl, args: argparse.Namespace) -> int:
     if status.result:
         result = status.result
         text = (result.get("message") or "").replace("\n", " ")
-        lines.append("Result:       " + text + (" …(truncated)" if result.get("truncated") else ""))
+        kind = " (final state)" if result.get("kind") == "state" else ""
+        lines.append(f"Result{kind}:".ljust(14) + text + (" …(truncated)" if result.get("truncated") else ""))
         if result.get("digest"):
             lines.append(f"  digest:     {result['digest']}")
     say("\n".join(lines))
@@ -858,6 +859,11 @@ def print_history(found: dict[str, Any]) -> None:
     say(_indent(table(rows)) if len(rows) > 1 else "  none")
     if found.get("stop"):
         say(f"Stop requested: {_when(found['stop']['requested_at'])} {found['stop']['reason']}")
+    if result := found.get("result"):
+        what = "the final state's values" if found.get("result_kind") == "state" else "the last assistant message"
+        cut = " …(preview cut)" if result.get("truncated") else ""
+        say(f"Result ({what}, sha256 {str(result.get('sha256'))[:16]}):")
+        say(_indent(str(result.get("preview") or "") + cut))
 
 
 def _history_phase(found: dict[str, Any]) -> str:

@@ -205,6 +205,9 @@ class RunHistory(BaseModel):
     stop: StopRecord | None = None
     error: dict[str, Any] | None = None
     result: Digest | None = None
+    # What ``result`` is (``agentrun.result``): "message" (the last assistant message) or "state" (the final
+    # state's values as JSON); None for an older runner's result (a message) or none.
+    result_kind: str | None = None
     recorded: bool = True  # False: the store has nothing of this thread (not started, or its data deleted)
     unreadable: list[str] = Field(default_factory=list)  # rows the store could not read: which, and why
     deleted: bool = False  # the AgentRun is gone; this is what the store kept of it
@@ -265,12 +268,18 @@ def _digest_of(text: Any) -> Digest | None:
 
 
 def _final(result: Any) -> Digest | None:
-    """The final answer (``turn_result``: its first 1024 characters and the digest of the whole)."""
+    """The final answer (``agentrun.result``: its first 1024 characters and the digest of the whole)."""
     if isinstance(result, dict) and isinstance(result.get("message"), str):
         shown = digest(result["message"])
         whole = str(result.get("digest") or "").removeprefix("sha256:")
         return shown.model_copy(update={"sha256": whole or shown.sha256, "truncated": bool(result.get("truncated"))})
     return digest(_json_text(result)) if result is not None else None
+
+
+def _result_kind(result: Any) -> str | None:
+    if not isinstance(result, dict) or not isinstance(result.get("message"), str):
+        return None
+    return "state" if result.get("kind") == "state" else "message"
 
 
 def _opening(row: Mapping[str, Any], before: Mapping[str, Any] | None) -> bool:
@@ -680,6 +689,7 @@ def build(
         interrupts=_interrupts(rows.states, rows.inputs),
         error=_error(last.get("error")) if last else None,
         result=_final(result),
+        result_kind=_result_kind(result),
         recorded=not rows.empty,
         unreadable=list(rows.unreadable),
     )

@@ -13,18 +13,18 @@ is logged and the original error is the one reported.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from .checkpoint.base import RESULT_MESSAGE_LIMIT, Checkpoint, Checkpointer, CheckpointWrite, RunStatus
+from .checkpoint.base import Checkpoint, Checkpointer, CheckpointWrite, RunStatus
 from .config import RunConfig
 from .context import RunLogger, ToolCounts
 from .errors import FencedError, RunPreempted, RunStopped, StaleStateError
 from .interrupts import Interrupt
 from .messages import Message, replaced_positions
 from .metrics import CHECKPOINT_SECONDS, FENCED, INTERRUPTS, STALE_STATE, STOPS
+from .result import final_result
 from .state import MESSAGES, StateSchema
 from .usage import META_KEY as MODEL_USAGE
 from .usage import ModelUsage
@@ -171,7 +171,7 @@ class RunWriter:
         """Persist the run durably with its new ``status``; a completed turn records its result."""
         run.status = status
         if status == "completed":
-            result = turn_result(run.messages)
+            result = turn_result(run)
             if result is not None:
                 run.meta["result"] = result
         await self.persist(run, durable=True)
@@ -221,18 +221,8 @@ class RunWriter:
         )
 
 
-def turn_result(messages: list[Message]) -> dict[str, Any] | None:
-    """``Turn.result`` of a completed turn: its final assistant message, cut to 1024 characters, and a digest.
-
-    The digest (sha256 of the full content) lets a reader check a copy of the
-    answer without the database; ``None`` when the turn has no assistant message.
-    """
-    for message in reversed(messages):
-        if message.role == "assistant":
-            content = message.content
-            return {
-                "message": content[:RESULT_MESSAGE_LIMIT],
-                "digest": "sha256:" + hashlib.sha256(content.encode()).hexdigest(),
-                "truncated": len(content) > RESULT_MESSAGE_LIMIT,
-            }
-    return None
+def turn_result(run: Run) -> dict[str, Any] | None:
+    """``Turn.result`` of a completed turn (``agentrun.result``): its last assistant message, else its final
+    state's values; cut to 1024 characters, with the digest of the whole."""
+    answer = next((m.content for m in reversed(run.messages) if m.role == "assistant"), None)
+    return final_result(answer, run.state, messages_key=MESSAGES)

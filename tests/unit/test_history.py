@@ -551,3 +551,26 @@ def test_the_list_is_newest_first_searchable_paged_and_shows_deleted_runs_marked
     assert older and older.group(1) == "/runs?namespace=default&amp;q=r-&amp;page=2", "the pager keeps the filters"
     assert '<option value="Deleted">' in html and 'name=q value="r-"' in html and '<option value="7d">' in html
     assert '<div id=runs-table data-events="/runs/events?namespace=default">' in html, "the list follows changes"
+
+
+def test_the_result_of_a_graph_without_messages_is_its_final_state_in_the_page_and_the_cli(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 32: a ``{name} -> greeting`` graph's output appeared nowhere; ``agentrun.result`` records its values."""
+    from agentrun.result import final_result
+    from agentrun_operator.kubectl_plugin import print_history
+
+    result = final_result(None, {"name": "Ada", "greeting": "Hello, <Ada>"})
+    rows = ThreadRows(states=[state(1, "__end__", "completed", 1, 1.0, result=result)])
+    history = build(rows, namespace="default", name="greet", thread_id="default/greet")
+    assert history.result is not None and history.result_kind == "state"
+    assert history.result.preview == '{"greeting": "Hello, <Ada>", "name": "Ada"}'
+    html = pages.timeline(history, {"status": {"phase": "Succeeded"}, "spec": {}})
+    assert "Result <span class=note>(the final state&#x27;s values" in html
+    assert "&quot;greeting&quot;: &quot;Hello, &lt;Ada&gt;&quot;" in html, "shown, escaped"
+    print_history(json.loads(history.model_dump_json()))
+    out = capsys.readouterr().out
+    assert "Result (the final state's values, sha256 " in out and '"greeting": "Hello, <Ada>"' in out
+    # A messages graph's answer says so; an older runner's result (no kind) is a message too.
+    older = ThreadRows(states=[state(1, "__end__", "completed", 1, 1.0, result={"message": "Done", "digest": "x"})])
+    assert build(older, namespace="d", name="r", thread_id="d/r").result_kind == "message"

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 from collections import Counter
-from typing import Any
+from typing import Any, TypedDict
 
 import pytest
 
-from agentrun import ThreadStateError, tool
+from agentrun import END, START, StateGraph, ThreadStateError, tool
 from agentrun.checkpoint import Checkpointer
 from agentrun.errors import ToolError
 from tests.support.checkpointers import Backend
@@ -74,6 +75,7 @@ async def test_the_same_request_after_it_completed_runs_no_tool_again(
         "message": answer,
         "digest": "sha256:" + hashlib.sha256(answer.encode()).hexdigest(),
         "truncated": False,
+        "kind": "message",
     }
     assert turn.tool_calls == {"executed": 2, "replayed": 0, "failed": 0, "in_doubt": 0}
     progress = await checkpointer.aget_progress(t)
@@ -276,13 +278,43 @@ async def test_a_call_found_in_doubt_is_counted(backend: Backend, checkpointer: 
 
 def test_a_long_answer_is_truncated_with_the_digest_of_the_whole() -> None:
     from agentrun.messages import assistant, user
-    from agentrun.persistence import turn_result
+    from agentrun.result import final_result
 
     text = "é" * 3000
-    result = turn_result([user("q"), assistant(text), user("thanks")])
+    result = final_result(text, {"messages": [user("q"), assistant(text), user("thanks")]})
     assert result == {
         "message": text[:1024],
         "digest": "sha256:" + hashlib.sha256(text.encode()).hexdigest(),
         "truncated": True,
+        "kind": "message",
     }
-    assert turn_result([user("q")]) is None
+    assert final_result(None, {"messages": [user("q")]}) is None, "an empty state has no result"
+
+
+class Greeting(TypedDict):
+    name: str
+    greeting: str
+
+
+async def test_a_graph_whose_state_is_not_messages_records_its_final_values_as_the_result(
+    backend: Backend, checkpointer: Checkpointer
+) -> None:
+    """Issue 32: a ``{name} -> greeting`` graph Succeeded with no result anywhere; its final values are it."""
+
+    def greet(state: dict[str, Any]) -> dict[str, Any]:
+        return {"greeting": f"Hello, {state['name']}" + "!" * 2000}
+
+    graph = StateGraph(Greeting)
+    graph.add_node("greet", greet)
+    graph.add_edge(START, "greet")
+    graph.add_edge("greet", END)
+    t = backend.thread()
+    await graph.compile(checkpointer).ainvoke({"name": "Ada"}, {"thread_id": t, "request_key": "req-1"})
+    turn = await checkpointer.aget_turn(t, "req-1")
+    whole = json.dumps({"greeting": "Hello, Ada" + "!" * 2000, "name": "Ada"}, ensure_ascii=False, sort_keys=True)
+    assert turn is not None and turn.result == {
+        "message": whole[:1024],
+        "digest": "sha256:" + hashlib.sha256(whole.encode()).hexdigest(),
+        "truncated": True,
+        "kind": "state",
+    }, "a completed turn of a state without messages records its final values, cut, with the whole's digest"

@@ -94,12 +94,15 @@ class RecordedTurn:
 
 
 def result_status(result: Mapping[str, Any] | None) -> ResultInfo | None:
-    """``status.result`` from a turn's result: the final message (truncated by the runner) and its digest."""
+    """``status.result`` from a turn's result (``agentrun.result``: the last assistant message, else the final
+    state's values as JSON), cut by the runner, with its digest and kind."""
     if not result:
         return None
     out: ResultInfo = {"message": str(result.get("message") or "")[:1024], "digest": str(result.get("digest") or "")}
     if result.get("truncated"):
         out["truncated"] = True
+    if result.get("kind") in ("message", "state"):  # agentrun.result's rule; absent from older runners' results
+        out["kind"] = result["kind"]
     return out
 
 

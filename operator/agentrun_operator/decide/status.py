@@ -58,11 +58,13 @@ class ToolCalls(TypedDict):
 
 
 class ResultInfo(TypedDict, total=False):
-    """``status.result`` of a Succeeded run: the final assistant message (truncated) and a digest of all of it."""
+    """``status.result`` of a Succeeded run (``agentrun.result``): the final assistant message, or the final
+    state's values as JSON for a graph without one (``kind``), cut to 1024 characters, and a digest of all of it."""
 
     message: str
     digest: str
     truncated: bool
+    kind: str  # "message" or "state"
 
 
 class AttemptRecord(TypedDict, total=False):

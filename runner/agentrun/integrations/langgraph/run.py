@@ -6,8 +6,11 @@ interrupts, outcome) and the runner decides what to do from them
 through ``AgentrunSaver``; this module also MIRRORS its progress into our
 state rows — one versioned, fenced row after each LangGraph super-step
 (``current_node``: the node(s) LangGraph runs next; ``step``: LangGraph's
-step), and the turn's end (completed with its result, interrupted with its
-interrupts, stopped, failed). So status, ``kubectl agentrun``, approvals and
+step; ``END`` once nothing is next, as our engine writes), the messages of its
+``messages`` channel (only those new or changed since the last row, into our
+messages table: the history reads a call's request and answer there), and the
+turn's end (completed with its result, interrupted with its interrupts,
+stopped, failed). So status, ``kubectl agentrun``, the history, approvals and
 stop work unchanged; the graph's own state lives only in LangGraph's tables
 (the mirror's ``values`` are empty).
 
@@ -33,7 +36,6 @@ HAZARDS
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import importlib.metadata
 import logging
 import time
@@ -49,12 +51,15 @@ from langgraph.graph import StateGraph as LangGraphStateGraph
 from langgraph.pregel import Pregel
 from langgraph.types import Command as LangGraphCommand
 
-from agentrun.checkpoint.base import RESULT_MESSAGE_LIMIT, Checkpoint, Checkpointer, CheckpointWrite, RunStatus
+from agentrun.checkpoint.base import Checkpoint, Checkpointer, CheckpointWrite, RunStatus
 from agentrun.config import RunConfig
+from agentrun.constants import END
 from agentrun.context import ToolCounts, executed_since
 from agentrun.errors import GraphRecursionError, GraphReferenceError, RunPreempted, RunStopped
 from agentrun.heartbeat import Heartbeat
+from agentrun.messages import Message, from_langchain
 from agentrun.metrics import MODEL_REQUEST_SECONDS, MODEL_TOKENS
+from agentrun.result import final_result
 from agentrun.usage import META_KEY as MODEL_USAGE
 from agentrun.usage import ModelUsage
 
@@ -158,6 +163,37 @@ class _Mirror:
     node: str | None = None
     step: int = 0
     first: bool = True
+    # The thread's messages as our messages table holds them: per position the LangChain message last seen
+    # there (None: read back from the store) and its stored form; ``pending``: what the next write sends.
+    shown: list[tuple[Any, dict[str, Any]]] = field(default_factory=list)
+    pending: list[tuple[int, Message]] = field(default_factory=list)
+
+    def take(self, values: Any) -> None:
+        """Queue the messages of LangGraph's ``messages`` channel our table does not hold as they are now.
+
+        Why: the history, the page and ``kubectl agentrun history`` read a run's requests and answers from our
+        messages table (LangGraph's are serialized blobs SQL cannot read); with them a LangGraph run shows each
+        call's arguments, its answer and the attempt that answered it (a replay) as our engine's runs do.
+        The same objects stay in LangGraph's list from step to step, so a step converts only what is new.
+        """
+        listed = values.get("messages") if isinstance(values, dict) else None
+        if not isinstance(listed, list):
+            return  # no messages channel: the history shows the ledger's records only
+        end = len(listed)
+        for index, message in enumerate(listed):
+            if index < len(self.shown) and self.shown[index][0] is message:
+                continue
+            try:
+                converted = from_langchain(message)
+            except (AttributeError, TypeError, ValueError):  # not a LangChain message we have a role for
+                log.debug("thread %s: messages from %d on are not mirrored", self.cfg.thread_id, index)
+                end = index  # the ones before it are
+                break
+            stored = converted.to_json()
+            if index >= len(self.shown) or self.shown[index][1] != stored:
+                self.pending.append((index, converted))
+            self.shown[index : index + 1] = [(message, stored)]
+        del self.shown[end:]
 
     async def write(self, status: RunStatus) -> None:
         self.meta["tool_calls"] = self.counts.as_dict()
@@ -171,27 +207,28 @@ class _Mirror:
             step=self.step,
             status=status,
             meta=self.meta,
-            message_count=0,
+            message_count=len(self.shown),
+            messages=self.pending,
             record_turn=self.first or status != "running",
             changed=frozenset(),
         )
         self.version = await self.store.aput(
             self.cfg.thread_id, write, expected_version=self.version, attempt=self.cfg.attempt, run_uid=self.cfg.run_uid
         )
+        self.pending = []
         self.first = False
 
 
 def _result(values: Any) -> dict[str, Any] | None:
-    messages = values.get("messages") if isinstance(values, dict) else None
-    for message in reversed(messages or []):
+    """The turn's result by ``agentrun.result``'s rule: the last AIMessage's text, else the final values."""
+    values = values if isinstance(values, dict) else {}
+    messages = values.get("messages")
+    answer = None
+    for message in reversed(messages if isinstance(messages, list) else []):
         if isinstance(message, AIMessage):
-            content = message.content if isinstance(message.content, str) else str(message.content)
-            return {
-                "message": content[:RESULT_MESSAGE_LIMIT],
-                "digest": "sha256:" + hashlib.sha256(content.encode()).hexdigest(),
-                "truncated": len(content) > RESULT_MESSAGE_LIMIT,
-            }
-    return None
+            answer = message.content if isinstance(message.content, str) else str(message.content)
+            break
+    return final_result(answer, values)
 
 
 # Over 80 lines on purpose: the turn's mirror, counts and heartbeat are shared by its step loop and its outcome.
@@ -231,6 +268,7 @@ async def run_turn(  # noqa: C901 -- see the comment above: the turn reads in or
     config["callbacks"] = [_Metering(usage)]
     if existing is not None:
         mirror.node, mirror.step = existing.current_node, existing.step
+        mirror.shown = [(None, m.to_json()) for m in existing.messages]  # what our messages table holds
     await mirror.write("running")
 
     def alive(elapsed: float, left: float | None) -> None:
@@ -254,8 +292,9 @@ async def run_turn(  # noqa: C901 -- see the comment above: the turn reads in or
         )
         async for checkpoint in stream:
             following = list(checkpoint.get("next") or [])
-            mirror.node = ",".join(following) or None
+            mirror.node = ",".join(following) or END  # nothing next: the graph ended (our engine says END too)
             mirror.step = max(0, int((checkpoint.get("metadata") or {}).get("step", mirror.step)))
+            mirror.take(checkpoint.get("values"))
             mirror.meta["langgraph_checkpoint_id"] = checkpoint["config"]["configurable"].get("checkpoint_id")
             await mirror.write("running")
             heartbeat.restart()
@@ -300,7 +339,7 @@ async def run_turn(  # noqa: C901 -- see the comment above: the turn reads in or
     mirror.meta.pop("interrupts", None)
     if (result := _result(state.values)) is not None:
         mirror.meta["result"] = result
-    mirror.node = None
+    mirror.node = END
     await mirror.write("completed")
     return "completed", []
 
