@@ -16,8 +16,11 @@ cd "$(dirname "$0")/.."
 BIN=.venv/bin
 log=$(mktemp -t agentrun-cluster-tier.XXXXXX)
 echo "tests/cluster runs beside the other tiers; its output: $log (printed at the end)"
+# A background job of a script gets SIGINT ignored (POSIX, no job control), and every process the tier starts would
+# inherit that: `kubectl agentrun ui` then outlived the tests' Ctrl-C (SIGINT) in CI, silently. `trap - INT` in the
+# subshell gives the tier the default SIGINT a terminal's command has.
 # shellcheck disable=SC2086  # PYTEST_ARGS is a list of words
-$BIN/pytest -q ${args//.xml/-cluster.xml} tests/cluster >"$log" 2>&1 &
+(trap - INT; exec $BIN/pytest -q ${args//.xml/-cluster.xml} tests/cluster) >"$log" 2>&1 &
 cluster=$!
 trap 'kill -INT $cluster 2>/dev/null; wait $cluster' INT TERM
 # shellcheck disable=SC2086
