@@ -33,7 +33,7 @@ from tests.node.fault_support import (
 from tests.node.support import STORE_ROLE, InstalledChart, dump
 
 # The node and the chart start inside the first test's time; a lost node takes minutes by design (the
-# lifecycle controller's 20 s grace, the 10 s toleration, the runner's 30 s grace, the operator's 60 s).
+# lifecycle controller's 20 s grace, the 10 s toleration, the runner's 30 s grace, the operator's 10 s here).
 pytestmark = pytest.mark.timeout(900)
 
 OPERATOR_PDB = "agentrun-operator"
@@ -122,7 +122,7 @@ def _drain(chart: InstalledChart, namespace: str, pod: str, label: str) -> tuple
     """``kubectl drain`` the node; once the runner logs its SIGTERM, open its gate (its node then finishes
     within the runner's 5 s window). Returns drain's exit code, stdout and stderr."""
     drain = chart.plane.kubectl_popen(
-        "drain", chart.node.name, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=45s"
+        "drain", chart.node.name, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=30s"
     )
     try:
         chart.wait_for(
