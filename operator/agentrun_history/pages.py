@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from agentrun.history import Digest, RunHistory, ToolCallRecord
+from agentrun.inspector import ChatMessage, Conversation, StepDetail
 from agentrun_operator.decide import jobparity, toolerrors
 from agentrun_operator.decide.status import AgentRunStatus
 
@@ -253,19 +254,20 @@ def _digest(value: Digest | None, *, label: str) -> str:
     )
 
 
-def run_page(history: RunHistory, run: dict[str, Any], *, live: bool) -> str:
-    """One run's page: status, attempts, tool calls, interrupts (with answer and stop buttons when ``live``), steps."""
+def run_page(history: RunHistory, run: dict[str, Any], *, live: bool, talk: Conversation | None = None) -> str:
+    """One run's page: status, attempts, tool calls, interrupts (with answer and stop buttons when ``live``), the
+    conversation (``talk``), steps (each opened on demand: its state and what it changed)."""
     title = f"{history.namespace}/{history.name}"
     body = (
         f'<div id=run data-events="{a(run_url(history.namespace, history.name, "/events"))}" '
         f'data-timeline="{a(run_url(history.namespace, history.name, "/timeline"))}" '
         f'data-live="{"1" if live else "0"}">'
-        f"{timeline(history, run)}</div>"
+        f"{timeline(history, run, talk=talk)}</div>"
     )
     return page(title, f'<p><a href="/runs?namespace={a(quote(history.namespace, safe=""))}">← runs</a></p>{body}')
 
 
-def timeline(history: RunHistory, run: dict[str, Any]) -> str:
+def timeline(history: RunHistory, run: dict[str, Any], *, talk: Conversation | None = None) -> str:
     """The part of a run's page that a live update replaces."""
     status = run.get("status") or {}
     spec = run.get("spec") or {}
@@ -273,6 +275,7 @@ def timeline(history: RunHistory, run: dict[str, Any]) -> str:
     parts.append(_interrupts(history, status))
     parts.append(_attempts(history))
     parts.append(_tool_calls(history))
+    parts.append(conversation(talk))
     parts.append(_steps(history))
     return flagged("".join(parts))
 
@@ -544,18 +547,24 @@ def _edited(call: ToolCallRecord) -> str:
 def _steps(history: RunHistory) -> str:
     if not history.steps:
         return ""
+    # Each step opens on demand (app.js fetches its detail: the state and what the step changed); the link is the
+    # same detail as a page of its own, without script.
+    base = run_url(history.namespace, history.name, "/steps/")
     rows = "".join(
         f"<tr><td>{e(s.version)}</td><td>{e(s.step)}</td><td>{e(s.node or '-')}</td><td>{e(s.status)}</td>"
         f"<td>{e(s.attempt or '-')}</td><td>{e(when(s.at))}</td>"
         f"<td>{e(seconds(s.pod_start_seconds) if s.pod_start_seconds is not None else '')}</td>"
-        f"<td>{e(seconds(s.duration_seconds))}</td></tr>"
+        f"<td>{e(seconds(s.duration_seconds))}</td>"
+        f'<td><details class=step data-version="{a(s.version)}" data-detail="{a(base + str(s.version))}?fragment=1">'
+        f'<summary>state and changes</summary><div class=step-body><a href="{a(base + str(s.version))}">open</a>'
+        "</div></details></td></tr>"
         for s in history.steps
     )
     return (
         "<section><h2>Steps (checkpoints)</h2><table class=steps><thead><tr><th>Version</th><th>Step</th>"
         "<th>Next node</th><th>Status</th><th>Attempt</th><th>Written</th>"
         '<th title="before the attempt\'s first checkpoint: its pod was created, scheduled and started">Pod start</th>'
-        "<th>Duration</th></tr></thead>"
+        "<th>Duration</th><th>What it changed</th></tr></thead>"
         f"<tbody>{rows}</tbody></table></section>"
     )
 
@@ -564,3 +573,93 @@ def query(**params: str | None) -> str:
     """A query string of the non-empty ``params`` (``""`` when none)."""
     kept = {k: v for k, v in params.items() if v}
     return ("?" + urlencode(kept)) if kept else ""
+
+
+# --- the run inspector: the conversation and each step's detail (agentrun.inspector) ---------------------------------
+
+
+def _text(value: Digest | None, *, label: str) -> str:
+    """A value as text (its preview, escaped), and, when cut, its size and digest: never a collapsed blob."""
+    if value is None:
+        return ""
+    cut = (
+        f'<span class=cut title="sha256 {a(value.sha256)}">… preview cut: {e(value.bytes)} B, '
+        f"sha256 <code>{e(value.sha256[:12])}</code></span>"
+        if value.truncated
+        else ""
+    )
+    return f'<pre class="{a(label)}">{e(value.preview)}</pre>{cut}'
+
+
+def chat(messages: Sequence[ChatMessage]) -> str:
+    """Messages as a conversation: role, content, the tool calls asked for and each tool's answer, as content."""
+    items = []
+    for m in messages:
+        who = e(m.role) + (f" <span class=name>{e(m.name)}</span>" if m.name else "")
+        where = f" <span class=at>v{e(m.version)}</span>" if m.version is not None else ""
+        answer = ""
+        if m.tool_call_id:
+            failed = ' <span class="badge out-failed">error</span>' if m.is_error else ""
+            answer = f"<div class=answers>answer to <code>{e(m.tool_call_id)}</code>{failed}</div>"
+        calls = "".join(
+            f"<div class=call>→ <strong class=tool>{e(c.name)}</strong> <code>{e(c.id or '')}</code>"
+            f"{_text(c.arguments, label='arguments')}</div>"
+            for c in m.tool_calls
+        )
+        body = _text(m.content, label="content") if m.content is not None and m.content.preview else ""
+        items.append(
+            f'<li class="msg role-{a(m.role)}{" is-error" if m.is_error else ""}">'
+            f"<div class=who>{who}{where}</div>{answer}{body}{calls}</li>"
+        )
+    return f"<ol class=chat>{''.join(items)}</ol>"
+
+
+def conversation(talk: Conversation | None) -> str:
+    """The run's input and the thread's conversation (the newest ``CONVERSATION_LIMIT`` messages)."""
+    if talk is None:
+        return ""
+    given = ""
+    if talk.input is not None:
+        attempt = f" (run inputs of attempt {e(talk.input_attempt)})" if talk.input_attempt is not None else ""
+        given = f"<h3>Input{attempt}</h3>{_text(talk.input, label='input')}"
+    if not talk.messages:
+        return f"<section class=conversation><h2>Conversation</h2>{given}<p class=empty>No message.</p></section>"
+    shown = len(talk.messages)
+    note = f"<p class=note>The newest {shown} of {talk.total} messages of the thread.</p>" if talk.total > shown else ""
+    return (
+        f"<section class=conversation><h2>Conversation</h2>{given}{note}"
+        "<p class=note>Each message with the version of the checkpoint that appended it (v…; open that step "
+        f"below for the state and what it changed).</p>{chat(talk.messages)}</section>"
+    )
+
+
+def step_detail(detail: StepDetail) -> str:
+    """One checkpoint: what its step changed (keys and messages) and its state, key by key."""
+    since = f"version {detail.previous_version}" if detail.previous_version is not None else "the empty state"
+    rows = "".join(
+        f"<tr class=change-{a(c.change)}><td><code>{e(c.key)}</code></td><td>{e(c.change)}</td>"
+        f"<td>{_digest(c.before, label='before')}</td><td>{_digest(c.after, label='after')}</td></tr>"
+        for c in detail.changes
+    )
+    changes = (
+        "<table class=changes><thead><tr><th>Key</th><th>Change</th><th>Before</th><th>After</th></tr></thead>"
+        f"<tbody>{rows}</tbody></table>"
+        if rows
+        else "<p class=empty>No key of the state changed.</p>"
+    )
+    cut = f" (the first {len(detail.messages)})" if detail.appended > len(detail.messages) else ""
+    said = f"<h4>Messages appended: {e(detail.appended)}{e(cut)}</h4>{chat(detail.messages)}" if detail.appended else ""
+    state = "".join(
+        f"<tr><td><code>{e(key)}</code></td><td>{_digest(value, label='value')}</td></tr>"
+        for key, value in detail.state.items()
+    )
+    held = (
+        f"<table class=state><tbody>{state}</tbody></table>"
+        if state
+        else "<p class=empty>No key besides messages (a LangGraph thread's state is in its own checkpoints).</p>"
+    )
+    return (
+        f"<div class=step-detail data-version={e(detail.version)}><h4>What step {e(detail.step)} changed "
+        f"(version {e(detail.version)} against {e(since)})</h4>{changes}{said}"
+        f"<h4>State as of version {e(detail.version)}</h4>{held}</div>"
+    )

@@ -49,7 +49,7 @@ from typing import Any
 
 from aiohttp import web
 
-from agentrun import history
+from agentrun import history, inspector
 from agentrun_operator.decide import jobparity
 from agentrun_operator.decide.spec import thread_key
 from agentrun_operator.decide.status import AgentRunStatus
@@ -186,10 +186,48 @@ async def readable_run(request: web.Request) -> tuple[dict[str, Any], bool]:
     return run, True
 
 
+def _thread(run: dict[str, Any]) -> str:
+    meta, spec = run["metadata"], run.get("spec") or {}
+    return thread_key(meta["namespace"], str(spec.get("threadId") or meta["name"]))
+
+
+async def run_conversation(request: web.Request, run: dict[str, Any]) -> inspector.Conversation | None:
+    """The run's input and conversation, or None (logged) when the store cannot give them: the rest is shown."""
+    try:
+        return await request.app[STORE].conversation(_thread(run), run["metadata"].get("uid"))
+    except Exception as e:  # a history without its conversation beats no history
+        log.warning("conversation of %s: the store could not be read: %r", run["metadata"]["name"], e)
+        return None
+
+
+def _version(request: web.Request) -> int:
+    try:
+        version = int(request.match_info["version"])
+    except ValueError:
+        version = 0
+    if not 0 < version < 1 << 62:
+        raise Refused(400, "Bad request", "a step is a state version: a positive integer (the Version column)")
+    return version
+
+
+async def run_step(request: web.Request) -> inspector.StepDetail:
+    """The run's checkpoint ``{version}`` (``agentrun.inspector``): ``Refused`` 404 without it, 503 store down."""
+    version = _version(request)  # before any request: a bad one asks the API server nothing
+    run, _deleted = await readable_run(request)
+    try:
+        found = await request.app[STORE].step(_thread(run), version)
+    except Exception as e:
+        log.warning("step %d of %s: the store could not be read: %r", version, run["metadata"]["name"], e)
+        raise Refused(503, "Store unavailable", STORE_DOWN) from e
+    if found is None:
+        raise Refused(404, "Not found", f"version {version} of this run's thread is not in the store")
+    return found
+
+
 async def run_history(request: web.Request, run: dict[str, Any]) -> history.RunHistory:
     """The run's history from the store; raises ``Refused`` (503) when the store cannot be read."""
     meta, spec = run["metadata"], run.get("spec") or {}
-    thread = thread_key(meta["namespace"], str(spec.get("threadId") or meta["name"]))
+    thread = _thread(run)
     try:
         rows = await request.app[STORE].rows(thread, meta.get("uid"))
     except Exception as e:  # the store is down or misconfigured: say so instead of a bare 500
@@ -305,7 +343,29 @@ async def api_history(request: web.Request) -> web.Response:
     run, deleted = await readable_run(request)
     found = await run_history(request, run)
     found.deleted = deleted
-    return web.json_response(text=found.model_dump_json())
+    talk = await run_conversation(request, run)
+    body = found.model_dump(mode="json") | {"conversation": talk.model_dump(mode="json") if talk else None}
+    return web.json_response(body)
+
+
+async def api_step(request: web.Request) -> web.Response:
+    """``GET /api/v1/.../agentruns/<name>/steps/<version>``: one checkpoint's state, changes and messages."""
+    return web.json_response(text=(await run_step(request)).model_dump_json())
+
+
+async def step_page(request: web.Request) -> web.Response:
+    """``GET /runs/<namespace>/<name>/steps/<version>``: one checkpoint's detail; ``?fragment=1`` alone (the
+    run page opens a step with it), else as a page of its own."""
+    detail = await run_step(request)
+    fragment = pages.step_detail(detail)
+    if request.query.get("fragment"):
+        return web.Response(text=pages.flagged(fragment), content_type="text/html")
+    namespace, name = run_names(request)
+    back = f'<p><a href="{pages.a(pages.run_url(namespace, name))}">← {pages.e(name)}</a></p>'
+    return web.Response(
+        text=pages.page(f"{namespace}/{name} v{detail.version}", back + pages.flagged(fragment)),
+        content_type="text/html",
+    )
 
 
 # --- actions (as the caller) --------------------------------------------------------------------------------------
@@ -593,7 +653,8 @@ async def run_page(request: web.Request) -> web.Response:
     found = await run_history(request, run)
     found.deleted = deleted
     live = not deleted and not pages.ended(run)
-    return web.Response(text=pages.run_page(found, run, live=live), content_type="text/html")
+    talk = await run_conversation(request, run)
+    return web.Response(text=pages.run_page(found, run, live=live, talk=talk), content_type="text/html")
 
 
 async def timeline(request: web.Request) -> web.Response:
@@ -601,7 +662,8 @@ async def timeline(request: web.Request) -> web.Response:
     run, deleted = await readable_run(request)
     found = await run_history(request, run)
     found.deleted = deleted
-    return web.Response(text=pages.timeline(found, run), content_type="text/html")
+    talk = await run_conversation(request, run)
+    return web.Response(text=pages.timeline(found, run, talk=talk), content_type="text/html")
 
 
 async def events(request: web.Request) -> web.StreamResponse:
@@ -801,10 +863,12 @@ def make_app(
             web.get("/runs" + run, run_page),
             web.get("/runs" + run + "/timeline", timeline),
             web.get("/runs" + run + "/events", events),
+            web.get("/runs" + run + "/steps/{version}", step_page),
             web.post("/runs" + run + "/{verb:approve|reject|retry|stop}", act),
             web.get("/api/v1/agentruns", api_list),
             web.get("/api/v1/namespaces/{namespace}/agentruns", api_list),
             web.get("/api/v1/namespaces/{namespace}/agentruns/{name}/history", api_history),
+            web.get("/api/v1/namespaces/{namespace}/agentruns/{name}/steps/{version}", api_step),
             web.post("/api/v1/namespaces/{namespace}/agentruns/{name}/{verb:approve|reject|retry|stop}", act),
             web.static("/static", STATIC),
         ]

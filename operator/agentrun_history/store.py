@@ -24,6 +24,7 @@ import contextlib
 import logging
 from typing import Any
 
+from agentrun import inspector
 from agentrun.checkpoint import from_url, listen_dsn
 from agentrun.checkpoint.listen import Listening, Progressed
 from agentrun.checkpoint.pg_history import ThreadRows
@@ -48,6 +49,15 @@ class HistoryStore:
     async def rows(self, thread_id: str, run_uid: str | None) -> ThreadRows:
         """What the history of ``thread_id`` shows, restricted to ``run_uid``'s rows where it has any."""
         return await self.store.thread_rows(thread_id, run_uid=run_uid)
+
+    async def conversation(self, thread_id: str, run_uid: str | None) -> inspector.Conversation:
+        """The run's input and the thread's newest messages (``agentrun.inspector``)."""
+        return inspector.conversation(*await self.store.thread_conversation(thread_id, run_uid=run_uid))
+
+    async def step(self, thread_id: str, version: int) -> inspector.StepDetail | None:
+        """Version ``version`` of ``thread_id``: its state, what its step changed, its messages; None if none."""
+        found = await self.store.thread_step(thread_id, version)
+        return inspector.step(found, version) if found is not None else None
 
     async def find_run(self, namespace: str, name: str) -> tuple[str, str | None] | None:
         """The thread and run uid a deleted AgentRun ``namespace/name`` recorded its turn under, or ``None``."""

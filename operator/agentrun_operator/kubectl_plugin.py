@@ -859,11 +859,40 @@ def print_history(found: dict[str, Any]) -> None:
     say(_indent(table(rows)) if len(rows) > 1 else "  none")
     if found.get("stop"):
         say(f"Stop requested: {_when(found['stop']['requested_at'])} {found['stop']['reason']}")
+    print_conversation(found.get("conversation"))
     if result := found.get("result"):
         what = "the final state's values" if found.get("result_kind") == "state" else "the last assistant message"
         cut = " …(preview cut)" if result.get("truncated") else ""
         say(f"Result ({what}, sha256 {str(result.get('sha256'))[:16]}):")
         say(_indent(str(result.get("preview") or "") + cut))
+
+
+def _line(digest: dict[str, Any] | None, width: int = 160) -> str:
+    """A value's preview on one line, cut at ``width`` characters (``…`` when cut here or by the store)."""
+    text = " ".join(str((digest or {}).get("preview") or "").split())
+    return text[:width] + ("…" if len(text) > width or (digest or {}).get("truncated") else "")
+
+
+def print_conversation(talk: dict[str, Any] | None) -> None:
+    """The run's input and conversation (``agentrun.inspector``), one line per message, tool calls as content."""
+    if not talk:
+        return
+    if talk.get("input"):
+        say(f"Input:    {_line(talk['input'])}")
+    messages = talk.get("messages") or []
+    if not messages:
+        return
+    more = f", the newest {len(messages)} of {talk.get('total')}" if (talk.get("total") or 0) > len(messages) else ""
+    say(f"Conversation ({len(messages)} messages{more}; the page shows each step's state and changes):")
+    for m in messages:
+        at = f"v{m['version']} " if m.get("version") is not None else ""
+        if m.get("tool_call_id"):
+            error = " ERROR" if m.get("is_error") else ""
+            say(f"  {at}{m.get('role')} [{m['tool_call_id']}]{error}: {_line(m.get('content'))}")
+        elif content := _line(m.get("content")):
+            say(f"  {at}{m.get('role')}: {content}")
+        for call in m.get("tool_calls") or []:
+            say(f"  {at}{m.get('role')} -> {call.get('name')}({_line(call.get('arguments'), 120)}) [{call.get('id')}]")
 
 
 def _history_phase(found: dict[str, Any]) -> str:

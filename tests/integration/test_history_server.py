@@ -157,6 +157,21 @@ def test_a_dot_or_any_name_the_api_server_would_refuse_is_a_400_before_any_reque
         assert status == 502 and "did not answer" in answer(502, body)["message"], body
 
 
+def test_a_step_that_is_not_a_state_version_is_a_400_before_any_request(tmp_path: Path) -> None:
+    """The run inspector's step detail (issue 32 item 1): ``/steps/<version>``, a positive integer."""
+    with history_server(tmp_path) as server:
+        for version in ("abc", "0", "-1", "1.5", "9" * 30):
+            status, _, body = server.call("GET", f"/api/v1/namespaces/a/agentruns/x/steps/{version}", headers=BEARER)
+            assert status == 400 and "a positive integer" in answer(400, body)["message"], (version, body)
+            status, headers, body = server.call("GET", f"/runs/a/x/steps/{version}?fragment=1", headers=BEARER)
+            assert status == 400 and "text/html" in headers["Content-Type"], (version, body)
+        status, _, body = server.call("GET", "/runs/a/%2e/steps/3", headers=BEARER)
+        assert status == 400 and "DNS-1123" in body, body
+        # A valid step of a valid name reaches for the API server (a closed port here): the run is read first.
+        status, _, body = server.call("GET", "/api/v1/namespaces/a/agentruns/x/steps/3", headers=BEARER)
+        assert status == 502 and "did not answer" in answer(502, body)["message"], body
+
+
 def test_an_answer_must_name_the_question_it_answers(tmp_path: Path) -> None:
     with history_server(tmp_path) as server:
         shape = '{"interrupt": ID, "digest": SHA256, "value": ANY JSON VALUE}'

@@ -111,7 +111,33 @@ function onRetry(button) {
   confirmThen(button, "Retry this run?", [["What happens", button.dataset.confirm]], body);
 }
 
+// A step's detail (its state and what it changed) is read when the step is opened, and opened again after a
+// live update swapped the page (the server's fragment: every value in it is escaped there).
+var openSteps = {};
+
+function bindSteps() {
+  document.querySelectorAll("details.step").forEach(function (step) {
+    step.addEventListener("toggle", function () {
+      var version = step.dataset.version;
+      if (!step.open) { delete openSteps[version]; return; }
+      openSteps[version] = true;
+      if (step.dataset.loaded) { return; }
+      step.dataset.loaded = "1";
+      fetch(step.dataset.detail, {credentials: "same-origin"})
+        .then(function (response) { return response.text().then(function (t) { return {ok: response.ok, text: t}; }); })
+        .then(function (r) {
+          var body = step.querySelector(".step-body");
+          if (!body) { return; }
+          if (r.ok) { body.innerHTML = r.text; } else { body.textContent = "could not be read (" + r.text.length + " B)"; }
+          step.dataset.shown = "1";
+        });
+    });
+    if (openSteps[step.dataset.version]) { step.open = true; }
+  });
+}
+
 function bindButtons() {
+  bindSteps();
   var field = document.getElementById("answer-value");
   if (field) {
     if (draft !== null) { field.value = draft; }

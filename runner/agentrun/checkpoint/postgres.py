@@ -128,6 +128,7 @@ from typing_extensions import override
 from ..errors import FencedError, StaleStateError, StorageError, StoreConfigError, StoreUnavailableError
 from ..faults import armed, fault_point
 from ..messages import Message
+from . import pg_inspect
 from .base import (
     PAUSED_SUFFIX,
     PROGRESS_META,
@@ -1503,6 +1504,23 @@ class PgCheckpointer(Checkpointer):
             lambda conn: thread_rows_txn(conn, thread_id, run_uid, careful=True),
             snapshot=True,
             patient=False,
+        )
+
+    async def thread_conversation(
+        self, thread_id: str, *, run_uid: str | None = None
+    ) -> tuple[dict[str, Any] | None, list[dict[str, Any]], int]:
+        """The run's input, the thread's newest messages and their total (``pg_inspect``), in one snapshot."""
+
+        async def read(conn: Connection) -> tuple[dict[str, Any] | None, list[dict[str, Any]], int]:
+            found = await pg_inspect.input_txn(conn, thread_id, run_uid)
+            return (found, *await pg_inspect.conversation_txn(conn, thread_id))
+
+        return await self._read("conversation read", read, snapshot=True, patient=False)
+
+    async def thread_step(self, thread_id: str, version: int) -> dict[str, Any] | None:
+        """One state version of ``thread_id``: its state by key, the one before, its messages (``pg_inspect``)."""
+        return await self._read(
+            "step read", lambda conn: pg_inspect.step_txn(conn, thread_id, version), snapshot=True, patient=False
         )
 
     async def find_run(self, namespace: str, name: str) -> tuple[str, str | None] | None:
