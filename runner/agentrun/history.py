@@ -173,8 +173,11 @@ class AttemptHistory(BaseModel):
     first_version: int | None = None
     last_version: int | None = None
     last_node: str | None = None  # the node its last checkpoint was at (where it stopped, crashed or ended)
+    # As ``status.toolCalls`` counts them: a call that returned (recorded) in this attempt, one this attempt took
+    # from the ledger, one that failed here (its answer an error); the run's ``tool_counts`` are their sums.
     tool_calls_executed: int = 0
     tool_calls_replayed: int = 0
+    tool_calls_failed: int = 0
 
 
 class StopRecord(BaseModel):
@@ -201,6 +204,9 @@ class RunHistory(BaseModel):
     attempts: list[AttemptHistory] = Field(default_factory=list)
     steps: list[StepRecord] = Field(default_factory=list)
     tool_calls: list[ToolCallRecord] = Field(default_factory=list)
+    # The calls counted as ``status.toolCalls`` counts them (keys executed, replayed, failed, inDoubt; the last two
+    # when not zero), from the same records as the calls and attempts above: what the page and the CLI show.
+    tool_counts: dict[str, int] = Field(default_factory=dict)
     interrupts: list[InterruptRecord] = Field(default_factory=list)
     stop: StopRecord | None = None
     error: dict[str, Any] | None = None
@@ -434,8 +440,9 @@ def _tool_call(
     elif answer is not None:
         result = _digest_of(answer[0].get("content")) or digest("")
         is_error = bool(answer[0].get("is_error"))
-    ran_in = (record or intent or {}).get("attempt")
     answered_in = (version_attempt or {}).get(answer[1]) if answer is not None else None
+    # Nothing recorded it (a failure, a call without a ledger key): the attempt whose checkpoint has its answer.
+    ran_in = (record or intent or {}).get("attempt") or (answered_in if record is None and intent is None else None)
     replayed = [answered_in] if record is not None and answered_in is not None and answered_in != ran_in else []
     outcome: Outcome
     if is_error:
@@ -451,7 +458,9 @@ def _tool_call(
     started = (intent or {}).get("at")
     finished = (record or {}).get("at")
     intent_attempt = (intent or {}).get("attempt")
-    in_doubt_in = [intent_attempt] if record is not None and intent_attempt not in (None, ran_in) else []
+    # In doubt there, then run again (a record) or answered otherwise (an in-doubt policy) by a later attempt.
+    later = ran_in if record is not None else answered_in
+    in_doubt_in = [intent_attempt] if intent_attempt is not None and later not in (None, intent_attempt) else []
     if in_doubt_in:
         started = None  # the intent's start belongs to the attempt that died, not to the call that recorded
     return ToolCallRecord(
@@ -584,8 +593,10 @@ def _attempts(
         item.last_node = step.node
         item.ended_at = step.at
     for call in calls:
-        if call.attempt is not None and call.outcome in ("executed", "replayed", "failed"):
+        if call.attempt is not None and call.outcome in ("executed", "replayed"):
             entry(call.attempt).tool_calls_executed += 1
+        elif call.attempt is not None and call.outcome == "failed":
+            entry(call.attempt).tool_calls_failed += 1
         for number in call.replayed_in:
             entry(number).tool_calls_replayed += 1
     for raw in status_attempts:
@@ -602,6 +613,21 @@ def _attempts(
     for number, seconds in pod_starts.items():
         entry(number).pod_start_seconds = seconds
     return [by_number[n] for n in sorted(by_number)]
+
+
+def _tool_counts(calls: Sequence[ToolCallRecord]) -> dict[str, int]:
+    """The run's calls counted as the runner counts them into ``status.toolCalls`` (``context.ToolCounts``):
+    executed once per call that returned (in whichever attempt), replayed once per attempt that took a recorded
+    result from the ledger, failed per call whose answer is an error (not executed: as the runner counts), in
+    doubt per call a later attempt found started without a result. Zero failed and in doubt are left out, as
+    the operator leaves them out of the status."""
+    counts = {
+        "executed": sum(1 for c in calls if c.outcome in ("executed", "replayed")),
+        "replayed": sum(len(c.replayed_in) for c in calls),
+        "failed": sum(1 for c in calls if c.outcome == "failed"),
+        "inDoubt": sum(1 for c in calls if c.in_doubt_in),
+    }
+    return {k: n for k, n in counts.items() if n or k in ("executed", "replayed")}
 
 
 def _pod_starts(attempt_starts: Mapping[int, float], ready: Mapping[int, float]) -> dict[int, float]:
@@ -686,6 +712,7 @@ def build(
         attempts=_attempts(steps, calls, rows.inputs, status.get("attempts") or [], _pod_starts(attempt_starts, ready)),
         steps=steps,
         tool_calls=calls,
+        tool_counts=_tool_counts(calls),
         interrupts=_interrupts(rows.states, rows.inputs),
         error=_error(last.get("error")) if last else None,
         result=_final(result),

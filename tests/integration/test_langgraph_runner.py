@@ -93,7 +93,7 @@ def test_a_langgraph_graph_charged_once_across_sigkill_after_charge_card(pod_env
     )
     assert invocations.fetchone()[0] == 1, "GUARANTEE BROKEN: charge_card was called again after it was recorded"
     status, node, meta = latest(pod_env)
-    assert (status, node) == ("completed", None)
+    assert (status, node) == ("completed", "__end__")
     assert meta["result"]["message"].startswith("Done: "), meta
     # lookup_order and charge_card came from the ledger on resume (the counts of the killed attempt's
     # unfinished step died with it, as with our own engine); the status shows them.

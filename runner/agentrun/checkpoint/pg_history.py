@@ -175,20 +175,24 @@ _MESSAGES = _Table(
     key="m.idx",
     scoped=False,
 )
-# A record's digest is of its envelope as stored; its preview is what the model read (a message's content),
-# else the envelope's value, else (not an envelope, or not parsed: e is NULL) the stored text.
+# A record's digest is of its envelope as stored; its preview is what the model read (a message's content: ours,
+# or a LangChain ToolMessage's as LedgerToolNode records it, ``message_to_dict``), else the envelope's value, else
+# (not an envelope, or not parsed: e is NULL) the stored text.
+_LANGCHAIN_TOOL = "(e #>> '{value,type}' = 'tool' AND jsonb_typeof(e #> '{value,data}') = 'object')"
 _LEDGER = _Table(
     name="tool_executions",
     sql=f"""
     SELECT l.tool_call_id, l.tool_name, l.attempt, l.run_uid, extract(epoch FROM l.created_at)::float8 AS at,
            encode(sha256(convert_to(stored, 'UTF8')), 'hex') AS result_sha256, octet_length(stored) AS result_bytes,
            left(shown, {PREVIEW_CHARS}) AS result_preview, char_length(shown) > {PREVIEW_CHARS} AS result_truncated,
-           COALESCE(e ->> '__kind__' = 'message' AND e #> '{{value,is_error}}' = 'true'::jsonb, false)
+           COALESCE(e ->> '__kind__' = 'message' AND e #> '{{value,is_error}}' = 'true'::jsonb
+                    OR {_LANGCHAIN_TOOL} AND e #>> '{{value,data,status}}' = 'error', false)
                AS result_is_error, {{columns}}
     FROM tool_executions l CROSS JOIN LATERAL (SELECT COALESCE(l.result_text, l.result::text) AS stored OFFSET 0) s
          CROSS JOIN LATERAL (SELECT {{parse}} AS e OFFSET 0) p
          CROSS JOIN LATERAL (SELECT
              CASE WHEN e ->> '__kind__' = 'message' THEN COALESCE({_shown("e", "value,content")}, '')
+                  WHEN {_LANGCHAIN_TOOL} THEN COALESCE({_shown("e", "value,data,content")}, '')
                   WHEN jsonb_typeof(e) = 'object' AND e ? 'value' THEN {_shown("e", "value")} ELSE stored END
              AS shown OFFSET 0) v
     WHERE l.thread_id = $1 AND ($2::text IS NULL OR l.run_uid IS NULL OR l.run_uid = $2) {{one}}

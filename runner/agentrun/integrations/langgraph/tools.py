@@ -156,15 +156,16 @@ def _count(call: _Call | None, outcome: str, result: Any = None) -> None:
     if counts is None or call is None:
         return
     if outcome == "executed" and isinstance(result, ToolMessage) and result.status == "error":
+        # Failed, not executed: our engine's tool node counts so, and the history derives both from the records.
         counts.fail(call.name, "TOOL_ERROR_001", str(result.content))
+        return
     setattr(counts, outcome, getattr(counts, outcome) + 1)
 
 
 def _count_raised(call: _Call, error: Exception) -> None:
-    """Count a call whose tool raised (the run fails unless the node turns it into a message): executed, failed."""
+    """Count a call whose tool raised (the run fails unless the node turns it into a message): failed."""
     if (counts := _tracked.get(call.thread_id)) is None:
         return
-    counts.executed += 1
     counts.fail(call.name, str(getattr(error, "code", "TOOL_ERROR_001")), f"{type(error).__name__}: {error}")
 
 
