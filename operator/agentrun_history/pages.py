@@ -275,18 +275,19 @@ def timeline(history: RunHistory, run: dict[str, Any], *, talk: Conversation | N
     parts.append(_interrupts(history, status))
     parts.append(_attempts(history))
     parts.append(_tool_calls(history))
+    parts.append(graph_picture(talk.graph if talk else None, history.current_node))
     parts.append(conversation(talk))
     parts.append(_steps(history))
     return flagged("".join(parts))
 
 
 def _tool_counts(history: RunHistory, status: dict[str, Any]) -> dict[str, Any]:
-    """``status.toolCalls``; for a run without one (deleted, or not mirrored yet) the history's calls counted."""
-    if calls := status.get("toolCalls"):
-        return dict(calls)
-    outcomes: list[str] = [c.outcome for c in history.tool_calls]
-    counted = {"executed": "executed", "replayed": "replayed", "failed": "failed", "inDoubt": "in_doubt"}
-    return {key: outcomes.count(outcome) for key, outcome in counted.items()}
+    """The history's counts (``RunHistory.tool_counts``: counted as ``status.toolCalls`` is, from the records the
+    calls and attempts tables below show, so the summary cannot disagree with them); ``status.toolCalls`` when the
+    store holds nothing of the run."""
+    if history.recorded:
+        return dict(history.tool_counts)
+    return dict(status.get("toolCalls") or {})
 
 
 def _tool_warning(history: RunHistory, status: dict[str, Any], calls: dict[str, Any]) -> str:
@@ -501,7 +502,8 @@ def _attempts(history: RunHistory) -> str:
             f"<td>{e(when(a.ended_at))}</td><td>{e(a.last_node or '-')}</td>"
             f"<td>{e(a.outcome or '-')}</td><td>{e(exit_code)}</td>"
             f"<td>{e(a.reason or '')}</td><td>{e(a.steps)}</td>"
-            f"<td>{e(a.tool_calls_executed)} / {e(a.tool_calls_replayed)}</td>"
+            f"<td>{e(a.tool_calls_executed)} / {e(a.tool_calls_replayed)}"
+            f"{e(f' ({a.tool_calls_failed} failed)' if a.tool_calls_failed else '')}</td>"
             f"<td>{e((a.message or '')[:200])}</td></tr>"
         )
     return (

@@ -848,7 +848,7 @@ def print_history(found: dict[str, Any]) -> None:
     say("Attempts:")
     rows = _history_attempt_rows(found)
     say(_indent(table(rows)) if len(rows) > 1 else "  none")
-    say("Tool calls:")
+    say(f"Tool calls: {_history_counts(found)}")
     rows = _history_tool_call_rows(found)
     say(_indent(table(rows)) if len(rows) > 1 else "  none")
     if found.get("interrupts"):
@@ -901,6 +901,15 @@ def _history_phase(found: dict[str, Any]) -> str:
     return toolerrors.phase_words(found.get("phase"), {"failed": failed})
 
 
+def _history_counts(found: dict[str, Any]) -> str:
+    """The history's call counts (``tool_counts``, counted as ``status.toolCalls`` is), in the page's words."""
+    counts = found.get("tool_counts") or {}
+    return (
+        f"executed {counts.get('executed', 0)}, replayed {counts.get('replayed', 0)}, "
+        f"in doubt {counts.get('inDoubt', 0)}, failed {counts.get('failed', 0)}"
+    )
+
+
 def _history_attempt_rows(found: dict[str, Any]) -> list[list[str]]:
     """``kubectl agentrun history``'s attempts table: the header, then one row per attempt."""
     rows = [
@@ -931,7 +940,8 @@ def _history_attempt_rows(found: dict[str, Any]) -> list[list[str]]:
                 shown(a.get("exit_code")) or "-",
                 a.get("reason") or "",
                 str(a.get("steps", 0)),
-                f"{a.get('tool_calls_executed', 0)}/{a.get('tool_calls_replayed', 0)}",
+                f"{a.get('tool_calls_executed', 0)}/{a.get('tool_calls_replayed', 0)}"
+                + (f" ({a['tool_calls_failed']} failed)" if a.get("tool_calls_failed") else ""),
             ]
         )
     return rows

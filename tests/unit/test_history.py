@@ -475,6 +475,9 @@ def test_pod_start_is_shown_apart_and_never_counted_in_a_step() -> None:
     assert built.attempts[0].pod_start_seconds == 3.8
 
 
+STEPS_TO_END = ((1, "model", "running"), (2, "tools", "running"), (3, "__end__", "completed"))
+
+
 def test_the_page_and_the_list_say_a_succeeded_run_with_failed_calls_and_a_cancelled_call() -> None:
     calls = {"executed": 0, "replayed": 0, "failed": 3}
     condition = {"type": "ToolErrors", "status": "True", "message": "3 tool calls failed; last: lookup_order: no 9999"}
@@ -487,12 +490,23 @@ def test_the_page_and_the_list_say_a_succeeded_run_with_failed_calls_and_a_cance
     assert "Succeeded</span>" in listed and "with 3 failed tool calls" in listed and "3 failed" in listed, (
         "GUARANTEE BROKEN: the list must show a Succeeded run whose tool calls failed as a warning"
     )
+    # The page counts what the history's records show (the calls' table below it), as status.toolCalls does.
+    failing = ThreadRows(
+        states=[state(v, node, status, 1, 9.0 + v) for v, node, status in STEPS_TO_END],
+        messages=[message(1, 2, request(*((f"c{i}", "lookup_order", "{}") for i in (1, 2, 3))))]
+        + [message(1 + i, 3, answer(f"c{i}", "lookup_order", "Error: no 9999", error=True)) for i in (1, 2, 3)],
+    )
+    failed = build(
+        failing, namespace="default", name="r", thread_id=THREAD, status={"phase": "Succeeded", "toolCalls": calls}
+    )
+    assert failed.tool_counts == calls, failed.tool_counts
+    page = pages.timeline(failed, run)
+    assert "Succeeded with 3 failed tool calls." in page and "lookup_order: no 9999" in page
     history = build(
         in_flight_run(state(3, "tools", "stopped", 1, 35.0)), namespace="default", name="r", thread_id=THREAD
     )
     history.phase = "Succeeded"
     page = pages.timeline(history, run)
-    assert "Succeeded with 3 failed tool calls." in page and "lookup_order: no 9999" in page
     assert page.count('class="badge out-cancelled"') == 2 and "out-running" not in page
     assert "Pod start" in page
     plain = pages.timeline(history, {**run, "status": {"phase": "Succeeded", "toolCalls": {"executed": 2}}})
