@@ -275,7 +275,6 @@ def timeline(history: RunHistory, run: dict[str, Any], *, talk: Conversation | N
     parts.append(_interrupts(history, status))
     parts.append(_attempts(history))
     parts.append(_tool_calls(history))
-    parts.append(graph_picture(talk.graph if talk else None, history.current_node))
     parts.append(conversation(talk))
     parts.append(_steps(history))
     return flagged("".join(parts))
