@@ -138,9 +138,20 @@ class RealCluster:
 
     def _list(self, kind: str, namespace: str | None) -> list[dict[str, Any]]:
         try:
-            return self.plane.list_objects(kind, namespace)
+            path = self.plane.resource_path(kind, namespace)
         except KeyError:  # a kind this server does not serve (a CRD the test removed)
             return []
+
+        def listed() -> ApiResponse | None:  # 429 while a CRD created just now starts its storage
+            response = self.plane.api("GET", path)
+            return None if response.status == 429 else response
+
+        response = self.plane.wait_for(listed, timeout=30, interval=0.5, message=f"LIST {kind} past its 429")
+        if response.status == 404:  # the kind went away between discovery and the list
+            return []
+        assert response.status == 200, f"LIST {kind} in {namespace}: {response}"
+        items: list[dict[str, Any]] = response.body["items"]
+        return items
 
     def _names(self, kind: str) -> Iterable[str]:
         return [o["metadata"]["name"] for o in self._list(kind, None)]

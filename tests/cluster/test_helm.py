@@ -4,8 +4,9 @@ Real Helm 4 (the Go SDK through ``helm_python``) talks to the emulator the way i
 API server: discovery, ``/openapi/v3`` for field validation, server-side apply of every object
 (CRDs from ``crds/`` first), release records as protobuf Secrets, deletes on uninstall. The
 cluster starts WITHOUT the AgentRun CRD here, so it must learn it from what Helm applies: a fresh
-emulator per test, or a fresh real control plane (etcd, kube-apiserver, kube-controller-manager;
-about 5 s to start) per test on ``[real]``, where the same assertions hold against the real server.
+emulator per test, or on ``[real]`` a real control plane of the module's own (etcd, kube-apiserver,
+kube-controller-manager) that each test leaves as it found it, where the same assertions hold against the
+real server.
 
 The second half tests server-side apply itself with the real ``kubectl apply --server-side``:
 field ownership, conflicts between managers and ``--force-conflicts``, with the messages worded
@@ -45,20 +46,32 @@ pytestmark = [pytest.mark.timeout(180), pytest.mark.real_server, pytest.mark.kub
 Cluster = EmulatedCluster | RealCluster
 
 
+@pytest.fixture(scope="module")
+def bare_real_plane(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
+    """A real control plane of this module's own, started knowing no CRD; each test leaves it that way (``reset``).
+    One plane for the module, not one per test: a start costs about 20 s of both cores under CI's load."""
+    with RealControlPlane(tmp_path_factory.mktemp("plane"), bins=request.getfixturevalue("real_binaries")) as plane:
+        yield RealCluster(plane, ())  # its baseline: the cluster-scoped objects of a fresh plane
+
+
 @pytest.fixture
 def bare_cluster(request: pytest.FixtureRequest, api_server: str, tmp_path: Path) -> Iterator[Cluster]:
-    """A cluster that knows no CRD (Helm has to install it): an emulator, or a real control plane of its own."""
+    """A cluster that knows no CRD (Helm has to install it): an emulator, or the module's real control plane."""
     if api_server == "real":
-        with RealControlPlane(tmp_path / "plane", bins=request.getfixturevalue("real_binaries")) as plane:
-            real = RealCluster(plane, ())
-            for resource in ("serviceaccounts", "configmaps"):  # history(), as kubesim keeps it
-                real.watch(resource)
-            cache = discovery_cache(real.url)
-            try:
-                yield real
-            finally:
-                real.stop_watches()  # the plane goes with its objects
-                shutil.rmtree(cache, ignore_errors=True)
+        real: RealCluster = request.getfixturevalue("bare_real_plane")
+        assert not real.list_objects("customresourcedefinitions"), "the last test left a CRD behind"
+        for resource in ("serviceaccounts", "configmaps"):  # history(), as kubesim keeps it
+            real.watch(resource)
+        cache = discovery_cache(real.url)
+        shutil.rmtree(cache, ignore_errors=True)  # the last test's discovery, with its CRD
+        try:
+            yield real
+        finally:
+            real.reset()  # namespaces, CRDs, cluster roles: back to the fresh plane's
+            real.wait_for(
+                lambda: not real.list_objects("customresourcedefinitions"), timeout=60, message="the CRDs are gone"
+            )
+            shutil.rmtree(cache, ignore_errors=True)
         return
     emulated = EmulatedCluster(tmp_path / "cluster", crd_files=()).start()
     cache = discovery_cache(emulated.url)
