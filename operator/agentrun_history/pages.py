@@ -20,7 +20,7 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from agentrun.history import Digest, RunHistory, ToolCallRecord
-from agentrun.inspector import ChatMessage, Conversation, StepDetail
+from agentrun.inspector import ChatMessage, Conversation, GraphShape, StepDetail
 from agentrun_operator.decide import jobparity, toolerrors
 from agentrun_operator.decide.status import AgentRunStatus
 
@@ -275,6 +275,7 @@ def timeline(history: RunHistory, run: dict[str, Any], *, talk: Conversation | N
     parts.append(_interrupts(history, status))
     parts.append(_attempts(history))
     parts.append(_tool_calls(history))
+    parts.append(graph_picture(talk.graph if talk else None, history.current_node))
     parts.append(conversation(talk))
     parts.append(_steps(history))
     return flagged("".join(parts))
@@ -663,4 +664,78 @@ def step_detail(detail: StepDetail) -> str:
         f"<div class=step-detail data-version={e(detail.version)}><h4>What step {e(detail.step)} changed "
         f"(version {e(detail.version)} against {e(since)})</h4>{changes}{said}"
         f"<h4>State as of version {e(detail.version)}</h4>{held}</div>"
+    )
+
+
+# The graph picture: one node per row (in the order a walk from the start meets them), plain edges to the next
+# row straight down, others as arcs (forward on the right, back on the left); conditional ones dashed.
+_BOX_W, _ROW, _BOX_H, _LEFT = 180, 54, 30, 140
+
+
+def _order(shape: GraphShape) -> list[str]:
+    after: dict[str, list[str]] = {}
+    for source, target, _c in shape.edges:
+        after.setdefault(source, []).append(target)
+    seen: list[str] = []
+    queue = [n for n in shape.nodes if n == "__start__"] or shape.nodes[:1]
+    while queue:
+        node = queue.pop(0)
+        if node in seen or node in ("__end__", "*"):
+            continue
+        seen.append(node)
+        queue += after.get(node, [])
+    rest = [n for n in shape.nodes if n not in seen and n != "__end__"]
+    return seen + rest + [n for n in shape.nodes if n == "__end__"]
+
+
+def _edge(y1: float, y2: float, rank: int, conditional: bool) -> str:
+    x = _LEFT + _BOX_W / 2
+    dash = ' stroke-dasharray="5 4"' if conditional else ""
+    if y2 == y1 + _ROW:  # the next row: straight down
+        path = f"M{x} {y1 + _BOX_H} L{x} {y2}"
+    else:
+        side = _LEFT + _BOX_W if y2 > y1 else _LEFT
+        bend = side + (1 if y2 > y1 else -1) * (24 + 14 * rank)
+        top, bottom = y1 + _BOX_H / 2, y2 + _BOX_H / 2
+        path = f"M{side} {top} C{bend} {top} {bend} {bottom} {side} {bottom}"
+    return f'<path class=edge d="{path}" fill="none" stroke="#6b7785"{dash} marker-end="url(#arrow)"/>'
+
+
+def graph_picture(shape: GraphShape | None, at: str | None) -> str:
+    """The run's graph (``agentrun.structure``) as inline SVG, the node the run is at (``at``) marked."""
+    if shape is None or not shape.nodes:
+        return ""
+    order = _order(shape)
+    row = {name: i for i, name in enumerate(order)}
+    edges = []
+    for rank, (source, target, conditional) in enumerate(shape.edges):
+        if target == "*":  # a conditional edge without a path map: to whichever node it names
+            continue
+        if source in row and target in row:
+            edges.append(_edge(row[source] * _ROW + 8, row[target] * _ROW + 8, rank % 6, conditional))
+    boxes = []
+    for name, i in row.items():
+        y = i * _ROW + 8
+        kind = "current" if name == at else ("terminal" if name in ("__start__", "__end__") else "node")
+        label = {"__start__": "start", "__end__": "end"}.get(name, name)
+        boxes.append(
+            f'<g class="gnode {kind}" data-node="{a(name)}"><rect x="{_LEFT}" y="{y}" width="{_BOX_W}" '
+            f'height="{_BOX_H}" rx="6"/><text x="{_LEFT + _BOX_W / 2}" y="{y + 19}" text-anchor="middle">'
+            f"{e(label[:28])}</text></g>"
+        )
+    anywhere = [s for s, t, _c in shape.edges if t == "*"]
+    height = len(order) * _ROW + 8
+    notes = []
+    if anywhere:
+        notes.append(f"conditional edges of {', '.join(anywhere)} may go to any node (no path map)")
+    if shape.cut:
+        notes.append("the graph is larger than the drawing keeps (200 nodes, 1000 edges)")
+    legend = "dashed: a conditional edge" + (f"; {at} is where the run is" if at in row else "")
+    return (
+        f"<section class=graph><h2>Graph <span class=note>({e(shape.engine)}; {e(legend)})</span></h2>"
+        f'<svg class=graph-picture role=img aria-label="the graph\'s nodes and edges" width="{_LEFT * 2 + _BOX_W}" '
+        f'height="{height}" viewBox="0 0 {_LEFT * 2 + _BOX_W} {height}"><defs><marker id=arrow viewBox="0 0 10 10" '
+        'refX="10" refY="5" markerWidth="7" markerHeight="7" orient="auto-start-reverse">'
+        '<path d="M0 0 L10 5 L0 10 z" fill="#6b7785"/></marker></defs>'
+        f"{''.join(edges)}{''.join(boxes)}</svg>" + "".join(f"<p class=note>{e(n)}</p>" for n in notes) + "</section>"
     )

@@ -27,7 +27,7 @@ from collections.abc import AsyncGenerator, Coroutine, Generator
 from dataclasses import dataclass, field
 from typing import Any, Literal, NoReturn, TypeVar
 
-from . import blocking, lifecycle
+from . import blocking, lifecycle, structure
 from .checkpoint.base import Checkpoint, Checkpointer, RunStatus, StopWatch
 from .checkpoint.memory import InMemoryCheckpointer
 from .config import RunConfig
@@ -267,7 +267,13 @@ class CompiledGraph:
             run.meta["resume"] = {**(run.meta.get("resume") or {}), **action.values}
             run.meta.pop("interrupts", None)
             log.info("resuming node %s with %d resume value(s)", run.current_node, len(run.meta["resume"]))
-        await writer.persist(run, durable=True)
+        # The graph's shape, for the history's picture: on this opening checkpoint only (no step pays for it).
+        if (shape := structure.of_agentrun(self.graph)) is not None:
+            run.meta[structure.META_KEY] = shape
+        try:
+            await writer.persist(run, durable=True)
+        finally:
+            run.meta.pop(structure.META_KEY, None)
         return run
 
     async def _node_to_run(self, run: Run, writer: RunWriter, preemption: Preemption | None, stops: StopWatch) -> Node:

@@ -56,6 +56,16 @@ class Conversation(BaseModel):
     input_attempt: int | None = None
     messages: list[ChatMessage] = Field(default_factory=list)
     total: int = 0  # messages in the thread; only the newest CONVERSATION_LIMIT are in ``messages``
+    graph: GraphShape | None = None  # the run's graph structure, as its runner recorded it
+
+
+class GraphShape(BaseModel):
+    """A graph's structure (``agentrun.structure``): its nodes, edges (source, target, conditional), engine."""
+
+    engine: str = "agentrun"
+    nodes: list[str] = Field(default_factory=list)
+    edges: list[tuple[str, str, bool]] = Field(default_factory=list)
+    cut: bool = False
 
 
 class StateChange(BaseModel):
@@ -102,14 +112,28 @@ def _message(row: Mapping[str, Any], version: int | None) -> ChatMessage:
     )
 
 
-def conversation(found: Mapping[str, Any] | None, rows: Sequence[Mapping[str, Any]], total: int) -> Conversation:
-    """The conversation from ``PgCheckpointer.thread_conversation``'s input row, messages and total."""
+def conversation(
+    found: Mapping[str, Any] | None, rows: Sequence[Mapping[str, Any]], total: int, graph: str | None = None
+) -> Conversation:
+    """The conversation from ``PgCheckpointer.thread_conversation``'s input row, messages, total and graph."""
     return Conversation(
         input=_digest_of(found.get("input")) if found else None,
         input_attempt=found.get("attempt") if found else None,
         messages=[_message(r, r.get("at_version")) for r in rows],
         total=total,
+        graph=_shape(graph),
     )
+
+
+def _shape(text: str | None) -> GraphShape | None:
+    """A recorded structure, or None when there is none or it does not read as one (never an error)."""
+    found = _loads(text)
+    if not isinstance(found, dict):
+        return None
+    try:
+        return GraphShape.model_validate(found)
+    except ValueError:
+        return None
 
 
 def _changes(before: Mapping[str, Digest], after: Mapping[str, Digest]) -> list[StateChange]:

@@ -26,6 +26,7 @@ from .messages import Message, replaced_positions
 from .metrics import CHECKPOINT_SECONDS, FENCED, INTERRUPTS, STALE_STATE, STOPS
 from .result import final_result
 from .state import MESSAGES, StateSchema
+from .structure import META_KEY as GRAPH_META
 from .usage import META_KEY as MODEL_USAGE
 from .usage import ModelUsage
 
@@ -63,6 +64,7 @@ class Run:
         if MESSAGES in schema.reducers:
             state[MESSAGES] = list(checkpoint.messages)
         meta = dict(checkpoint.meta)
+        meta.pop(GRAPH_META, None)  # the opening checkpoint's alone (agentrun.structure): not carried on each step
         counts = ToolCounts.from_meta(meta)
         return cls(
             state,

@@ -13,6 +13,7 @@ import json
 import re
 from typing import Annotated, Any, TypedDict
 
+import asyncpg
 import pytest
 
 from agentrun import END, START, Message, StateGraph, ToolCall, ToolNode, assistant, tool, tools_condition
@@ -75,7 +76,7 @@ async def test_the_input_conversation_and_each_steps_state_and_changes_read_back
     try:
         await store.put_run_inputs(THREAD, run_uid="uid-1", attempt=1, input=given, resume=None)
         await graph().compile(store).ainvoke(given, {"thread_id": THREAD, "attempt": 1, "run_uid": "uid-1"})
-        found, rows, total = await store.thread_conversation(THREAD, run_uid="uid-1")
+        found, rows, total, shape = await store.thread_conversation(THREAD, run_uid="uid-1")
         steps = {}
         version = 1
         while (detail := await store.thread_step(THREAD, version)) is not None:
@@ -85,7 +86,7 @@ async def test_the_input_conversation_and_each_steps_state_and_changes_read_back
     finally:
         await store.aclose()
 
-    talk = conversation(found, rows, total)
+    talk = conversation(found, rows, total, shape)
     assert talk.input is not None and json.loads(talk.input.preview) == given, "the turn's input, as given"
     assert [(m.role, m.content.preview if m.content else None) for m in talk.messages] == [
         ("user", "where is order 4821?"),
@@ -128,3 +129,36 @@ async def test_the_input_conversation_and_each_steps_state_and_changes_read_back
     assert '"content": "where is order 4821?"' in out.splitlines()[0], "the input first"
     assert re.search(r'v\d+ assistant -> lookup_order\(\{"order_id": "4821"\}\) \[call_1\]', out), out
     assert re.search(r"v\d+ tool \[call_1\]: order 4821: shipped", out), out
+
+    # The graph's structure, recorded on the turn's opening checkpoint only, drawn with where the run is.
+    assert talk.graph is not None and talk.graph.nodes == ["__start__", "model", "tools", "record", "__end__"]
+    assert sorted(map(tuple, talk.graph.edges)) == [
+        ("__start__", "model", False),
+        ("model", "record", True),
+        ("model", "tools", True),
+        ("record", "__end__", False),
+        ("tools", "model", False),
+    ]
+    svg = pages.graph_picture(talk.graph, "record")
+    assert re.search(r'<g class="gnode current" data-node="record">', svg) and svg.count("<path class=edge") == 5
+    assert svg.count('stroke-dasharray="5 4"') == 2, "the two conditional edges dashed"
+    carried = [v for v, s in steps.items() if s.state.get("graph")]
+    assert carried == [], "the structure is meta of the opening checkpoint, never state"
+
+
+async def test_the_graph_structure_is_on_the_opening_checkpoint_only(pg_dsn: str) -> None:
+    store = PgCheckpointer(pg_dsn)
+    try:
+        await graph().compile(store).ainvoke({"messages": [{"role": "user", "content": "hi"}]}, {"thread_id": THREAD})
+        pool_rows = await store.thread_rows(THREAD)
+        conn = await asyncpg.connect(pg_dsn, server_settings={"search_path": store.schema})
+        try:
+            carrying = await conn.fetch(
+                "SELECT version, step FROM states WHERE thread_id = $1 AND meta -> 'graph' IS NOT NULL", THREAD
+            )
+        finally:
+            await conn.close()
+    finally:
+        await store.aclose()
+    assert [(r["version"], r["step"]) for r in carrying] == [(1, 0)], "one row: the turn's opening checkpoint"
+    assert len(pool_rows.states) > 3

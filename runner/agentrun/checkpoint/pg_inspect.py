@@ -2,6 +2,7 @@
 
 Three reads beside ``pg_history``'s, each in one read-only snapshot and each bounded:
 
+- the run's **graph structure** (``agentrun.structure``: the newest its turns recorded);
 - the turn's **input** (``run_inputs.input`` of the run's newest attempt that has one) as a digest;
 - the thread's **conversation**: its last ``CONVERSATION_LIMIT`` messages, each with its role, content,
   tool calls and answers as digests, and the version whose checkpoint appended it (the first state whose
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from .pg_history import Connection
 
 CONVERSATION_LIMIT = 200
+GRAPH_BYTES = 256 * 1024  # a structure is bounded when written (agentrun.structure); a larger one is not shown
 STEP_MESSAGES_LIMIT = 100
 
 
@@ -65,6 +67,13 @@ _CONVERSATION = f"""
     ) newest ORDER BY idx
 """
 _COUNT = "SELECT count(*) FROM messages WHERE thread_id = $1"
+# The run's newest recorded graph structure (``agentrun.structure``, on a turn's opening checkpoint), if small.
+_GRAPH = f"""
+    SELECT CASE WHEN octet_length(g::text) <= {GRAPH_BYTES} THEN g::text END AS graph
+    FROM states s CROSS JOIN LATERAL (SELECT s.meta -> 'graph' AS g OFFSET 0) p
+    WHERE s.thread_id = $1 AND ($2::text IS NULL OR s.run_uid IS NULL OR s.run_uid = $2) AND g IS NOT NULL
+    ORDER BY s.version DESC LIMIT 1
+"""
 # The version asked ($2) and the one before: where each is, how many messages it had, its chain's snapshot.
 _STEP_ROWS = """
     SELECT version, COALESCE(base_version, version) AS base, message_count, status, current_node, step, attempt,
@@ -105,6 +114,11 @@ async def conversation_txn(conn: Connection, thread_id: str) -> tuple[list[dict[
     rows = [dict(r) for r in await conn.fetch(_CONVERSATION, thread_id, CONVERSATION_LIMIT)]
     total = int(await conn.fetchval(_COUNT, thread_id) or 0)
     return rows, total
+
+
+async def graph_txn(conn: Connection, thread_id: str, run_uid: str | None) -> str | None:
+    """The run's newest recorded graph structure as JSON text, or None."""
+    return await conn.fetchval(_GRAPH, thread_id, run_uid)  # type: ignore[no-any-return]
 
 
 async def step_txn(conn: Connection, thread_id: str, version: int) -> dict[str, Any] | None:

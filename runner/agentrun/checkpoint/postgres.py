@@ -1508,12 +1508,14 @@ class PgCheckpointer(Checkpointer):
 
     async def thread_conversation(
         self, thread_id: str, *, run_uid: str | None = None
-    ) -> tuple[dict[str, Any] | None, list[dict[str, Any]], int]:
-        """The run's input, the thread's newest messages and their total (``pg_inspect``), in one snapshot."""
+    ) -> tuple[dict[str, Any] | None, list[dict[str, Any]], int, str | None]:
+        """The run's input, the thread's newest messages, their total and the run's graph structure (JSON text)
+        (``pg_inspect``), in one snapshot."""
 
-        async def read(conn: Connection) -> tuple[dict[str, Any] | None, list[dict[str, Any]], int]:
+        async def read(conn: Connection) -> tuple[dict[str, Any] | None, list[dict[str, Any]], int, str | None]:
             found = await pg_inspect.input_txn(conn, thread_id, run_uid)
-            return (found, *await pg_inspect.conversation_txn(conn, thread_id))
+            rows, total = await pg_inspect.conversation_txn(conn, thread_id)
+            return found, rows, total, await pg_inspect.graph_txn(conn, thread_id, run_uid)
 
         return await self._read("conversation read", read, snapshot=True, patient=False)
 

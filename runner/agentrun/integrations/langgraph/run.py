@@ -51,6 +51,7 @@ from langgraph.graph import StateGraph as LangGraphStateGraph
 from langgraph.pregel import Pregel
 from langgraph.types import Command as LangGraphCommand
 
+from agentrun import structure
 from agentrun.checkpoint.base import Checkpoint, Checkpointer, CheckpointWrite, RunStatus
 from agentrun.config import RunConfig
 from agentrun.constants import END
@@ -269,7 +270,13 @@ async def run_turn(  # noqa: C901 -- see the comment above: the turn reads in or
     if existing is not None:
         mirror.node, mirror.step = existing.current_node, existing.step
         mirror.shown = [(None, m.to_json()) for m in existing.messages]  # what our messages table holds
-    await mirror.write("running")
+    # The graph's shape, for the history's picture: on the attempt's opening checkpoint only (agentrun.structure).
+    if (shape := structure.of_langgraph(app)) is not None:
+        mirror.meta[structure.META_KEY] = shape
+    try:
+        await mirror.write("running")
+    finally:
+        mirror.meta.pop(structure.META_KEY, None)
 
     def alive(elapsed: float, left: float | None) -> None:
         log.info(
