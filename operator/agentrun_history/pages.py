@@ -511,7 +511,28 @@ def _attempts(history: RunHistory) -> str:
         '<th title="pod created to runner ready: scheduling, image, imports, store">Pod start</th>'
         "<th>Last checkpoint</th><th>At node</th><th>Outcome</th><th>Exit</th><th>Reason</th><th>Steps</th>"
         "<th>Tools run / replayed</th><th>Message</th></tr></thead>"
-        f"<tbody>{''.join(rows)}</tbody></table></section>"
+        f"<tbody>{''.join(rows)}</tbody></table>{_logs(history)}</section>"
+    )
+
+
+def _logs(history: RunHistory) -> str:
+    """Where each attempt's log is: its runner pod's, read with ``kubectl agentrun logs`` (the store keeps none:
+    README "See what happened")."""
+    if history.deleted:
+        return (
+            "<p class=note>Logs: each attempt's pod went with the deleted AgentRun; its log is only where your "
+            "cluster collects container logs.</p>"
+        )
+    where = f"-n {history.namespace} " if history.namespace else ""
+    commands = "".join(
+        f"<li>attempt {e(x.attempt)}: <code class=logs>kubectl agentrun logs {e(where)}{e(history.name)} "
+        f"--attempt {e(x.attempt)}</code></li>"
+        for x in history.attempts
+    )
+    return (
+        "<p class=note>Logs: each attempt's runner log is its pod's, kept while the pod exists (pods go with the "
+        "AgentRun, <code>ttlSecondsAfterFinished</code> or a lost node); the store keeps none.</p>"
+        f"<ul class=logs>{commands}</ul>"
     )
 
 

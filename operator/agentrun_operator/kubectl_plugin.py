@@ -848,6 +848,8 @@ def print_history(found: dict[str, Any]) -> None:
     say("Attempts:")
     rows = _history_attempt_rows(found)
     say(_indent(table(rows)) if len(rows) > 1 else "  none")
+    if len(rows) > 1 and not found.get("deleted"):  # the store keeps no log: each attempt's is its pod's
+        say(f"  logs of attempt N (while its pod exists): kubectl agentrun logs {found['name']} --attempt N")
     say(f"Tool calls: {_history_counts(found)}")
     rows = _history_tool_call_rows(found)
     say(_indent(table(rows)) if len(rows) > 1 else "  none")
