@@ -318,3 +318,20 @@ async def test_a_graph_whose_state_is_not_messages_records_its_final_values_as_t
         "truncated": True,
         "kind": "state",
     }, "a completed turn of a state without messages records its final values, cut, with the whole's digest"
+
+
+def test_a_langgraph_turn_answers_by_the_same_rule() -> None:
+    """LangGraph's final values: the last AIMessage's text, else the values without messages (``agentrun.result``)."""
+    pytest.importorskip("langgraph")
+    from langchain_core.messages import AIMessage, HumanMessage
+
+    from agentrun.integrations.langgraph.run import _result
+
+    said = _result({"messages": [HumanMessage("q"), AIMessage("the answer"), HumanMessage("thanks")]})
+    assert said is not None and (said["message"], said["kind"]) == ("the answer", "message")
+    state = _result({"name": "Ada", "greeting": "Hello, Ada", "messages": []})
+    assert state is not None and (state["message"], state["kind"]) == (
+        '{"greeting": "Hello, Ada", "name": "Ada"}',
+        "state",
+    )
+    assert _result({}) is None
