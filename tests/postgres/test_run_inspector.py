@@ -100,6 +100,8 @@ async def test_the_input_conversation_and_each_steps_state_and_changes_read_back
     ], "the tool call as content: its name and arguments"
     assert talk.messages[2].tool_call_id == "call_1" and not talk.messages[2].is_error
     assert talk.total == 4 and all(m.version is not None for m in talk.messages)
+    for m in talk.messages:  # the version named is the checkpoint whose step appended it
+        assert m.version is not None and m.index in [x.index for x in steps[m.version].messages], (m, steps)
 
     # Each step: the messages it appended and the keys it changed, against the version before.
     by_version = {v: s for v, s in steps.items()}

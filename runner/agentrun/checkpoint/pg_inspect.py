@@ -56,17 +56,23 @@ _INPUT = f"""
     FROM run_inputs WHERE thread_id = $1 AND ($2::text IS NULL OR run_uid = $2) AND input IS NOT NULL
     ORDER BY attempt DESC LIMIT 1
 """
-# The newest messages, oldest first; "at_version": the first checkpoint whose message count passed the index.
+# The newest messages, oldest first.
 _CONVERSATION = f"""
     SELECT * FROM (
-        SELECT m.idx, m.version AS written_version,
-               (SELECT min(s.version) FROM states s WHERE s.thread_id = $1 AND s.message_count > m.idx) AS at_version,
-               {_message_columns("b")}
+        SELECT m.idx, m.version AS written_version, {_message_columns("b")}
         FROM messages m CROSS JOIN LATERAL (SELECT {_readable("m.body::text")} AS b OFFSET 0) p
         WHERE m.thread_id = $1 ORDER BY m.idx DESC LIMIT $2
     ) newest ORDER BY idx
 """
 _COUNT = "SELECT count(*) FROM messages WHERE thread_id = $1"
+# The checkpoints whose message count changed (one pass over the thread's states), from index $2 on: where each
+# shown message was appended (the first whose count passed its index).
+_APPENDED = """
+    SELECT version, message_count FROM (
+        SELECT version, message_count, lag(message_count) OVER (ORDER BY version) AS before
+        FROM states WHERE thread_id = $1
+    ) counted WHERE before IS DISTINCT FROM message_count AND message_count > $2 ORDER BY version
+"""
 # The run's newest recorded graph structure (``agentrun.structure``, on a turn's opening checkpoint), if small.
 _GRAPH = f"""
     SELECT CASE WHEN octet_length(g::text) <= {GRAPH_BYTES} THEN g::text END AS graph
@@ -113,6 +119,11 @@ async def conversation_txn(conn: Connection, thread_id: str) -> tuple[list[dict[
     """The thread's newest ``CONVERSATION_LIMIT`` messages, oldest first, and how many it holds in all."""
     rows = [dict(r) for r in await conn.fetch(_CONVERSATION, thread_id, CONVERSATION_LIMIT)]
     total = int(await conn.fetchval(_COUNT, thread_id) or 0)
+    if rows:
+        changed = await conn.fetch(_APPENDED, thread_id, rows[0]["idx"])
+        counts = [(int(r["version"]), int(r["message_count"])) for r in changed]
+        for row in rows:  # "at_version": the first checkpoint whose message count passed the index
+            row["at_version"] = next((v for v, count in counts if count > row["idx"]), None)
     return rows, total
 
 
