@@ -11,6 +11,9 @@ What it proves, in one cluster (the runs take most of the time):
 - the list shows the runs the person may list;
 - a run SIGKILLed after ``charge_card`` was recorded and rescheduled shows two attempts and ``charge_card``
   replayed from the ledger in attempt 2 (charged once);
+- a LangGraph run SIGKILLed the same way (the fault point after ``charge_card`` was recorded) shows its
+  calls as our engine's do (issue 32 item 2): ``charge_card`` replayed in attempt 2, its arguments and its
+  answer as content (not a LangChain ``ToolMessage`` as JSON), two attempts, the node names;
 - approving a waiting run with a JSON value (invalid JSON is said in the page and nothing is sent; a
   confirmation shows the interrupt, its question and the value before anything is sent) resumes it with that
   value, and the page follows it to Succeeded live (server-sent events), without a reload;
@@ -250,6 +253,16 @@ def test_the_history_view_in_a_real_browser(world: dict[str, Any], dsn: str, tmp
         restartPolicy={"maxRestarts": 0, "backoffSeconds": 0},
     )
     apply(cluster, flaky, ns)
+    # A LangGraph run SIGKILLed right after charge_card was recorded (the fault point, attempt 1 only).
+    lg_crash = agentrun(
+        "langgraph-run",
+        thread="langgraph-run",
+        graph="examples.langgraph_support_agent:app",
+        effects=tmp_path / "lg.db",
+        env={"AGENTRUN_FAULT_POINT": "after_ledger_record:charge_card@1"},
+        restartPolicy={"maxRestarts": 3, "backoffSeconds": 1},
+    )
+    apply(cluster, lg_crash, ns)
     # Five runs start at once on a shared plane: on the real server under a full suite their pods can take
     # longer than the default 30 s to reach their first tool (it did once in CI).
     wait_node(dsn, f"{ns}/crash-run", "tools", timeout=90)
@@ -261,6 +274,7 @@ def test_the_history_view_in_a_real_browser(world: dict[str, Any], dsn: str, tmp
     wait_phase(cluster, operator, "other-run", "Interrupted", timeout=60, namespace=other_ns)
     wait_phase(cluster, operator, "stop-run", "Interrupted", timeout=60, namespace=ns)
     wait_phase(cluster, operator, "retry-run", "Failed", timeout=60, namespace=ns)
+    wait_phase(cluster, operator, "langgraph-run", "Succeeded", timeout=90, namespace=ns)
 
     # Without a token, nothing; with bob's, not a run of ns (the API server's own 403).
     server = world["server"]
@@ -344,6 +358,20 @@ def test_the_history_view_in_a_real_browser(world: dict[str, Any], dsn: str, tmp
             assert page.locator("table.attempts tbody tr").count() == 2, page.locator("table.attempts").inner_text()
             assert (cluster.get("agentruns", "retry-run", ns) or {})["spec"]["retry"] == 1
             shoot(page, tmp_path, "retried-run")
+
+            # The LangGraph run killed after charge_card was recorded: charge_card replayed in attempt 2, with
+            # its arguments and the tool's answer as content, as a run of our engine shows it.
+            page.goto(f"{world['alice']}/runs/{ns}/langgraph-run")
+            page.wait_for_selector("table.calls")
+            assert page.locator("table.attempts tbody tr").count() == 2, page.locator("table.attempts").inner_text()
+            cells = row_of(page, "charge_card").locator("td")
+            shown = [cells.nth(i).inner_text().strip() for i in range(8)]
+            assert shown[2:5] == ["replayed", "1", "2"], shown
+            assert json.loads(shown[6]) == {"order_id": "4821"}, shown
+            # The answer's digest is of the recorded envelope (larger than the text): its preview is the text.
+            assert cells.nth(7).locator("pre").text_content() == "charged 4999 cents to visa-4242", shown
+            assert "__end__" in page.locator("section.summary").inner_text()
+            shoot(page, tmp_path, "langgraph-run")
 
             # Stop with the button: spec.stop as alice's own patch; the page follows the run to Stopped.
             page.goto(f"{world['alice']}/runs/{ns}/stop-run")
