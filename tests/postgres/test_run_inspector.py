@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Sequence
 from typing import Annotated, Any, TypedDict
 
 import asyncpg
@@ -44,7 +45,7 @@ def lookup_order(order_id: str) -> str:
     return f"order {order_id}: shipped"
 
 
-def _model(messages: list[Message]) -> Message:
+def _model(messages: Sequence[Message]) -> Message:
     if messages[-1].role == "user":
         return assistant(
             "Let me look.", tool_calls=[ToolCall(id="call_1", name="lookup_order", arguments='{"order_id": "4821"}')]
