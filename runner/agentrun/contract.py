@@ -112,6 +112,7 @@ OPERATOR_STORE_KEYS = (*STORE_SECRET_KEYS.values(), POSTGRES_LISTEN_DSN_KEY)
 # The AgentRun resource (crds/agentrun.dev_agentruns.yaml): the operator, the kubectl plugin and the
 # history server address it by these.
 GROUP, VERSION, PLURAL, KIND = "agentrun.dev", "v1alpha1", "agentruns", "AgentRun"
+API_VERSION = f"{GROUP}/{VERSION}"
 # The variables the operator never sets inline (they come from the Secret) or never sets at all.
 _NOT_RENDERED = {
     "postgres_dsn",

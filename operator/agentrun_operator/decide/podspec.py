@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agentrun.contract import GROUP, KIND, PLURAL, STORE_SECRET_KEYS, VERSION, Env, RunnerInputs
+from agentrun.contract import API_VERSION, GROUP, KIND, PLURAL, STORE_SECRET_KEYS, VERSION, Env, RunnerInputs
 
 from ..settings import OperatorSettings
 from .identity import request_key
@@ -113,7 +113,7 @@ def build_pod(
             "annotations": dict(template.annotations or {}) if template else {},
             "ownerReferences": [
                 {
-                    "apiVersion": f"{GROUP}/{VERSION}",
+                    "apiVersion": API_VERSION,
                     "kind": KIND,
                     "name": name,
                     "uid": run.uid,

@@ -33,6 +33,8 @@ import aiohttp
 import kopf
 from lightkube.config.models import User
 
+from agentrun.contract import API_VERSION, PLURAL
+
 from . import kubeconfig, metrics
 from .kubeconfig import SA_DIR, ConfigError, SingleConfig
 
@@ -195,7 +197,7 @@ def q(value: str) -> str:
 
 def run_path(namespace: str, name: str | None = None, *, status: bool = False) -> str:
     """The API path of a namespace's AgentRuns, of one (``name``), or of its status subresource."""
-    base = f"/apis/agentrun.dev/v1alpha1/namespaces/{q(namespace)}/agentruns"
+    base = f"/apis/{API_VERSION}/namespaces/{q(namespace)}/{PLURAL}"
     if name is None:
         return base
     return f"{base}/{q(name)}" + ("/status" if status else "")

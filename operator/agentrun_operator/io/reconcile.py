@@ -42,6 +42,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from agentrun.checkpoint.base import ControlStore, Progress
+from agentrun.contract import API_VERSION, KIND
 
 from ..decide import answers, jobparity
 from ..decide.conditions import QUIET_SECONDS, deferrable, status_patch
@@ -99,7 +100,7 @@ class PodNameTaken(RuntimeError):
 def controller_uid(pod: Mapping[str, Any] | None) -> str | None:
     """The uid of the AgentRun that controls ``pod`` (its controller ownerReference), if any."""
     for owner in ((pod or {}).get("metadata") or {}).get("ownerReferences") or []:
-        if owner.get("kind") == "AgentRun" and owner.get("controller"):
+        if owner.get("kind") == KIND and owner.get("controller"):
             return str(owner.get("uid"))
     return None
 
@@ -529,8 +530,8 @@ class Reconciler:
             "kind": "Event",
             "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
             "involvedObject": {
-                "apiVersion": run.get("apiVersion", "agentrun.dev/v1alpha1"),
-                "kind": "AgentRun",
+                "apiVersion": run.get("apiVersion", API_VERSION),
+                "kind": KIND,
                 "name": meta["name"],
                 "namespace": meta["namespace"],
                 "uid": meta["uid"],
