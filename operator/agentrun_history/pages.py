@@ -22,12 +22,13 @@ from urllib.parse import quote, urlencode
 from agentrun.history import Digest, RunHistory, ToolCallRecord
 from agentrun.inspector import ChatMessage, Conversation, GraphShape, StepDetail
 from agentrun_operator.decide import jobparity, toolerrors
+from agentrun_operator.decide.reasons import TERMINAL, Phase
 from agentrun_operator.decide.status import AgentRunStatus
 
 from . import listing, text
 
-PHASES = ("Pending", "Running", "Interrupted", "Stopping", "Stopped", "Succeeded", "Failed")
-TERMINAL = ("Stopped", "Succeeded", "Failed")
+# The operator's phases (decide/reasons.py), offered by the list's filter in their order.
+PHASES = tuple(Phase)
 SHORT_BYTES = 120
 
 

@@ -59,7 +59,7 @@ from agentrun_history.text import hidden, note, visible, visible_json
 from .decide import jobparity, toolerrors
 from .decide.answers import waiting_words
 from .decide.attempts import is_open
-from .decide.podspec import GROUP, PLURAL, RUN_LABEL, label_value, pod_name
+from .decide.podspec import ATTEMPT_LABEL, GROUP, PLURAL, RUN_LABEL, label_value, pod_name
 from .decide.reasons import TERMINAL, Phase
 from .decide.status import AgentRunStatus, AttemptRecord, parse_time
 
@@ -523,7 +523,7 @@ def _attempt_pods(kubectl: Kubectl, run: dict[str, Any]) -> dict[int, str]:
             pods[int(entry["attempt"])] = entry.get("podName") or pod_name(name, int(entry["attempt"]))
     listing = kubectl.json("get", "pods", "-l", f"{RUN_LABEL}={label_value(name)}")
     for pod in listing.get("items") or []:
-        attempt = (pod["metadata"].get("labels") or {}).get("agentrun.dev/attempt", "")
+        attempt = (pod["metadata"].get("labels") or {}).get(ATTEMPT_LABEL, "")
         if attempt.isdigit():
             pods[int(attempt)] = pod["metadata"]["name"]
     if status.attempt:
