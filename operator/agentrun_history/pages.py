@@ -680,7 +680,7 @@ def step_detail(detail: StepDetail) -> str:
     held = (
         f"<table class=state><tbody>{state}</tbody></table>"
         if state
-        else "<p class=empty>No key besides messages (a LangGraph thread's state is in its own checkpoints).</p>"
+        else "<p class=empty>No key besides its messages.</p>"
     )
     return (
         f"<div class=step-detail data-version={e(detail.version)}><h4>What step {e(detail.step)} changed "

@@ -1,8 +1,10 @@
-"""Graphs for the history view's browser test (``tests.cluster.history_graphs:<name>``): hostile, huge output."""
+"""Graphs for the history view's browser test (``tests.cluster.history_graphs:<name>``): hostile, huge output;
+a state without messages."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, TypedDict
 
 from agentrun import END, START, Message, StateGraph, ToolCall, ToolNode, assistant, tool, tools_condition
 from agentrun.models import ScriptedModel
@@ -30,3 +32,20 @@ _hostile.add_edge(START, "model")
 _hostile.add_conditional_edges("model", tools_condition, {"tools": "tools", END: END})
 _hostile.add_edge("tools", "model")
 hostile = _hostile.compile()
+
+
+class Greeting(TypedDict, total=False):
+    name: str
+    greeting: str
+
+
+def _greet(state: dict[str, Any]) -> dict[str, Any]:
+    return {"greeting": f"Hello, {state['name']}"}
+
+
+# A graph whose state is not messages (issue 32: its output appeared nowhere): its result is its final values.
+_greeting = StateGraph(Greeting)
+_greeting.add_node("greet", _greet)
+_greeting.add_edge(START, "greet")
+_greeting.add_edge("greet", END)
+greeting = _greeting.compile()

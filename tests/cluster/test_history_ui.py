@@ -27,6 +27,10 @@ What it proves, in one cluster (the runs take most of the time):
   shows it, marked Deleted (found by a search of its name); bob, who may not list there, sees neither;
 - an unknown run is a 404 page; a 300 kB tool result is shown as a cut preview with its size; ``<script>``
   and ``onerror`` in tool output are text, never run;
+- the run inspector (issue 32 item 1): the crashed run's input, conversation (roles, tool calls with their
+  arguments, answers by call id: content, not JSON), graph picture and a step opened on demand (the messages it
+  appended); a graph whose state is not messages Succeeds with ``status.result`` its final values, shown in the
+  page with the step that added ``greeting``, and in ``history -o json``;
 - ``kubectl agentrun history`` prints the same history (table and ``-o json``).
 
 Screenshots go to the test's tmp dir, and to ``$AGENTRUN_SCREENSHOTS`` when set (the README's come from
@@ -225,6 +229,43 @@ def row_of(page: Any, tool: str) -> Any:
     return page.locator("table.calls tr.call", has=page.locator("td.tool", has_text=tool))
 
 
+def open_steps_until(page: Any, selector: str, text: str) -> Any:
+    """Open the run page's steps one by one (each fetched when opened) until one's detail shows ``selector``
+    holding ``text``; that step's detail."""
+    steps = page.locator("details.step")
+    for i in range(steps.count()):
+        step = steps.nth(i)
+        step.locator("summary").click()
+        detail = step.locator(".step-detail")
+        detail.wait_for(timeout=10_000)
+        if detail.locator(selector, has_text=text).count():
+            return detail
+    raise AssertionError(f"no step shows {selector} with {text!r}: {page.locator('table.steps').inner_text()}")
+
+
+def inspect_the_conversation_graph_and_a_step(page: Any, tmp_path: Path) -> None:
+    """The run inspector (issue 32 item 1) on the crashed run's page: its input, the conversation as content
+    (roles, the tool calls asked with their arguments, each answer by call id), the graph picture with where
+    the run ended, and a step opened: the messages it appended."""
+    talk = page.locator("section.conversation")
+    assert "charge my saved card for order 4821" in talk.locator("pre.input").inner_text()
+    roles = [r.split()[0] for r in talk.locator("li.msg .who").all_inner_texts()]
+    assert roles[0] == "user" and {"assistant", "tool"} <= set(roles), roles
+    asked = talk.locator("li.role-assistant .call", has_text="charge_card")
+    assert asked.count() == 1 and '"order_id"' in asked.inner_text(), talk.inner_text()[:2000]
+    answered = talk.locator("li.role-tool", has_text="charge_card")
+    assert answered.count() >= 1 and "answer to" in answered.first.inner_text()
+    assert "__kind__" not in talk.inner_text() and "ToolMessage" not in talk.inner_text(), "content, not JSON"
+    picture = page.locator("svg.graph-picture")
+    drawn = picture.locator("g.gnode")
+    nodes = [drawn.nth(i).get_attribute("data-node") for i in range(drawn.count())]
+    assert {"__start__", "model", "tools", "__end__"} <= set(nodes), nodes
+    assert picture.locator("g.gnode.current").count() == 1, "where the run is, marked"
+    detail = open_steps_until(page, "li.role-tool", "charge_card")
+    assert "Messages appended" in detail.inner_text()
+    shoot(page, tmp_path, "inspector")
+
+
 def test_the_history_view_in_a_real_browser(world: dict[str, Any], dsn: str, tmp_path: Path) -> None:
     cluster, kubelet, operator = world["cluster"], world["kubelet"], world["operator"]
     ns, other_ns, tokens = world["ns"], world["other_ns"], world["tokens"]
@@ -268,6 +309,11 @@ def test_the_history_view_in_a_real_browser(world: dict[str, Any], dsn: str, tmp
     wait_node(dsn, f"{ns}/crash-run", "tools", timeout=90)
     time.sleep(1.0)  # charge_card (no delay) is recorded; send_receipt sleeps 2.5 s
     kubelet.kill("crash-run-1", namespace=ns)
+    # A graph whose state is not messages ({name} -> greeting): its result is its final values (issue 32 item 1).
+    # Applied after the kill: one run fewer competing while the crash is timed.
+    greeting = "tests.cluster.history_graphs:greeting"
+    greet = agentrun("greet-run", thread="greet-run", graph=greeting, effects=tmp_path / "g.db", input={"name": "Ada"})
+    apply(cluster, greet, ns)
     wait_phase(cluster, operator, "crash-run", "Succeeded", timeout=90, namespace=ns)
     wait_phase(cluster, operator, "approve-run", "Interrupted", timeout=60, namespace=ns)
     wait_phase(cluster, operator, "hostile-run", "Succeeded", timeout=60, namespace=ns)
@@ -275,6 +321,12 @@ def test_the_history_view_in_a_real_browser(world: dict[str, Any], dsn: str, tmp
     wait_phase(cluster, operator, "stop-run", "Interrupted", timeout=60, namespace=ns)
     wait_phase(cluster, operator, "retry-run", "Failed", timeout=60, namespace=ns)
     wait_phase(cluster, operator, "langgraph-run", "Succeeded", timeout=90, namespace=ns)
+    wait_phase(cluster, operator, "greet-run", "Succeeded", timeout=60, namespace=ns)
+    greeted = (cluster.get("agentruns", "greet-run", ns) or {})["status"].get("result")
+    assert greeted is not None and (greeted["kind"], json.loads(greeted["message"])) == (
+        "state",
+        {"greeting": "Hello, Ada", "name": "Ada"},
+    ), f"status.result of a graph without messages: {greeted}"
 
     # Without a token, nothing; with bob's, not a run of ns (the API server's own 403).
     server = world["server"]
@@ -312,6 +364,16 @@ def test_the_history_view_in_a_real_browser(world: dict[str, Any], dsn: str, tmp
             assert cells.nth(3).inner_text().strip() == "1" and cells.nth(4).inner_text().strip() == "2"
             assert "ar-" in cells.nth(8).inner_text(), "the idempotency key is shown"
             shoot(page, tmp_path, "crashed-run")
+            inspect_the_conversation_graph_and_a_step(page, tmp_path)
+
+            # A graph without messages: its result (the final state's values) and what its step changed.
+            page.goto(f"{world['alice']}/runs/{ns}/greet-run")
+            result = page.locator("pre.result-state")
+            assert json.loads(result.inner_text()) == {"greeting": "Hello, Ada", "name": "Ada"}
+            assert "the final state's values" in page.locator("section.summary h3").inner_text()
+            greeted_at = open_steps_until(page, "tr.change-added", "greeting")
+            assert "Hello, Ada" in greeted_at.inner_text(), greeted_at.inner_text()
+            shoot(page, tmp_path, "state-result")
 
             # Approve with a JSON value: invalid JSON is said and nothing is sent; a valid value is shown in a
             # confirmation (interrupt, question, value) and sent only on Send; the page follows the run live.
@@ -460,6 +522,19 @@ def test_the_history_view_in_a_real_browser(world: dict[str, Any], dsn: str, tmp
     (charge_call,) = [c for c in found["tool_calls"] if c["name"] == "charge_card"]
     assert charge_call["outcome"] == "replayed" and charge_call["attempt"] == 1 and charge_call["replayed_in"] == [2]
     assert [a["attempt"] for a in found["attempts"]] == [1, 2]
+    said = found["conversation"]["messages"]
+    assert said[0]["role"] == "user" and any(c["name"] == "charge_card" for m in said for c in m["tool_calls"])
+    assert "Conversation (" in shown.stdout and "-> charge_card(" in shown.stdout, shown.stdout
+    greeted_json = subprocess.run(
+        [KUBECTL, "agentrun", "history", "greet-run", "--server", server, "-o", "json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert greeted_json.returncode == 0, greeted_json.stderr
+    greeted_found = json.loads(greeted_json.stdout)
+    assert greeted_found["result_kind"] == "state" and "Hello, Ada" in greeted_found["result"]["preview"]
     # No --server and no history Service to port-forward to: one line that says what to do.
     lost = subprocess.run(
         [KUBECTL, "agentrun", "history", "crash-run"], capture_output=True, text=True, env=env, timeout=60
