@@ -9,6 +9,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from agentrun.metrics import build_info
 
+from ..decide.growth import MODEL_STATUSES, TOOL_OUTCOMES, ModelGrowth, model_usage_growth, tool_call_growth
 from ..decide.reasons import DisruptionReason, Phase, Reason, RescheduleReason
 
 RUNS = Gauge(
@@ -92,7 +93,6 @@ TOOL_CALLS = Counter(
     "unrecorded: completed but the ledger record failed)",
     ["namespace", "outcome"],
 )
-TOOL_OUTCOMES = ("executed", "replayed", "failed", "in_doubt", "unrecorded")
 KUBE_REQUESTS = Counter(
     "agentrun_operator_kube_requests_total",
     "Kubernetes API requests the operator made (its own client; kopf's watches are not counted), by verb and code",
@@ -122,7 +122,6 @@ MODEL_SECONDS = Counter(
     ["namespace", "model", "status"],
 )
 MODEL_KINDS = ("prompt", "completion")
-MODEL_STATUSES = ("ok", "error")
 MODEL_LABELS_MAX = 50
 OTHER_MODEL = "other"
 _model_labels: set[str] = set()
@@ -158,11 +157,14 @@ def namespace_seen(namespace: str, phases: tuple[str, ...]) -> None:
 
 
 def tool_calls_seen(namespace: str, before: Mapping[str, Any], after: Mapping[str, Any]) -> None:
-    """Count the growth of a run's ``status.toolCalls`` (camelCase keys) once it is written."""
-    for outcome, key in zip(TOOL_OUTCOMES, ("executed", "replayed", "failed", "inDoubt", "unrecorded"), strict=True):
-        grown = int(after.get(key, 0) or 0) - int(before.get(key, 0) or 0)
-        if grown > 0:
-            TOOL_CALLS.labels(namespace=namespace, outcome=outcome).inc(grown)
+    """Count the growth of a run's ``status.toolCalls`` (camelCase keys) once it is written (``decide.growth``)."""
+    count_tool_calls(namespace, tool_call_growth(before, after))
+
+
+def count_tool_calls(namespace: str, grown: Mapping[str, int]) -> None:
+    """Add ``grown`` (outcome -> calls, ``decide.growth.tool_call_growth``) to the namespace's tool call series."""
+    for outcome, count in grown.items():
+        TOOL_CALLS.labels(namespace=namespace, outcome=outcome).inc(count)
 
 
 def _model_label(model: str) -> str:
@@ -175,14 +177,17 @@ def _model_label(model: str) -> str:
 
 
 def model_usage_seen(namespace: str, before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]]) -> None:
-    """Count the growth of a run's ``status.modelUsage`` once it is written (``decide.usage``: the baseline rule).
+    """Count the growth of a run's ``status.modelUsage`` once it is written (``decide.growth``: the baseline rule)."""
+    count_model_usage(namespace, model_usage_growth(before, after))
 
-    A value that went down (it cannot, within one turn) counts nothing, as with the tool counts. A model's
-    series are created at 0 the first time it is seen in a namespace, so panels show 0, not "no data".
+
+def count_model_usage(namespace: str, grown: Sequence[ModelGrowth]) -> None:
+    """Add ``grown`` (``decide.growth.model_usage_growth``) to the model series, under a bounded model label.
+
+    A model's series are created at 0 the first time it is seen in a namespace, so panels show 0, not "no data".
     """
-    seen = {str(item.get("model")): item for item in before}
-    for item in after:
-        model = _model_label(str(item.get("model") or "unknown"))
+    for growth in grown:
+        model = _model_label(growth.model)
         if (namespace, model) not in _model_series:
             _model_series.add((namespace, model))
             for kind in MODEL_KINDS:
@@ -190,25 +195,15 @@ def model_usage_seen(namespace: str, before: Sequence[Mapping[str, Any]], after:
             for status in MODEL_STATUSES:
                 MODEL_REQUESTS.labels(namespace=namespace, model=model, status=status)
                 MODEL_SECONDS.labels(namespace=namespace, model=model, status=status)
-        old = seen.get(str(item.get("model")), {})
-        for kind, key in (("prompt", "promptTokens"), ("completion", "completionTokens")):
-            if (grown := _number(item.get(key)) - _number(old.get(key))) > 0:
-                MODEL_TOKENS.labels(namespace=namespace, model=model, kind=kind).inc(grown)
-        for status in MODEL_STATUSES:
-            requests = _number((item.get("requests") or {}).get(status))
-            if (grown := requests - _number((old.get("requests") or {}).get(status))) > 0:
-                MODEL_REQUESTS.labels(namespace=namespace, model=model, status=status).inc(grown)
-            seconds = _number((item.get("requestSeconds") or {}).get(status))
-            if (grown := seconds - _number((old.get("requestSeconds") or {}).get(status))) > 0:
-                MODEL_SECONDS.labels(namespace=namespace, model=model, status=status).inc(grown)
-
-
-def _number(value: Any) -> float:
-    try:
-        number = float(value or 0)
-    except (TypeError, ValueError):
-        return 0.0
-    return number if number > 0 and number != float("inf") else 0.0
+        for kind, tokens in growth.tokens.items():
+            if tokens > 0:
+                MODEL_TOKENS.labels(namespace=namespace, model=model, kind=kind).inc(tokens)
+        for status, requests in growth.requests.items():
+            if requests > 0:
+                MODEL_REQUESTS.labels(namespace=namespace, model=model, status=status).inc(requests)
+        for status, seconds in growth.seconds.items():
+            if seconds > 0:
+                MODEL_SECONDS.labels(namespace=namespace, model=model, status=status).inc(seconds)
 
 
 def kube_request(verb: str, code: int | None) -> None:
