@@ -8,8 +8,13 @@ log (out). Both sides import this module; nothing else spells an
 - ``ExitCode``: what the runner's exit status means (DESIGN.md section 3).
 - ``Env``: the environment variable names, one per ``RunnerInputs`` field
   plus the two store variables that arrive by ``secretKeyRef``.
-- ``RunnerInputs``: the typed inputs; the runner parses them from its
-  environment, the operator renders them into the pod with ``to_env()``.
+- ``RunnerInputs``: the typed inputs; the operator renders them into the pod
+  with ``to_env()``, the runner reads them back with ``from_environ()``.
+- ``RunConfigSpec``: the run config on the wire (``spec.config``, the JSON of
+  ``AGENTRUN_CONFIG``): the CRD's camelCase keys, each the alias of the
+  ``config.RunConfig`` field it sets. The operator validates ``spec.config``
+  with it and the runner maps its keys with it; a unit test checks the CRD's
+  schema and ``RunConfig`` against it.
 
 HAZARD: a rename here is a protocol change between an operator and runner
 images of another version. Add fields with defaults; never repurpose a code.
@@ -19,9 +24,13 @@ from __future__ import annotations
 
 import enum
 import json
-from typing import Any
+import os
+from collections.abc import Mapping
+from typing import Any, Self
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .config import DEFAULT_RECURSION_LIMIT
 
 ENV_PREFIX = "AGENTRUN_"
 
@@ -40,7 +49,8 @@ class ExitCode(enum.IntEnum):
     # ever classifies the current attempt's pod, and the current attempt is the run's newest, so
     # for it FENCED means another AgentRun claimed the thread: phase Failed, reason Superseded.
     FENCED = 7
-    # Reserved: the store stayed unreachable past the runner's bounded retries (a disruption).
+    # The store stayed unreachable past the runner's bounded retries (StoreUnavailableError): rescheduled
+    # with backoff as a disruption; Failed StoreUnavailable only after storeUnavailableTimeoutSeconds.
     STORE_UNAVAILABLE = 8
 
     @property
@@ -125,6 +135,40 @@ _NOT_RENDERED = {
 }
 
 
+class RunConfigSpec(BaseModel):
+    """``spec.config``: the run's deadlines, durability, recursion limit and tool-error policy.
+
+    Each field is named as ``config.RunConfig``'s and aliased by the CRD's camelCase key; unset fields
+    are left out of ``AGENTRUN_CONFIG`` so the runtime's defaults apply (``None`` for the timeouts here).
+    """
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    tool_timeout: float | None = Field(default=None, ge=0, alias="toolTimeoutSeconds")
+    node_timeout: float | None = Field(default=None, ge=0, alias="nodeTimeoutSeconds")
+    durable_checkpoint_every_step: bool = Field(default=True, alias="durableCheckpointEveryStep")
+    recursion_limit: int = Field(default=DEFAULT_RECURSION_LIMIT, ge=1, le=10000, alias="recursionLimit")
+    # A failed tool call fails the run (exit 5, ToolError.RAISED, reason ToolError) instead of becoming a
+    # tool error message for the model (LangGraph ToolNode's default, and ours).
+    fail_on_tool_error: bool = Field(default=False, alias="failOnToolError")
+
+    def wire(self) -> dict[str, Any]:
+        """The camelCase keys the user set, as ``AGENTRUN_CONFIG`` carries them."""
+        return self.model_dump(by_alias=True, exclude_unset=True)
+
+
+# A wire key (the CRD's camelCase) -> the ``RunConfig`` field it sets.
+RUN_CONFIG_KEYS: dict[str, str] = {info.alias or name: name for name, info in RunConfigSpec.model_fields.items()}
+
+
+class InvalidEnvironment(ValueError):
+    """The pod's ``AGENTRUN_*`` variables do not make ``RunnerInputs``; the message names each variable."""
+
+
+# The fields ``to_env`` renders as JSON: the object-valued ones.
+JSON_FIELDS = frozenset({"config", "input", "resume"})
+
+
 class RunnerInputs(BaseModel):
     """What the operator tells one runner attempt; each field is the variable ``AGENTRUN_<FIELD>``."""
 
@@ -173,6 +217,37 @@ class RunnerInputs(BaseModel):
                 text = str(value)
             env.append({"name": env_name(field).value, "value": text})
         return env
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] = os.environ) -> Self:
+        """The inverse of ``to_env``: the inputs in ``environ``; ``InvalidEnvironment`` naming every bad variable.
+
+        Read by hand rather than with pydantic-settings: that package costs every pod ~16 ms of imports
+        before its first step, for reading a dozen variables whose format this module defines.
+        """
+        values: dict[str, Any] = {}
+        problems = []
+        for field in cls.model_fields:
+            name = ENV_PREFIX + field.upper()
+            if name not in environ:
+                continue
+            text = environ[name]
+            if field in JSON_FIELDS:
+                try:
+                    values[field] = json.loads(text)
+                except ValueError as e:
+                    problems.append(f"{name}: not valid JSON ({e})")
+                    continue
+            else:
+                values[field] = text
+        try:
+            inputs = cls.model_validate(values)
+        except ValidationError as e:
+            problems += [f"{ENV_PREFIX}{'_'.join(map(str, err['loc'])).upper()}: {err['msg']}" for err in e.errors()]
+            raise InvalidEnvironment("; ".join(problems)) from None
+        if problems:
+            raise InvalidEnvironment("; ".join(problems))
+        return inputs
 
 
 def env_name(field: str) -> Env:

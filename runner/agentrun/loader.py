@@ -24,7 +24,8 @@ from .engine import CompiledGraph
 from .errors import GraphReferenceError
 from .graph import StateGraph
 
-REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+# module.path:attribute, the attribute a dotted path as in an entry point (pkg.mod:factory.graph).
+REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
 log = logging.getLogger("agentrun.loader")
 
@@ -65,10 +66,13 @@ def load_target(reference: str) -> object:
         raise GraphReferenceError(f"graph reference {reference!r}: importing it failed: {e}") from e
     except Exception as e:
         raise GraphReferenceError(f"graph reference {reference!r}: importing it raised {type(e).__name__}: {e}") from e
-    try:
-        return getattr(module, attribute)
-    except AttributeError:
-        raise GraphReferenceError(f"graph reference {reference!r}: module has no attribute {attribute!r}") from None
+    target: object = module
+    for part in attribute.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise GraphReferenceError(f"graph reference {reference!r}: module has no attribute {attribute!r}") from None
+    return target
 
 
 def compile_reference(reference: str, checkpointer: Checkpointer) -> CompiledGraph:

@@ -11,20 +11,16 @@ to trust an exit code alone. The runner needs no Kubernetes credentials.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import signal
 import sys
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import ValidationError
-
 from .checkpoint import Checkpointer, open_store
 from .checkpoint.base import Checkpoint, CheckpointWrite
-from .contract import ENV_PREFIX, Env, ExitCode, RunnerInputs
+from .contract import RUN_CONFIG_KEYS, Env, ExitCode, InvalidEnvironment, RunnerInputs
 from .engine import CompiledGraph, Preemption
 from .errors import (
     AgentRunError,
@@ -59,62 +55,15 @@ PERMANENT = (
     ToolError,  # fail_on_tool_error: a retry of the same turn (spec.retry) runs the failed call again
 )
 
-CONFIG_KEYS = {
-    "toolTimeoutSeconds": "tool_timeout",
-    "nodeTimeoutSeconds": "node_timeout",
-    "durableCheckpointEveryStep": "durable_checkpoint_every_step",
-    "recursionLimit": "recursion_limit",
-    "failOnToolError": "fail_on_tool_error",
-}
-
 log = logging.getLogger("agentrun.runner")
 
 
-class InvalidEnvironment(ValueError):
-    """The pod's ``AGENTRUN_*`` variables do not make ``RunnerInputs``; the message names each variable."""
-
-
-# The fields the operator renders as JSON (``RunnerInputs.to_env``): the object-valued ones.
-JSON_FIELDS = frozenset({"config", "input", "resume"})
-
-
 class RunnerSettings(RunnerInputs):
-    """``RunnerInputs`` read from the pod's environment (``AGENTRUN_<FIELD>``).
-
-    Read by hand rather than with pydantic-settings: that package costs every pod ~16 ms of imports
-    before its first step, for reading a dozen variables whose format this repository defines.
-    """
-
-    @classmethod
-    def from_environ(cls, environ: Mapping[str, str] = os.environ) -> RunnerSettings:
-        """The inputs in ``environ``; ``InvalidEnvironment`` naming every bad or missing variable."""
-        values: dict[str, Any] = {}
-        problems = []
-        for field in cls.model_fields:
-            name = ENV_PREFIX + field.upper()
-            if name not in environ:
-                continue
-            text = environ[name]
-            if field in JSON_FIELDS:
-                try:
-                    values[field] = json.loads(text)
-                except ValueError as e:
-                    problems.append(f"{name}: not valid JSON ({e})")
-                    continue
-            else:
-                values[field] = text
-        try:
-            settings = cls.model_validate(values)
-        except ValidationError as e:
-            problems += [f"{ENV_PREFIX}{'_'.join(map(str, err['loc'])).upper()}: {err['msg']}" for err in e.errors()]
-            raise InvalidEnvironment("; ".join(problems)) from None
-        if problems:
-            raise InvalidEnvironment("; ".join(problems))
-        return settings
+    """``RunnerInputs`` as the runner uses them (read with ``RunnerInputs.from_environ``)."""
 
     def run_config(self) -> dict[str, Any]:
         """The run config the pod's inputs describe, as ``RunConfig.from_any`` takes it."""
-        config = {CONFIG_KEYS.get(k, k): v for k, v in self.config.items()}
+        config = {RUN_CONFIG_KEYS.get(k, k): v for k, v in self.config.items()}
         config.update(thread_id=self.thread_id, attempt=self.attempt, run_uid=self.run_uid or None)
         if self.request_key:
             config["request_key"] = self.request_key

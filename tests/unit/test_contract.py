@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
 import pytest
+from pydantic import Field
 
-from agentrun.contract import ENV_PREFIX, STORE_SECRET_KEYS, Env, ExitCode, RunnerInputs, env_name
+from agentrun.config import RunConfig
+from agentrun.contract import (
+    ENV_PREFIX,
+    RUN_CONFIG_KEYS,
+    STORE_SECRET_KEYS,
+    Env,
+    ExitCode,
+    RunConfigSpec,
+    RunnerInputs,
+    env_name,
+)
+from agentrun.loader import load_target
 from agentrun.runner import InvalidEnvironment, RunnerSettings, main
+from agentrun_operator.decide.spec import parse_spec
+from tests.unit.crd_support import crd_schema, drift
 
 
 def test_every_runner_input_has_exactly_one_variable_name() -> None:
@@ -81,3 +96,36 @@ def test_a_bad_runner_environment_fails_the_attempt_with_a_reason(
     assert "invalid runner environment" in last_words
     assert (tmp_path / "termination-log").read_text() in last_words
     assert "AGENTRUN_INPUT: not valid JSON" in last_words and "AGENTRUN_GRAPH: Field required" in last_words
+
+
+def test_the_crds_spec_config_is_the_run_config_wire_model() -> None:
+    assert drift(RunConfigSpec, crd_schema("spec", "config"), "spec.config") == [], (
+        "GUARANTEE BROKEN: the CRD's spec.config and contract.RunConfigSpec declare other keys, types or bounds"
+    )
+
+    class Wider(RunConfigSpec):
+        new_knob: int = Field(default=1, alias="newKnob")
+
+    assert drift(Wider, crd_schema("spec", "config"), "spec.config") == [
+        "spec.config.newKnob: in the model, not in the CRD (the API server prunes it)"
+    ], "the drift check must see a key the CRD lacks"
+
+
+def test_every_run_config_key_sets_a_run_config_field_with_the_same_default() -> None:
+    fields = {f.name: f.default for f in dataclasses.fields(RunConfig)}
+    assert set(RUN_CONFIG_KEYS.values()) <= fields.keys(), "a spec.config key would land in RunConfig.extra, unused"
+    for name, info in RunConfigSpec.model_fields.items():
+        if info.default is not None:  # None: unset, the runtime's default applies
+            assert info.default == fields[name], f"spec.config.{info.alias} defaults differently in the CRD and runtime"
+    every = RunConfigSpec.model_validate({"toolTimeoutSeconds": 1, "nodeTimeoutSeconds": 2}).model_dump(by_alias=True)
+    inputs = RunnerSettings(graph="a:b", thread_id="ns/t", config=every)
+    config = RunConfig.from_any(inputs.run_config())
+    assert config.extra == {}, f"spec.config keys the runner does not map: {config.extra}"
+    assert (config.tool_timeout, config.node_timeout) == (1, 2)
+
+
+def test_a_dotted_attribute_graph_reference_is_accepted_by_the_crd_the_operator_and_the_runner() -> None:
+    assert parse_spec({"graph": "agentrun.contract:ExitCode.FENCED", "threadId": "t"}).graph.endswith("FENCED")
+    assert load_target("agentrun.contract:ExitCode.FENCED") is ExitCode.FENCED, (
+        "the runner must load what the CRD takes"
+    )

@@ -15,6 +15,7 @@ import yaml
 
 from agentrun_operator.decide.spec import AgentRunSpec, InvalidSpec, ResumeSpec, parse_spec, thread_key
 from agentrun_operator.settings import OperatorSettings
+from tests.unit.crd_support import crd_schema, drift
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "agentrun.yaml"
 VALID: dict[str, Any] = {"graph": "examples.support_agent:app", "threadId": "order-4821"}
@@ -24,13 +25,18 @@ def with_(**fields: Any) -> dict[str, Any]:
     return {**VALID, **fields}
 
 
+def test_the_spec_model_and_the_crd_declare_the_same_fields_required_and_bounds() -> None:
+    """A field the CRD lacks is pruned by the API server; one the model forbids or bounds tighter refuses a run."""
+    assert drift(AgentRunSpec, crd_schema("spec"), "spec") == [], "GUARANTEE BROKEN: AgentRunSpec and the CRD drifted"
+
+
 def test_the_shipped_example_is_a_valid_spec() -> None:
     manifest = yaml.safe_load(EXAMPLE.read_text())
     spec = parse_spec(manifest["spec"])
     assert spec.graph == "examples.support_agent:app"
     assert spec.threadId == "order-4821"
     assert spec.store is not None and spec.store.secretRef.name == "agentrun-store"
-    assert spec.config.toolTimeoutSeconds == 60
+    assert spec.config.tool_timeout == 60
 
 
 def test_a_full_spec_parses_with_defaults_filled() -> None:

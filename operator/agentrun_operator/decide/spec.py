@@ -14,11 +14,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from agentrun.contract import ENV_PREFIX, Env
+# spec.config's model is the pod contract's (one model for the CRD, the operator and the runner).
+from agentrun.contract import ENV_PREFIX, Env, RunConfigSpec
 
 from . import hostile
 
-GRAPH_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
+# module.path:attribute, the attribute itself a dotted path (an entry point's form: pkg.mod:factory.graph).
+_DOTTED = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
+GRAPH_PATTERN = f"^{_DOTTED}:{_DOTTED}$"
 # 189 = 253 (the store's thread id limit) - 63 (namespace) - 1 ("/"): the store key always fits.
 THREAD_ID_MAX = 189
 THREAD_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9._:@-]*[A-Za-z0-9])?$"
@@ -27,18 +30,6 @@ REQUEST_ID_MAX = 253
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-
-class RunConfigSpec(_Model):
-    """``spec.config``: the run's deadlines, durability, stop poll and tool-error policy, as the runner takes them."""
-
-    toolTimeoutSeconds: float | None = Field(default=None, ge=0)
-    nodeTimeoutSeconds: float | None = Field(default=None, ge=0)
-    durableCheckpointEveryStep: bool = True
-    recursionLimit: int = Field(default=50, ge=1, le=10000)
-    # A failed tool call fails the run (exit 5, TOOL_ERROR_001, reason ToolError) instead of becoming a
-    # tool error message for the model (LangGraph ToolNode's default, and ours).
-    failOnToolError: bool = False
 
 
 class ResumeSpec(_Model):
@@ -80,7 +71,8 @@ class StoreSpec(_Model):
 class EnvVar(_Model):
     """One ``spec.podTemplate.env`` variable; the contract's ``AGENTRUN_`` names are refused."""
 
-    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    # Kubernetes' rule for a container's variable name (the CRD's): dots and dashes are allowed.
+    name: str = Field(pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
     value: str | None = None
     valueFrom: dict[str, Any] | None = None
 
@@ -166,7 +158,7 @@ class AgentRunSpec(_Model):
 
     def run_config(self) -> dict[str, Any]:
         """The runner's AGENTRUN_CONFIG: only what the user set, so the runtime's defaults apply."""
-        return self.config.model_dump(exclude_unset=True)
+        return self.config.wire()
 
 
 class InvalidSpec(ValueError):
