@@ -56,3 +56,15 @@ def test_a_steps_detail_shows_keys_added_changed_and_removed_escaped() -> None:
     assert "&lt;b&gt;new&lt;/b&gt;" in html and "<b>new" not in html, "values are text"
     assert [m for m in re.findall(r"<tr class=change-(\w+)>", html)] == ["changed", "removed", "added"]
     assert "No key of the state changed" in pages.step_detail(step({**found, "state": {3: {}, 4: {}}}, 4))
+
+
+def test_status_result_says_which_kind_of_answer_it_holds() -> None:
+    """``status.result.kind`` (the CRD's enum: message, state) from the turn's result; nothing else passes."""
+    from agentrun_operator.decide.identity import result_status
+
+    state = {"message": '{"greeting": "Hello"}', "digest": "sha256:ab", "truncated": False, "kind": "state"}
+    assert result_status(state) == {"message": '{"greeting": "Hello"}', "digest": "sha256:ab", "kind": "state"}
+    older = result_status({"message": "Done", "digest": "sha256:cd"})
+    assert older == {"message": "Done", "digest": "sha256:cd"}, "an older runner's result: no kind"
+    odd = result_status({"message": "x", "digest": "sha256:ef", "kind": "<script>"})
+    assert odd is not None and "kind" not in odd, "only the CRD's values reach the status (else the patch fails)"
