@@ -68,10 +68,15 @@ def schema_name(rdef: ResourceDef, kind: str | None = None) -> str:
         # io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.CustomResourceDefinition
         package = "core" if rdef.group == "" else rdef.group.split(".")[0]
         suffix = f".{package}.{rdef.version}.{kind or rdef.kind}"
-        names = [name for name in upstream_definitions() if name.endswith(suffix)]
-        return names[0] if names else f"io.k8s.api{suffix}"
+        return _upstream_name(suffix) or f"io.k8s.api{suffix}"
     reversed_group = ".".join(reversed(rdef.group.split(".")))
     return f"{reversed_group}.{rdef.version}.{kind or rdef.kind}"
+
+
+@functools.cache
+def _upstream_name(suffix: str) -> str | None:
+    """The first upstream definition named ``*suffix`` (a scan of every definition: once per name)."""
+    return next((name for name in upstream_definitions() if name.endswith(suffix)), None)
 
 
 def _refs(node: Any) -> set[str]:

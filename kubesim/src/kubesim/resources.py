@@ -12,6 +12,7 @@ caught here as it would be by a real cluster.
 from __future__ import annotations
 
 import functools
+import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -90,13 +91,17 @@ class ResourceDef:
 
 
 def load_crd_documents(paths: Iterable[Path]) -> list[dict[str, Any]]:
-    """Every CustomResourceDefinition in these YAML files (multi-document files allowed)."""
-    return [
-        doc
-        for path in paths
-        for doc in yaml.safe_load_all(path.read_text())
-        if doc and doc.get("kind") == "CustomResourceDefinition"
-    ]
+    """Every CustomResourceDefinition in these YAML files (multi-document files allowed), each a fresh copy."""
+    return [json.loads(doc) for path in paths for doc in _crd_documents(path.read_text())]
+
+
+@functools.lru_cache(maxsize=16)
+def _crd_documents(text: str) -> tuple[str, ...]:
+    # Parsed once per file content (an emulator starts per test: PyYAML's pure-Python parse of the CRD was 7 % of
+    # a cluster test module's CPU), kept as JSON so that each emulator gets objects of its own.
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    docs = yaml.load_all(text, Loader=loader)  # a safe loader: libyaml's when PyYAML has it
+    return tuple(json.dumps(d) for d in docs if d and d.get("kind") == "CustomResourceDefinition")
 
 
 def crd_resources(crd: dict[str, Any]) -> list[ResourceDef]:
