@@ -149,10 +149,29 @@ async def test_the_input_conversation_and_each_steps_state_and_changes_read_back
     assert carried == [], "the structure is meta of the opening checkpoint, never state"
 
 
+class Crash(BaseException):
+    """Stands in for the process dying in the model's first call: nothing after it runs."""
+
+
 async def test_the_graph_structure_is_on_the_opening_checkpoint_only(pg_dsn: str) -> None:
+    """Written with the turn's opening checkpoint, never carried on: not by the next steps, and not by an attempt
+    that resumes from that very checkpoint (it died in the first node)."""
+    crash = True
+
+    def dies_once(messages: Sequence[Message]) -> Message:
+        if crash:
+            raise Crash
+        return _model(messages)
+
+    g = graph()
+    g.nodes.pop("model")
+    g.add_node("model", ScriptedModel(dies_once))
     store = PgCheckpointer(pg_dsn)
     try:
-        await graph().compile(store).ainvoke({"messages": [{"role": "user", "content": "hi"}]}, {"thread_id": THREAD})
+        with pytest.raises(Crash):
+            await g.compile(store).ainvoke({"messages": [{"role": "user", "content": "hi"}]}, {"thread_id": THREAD})
+        crash = False
+        await g.compile(store).ainvoke(None, {"thread_id": THREAD})
         pool_rows = await store.thread_rows(THREAD)
         conn = await asyncpg.connect(pg_dsn, server_settings={"search_path": store.schema})
         try:
