@@ -37,6 +37,8 @@ from grafana_foundation_sdk.builders import prometheus, stat, timeseries
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import dashboard as model
 
+from agentrun.errors import NodeTimeoutError, StaleStateError
+
 OUT = Path(__file__).resolve().parents[1] / "helm" / "agentrun" / "dashboards" / "agentrun.json"
 UID = "agentrun-overview"
 DATASOURCE = model.DataSourceRef(type_val="prometheus", uid="${datasource}")
@@ -143,7 +145,7 @@ PANELS: tuple[Panel, ...] = (
     ),
     Panel(
         "Tool errors and timeouts",
-        "Failed tool calls by tool (operator) and tool timeouts NODE_TIMEOUT_002 (runner pods)",
+        f"Failed tool calls by tool (operator) and tool timeouts {NodeTimeoutError.TOOL} (runner pods)",
         "short",
         (
             Query(increase("agentrun_operator_tool_calls_failed_total", "tool", ""), "failed {{tool}}"),
@@ -152,7 +154,7 @@ PANELS: tuple[Panel, ...] = (
     ),
     Panel(
         "Stale-state conflicts and fenced writes",
-        "STORAGE_CONFLICT_001 and writes of an older attempt rejected by fencing (runner pods)",
+        f"{StaleStateError.code} and writes of an older attempt rejected by fencing (runner pods)",
         "short",
         (
             Query(increase("agentrun_stale_state_conflicts_total", "", zero=True), "stale-state conflicts"),

@@ -14,6 +14,8 @@ import subprocess
 from datetime import UTC, datetime
 from typing import Any
 
+from agentrun.errors import NodeTimeoutError, RunnerInputError
+
 from . import plan as p
 from .verdict import LOSSES
 from .world import ROOT
@@ -89,7 +91,7 @@ FAULTS: dict[str, tuple[str, str]] = {
         "`charge_card` is in flight on the same session (it waits for the cancellation before it answers). "
         "Counted as landed when a charge answered after the cancellation; other kinds may come on top",
         "only the call past its deadline is cancelled (`notifications/cancelled`): the charge answers, is "
-        "recorded and is charged once; `fraud_check` is the only tool error (`NODE_TIMEOUT_002`)",
+        f"recorded and is charged once; `fraud_check` is the only tool error (`{NodeTimeoutError.TOOL}`)",
     ),
 }
 
@@ -328,7 +330,7 @@ def markdown(figures: dict[str, Any]) -> str:
             f"Frozen runners, once thawed after their successor took over: {listed}. 7 is FENCED: the thawed "
             "runner's next write was refused and it stopped. 5 is a runner frozen before it had read its "
             "inputs: writing the successor's inputs pruned the older attempts' (`put_run_inputs`), so it "
-            "stops with `RUNNER_INPUT_001` having written nothing (harmless, but its message blames a deleted "
+            f"stops with `{RunnerInputError.code}` having written nothing (harmless, but its message blames a deleted "
             "thread or a bug, and FENCED would say what happened). 0 and 3 are runners frozen after they "
             "registered that, thawed, read the thread completed or waiting for an answer and had nothing to "
             "write. None is a runner still running 30 s after its thaw, then SIGKILLed by the campaign. "

@@ -40,6 +40,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, TypedDict
 
+from agentrun.errors import NodeTimeoutError
 from agentrun.ledger import idempotency_key
 
 from .evidence import Evidence, ThreadRows
@@ -106,7 +107,7 @@ def tool_errors(rows: ThreadRows) -> list[str]:
     for m in rows["messages"]:
         if m.get("role") != "tool" or not m.get("is_error"):
             continue
-        if m.get("name") == DEADLINE_TOOL and "NODE_TIMEOUT_002" in str(m.get("content")):
+        if m.get("name") == DEADLINE_TOOL and NodeTimeoutError.TOOL in str(m.get("content")):
             continue
         errors.append(f"{m.get('name')} ({m.get('tool_call_id')}): {str(m.get('content'))[:160]}")
     return errors

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import AgentRunError
+from .errors import ConfigError
 
 log = logging.getLogger("agentrun.config")
 
@@ -24,12 +24,6 @@ DEFAULT_NODE_TIMEOUT = 900.0
 DEFAULT_TOOL_TIMEOUT = 300.0
 DEFAULT_RECURSION_LIMIT = 50
 _UNSET = object()
-
-
-class ConfigError(AgentRunError):
-    """A run config value that cannot be used (an unknown key, a wrong type)."""
-
-    code = "CONFIG_INVALID_001"
 
 
 def parse_timeout(name: str, value: Any, default: float) -> float | None:

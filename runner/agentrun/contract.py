@@ -30,8 +30,6 @@ from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .config import DEFAULT_RECURSION_LIMIT
-
 ENV_PREFIX = "AGENTRUN_"
 
 
@@ -147,7 +145,8 @@ class RunConfigSpec(BaseModel):
     tool_timeout: float | None = Field(default=None, ge=0, alias="toolTimeoutSeconds")
     node_timeout: float | None = Field(default=None, ge=0, alias="nodeTimeoutSeconds")
     durable_checkpoint_every_step: bool = Field(default=True, alias="durableCheckpointEveryStep")
-    recursion_limit: int = Field(default=DEFAULT_RECURSION_LIMIT, ge=1, le=10000, alias="recursionLimit")
+    # config.DEFAULT_RECURSION_LIMIT (a unit test holds them equal: this module imports nothing of the runtime)
+    recursion_limit: int = Field(default=50, ge=1, le=10000, alias="recursionLimit")
     # A failed tool call fails the run (exit 5, ToolError.RAISED, reason ToolError) instead of becoming a
     # tool error message for the model (LangGraph ToolNode's default, and ours).
     fail_on_tool_error: bool = Field(default=False, alias="failOnToolError")

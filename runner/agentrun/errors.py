@@ -1,7 +1,9 @@
 """Every error agentrun raises, each with a stable code.
 
 The codes are part of the contract: logs, metrics labels and AgentRun status
-reasons reuse them, so never renumber one. Stop and interrupt signals derive
+reasons reuse them, so never renumber one. This module is their one home:
+code elsewhere names a code by its class (``ToolError.code``, ``ModelError.HTTP``),
+never as a literal (``hack/error_codes.py`` in ``make lint`` refuses one). Stop and interrupt signals derive
 from ``BaseException`` so that a tool's broad ``except Exception`` cannot
 swallow them (the same choice asyncio made for ``CancelledError``).
 """
@@ -23,6 +25,18 @@ class AgentRunError(Exception):
 
     def __str__(self) -> str:
         return f"[{self.code}] {super().__str__()}"
+
+
+class ConfigError(AgentRunError):
+    """A run config value that cannot be used (an unknown key, a wrong type)."""
+
+    code = "CONFIG_INVALID_001"
+
+
+class RunnerInputError(AgentRunError):
+    """The runner pod's inputs cannot be used (a missing or malformed environment variable, no store)."""
+
+    code = "RUNNER_INPUT_001"
 
 
 class GraphDefinitionError(AgentRunError):
@@ -98,6 +112,12 @@ class StorageError(AgentRunError):
     code = "STORAGE_IO_001"
 
 
+class MigrationError(StorageError):
+    """A schema migration failed; the schema stays at the last version that completed."""
+
+    code = "STORAGE_MIGRATION_001"
+
+
 class StoreUnavailableError(StorageError):
     """The store stayed unreachable past the bounded retries; a later attempt may well succeed.
 
@@ -157,9 +177,18 @@ class DeterminismError(AgentRunError):
 
 
 class ModelError(AgentRunError):
-    """A model endpoint failed (HTTP error, bad response, timeout)."""
+    """A model endpoint failed (HTTP error, bad response, timeout).
+
+    The class constants are the codes the model adapters (``agentrun.models``) raise it with; a
+    provider's own error with no better match keeps ``code``.
+    """
 
     code = "MODEL_ERROR_001"
+    HTTP = "MODEL_HTTP_001"  # an HTTP error status, with the status and the provider's message
+    TIMEOUT = "MODEL_TIMEOUT_001"  # the request's own timeout, below the node's
+    CONNECTION = "MODEL_CONNECTION_001"  # no HTTP response
+    RESPONSE = "MODEL_RESPONSE_001"  # a body that is not a chat completion
+    CONFIG = "MODEL_CONFIG_001"  # the adapter's configuration cannot be used (an unreadable key file)
 
 
 class RunStopped(AgentRunError):

@@ -16,6 +16,8 @@ from importlib.metadata import PackageNotFoundError, version
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from .errors import NodeTimeoutError, StaleStateError
+
 BUILD_INFO = Gauge(
     "agentrun_build_info",
     "Always 1: the agentrun version and Python of this process, by component (operator, runner)",
@@ -32,9 +34,11 @@ def build_info(component: str) -> None:
     BUILD_INFO.labels(version=ours, python=platform.python_version(), component=component).set(1)
 
 
-NODE_TIMEOUTS = Counter("agentrun_node_timeouts_total", "Nodes that exceeded node_timeout (NODE_TIMEOUT_001)", ["node"])
+NODE_TIMEOUTS = Counter(
+    "agentrun_node_timeouts_total", f"Nodes that exceeded node_timeout ({NodeTimeoutError.NODE})", ["node"]
+)
 TOOL_TIMEOUTS = Counter(
-    "agentrun_tool_timeouts_total", "Tool calls that exceeded tool_timeout (NODE_TIMEOUT_002)", ["tool"]
+    "agentrun_tool_timeouts_total", f"Tool calls that exceeded tool_timeout ({NodeTimeoutError.TOOL})", ["tool"]
 )
 TOOL_ERRORS = Counter("agentrun_tool_errors_total", "Tool calls that ended in a tool error message", ["tool", "reason"])
 TOOL_CALLS = Counter(
@@ -52,7 +56,7 @@ IN_DOUBT = Counter(
 )
 STALE_STATE = Counter(
     "agentrun_stale_state_conflicts_total",
-    "Checkpoint writes rejected by optimistic concurrency (STORAGE_CONFLICT_001)",
+    f"Checkpoint writes rejected by optimistic concurrency ({StaleStateError.code})",
 )
 FENCED = Counter("agentrun_fenced_writes_total", "Writes rejected because a newer attempt owns the thread")
 STOPS = Counter("agentrun_stops_total", "Runs ended by a stop request")

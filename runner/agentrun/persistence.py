@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 from .checkpoint.base import Checkpoint, Checkpointer, CheckpointWrite, RunStatus
 from .config import RunConfig
 from .context import RunLogger, ToolCounts
-from .errors import FencedError, RunPreempted, RunStopped, StaleStateError
+from .errors import FencedError, NodeError, RunPreempted, RunStopped, StaleStateError
 from .interrupts import Interrupt
 from .messages import Message, replaced_positions
 from .metrics import CHECKPOINT_SECONDS, FENCED, INTERRUPTS, STALE_STATE, STOPS
@@ -192,7 +192,7 @@ class RunWriter:
 
     async def fail(self, run: Run, error: BaseException) -> None:
         """Persist the run as failed with ``error`` (resumable with input ``None``); never raises."""
-        code = getattr(error, "code", "NODE_ERROR_001")
+        code = getattr(error, "code", NodeError.code)
         run.meta["error"] = {"code": code, "message": str(error)[:2000], "node": run.current_node}
         self.log.error("run failed at node %s: %s; resumable with input None", run.current_node, error)
         try:

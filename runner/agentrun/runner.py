@@ -31,6 +31,7 @@ from .errors import (
     GraphReferenceError,
     InvalidUpdateError,
     NodeError,
+    RunnerInputError,
     RunPreempted,
     RunStopped,
     StoreConfigError,
@@ -68,12 +69,6 @@ class RunnerSettings(RunnerInputs):
         if self.request_key:
             config["request_key"] = self.request_key
         return config
-
-
-class BadInput(AgentRunError):
-    """The pod's inputs cannot be used (a missing or malformed environment variable)."""
-
-    code = "RUNNER_INPUT_001"
 
 
 @dataclass(frozen=True)
@@ -191,7 +186,7 @@ def exit_code_for(error: BaseException) -> ExitCode:
         return ExitCode.FAILED  # a wrong DSN, password or database: no retry can fix it
     if isinstance(error, NodeError) and isinstance(error.__cause__, OSError | TimeoutError):
         return ExitCode.CRASH  # a node hit the network or disk: worth a retry with backoff
-    if isinstance(error, (*PERMANENT, BadInput)):
+    if isinstance(error, (*PERMANENT, RunnerInputError)):
         return ExitCode.FAILED
     return ExitCode.CRASH
 
@@ -203,7 +198,7 @@ def _checkpointer(settings: RunnerSettings) -> Checkpointer:
             return open_store(url, redis_url=settings.redis_url, retry_timeout=settings.store_retry_seconds)
         except ValueError as e:  # an unknown scheme; the message names the scheme only, never the URL
             raise StoreConfigError(str(e)) from None
-    raise BadInput("no store configured: set AGENTRUN_POSTGRES_DSN (from the store Secret) or AGENTRUN_STORE")
+    raise RunnerInputError("no store configured: set AGENTRUN_POSTGRES_DSN (from the store Secret) or AGENTRUN_STORE")
 
 
 def _start_metrics(port: int) -> None:
@@ -233,7 +228,7 @@ async def _inputs_from_store(checkpointer: Checkpointer, settings: RunnerSetting
     """``settings`` with the input and resume value the operator recorded for this attempt."""
     record = await checkpointer.aget_run_inputs(settings.thread_id, run_uid=settings.run_uid, attempt=settings.attempt)
     if record is None:
-        raise BadInput(
+        raise RunnerInputError(
             f"{Env.INPUTS_IN_STORE} is set but the store holds no inputs for run uid {settings.run_uid or '-'} "
             f"attempt {settings.attempt} of thread {settings.thread_id} (the operator writes them before it "
             "creates the pod): the thread was deleted meanwhile, or this is a bug"
@@ -401,7 +396,7 @@ def main() -> int:
         configure_logging("text")
         problems = str(e)
         log.error("invalid runner environment: %s", problems)
-        line = _one_line(f"{BadInput.code}: invalid runner environment: {problems}")
+        line = _one_line(f"{RunnerInputError.code}: invalid runner environment: {problems}")
         _termination(None, line)
         _last_words(ExitCode.FAILED, line)
         return ExitCode.FAILED

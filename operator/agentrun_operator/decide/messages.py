@@ -18,14 +18,16 @@ from __future__ import annotations
 import json
 import re
 
+from agentrun.errors import StoreConfigError, ToolError
+
 from .reasons import Reason
 
 MESSAGE_LIMIT = 1024
 
 # Error code (agentrun.errors) -> the reason of a run the runner failed with it.
 REASON_BY_CODE: dict[str, Reason] = {
-    "STORAGE_CONFIG_001": Reason.INVALID_STORE,
-    "TOOL_ERROR_001": Reason.TOOL_ERROR,
+    StoreConfigError.code: Reason.INVALID_STORE,
+    ToolError.code: Reason.TOOL_ERROR,
 }
 
 _CODE = r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)*_\d{3}"

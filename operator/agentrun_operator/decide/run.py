@@ -44,6 +44,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 from agentrun.checkpoint.base import Progress
+from agentrun.errors import StoreUnavailableError
 
 from . import attempts, identity, jobparity, outage
 from .answers import waiting_words
@@ -567,7 +568,7 @@ class _Run:
         """Exit 8: rescheduled with backoff as a disruption; Failed only past the outage timeout."""
         policy = self.spec.restartPolicy
         cause = (human(self.pod.termination_message) if self.pod is not None else "") or (
-            "STORAGE_UNAVAILABLE_001: the runner could not reach the store"
+            f"{StoreUnavailableError.code}: the runner could not reach the store"
         )
         down = outage.Outage.of(self.status, now=self.now, timeout=policy.storeUnavailableTimeoutSeconds)
         outage.mark_down(d, down, cause)

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, TypeAlias
 
 import asyncpg
 
-from ..errors import StorageError
+from ..errors import MigrationError, StorageError
 
 if TYPE_CHECKING:
     from asyncpg.pool import PoolConnectionProxy
@@ -61,12 +61,6 @@ MAX_THREAD_ID_LENGTH = 253
 
 _TYPE_RE = re.compile(r"^(text|varchar\((\d{1,3})\))$")
 _SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
-
-
-class MigrationError(StorageError):
-    """A schema migration failed; the schema stays at the last version that completed."""
-
-    code = "STORAGE_MIGRATION_001"
 
 
 @dataclass(frozen=True)

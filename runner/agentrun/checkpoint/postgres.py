@@ -725,10 +725,11 @@ class PgCheckpointer(Checkpointer):
             self._outage_since = now
             log.warning(
                 "PostgreSQL unavailable during %s (%s); every call retries with backoff for up to %.0fs, "
-                "then fails with STORAGE_UNAVAILABLE_001",
+                "then fails with %s",
                 op,
                 self._describe(error),
                 self.retry_timeout,
+                StoreUnavailableError.code,
             )
         self._last_failure = now
         down = now - self._outage_since

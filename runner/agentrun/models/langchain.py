@@ -40,7 +40,6 @@ from ..metrics import MODEL_ERRORS
 from ..state import MESSAGES
 from ..tools import Tool
 from .metering import record_request, record_tokens
-from .openai import CONNECTION_ERROR, HTTP_ERROR, TIMEOUT
 
 try:
     from langchain_core.language_models import BaseChatModel
@@ -103,7 +102,7 @@ class LangChainChatModel:
         if not isinstance(raw, BaseMessage):
             record_request(self.model_label, "error", time.perf_counter() - started)
             error = ModelError(
-                f"{self.model_label} answered with a {type(raw).__name__}, not a message", code="MODEL_RESPONSE_001"
+                f"{self.model_label} answered with a {type(raw).__name__}, not a message", code=ModelError.RESPONSE
             )
             MODEL_ERRORS.labels(error.code).inc()
             raise error
@@ -128,14 +127,14 @@ def model_error(error: Exception, model: str) -> ModelError:
     names = {cls.__name__ for cls in type(error).__mro__}
     text = f"{type(error).__name__}: {error}"[:_SNIPPET]
     if isinstance(error, TimeoutError) or any("Timeout" in n for n in names):
-        return ModelError(f"{model} did not answer in time ({text})", code=TIMEOUT)
+        return ModelError(f"{model} did not answer in time ({text})", code=ModelError.TIMEOUT)
     if isinstance(error, ConnectionError) or any("Connection" in n or "Connect" in n for n in names):
-        return ModelError(f"could not reach {model} ({text})", code=CONNECTION_ERROR)
+        return ModelError(f"could not reach {model} ({text})", code=ModelError.CONNECTION)
     status = getattr(error, "status_code", None)
     if not isinstance(status, int):
         status = getattr(getattr(error, "response", None), "status_code", None)
     if isinstance(status, int):
-        return ModelError(f"{model} answered HTTP {status} ({text})", code=HTTP_ERROR)
+        return ModelError(f"{model} answered HTTP {status} ({text})", code=ModelError.HTTP)
     return ModelError(f"{model} failed ({text})", code=ModelError.code)
 
 

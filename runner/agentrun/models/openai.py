@@ -76,12 +76,6 @@ from .metering import record_request, record_tokens
 # Below config.DEFAULT_NODE_TIMEOUT (900 s) on purpose; see the module docstring.
 DEFAULT_REQUEST_TIMEOUT = 600.0
 
-HTTP_ERROR = "MODEL_HTTP_001"
-TIMEOUT = "MODEL_TIMEOUT_001"
-CONNECTION_ERROR = "MODEL_CONNECTION_001"
-RESPONSE_ERROR = "MODEL_RESPONSE_001"
-CONFIG_ERROR = "MODEL_CONFIG_001"
-
 # Keys the adapter owns; extra_body may not replace them (stream=True would break parsing).
 _RESERVED = frozenset({"model", "messages", "tools", "stream"})
 _RETRYABLE_CONNECTION_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
@@ -219,7 +213,7 @@ class OpenAIChatModel:
             except OSError as e:
                 reason = e.strerror or type(e).__name__
                 raise ModelError(
-                    f"cannot read the API key file {str(self.api_key_file)!r}: {reason}", code=CONFIG_ERROR
+                    f"cannot read the API key file {str(self.api_key_file)!r}: {reason}", code=ModelError.CONFIG
                 ) from None
         if self.api_key_env:
             return os.environ.get(self.api_key_env) or None
@@ -248,7 +242,7 @@ class OpenAIChatModel:
                 raise ModelError(
                     f"{self.model} at {self.url} did not answer within {self.request_timeout}s "
                     f"(request_timeout); not retried",
-                    code=TIMEOUT,
+                    code=ModelError.TIMEOUT,
                 ) from None
             except aiohttp.ClientError as e:
                 record_request(self.model, "error", time.perf_counter() - started)
@@ -267,7 +261,7 @@ class OpenAIChatModel:
                     continue
                 raise ModelError(
                     f"model request to {self.url} failed after {attempt} attempt(s): {reason}",
-                    code=CONNECTION_ERROR,
+                    code=ModelError.CONNECTION,
                 ) from None
             if 200 <= status < 300:
                 return raw, started
@@ -294,7 +288,7 @@ class OpenAIChatModel:
                 hint = f"; no API key was found ({self._key_source()})"
             raise ModelError(
                 f"model endpoint {self.url} answered HTTP {status} after {attempt} attempt(s): {detail}{hint}",
-                code=HTTP_ERROR,
+                code=ModelError.HTTP,
             )
         raise AssertionError("unreachable: the retry loop returns or raises")
 
@@ -321,13 +315,13 @@ class OpenAIChatModel:
             snippet = _redact(raw[:_SNIPPET].decode(errors="replace"), key)
             raise ModelError(
                 f"model endpoint {self.url} answered with a body that is not JSON: {snippet!r}",
-                code=RESPONSE_ERROR,
+                code=ModelError.RESPONSE,
             ) from None
 
     def _parse(self, body: Any) -> Message:
         def bad(reason: str) -> ModelError:
             return ModelError(
-                f"model endpoint {self.url} sent no usable chat completion: {reason}", code=RESPONSE_ERROR
+                f"model endpoint {self.url} sent no usable chat completion: {reason}", code=ModelError.RESPONSE
             )
 
         if not isinstance(body, dict):

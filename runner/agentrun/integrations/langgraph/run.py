@@ -56,7 +56,7 @@ from agentrun.checkpoint.base import Checkpoint, Checkpointer, CheckpointWrite, 
 from agentrun.config import RunConfig
 from agentrun.constants import END
 from agentrun.context import ToolCounts, executed_since
-from agentrun.errors import GraphRecursionError, GraphReferenceError, RunPreempted, RunStopped
+from agentrun.errors import GraphRecursionError, GraphReferenceError, NodeError, RunPreempted, RunStopped
 from agentrun.heartbeat import Heartbeat
 from agentrun.messages import Message, from_langchain
 from agentrun.metrics import MODEL_REQUEST_SECONDS, MODEL_TOKENS
@@ -379,7 +379,7 @@ async def _supervise(
 
 
 async def _fail(mirror: _Mirror, error: BaseException) -> None:
-    mirror.meta["error"] = {"code": getattr(error, "code", "NODE_ERROR_001"), "message": str(error)[:2000]}
+    mirror.meta["error"] = {"code": getattr(error, "code", NodeError.code), "message": str(error)[:2000]}
     try:
         await mirror.write("failed")
     except Exception as e:  # the graph's error is the one to report

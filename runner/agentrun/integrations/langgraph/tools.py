@@ -74,6 +74,7 @@ from agentrun.errors import (
     NodeTimeoutError,
     StoreConfigError,
     StoreUnavailableError,
+    ToolError,
 )
 from agentrun.faults import fault_point
 from agentrun.ledger import (
@@ -157,7 +158,7 @@ def _count(call: _Call | None, outcome: str, result: Any = None) -> None:
         return
     if outcome == "executed" and isinstance(result, ToolMessage) and result.status == "error":
         # Failed, not executed: our engine's tool node counts so, and the history derives both from the records.
-        counts.fail(call.name, "TOOL_ERROR_001", str(result.content))
+        counts.fail(call.name, ToolError.RAISED, str(result.content))
         return
     setattr(counts, outcome, getattr(counts, outcome) + 1)
 
@@ -166,7 +167,7 @@ def _count_raised(call: _Call, error: Exception) -> None:
     """Count a call whose tool raised (the run fails unless the node turns it into a message): failed."""
     if (counts := _tracked.get(call.thread_id)) is None:
         return
-    counts.fail(call.name, str(getattr(error, "code", "TOOL_ERROR_001")), f"{type(error).__name__}: {error}")
+    counts.fail(call.name, str(getattr(error, "code", ToolError.RAISED)), f"{type(error).__name__}: {error}")
 
 
 def current_idempotency_key() -> str | None:
