@@ -16,7 +16,7 @@ import json
 import pytest
 
 from agentrun_operator.decide.run import PAYLOAD_LIMIT
-from tests.unit.test_operator_decisions import (
+from tests.unit.decisions_support import (
     LIMITS,
     NOW,
     PENDING,

@@ -19,7 +19,7 @@ from agentrun_operator.decide.podspec import pod_name
 from agentrun_operator.decide.run import decide as decide_run
 from agentrun_operator.decide.status import AgentRunStatus, iso
 from agentrun_operator.decide.thread import ThreadPeer
-from tests.unit.test_operator_decisions import (
+from tests.unit.decisions_support import (
     FAILED,
     LIMITS,
     NOW,

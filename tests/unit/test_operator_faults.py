@@ -27,7 +27,7 @@ from agentrun_operator.decide.spec import InvalidSpec, parse_spec
 from agentrun_operator.decide.status import AgentRunStatus, iso
 from agentrun_operator.io.stores import StoreRegistry, redact
 from agentrun_operator.settings import OperatorSettings
-from tests.unit.test_operator_decisions import (
+from tests.unit.decisions_support import (
     LIMITS,
     NOW,
     PENDING,

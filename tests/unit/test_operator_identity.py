@@ -24,7 +24,7 @@ from agentrun_operator.decide.spec import AgentRunSpec
 from agentrun_operator.decide.status import AgentRunStatus
 from agentrun_operator.decide.thread import ThreadPeer
 from agentrun_operator.io import metrics
-from tests.unit.test_operator_decisions import (
+from tests.unit.decisions_support import (
     LIMITS,
     NOW,
     STARTED,

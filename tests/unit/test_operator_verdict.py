@@ -13,7 +13,7 @@ from agentrun_operator.decide.spec import InvalidSpec, parse_spec
 from agentrun_operator.decide.status import AgentRunStatus
 from agentrun_operator.decide.thread import ThreadPeer
 from agentrun_operator.decide.verdict import Inputs, verdict
-from tests.unit.test_operator_decisions import LIMITS, NOW, RUN, progress, run_status, running, view
+from tests.unit.decisions_support import LIMITS, NOW, RUN, progress, run_status, running, view
 
 RAW = {"graph": "examples.support_agent:app", "threadId": "order-4821"}
 

@@ -15,7 +15,7 @@ import pytest
 from agentrun_operator.decide.status import AgentRunStatus, iso
 from agentrun_operator.decide.wake import next_wake, waits_for_a_human
 from agentrun_operator.io.wakeups import Wakeups
-from tests.unit.test_operator_decisions import (
+from tests.unit.decisions_support import (
     LIMITS,
     NOW,
     RUNNING,
