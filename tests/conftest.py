@@ -30,6 +30,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # `examples` is importable from tests, as from the CLI in the repo root
 
+# The store contract's tests live in a support module that two tiers collect (unit, and postgres with Redis):
+# pytest rewrites their asserts as a test module's, so a failure shows its values.
+pytest.register_assert_rewrite("tests.support.checkpointer_contract")
 from agentrun_dev.databases import throwaway_database  # noqa: E402
 from tests.support.checkpointers import BACKENDS, Backend, postgres_unavailable  # noqa: E402
 

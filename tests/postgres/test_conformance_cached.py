@@ -1,4 +1,4 @@
-"""The shared checkpointer contract (tests/unit/test_checkpointers.py) again, with the Redis hot cache on.
+"""The shared checkpointer contract (tests/support/checkpointer_contract.py) again, with the Redis hot cache on.
 
 tests/unit runs the suite on PostgreSQL without Redis; here every
 checkpointer the suite opens has the cache, on a fresh database, so each
@@ -9,7 +9,7 @@ proven to hold when reads and writes also go through Redis.
 
 from __future__ import annotations
 
-from tests.unit import test_checkpointers as suite
+from tests.support import checkpointer_contract as suite
 
 # Left out: it cancels the run once `quick` is recorded, assuming the parallel `slow` call has
 # started by then; on a store with real connection latency `slow` may still be in its ledger
