@@ -22,13 +22,10 @@ from kopf._core.engines.peering import Identity
 from agentrun.logs import configure_logging
 
 from .io import barrier, metrics
-from .io.caches import SecretCache
-from .io.handlers import Handlers
+from .io.assemble import Operator, assemble
 from .io.health import HealthServer, Heartbeat, freeze_on_signal
 from .io.kube import KubeClient
 from .io.leader import LeaderElector
-from .io.reconcile import Reconciler
-from .io.stores import StoreRegistry
 from .settings import OperatorSettings
 
 log = logging.getLogger("agentrun_operator")
@@ -65,8 +62,7 @@ async def run(settings: OperatorSettings) -> int:
         HealthServer(settings.metrics_port, heartbeat, lambda: state["role"]).start() if settings.metrics_port else None
     )
     kube = KubeClient.from_environment()
-    stores = StoreRegistry(SecretCache(kube), idle_seconds=settings.store_idle_seconds)
-    stores.local_stores = settings.local_stores
+    parts = assemble(kube, settings)
     elector = (
         LeaderElector(
             kube, settings.lease_namespace, settings.lease_name, settings.identity, settings.lease_duration_seconds
@@ -86,13 +82,13 @@ async def run(settings: OperatorSettings) -> int:
             settings.identity,
             ", ".join(settings.namespaces) if settings.namespaces else "all namespaces",
         )
-        code = await _lead(settings=settings, kube=kube, stores=stores, elector=elector, stop=stop)
+        code = await _lead(settings=settings, parts=parts, elector=elector, stop=stop)
         if code == 0 and elector is not None:
             await elector.release()
         return code
     finally:
         metrics.LEADER.set(0)
-        await stores.close()
+        await parts.stores.close()
         await kube.close()
         beating.cancel()
         if http is not None:
@@ -114,8 +110,7 @@ async def _acquired(elector: LeaderElector, stop: asyncio.Event) -> bool:
 async def _lead(
     *,
     settings: OperatorSettings,
-    kube: KubeClient,
-    stores: StoreRegistry,
+    parts: Operator,
     elector: LeaderElector | None,
     stop: asyncio.Event,
 ) -> int:
@@ -123,7 +118,7 @@ async def _lead(
     code = 0
     barrier.install()  # kopf's index barrier, O(N) rather than O(N²) in the runs a new leader lists
     registry = kopf.OperatorRegistry()
-    Handlers(Reconciler(kube, settings, stores), settings).register(registry)
+    parts.handlers.register(registry)
     kopf_stop = asyncio.Event()
 
     @kopf.on.cleanup(registry=registry)

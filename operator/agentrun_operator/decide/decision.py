@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Literal, NamedTuple
 
+from .growth import ModelGrowth
 from .reasons import DisruptionReason, Phase, Reason
 from .status import StatusPatch
 
@@ -68,6 +70,18 @@ class Decision:
     # ``status.toolCalls`` copies a turn another run recorded (``AlreadyCompleted``): that run's operator
     # counted its calls, so the metrics must not count them again for this run.
     recorded_counts: bool = False
+    # ``resume`` is the previous attempt's answer, carried on (``answers.carried_answer``): logged as such.
+    carried: bool = False
+    # The attempt created needs the answer its predecessor started with (``Inputs.earlier_answer``), not read
+    # yet: io reads it and asks again (the verdict is pure: the same inputs give the same decision).
+    wants_earlier_answer: bool = False
+    # What io writes and counts (``verdict.plan_write``): the status patch to write now (empty: nothing, or
+    # held back), when a held-back quiet patch is due (io keeps it for the next verdict), and the counters'
+    # growth once it is written (``growth``; None: the status carries no model usage).
+    write: StatusPatch = field(default_factory=lambda: StatusPatch())
+    deferred: datetime | None = None
+    tool_growth: dict[str, int] = field(default_factory=dict)
+    model_growth: list[ModelGrowth] | None = None
 
     def phase(self, phase: Phase, reason: Reason, message: str, *, warning: bool = False) -> Decision:
         """Set the phase with its reason and message, and the Event that announces it."""

@@ -1,8 +1,8 @@
 """The kopf handlers: every one of them funnels into ``Reconciler.reconcile`` with kopf's own body.
 
-``Handlers`` is built with its collaborators (the reconciler, the settings, the ``Wakeups`` it owns) and
-``register`` puts its methods on an explicit kopf registry, so the operator process, the tests and any
-embedding build their own.
+``Handlers`` is built with its collaborators (the reconciler, the settings, the ``Wakeups``, the run
+records), all made by ``io/assemble.py``, and ``register`` puts its methods on an explicit kopf registry,
+so the operator process, the tests and any embedding build their own.
 
 Event-driven, as a Job controller is: a run is reconciled when it is first
 seen (created, or listed after a restart), when its spec changes (a new
@@ -43,8 +43,8 @@ from ..decide.reasons import TERMINAL
 from ..decide.thread import ThreadPeer
 from ..settings import OperatorSettings
 from .caches import PodKey
-from .notify import Listeners
 from .reconcile import Reconciler, controller_uid, run_view, thread_peer
+from .runs import Runs
 from .wakeups import Wakeups
 
 log = logging.getLogger("agentrun_operator.handlers")
@@ -73,24 +73,13 @@ async def detached(work: Coroutine[Any, Any, None]) -> None:
 class Handlers:
     """The operator's kopf handlers over one ``Reconciler``; ``register`` attaches them to a registry."""
 
-    def __init__(self, reconciler: Reconciler, settings: OperatorSettings) -> None:
+    def __init__(self, reconciler: Reconciler, settings: OperatorSettings, *, wakeups: Wakeups, runs: Runs) -> None:
         self.reconciler = reconciler
         self.settings = settings
-        self.wakeups = Wakeups(
-            resync=settings.resync_interval_seconds,
-            waiting_resync=settings.waiting_resync_interval_seconds,
-            coalesce=settings.progress_coalesce_seconds,
-            run=self.wake,
-        )
-        reconciler.stores.listeners = Listeners(
-            on_progress=self.wakeups.progress,
-            on_resync=lambda dsn: self.wakeups.resync(reconciler.stores.users_of(dsn)),
-        )
+        self.wakeups = wakeups  # its reconciles call ``wake`` (io/assemble.py passes it in)
+        self.runs = runs
         self.threads: Threads | None = None  # kopf's index objects (live views), bound by the first event
         self.bodies: Bodies | None = None
-        # Which generation of each run was last handed to a reconcile (and whether it was being deleted): a
-        # watch event that changes neither is the echo of a status patch, or a metadata change.
-        self.handled: dict[str, tuple[int | None, bool]] = {}
         self.sweeping: list[asyncio.Task[None]] = []
 
     def register(self, registry: kopf.OperatorRegistry) -> None:
@@ -181,21 +170,24 @@ class Handlers:
         threads, bodies = self._bind(kwargs)
         uid = str(body.metadata.uid)
         if type == "DELETED":
-            self.handled.pop(uid, None)
+            if (gone := self.runs.get(uid)) is not None:
+                gone.handled = None
             await detached(self._deleted(body, threads, bodies))
             return
+        # The generation last handed to a reconcile, and whether it was being deleted: an event that changes
+        # neither is the echo of a status patch, or a metadata change.
         seen = (body.metadata.get("generation"), bool(body.metadata.get("deletionTimestamp")))
-        if self.handled.get(uid) == seen:
+        record = self.runs.record(uid)
+        if record.handled == seen:
             return
-        self.handled[uid] = seen  # first seen (created, or listed after a restart), or its spec changed
+        record.handled = seen  # first seen (created, or listed after a restart), or its spec changed
         await detached(self.wakeups.now(uid))  # the body the index holds now; retried by wakeups if it fails
 
     async def on_pod(self, body: kopf.Body, type: str | None, **kwargs: Any) -> None:  # kopf's kwarg name
         """A watch event of a pod the operator made: reconcile its run."""
         _, bodies = self._bind(kwargs)
         if type == "DELETED":
-            key = (str(body.metadata.namespace), str(body.metadata.name))
-            waiting = self.reconciler.name_waiters.pop(key, None)
+            waiting = self.runs.name_freed(str(body.metadata.namespace), str(body.metadata.name))
             if waiting is not None and waiting in bodies:  # its pod name is free now
                 self.wakeups.kick(waiting)
         # Only a run the AgentRun watch has seen; not seen yet: its own event reconciles it, already gone:
@@ -212,8 +204,7 @@ class Handlers:
     async def _deleted(self, body: kopf.Body, threads: Threads, bodies: Bodies) -> None:
         uid = str(body.metadata.uid)
         await self.reconciler.delete_pods(str(body.metadata.namespace), str(body.metadata.name), uid)
-        self.reconciler.forget(uid)
-        self.wakeups.forget(uid)
+        self.runs.forget(uid)  # everything kept of it: timers, thread, store, name waits, gauges
         log.info(
             "[%s/%s] deleted: its pods are removed, its thread data is kept",
             body.metadata.namespace,
@@ -229,7 +220,10 @@ class Handlers:
         """A reconcile that no watch event started: progress, a due deadline (the ttl too), the resync, a retry."""
         if self.threads is None or self.bodies is None:
             return
-        for body in list(self.bodies.get(uid, ())):  # absent: deleted meanwhile (_deleted forgets it)
+        if uid not in self.bodies:  # deleted meanwhile (_deleted forgot it): drop what this wake-up made again
+            self.runs.forget(uid)
+            return
+        for body in list(self.bodies.get(uid, ())):
             await self._reconcile(body, self.threads, self.bodies)
 
     async def _reconcile(self, body: Mapping[str, Any], threads: Threads, bodies: Bodies) -> None:
@@ -237,6 +231,9 @@ class Handlers:
         uid = str(body["metadata"]["uid"])
         before = self.reconciler.status_of(body)
         done = await self.reconciler.reconcile(body, peers=threads.get(key, ()) if key is not None else ())
+        if uid not in bodies:  # deleted during the reconcile: drop what it kept again, nothing to wake
+            self.runs.forget(uid)
+            return
         if done.thread is not None:
             self.wakeups.track(uid, done.thread)
         else:

@@ -24,7 +24,7 @@ may not have arrived yet), and deciding on an old status would repeat a
 transition (a second pod for the same attempt is harmless, a second restart
 counted is not). The operator is the only writer of status and a single
 leader, so the status returned by our last patch is the newest there is:
-it replaces the body's status whenever we have one (``RunRecord.written``); after an
+it replaces the body's status whenever we have one (``RunRecord.written``, io/runs.py); after an
 operator restart there is none, and kopf's freshly listed body is current.
 The same record freshens the thread index, so a run that just ended frees its
 thread at once for a waiter.
@@ -37,15 +37,13 @@ import copy
 import logging
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from typing import Any
 
 from agentrun.checkpoint.base import ControlStore, Progress
 from agentrun.contract import API_VERSION, KIND
 
-from ..decide import answers, jobparity
-from ..decide.conditions import QUIET_SECONDS, deferrable, status_patch
 from ..decide.decision import Decision, Limits, StoreProblem
 from ..decide.identity import RecordedTurn
 from ..decide.podspec import RUN_LABEL, RunRef, build_pod, label_value, pod_name, run_request_key, store_secret
@@ -53,14 +51,14 @@ from ..decide.reasons import TERMINAL, Phase
 from ..decide.spec import AgentRunSpec, InvalidSpec, parse_spec, thread_key
 from ..decide.status import AgentRunStatus, StatusPatch, iso, parse_time
 from ..decide.thread import OrphanedTurn, ThreadPeer, orphaned_turn
-from ..decide.verdict import Inputs, verdict
-from ..decide.wake import next_wake, waits_for_a_human
+from ..decide.verdict import Inputs, after_apply, at_rest_after, verdict
 from ..settings import OperatorSettings
 from . import metrics
 from .access import AccessChecker
 from .caches import PodCache, SecretCache
 from .expiry import expire
 from .kube import Conflict, KubeClient, events_path, pod_path, run_path
+from .runs import RunRecord, Runs
 from .stores import StoreRegistry, StoreUnavailable
 
 log = logging.getLogger("agentrun_operator")
@@ -121,21 +119,6 @@ class Pass:
     waiting: bool = False
 
 
-@dataclass
-class RunRecord:
-    """What the operator keeps of one run between its reconciles (``Reconciler.forget`` drops it whole)."""
-
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    written: dict[str, Any] | None = None  # .status as our last patch left it (newer than the watch's copy)
-    phase: str | None = None  # for the runs-by-phase gauge
-    namespace: str = ""
-    wake: datetime | None = None  # the next deadline the last pass found
-    thread: str | None = None  # the store thread of a live run (None: at rest)
-    deferred: datetime | None = None  # when a deferred (quiet) status patch is due
-    pod_created: float | None = None  # monotonic time its latest pod was created (pod start latency)
-    reconciled: bool = False  # a reconcile of it finished in this process (the runs-reconciled gauge)
-
-
 class Reconciler:
     """Reconciles runs (each under its own lock): gathers the verdict's inputs, calls ``decide``, applies it."""
 
@@ -145,12 +128,14 @@ class Reconciler:
         settings: OperatorSettings,
         stores: StoreRegistry,
         *,
+        runs: Runs | None = None,
         pods: PodCache | None = None,
         secrets: SecretCache | None = None,
     ) -> None:
         self.kube = kube
         self.settings = settings
         self.stores = stores
+        self.runs = runs if runs is not None else stores.runs  # what is kept of each run (io/runs.py)
         self.pods = pods if pods is not None else PodCache(kube)
         self.access = AccessChecker(secrets if secrets is not None else stores.secrets, settings)
         self.limits = Limits(
@@ -159,35 +144,7 @@ class Reconciler:
             max_disruptions=settings.max_disruptions,
             max_backoff=settings.max_backoff_seconds,
         )
-        self.runs: dict[str, RunRecord] = {}  # uid -> what the operator keeps of a run between reconciles
         self.gate = asyncio.Semaphore(max(1, settings.max_concurrent_reconciles))
-        self.reconciled = 0  # how many of them a reconcile finished for (metrics.RUNS_RECONCILED)
-        self._namespaces: set[str] = set()  # every namespace a run was seen in, for the runs-by-phase gauge
-        # (namespace, pod) -> the run waiting for that name, held by a deleted run's terminating pod: its
-        # deletion event reconciles the waiting run at once (io/handlers.py), rather than its next retry.
-        self.name_waiters: dict[tuple[str, str], str] = {}
-
-    def _record(self, uid: str) -> RunRecord:
-        record = self.runs.get(uid)
-        if record is None:
-            record = self.runs[uid] = RunRecord()
-        return record
-
-    @property
-    def phases(self) -> dict[str, str]:
-        """uid -> the phase of every run the operator keeps a record of."""
-        return {uid: r.phase for uid, r in self.runs.items() if r.phase is not None}
-
-    def forget(self, uid: str) -> None:
-        """The run is gone: drop what is kept of it (its record, name waits, its hold on the store pool)."""
-        for key in [k for k, waiting in self.name_waiters.items() if waiting == uid]:
-            del self.name_waiters[key]
-        self.stores.release(uid)
-        record = self.runs.pop(uid, None)
-        if record is not None and record.reconciled:
-            self.reconciled -= 1
-            metrics.RUNS_RECONCILED.set(self.reconciled)
-        self._publish_phases()
 
     def status_of(self, body: Mapping[str, Any]) -> AgentRunStatus:
         """The run's newest status: ours if we wrote one, else the body's (see the module docstring)."""
@@ -211,81 +168,63 @@ class Reconciler:
             deleting=peer.deleting,
         )
 
-    def _publish_phases(self) -> None:
-        counts: dict[tuple[str, str], int] = {}
-        for record in self.runs.values():
-            if record.phase is not None:
-                key = (record.phase, record.namespace)
-                counts[key] = counts.get(key, 0) + 1
-        for namespace in self._namespaces:
-            for phase in Phase:
-                metrics.RUNS.labels(phase=phase, namespace=namespace).set(counts.get((phase, namespace), 0))
-
     async def reconcile(self, body: Mapping[str, Any], *, peers: Iterable[ThreadPeer] = ()) -> Pass:
         """Reconcile the run of ``body``; ``peers``: the runs on its thread (read under the run's lock).
 
         Returns the run's status afterwards (so the caller can tell whether it ended) and when to wake it.
         """
-        uid = str(body["metadata"]["uid"])
-        record = self._record(uid)
+        record = self.runs.record(str(body["metadata"]["uid"]))
         async with record.lock, self.gate:
             run = copy.deepcopy(run_view(body))  # once through the gate: a queued reconcile holds no copy
             started = time.perf_counter()
             try:
-                await self._reconcile(run, [self.fresh(p) for p in peers])
+                done = await self._reconcile(run, record, [self.fresh(p) for p in peers])
             except Exception as e:
                 metrics.RECONCILE_ERRORS.labels(type(e).__name__).inc()
                 raise
             finally:
                 metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
-            if not record.reconciled and self.runs.get(uid) is record:  # not forgotten meanwhile (deleted)
-                record.reconciled = True
-                self.reconciled += 1
-                metrics.RUNS_RECONCILED.set(self.reconciled)
-            after = self.status_of(run)
-            live = record.thread is not None
-            return Pass(after, wake=record.wake, live=live, thread=record.thread, waiting=waits_for_a_human(after))
+            self.runs.reconciled_once(record)
+            return done
 
-    async def _reconcile(self, run: dict[str, Any], peers: list[ThreadPeer]) -> None:
+    async def _reconcile(self, run: dict[str, Any], record: RunRecord, peers: list[ThreadPeer]) -> Pass:
         """Gather ``verdict.Inputs``, take the verdict, apply it: nothing is decided here."""
         ref = RunRef.from_body(run)
         status = self.status_of(run)
-        record = self._record(ref.uid)
         record.phase = status.phase or Phase.PENDING
         record.namespace = ref.namespace
-        self._namespaces.add(ref.namespace)
-        metrics.namespace_seen(ref.namespace, tuple(Phase))
+        self.runs.seen_in(ref.namespace)
         now = datetime.now(UTC)
-        inputs, store = await self._gather(run, status, peers, now)
+        inputs, store = await self._gather(run, status, record, peers, now)
         decision = verdict(inputs)
+        if decision.wants_earlier_answer and inputs.spec is not None and decision.create_attempt is not None:
+            answer = await self._earlier_answer(ref, store, inputs.spec, decision.create_attempt)
+            inputs = replace(inputs, earlier_answer=answer, earlier_answer_read=True)
+            decision = verdict(inputs)
         if decision.at_rest:
             if decision.expire and await expire(self.kube, run, status):
-                return  # its DELETED event forgets it
-            self._at_rest(run, status, now)
-            self._publish_phases()
-            return
-        for waited in decision.waits_for_pods:  # its deletion reconciles this run at once (io/handlers.py)
-            self.name_waiters[(ref.namespace, waited)] = ref.uid
-        if inputs.spec is not None:
-            await self._apply(ref, inputs.spec, decision, store)
-        await self._write(run, status, decision, now)
+                return Pass(status)  # its DELETED event forgets it
+            self.runs.publish_phases()
+        else:
+            for waited in decision.waits_for_pods:  # its deletion reconciles this run at once (io/handlers.py)
+                self.runs.wait_for_name(ref.uid, ref.namespace, waited)
+            if inputs.spec is not None:
+                await self._apply(ref, record, inputs.spec, decision, store)
+            await self._write(run, record, status, decision, now)
         after = self.status_of(run)
-        if after.phase in TERMINAL or inputs.spec is None:
-            self._at_rest(run, after, now)
-            return
         pod = inputs.pod
-        if decision.create_attempt is not None or decision.delete_pod is not None:
+        changed = decision.create_attempt is not None or decision.delete_pod is not None
+        if changed and not at_rest_after(inputs, decision, after):
             pod = await self.pods.get(ref.namespace, pod_name(ref.name, after.attempt)) if after.attempt else None
-        wake = next_wake(spec=inputs.spec, status=after, pod=pod, limits=self.limits, now=now)
-        if decision.retry_after is not None:
-            soon = now + timedelta(seconds=decision.retry_after)
-            wake = soon if wake is None else min(wake, soon)
-        if (deferred := record.deferred) is not None and deferred > now:
-            wake = deferred if wake is None else min(wake, deferred)
-        record.wake = wake
+        following = after_apply(inputs, decision, status=after, pod=pod)
+        if not following.live:
+            self.stores.release(ref.uid)  # the run needs nothing more than its ttl (if any): no store, no resync
+            return Pass(after, wake=following.wake, waiting=following.waiting)
+        thread = thread_key(ref.namespace, inputs.spec.threadId) if inputs.spec is not None else None
+        return Pass(after, wake=following.wake, live=True, thread=thread, waiting=following.waiting)
 
     async def _gather(
-        self, run: dict[str, Any], status: AgentRunStatus, peers: list[ThreadPeer], now: datetime
+        self, run: dict[str, Any], status: AgentRunStatus, record: RunRecord, peers: list[ThreadPeer], now: datetime
     ) -> tuple[Inputs, ControlStore | None]:
         """What the verdict needs, and the run's store (to apply it with). Reads only what can matter: nothing
         for a run at rest or with a refused spec, and no store a run may not use (its DSN is not opened)."""
@@ -301,6 +240,8 @@ class Reconciler:
             now=now,
             limits=self.limits,
             peers=tuple(peers),
+            generation=int(meta.get("generation", 1)),
+            deferred=record.deferred,
         )
         if base.at_rest:
             return base, None
@@ -313,7 +254,6 @@ class Reconciler:
             return replace(base, spec=spec, store_access=refused), None  # before that database is opened
         thread = thread_key(ref.namespace, spec.threadId)
         secret = store_secret(spec, self.settings)
-        self._record(ref.uid).thread = thread
         store: ControlStore | None = None
         problem: StoreProblem | None = None
         try:
@@ -354,20 +294,6 @@ class Reconciler:
         )
         return inputs, store
 
-    def _at_rest(self, run: dict[str, Any], status: AgentRunStatus, now: datetime) -> None:
-        """The run needs nothing more than its ttl (if any): no store, no progress, no resync."""
-        uid = str(run["metadata"]["uid"])
-        self.stores.release(uid)
-        wake = (
-            None
-            if run["metadata"].get("deletionTimestamp")
-            else next_wake(
-                spec=None, status=status, pod=None, limits=self.limits, now=now, ttl=jobparity.ttl_of(run.get("spec"))
-            )
-        )
-        record = self._record(uid)
-        record.wake, record.thread = wake, None
-
     async def _turn(self, ref: RunRef, store: ControlStore | None, thread: str, key: str) -> RecordedTurn | None:
         """The request key's turn, read before the first pod (``decide.identity``); None if unknown."""
         if store is None:
@@ -379,7 +305,9 @@ class Reconciler:
             return None
         return RecordedTurn.of(found) if found is not None else None
 
-    async def _apply(self, ref: RunRef, spec: AgentRunSpec, decision: Decision, store: ControlStore | None) -> None:
+    async def _apply(
+        self, ref: RunRef, record: RunRecord, spec: AgentRunSpec, decision: Decision, store: ControlStore | None
+    ) -> None:
         namespace, name = ref.namespace, ref.name
         thread = thread_key(namespace, spec.threadId)
         if decision.request_stop and store is not None:
@@ -395,8 +323,15 @@ class Reconciler:
             if store is None:
                 raise RuntimeError(f"no store to write the inputs of attempt {decision.create_attempt} to")
             resume = decision.resume
-            if resume is None and decision.create_attempt > 1:
-                resume = await self._carried_answer(ref, store, thread, decision.create_attempt)
+            if decision.carried:
+                log.warning(
+                    "[%s/%s] attempt %d ended before checkpointing its answer to the interrupt; "
+                    "attempt %d resumes with the same answer",
+                    namespace,
+                    name,
+                    decision.create_attempt - 1,
+                    decision.create_attempt,
+                )
             # Before the pod exists, so the runner always finds them; an upsert, so a retried reconcile is fine.
             await store.put_run_inputs(
                 thread, run_uid=ref.uid, attempt=decision.create_attempt, input=spec.input, resume=resume
@@ -418,7 +353,7 @@ class Reconciler:
                 created = await self.kube.get(pod_path(namespace, pod))
                 owner = controller_uid(created)
                 if owner != ref.uid:
-                    self.name_waiters[(namespace, pod)] = ref.uid
+                    self.runs.wait_for_name(ref.uid, namespace, pod)
                     # A deleted AgentRun of the same name whose pod is still terminating: retried (wakeups)
                     # until the name is free, never adopted (its runner is another run's, draining).
                     raise PodNameTaken(
@@ -428,66 +363,50 @@ class Reconciler:
                 log.info("[%s/%s] pod %s already exists; adopting it", namespace, name, pod)  # a retried create
             # Until the pod watch reports it: the next reconcile must not take it for a missing pod.
             self.pods.assume(namespace, created or manifest)
-            self._record(ref.uid).pod_created = time.monotonic()
+            record.pod_created = time.monotonic()
             if decision.reschedule_reason is not None:
                 metrics.RESCHEDULES.labels(reason=decision.reschedule_reason, namespace=namespace).inc()
 
-    async def _carried_answer(
-        self, ref: RunRef, store: ControlStore, thread: str, attempt: int
+    async def _earlier_answer(
+        self, ref: RunRef, store: ControlStore | None, spec: AgentRunSpec, attempt: int
     ) -> dict[str, Any] | None:
-        """The answer the previous attempt started with and never checkpointed (``decide.answers``), or None.
+        """The resume value of the newest run inputs record of ``attempt`` or the one before it.
+
+        ``Inputs.earlier_answer``: the verdict carries it on if no checkpoint holds it (``decide.answers``).
 
         Read before this attempt's inputs are written, which drops the older attempts' records; a retried
         reconcile finds the answer in this attempt's own record instead.
         """
+        if store is None:
+            return None
+        thread = thread_key(ref.namespace, spec.threadId)
         try:
             for source in (attempt, attempt - 1):
                 record = await store.aget_run_inputs(thread, run_uid=ref.uid, attempt=source)
-                if record is not None and record.resume:
-                    carried = answers.carried_answer(record.resume, await store.aget_progress(thread))
-                    if carried is not None:
-                        log.warning(
-                            "[%s/%s] attempt %d ended before checkpointing its answer to the interrupt; "
-                            "attempt %d resumes with the same answer",
-                            ref.namespace,
-                            ref.name,
-                            attempt - 1,
-                            attempt,
-                        )
-                    return carried
                 if record is not None:
-                    return None
+                    return record.resume or None
         except Exception as e:  # the store is down: the attempt starts without it, as before
             log.warning("[%s/%s] cannot read the previous attempt's answer: %s", ref.namespace, ref.name, e)
         return None
 
-    async def _write(self, run: dict[str, Any], status: AgentRunStatus, decision: Decision, now: datetime) -> None:
-        meta = run["metadata"]
+    async def _write(
+        self, run: dict[str, Any], record: RunRecord, status: AgentRunStatus, decision: Decision, now: datetime
+    ) -> None:
+        """Write the verdict's status patch (``Decision.write``; held back: ``deferred``), then its metrics."""
         ref = RunRef.from_body(run)
-        patch = status_patch(
-            status,
-            decision.status,
-            now=now,
-            generation=int(meta.get("generation", 1)),
-            conditions=decision.conditions,
-        )
+        patch = decision.write
+        record.deferred = decision.deferred
         if "phase" in patch:
-            self._observe_transition(ref, status, patch, now)
+            self._observe_transition(record, status, patch, now)
         if not patch:
             return
-        if not decision.events and deferrable(status, patch, now=now):
-            if status.last_checkpoint_time is not None:  # written once it is stale, even if the run goes quiet
-                self._record(ref.uid).deferred = status.last_checkpoint_time + timedelta(seconds=QUIET_SECONDS)
-            return
-        self._record(ref.uid).deferred = None
         written = await self.kube.merge_patch(run_path(ref.namespace, ref.name, status=True), {"status": patch})
-        self._record(ref.uid).written = dict(written.get("status") or {})
+        record.written = dict(written.get("status") or {})
         for tool, count in decision.tool_failures.items():  # once written, so a retried reconcile never recounts
             metrics.tool_failed(tool, count)
-        if (calls := decision.status.get("toolCalls")) is not None and not decision.recorded_counts:
-            metrics.tool_calls_seen(ref.namespace, dict(status.tool_calls or {}), dict(calls))
-        if (usage := decision.status.get("modelUsage")) is not None:  # the same baseline rule (decide.usage)
-            metrics.model_usage_seen(ref.namespace, list(status.model_usage or []), list(usage))
+        metrics.count_tool_calls(ref.namespace, decision.tool_growth)
+        if decision.model_growth is not None:
+            metrics.count_model_usage(ref.namespace, decision.model_growth)
         if "phase" in patch:
             log.info(
                 "[%s/%s] %s -> %s (%s): %s",
@@ -498,24 +417,23 @@ class Reconciler:
                 patch.get("reason"),
                 patch.get("message"),
             )
-            self._record(ref.uid).phase = patch["phase"]
-            self._publish_phases()
+            record.phase = patch["phase"]
+            self.runs.publish_phases()
         for event in decision.events:
             await self._event(run, event.type, event.reason, event.message, now=now)
 
-    def _observe_transition(self, ref: RunRef, current: AgentRunStatus, patch: StatusPatch, now: datetime) -> None:
-        uid = ref.uid
+    @staticmethod
+    def _observe_transition(record: RunRecord, current: AgentRunStatus, patch: StatusPatch, now: datetime) -> None:
         metrics.TRANSITIONS.labels(patch["phase"]).inc()
         started = current.start_time
         if patch["phase"] in TERMINAL and current.phase not in TERMINAL and started is not None:
-            metrics.RUN_DURATION.labels(namespace=ref.namespace, phase=patch["phase"]).observe(
+            metrics.RUN_DURATION.labels(namespace=record.namespace, phase=patch["phase"]).observe(
                 max(0.0, (now - started).total_seconds())
             )
         requested = current.stop_requested_time
         if patch["phase"] == Phase.STOPPED and requested is not None:
             metrics.STOP_LATENCY.observe(max(0.0, (now - requested).total_seconds()))
         # Kept across the Pending (PodCreated) transition written with the pod itself: measured at Running.
-        record = self._record(uid)
         if patch["phase"] == Phase.RUNNING and (created := record.pod_created) is not None:
             record.pod_created = None
             metrics.POD_START_LATENCY.observe(time.monotonic() - created)

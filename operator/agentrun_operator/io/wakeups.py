@@ -26,6 +26,9 @@ A kick while the run's reconcile is running is remembered and runs once more
 afterwards (the reconcile may have read the store just before the commit that
 woke it); kicks while one is queued are the same reconcile.
 
+What is kept per run (its timers, retries, whether a reconcile is queued or running, its thread) is in
+its ``RunRecord`` (``io/runs.py``), shared with the rest of the operator and dropped with it.
+
 Every timer and task here runs in an empty ``contextvars.Context``, not in the
 caller's: the caller is often a kopf handler, whose context holds kopf's cause
 (the watch event and the object's full body), and a run's timer lives until
@@ -42,6 +45,8 @@ import logging
 import random
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime
+
+from .runs import RunRecord, Runs
 
 log = logging.getLogger("agentrun_operator.wakeups")
 
@@ -61,75 +66,51 @@ class Wakeups:
         coalesce: float,
         run: Callable[[str], Awaitable[None]],
         waiting_resync: float | None = None,
+        runs: Runs | None = None,
     ) -> None:
         self.resync_seconds = resync
         self.waiting_resync_seconds = resync if waiting_resync is None else waiting_resync
         self.coalesce = coalesce
         self._run = run  # reconcile the run with this uid; raises when the reconcile failed
-        self._timers: dict[str, asyncio.TimerHandle] = {}
-        self._queued: set[str] = set()
-        self._running: set[str] = set()
-        self._again: set[str] = set()
-        self._last_progress: dict[str, float] = {}
-        self._folding: dict[str, asyncio.TimerHandle] = {}
-        self._failures: dict[str, int] = {}
+        self.runs = runs if runs is not None else Runs()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._threads: dict[str, set[str]] = {}  # store thread id -> uids of the live runs on it
-        self._thread_of: dict[str, str] = {}
         self.reconciles = 0  # reconciles started here (not kopf's), for the metrics and tests
 
     # -- which runs a thread's progress wakes ----------------------------------------------------
 
     def track(self, uid: str, thread: str) -> None:
         """Follow run ``uid`` on ``thread``: its thread's progress wakes it."""
-        if self._thread_of.get(uid) == thread:
-            return
-        self.untrack(uid)
-        self._thread_of[uid] = thread
-        self._threads.setdefault(thread, set()).add(uid)
+        self.runs.track(uid, thread)
 
     def untrack(self, uid: str) -> None:
-        """Stop following run ``uid`` (it ended or is gone)."""
-        thread = self._thread_of.pop(uid, None)
-        if thread is not None:
-            uids = self._threads.get(thread, set())
-            uids.discard(uid)
-            if not uids:
-                self._threads.pop(thread, None)
-
-    def forget(self, uid: str) -> None:
-        """The run is gone: drop its timers and its thread."""
-        self.untrack(uid)
-        for handles in (self._timers, self._folding):
-            handle = handles.pop(uid, None)
-            if handle is not None:
-                handle.cancel()
-        self._last_progress.pop(uid, None)
-        self._failures.pop(uid, None)
+        """Stop following run ``uid`` (it ended)."""
+        if self.runs.get(uid) is not None:
+            self.runs.track(uid, None)
 
     # -- triggers ----------------------------------------------------------------------------------
 
     def progress(self, thread: str) -> None:
         """``thread`` made progress: reconcile its runs, folded to at most one reconcile per ``coalesce`` seconds."""
-        for uid in list(self._threads.get(thread, ())):
-            self._progress(uid)
+        for uid in self.runs.on_thread(thread):
+            if (record := self.runs.get(uid)) is not None:
+                self._progress(record)
 
-    def _progress(self, uid: str) -> None:
+    def _progress(self, record: RunRecord) -> None:
         loop = asyncio.get_running_loop()
         now = loop.time()
-        last = self._last_progress.get(uid)
+        last = record.last_progress
         if last is None or now - last >= self.coalesce:
-            self._last_progress[uid] = now
-            self.kick(uid)
-        elif uid not in self._folding:
-            self._folding[uid] = loop.call_later(
-                last + self.coalesce - now, self._folded, uid, context=contextvars.Context()
+            record.last_progress = now
+            self.kick(record.uid)
+        elif record.folding is None:
+            record.folding = loop.call_later(
+                last + self.coalesce - now, self._folded, record, context=contextvars.Context()
             )
 
-    def _folded(self, uid: str) -> None:
-        self._folding.pop(uid, None)
-        self._last_progress[uid] = asyncio.get_running_loop().time()
-        self.kick(uid)
+    def _folded(self, record: RunRecord) -> None:
+        record.folding = None
+        record.last_progress = asyncio.get_running_loop().time()
+        self.kick(record.uid)
 
     def after(self, uid: str, *, wake: datetime | None, live: bool, waiting: bool = False) -> None:
         """Set the run's timer after a reconcile: its next deadline, or the resync if that is sooner (the
@@ -140,7 +121,7 @@ class Wakeups:
         if live:
             resync = self.waiting_resync_seconds if waiting else self.resync_seconds
             delays.append(resync * random.uniform(0.75, 1.25))
-        self._set_timer(uid, min(delays) if delays else None)
+        self._set_timer(self.runs.record(uid), min(delays) if delays else None)
 
     def resync(self, uids: Iterable[str]) -> None:
         """Reconcile the runs ``uids`` now (a store back from an outage, or gone)."""
@@ -148,64 +129,67 @@ class Wakeups:
         for uid in uids:
             loop.call_later(random.uniform(0, RESYNC_SPREAD), self.kick, uid, context=contextvars.Context())
 
-    def _set_timer(self, uid: str, delay: float | None) -> None:
-        old = self._timers.pop(uid, None)
-        if old is not None:
-            old.cancel()
-        if delay is not None:
-            self._timers[uid] = asyncio.get_running_loop().call_later(
-                delay, self._fire, uid, context=contextvars.Context()
+    def _set_timer(self, record: RunRecord, delay: float | None) -> None:
+        if record.timer is not None:
+            record.timer.cancel()
+            record.timer = None
+        if delay is not None and self.runs.get(record.uid) is record:  # not forgotten meanwhile
+            record.timer = asyncio.get_running_loop().call_later(
+                delay, self._fire, record, context=contextvars.Context()
             )
 
-    def _fire(self, uid: str) -> None:
-        self._timers.pop(uid, None)
-        self.kick(uid)
+    def _fire(self, record: RunRecord) -> None:
+        record.timer = None
+        self.kick(record.uid)
 
     def kick(self, uid: str) -> None:
         """Reconcile the run soon (once, however many kicks arrive before it starts)."""
-        if uid in self._running:
-            self._again.add(uid)
+        record = self.runs.record(uid)
+        if record.running:
+            record.again = True
             return
-        if uid in self._queued:
+        if record.queued:
             return
-        self._queued.add(uid)
+        record.queued = True
         task = asyncio.create_task(
-            self._reconcile(uid), name=f"agentrun-reconcile-{uid}", context=contextvars.Context()
+            self._reconcile(record), name=f"agentrun-reconcile-{uid}", context=contextvars.Context()
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def now(self, uid: str) -> None:
         """Reconcile the run in the caller's task (a watch event's handler), with the retries of ``kick``."""
-        if uid in self._running or uid in self._queued:
+        record = self.runs.record(uid)
+        if record.running or record.queued:
             self.kick(uid)
             return
-        await self._reconcile(uid)
+        await self._reconcile(record)
 
-    async def _reconcile(self, uid: str) -> None:
-        self._queued.discard(uid)
-        self._running.add(uid)
+    async def _reconcile(self, record: RunRecord) -> None:
+        record.queued = False
+        record.running = True
         self.reconciles += 1
         try:
-            await self._run(uid)
-            self._failures.pop(uid, None)
+            await self._run(record.uid)
+            record.failures = 0
         except Exception as e:
-            failures = self._failures[uid] = self._failures.get(uid, 0) + 1
-            delay = RETRY_DELAYS[min(failures, len(RETRY_DELAYS)) - 1]
-            log.warning("reconcile of run %s failed (%s: %s); retrying in %.0fs", uid, type(e).__name__, e, delay)
-            self._set_timer(uid, delay)
+            record.failures += 1
+            delay = RETRY_DELAYS[min(record.failures, len(RETRY_DELAYS)) - 1]
+            log.warning(
+                "reconcile of run %s failed (%s: %s); retrying in %.0fs", record.uid, type(e).__name__, e, delay
+            )
+            self._set_timer(record, delay)
         finally:
-            self._running.discard(uid)
-            if uid in self._again:
-                self._again.discard(uid)
-                self.kick(uid)
+            record.running = False
+            if record.again:
+                record.again = False
+                if self.runs.get(record.uid) is record:  # not forgotten meanwhile (deleted)
+                    self.kick(record.uid)
 
     async def aclose(self) -> None:
         """Cancel every pending wake-up."""
-        for handle in [*self._timers.values(), *self._folding.values()]:
-            handle.cancel()
-        self._timers.clear()
-        self._folding.clear()
+        for record in self.runs:
+            record.cancel_timers()
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):
