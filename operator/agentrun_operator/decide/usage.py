@@ -4,7 +4,7 @@ The runner keeps a turn's usage in meta ``model_usage`` (``agentrun.usage``:
 tokens by kind, requests and their wall time by status, per model, summed
 over every pod of the turn). The operator mirrors it here, and once the
 status is written counts its growth in ``agentrun_operator_model_*``
-(``io.metrics.model_usage_seen``), exactly as ``status.toolCalls`` feeds
+(``decide.growth``, added by ``io.metrics``), exactly as ``status.toolCalls`` feeds
 ``agentrun_operator_tool_calls_total``: the status is the baseline, so an
 operator that restarts (or a new leader) counts only what grew after the
 last written status, never a run's whole usage again.
