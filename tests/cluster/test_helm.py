@@ -19,8 +19,6 @@ runs pods it is given, and these tests need none; the real plane runs no deploym
 from __future__ import annotations
 
 import json
-import os
-import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +30,7 @@ import yaml
 
 from kubesim import EmulatedCluster
 from kubesim.real import RealControlPlane
+from tests.cluster.kubeconfigs import discovery_cache
 from tests.cluster.servers import RealCluster
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,17 +81,6 @@ def bare_cluster(request: pytest.FixtureRequest, api_server: str, tmp_path: Path
         emulated.stop()
         shutil.rmtree(cache, ignore_errors=True)
     assert not emulated.internal_errors, f"the emulator failed while serving: {emulated.internal_errors!r}"
-
-
-def discovery_cache(url: str) -> Path:
-    """Where Helm (client-go) caches discovery for a server, for 6 hours: keyed by host and port only.
-
-    The library reads KUBECACHEDIR when it loads (so a test cannot point it elsewhere), and a port
-    reused by a later emulator serving other resources would be answered from the stale cache.
-    """
-    root = Path(os.environ.get("KUBECACHEDIR") or Path.home() / ".kube" / "cache")
-    host = url.removeprefix("http://").removeprefix("https://")
-    return root / "discovery" / re.sub(r"[^(\w/.)]", "_", host)
 
 
 @pytest.fixture

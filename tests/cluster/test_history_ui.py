@@ -59,6 +59,7 @@ from agentrun_dev.databases import throwaway_database
 from agentrun_dev.servers import free_port
 from kubesim import KUBECTL, EmulatedCluster, KubeletThread
 from tests.cluster.history_people import people
+from tests.cluster.kubeconfigs import exec_user, kubeconfig_doc, write_plugin, write_yaml
 from tests.cluster.operator_harness import (
     agentrun,
     apply,
@@ -67,7 +68,6 @@ from tests.cluster.operator_harness import (
     store_secret,
     wait_phase,
 )
-from tests.cluster.test_kube_client import exec_user, kubeconfig_doc, write_plugin, write_yaml
 
 pytestmark = [pytest.mark.cluster, pytest.mark.real_server, pytest.mark.timeout(420)]
 

@@ -15,7 +15,6 @@ import base64
 import json
 import os
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -23,12 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from lightkube.config.models import Cluster
 
 from agentrun_operator.io import kubeconfig, metrics
 from agentrun_operator.io.kube import ApiError, Conflict, CredentialsError, KubeClient, lease_path, run_path
 from kubesim import EmulatedCluster
+from tests.cluster.kubeconfigs import exec_user, kubeconfig_doc, write_plugin, write_yaml
 from tests.cluster.operator_harness import agentrun, start_operator
 
 pytestmark = pytest.mark.timeout(60)
@@ -48,54 +47,9 @@ def require_tokens(cluster: EmulatedCluster, *tokens: str) -> None:
     cluster.call(configure)
 
 
-def write_plugin(directory: Path, *, api_version: str = "client.authentication.k8s.io/v1beta1") -> Path:
-    """An exec credential plugin: prints the token in $TOKEN_SOURCE (valid for $TOKEN_TTL s) and logs each run."""
-    plugin = directory / "credential-plugin"
-    plugin.write_text(
-        f"#!{sys.executable}\n"
-        "import datetime, json, os, pathlib\n"
-        "info = json.loads(os.environ['KUBERNETES_EXEC_INFO'])\n"
-        "assert info['spec']['interactive'] is False, info\n"
-        "with open(os.environ['PLUGIN_RUNS'], 'a') as runs:\n"
-        "    runs.write(info['apiVersion'] + '\\n')\n"
-        "status = {'token': pathlib.Path(os.environ['TOKEN_SOURCE']).read_text().strip()}\n"
-        "if os.environ.get('TOKEN_TTL'):\n"
-        "    ttl = datetime.timedelta(seconds=float(os.environ['TOKEN_TTL']))\n"
-        "    expiry = datetime.datetime.now(datetime.UTC) + ttl\n"
-        "    status['expirationTimestamp'] = expiry.strftime('%Y-%m-%dT%H:%M:%SZ')\n"
-        f"print(json.dumps({{'apiVersion': {api_version!r}, 'kind': 'ExecCredential', 'status': status}}))\n"
-    )
-    plugin.chmod(0o755)
-    return plugin
-
-
-def kubeconfig_doc(server: str, user: dict[str, Any], *, name: str = "test", **cluster: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": name, "cluster": {"server": server, **cluster}}],
-        "users": [{"name": name, "user": user}],
-        "contexts": [{"name": name, "context": {"cluster": name, "user": name, "namespace": "default"}}],
-        "current-context": name,
-    }
-
-
-def exec_user(plugin: Path, tmp: Path, *, ttl: float | None = None, api_version: str | None = None) -> dict[str, Any]:
-    env = [{"name": "TOKEN_SOURCE", "value": str(tmp / "token")}, {"name": "PLUGIN_RUNS", "value": str(tmp / "runs")}]
-    if ttl is not None:
-        env.append({"name": "TOKEN_TTL", "value": str(ttl)})
-    spec = {"apiVersion": api_version or "client.authentication.k8s.io/v1beta1", "command": str(plugin), "env": env}
-    return {"exec": spec}
-
-
 def runs(tmp: Path) -> list[str]:
     path = tmp / "runs"
     return path.read_text().splitlines() if path.exists() else []
-
-
-def write_yaml(path: Path, document: dict[str, Any]) -> Path:
-    path.write_text(yaml.safe_dump(document))
-    return path
 
 
 def requests_counted(verb: str, code: str) -> float:

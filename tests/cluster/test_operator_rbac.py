@@ -35,6 +35,7 @@ import yaml
 from kubesim import EmulatedCluster, KubeletThread
 from kubesim.access import ApiAccess
 from kubesim.rbac import service_account
+from tests.cluster.kubeconfigs import discovery_cache, kubeconfig_doc, write_yaml
 from tests.cluster.operator_harness import (
     OperatorProcess,
     agentrun,
@@ -46,8 +47,6 @@ from tests.cluster.operator_harness import (
     wait_phase,
 )
 from tests.cluster.servers import RealCluster
-from tests.cluster.test_helm import discovery_cache
-from tests.cluster.test_kube_client import kubeconfig_doc, write_yaml
 
 # On kubesim with its RBAC authorizer and on the real kube-apiserver with its own (a ServiceAccount token there).
 pytestmark = [
