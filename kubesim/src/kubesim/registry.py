@@ -57,7 +57,7 @@ import kmock
 from kubesim import admission, apierrors, fieldmanager, limits, patching
 from kubesim import schema as crd_schema
 from kubesim.apierrors import ApiError, FieldError
-from kubesim.resources import BuiltinSchemas, ResourceDef
+from kubesim.resources import ResourceDef, builtin_schemas
 
 _READONLY_META = (
     "uid",
@@ -104,7 +104,7 @@ class Registry:
         self.defs = {d.key: d for d in defs}
         self.objects = objects
         self.rv = 0
-        self.builtin_schemas = BuiltinSchemas()
+        self.builtin_schemas = builtin_schemas()
         self._log: dict[kmock.resource, collections.deque[Change]] = collections.defaultdict(
             lambda: collections.deque(maxlen=history)
         )

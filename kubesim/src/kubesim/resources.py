@@ -386,7 +386,8 @@ def _pod_selector(obj: dict[str, Any]) -> str:
 
 
 class BuiltinSchemas:
-    """Upstream JSON schemas of the built-in kinds (strict: unknown fields are reported)."""
+    """Upstream JSON schemas of the built-in kinds (strict: unknown fields are reported). Read-only: one per
+    process (``builtin_schemas``), shared by every emulator."""
 
     def __init__(self, version: str = KUBERNETES_VERSION) -> None:
         versions = [v for v in kv_utils.all_versions() if kv_utils.major_minor(v) == version]
@@ -405,3 +406,10 @@ class BuiltinSchemas:
         except FileNotFoundError:
             return None
         return jsonschema.Draft202012Validator(schema, registry=self._registry)
+
+
+@functools.cache
+def builtin_schemas(version: str = KUBERNETES_VERSION) -> BuiltinSchemas:
+    """The process's ``BuiltinSchemas``: an emulator starts per test, and each read the definitions and resolved
+    their references anew."""
+    return BuiltinSchemas(version)
