@@ -52,7 +52,7 @@ chaos: $(STAMP)  ## the seeded fault campaign: 220 trials, every fault kind, fig
 	bash scripts/services.sh
 	$(BIN)/python -m bench.chaos run $(CHAOS_ARGS)
 
-lint: $(STAMP)  ## ruff (lint and format), mypy --strict (product, kubesim and test support code), import layers, no import cycle, no unexplained function over 80 lines
+lint: $(STAMP)  ## ruff (lint and format), mypy --strict (product, kubesim and test support code), import layers, no import cycle, no unexplained function over 80 lines, every error code from errors.py only, no test module imported by another
 	$(BIN)/ruff check runner operator kubesim devtools tests examples bench
 	$(BIN)/ruff format --check runner operator kubesim devtools tests examples bench
 	# mypy's cache outside the checkout, as the k8s binaries and images are: a clean checkout (CI) re-checks only what
@@ -61,6 +61,8 @@ lint: $(STAMP)  ## ruff (lint and format), mypy --strict (product, kubesim and t
 	$(BIN)/lint-imports
 	$(BIN)/python hack/import_cycles.py
 	$(BIN)/python hack/long_functions.py
+	$(BIN)/python hack/error_codes.py
+	$(BIN)/python hack/test_imports.py
 
 demo: $(STAMP)  ## emulated cluster: kubectl apply, SIGKILL the runner mid-tool, rescheduled, charged once
 	bash scripts/services.sh

@@ -35,6 +35,15 @@ CRD_FILE = ROOT / "crds" / "agentrun.dev_agentruns.yaml"
 CRD_FILES = (*sorted((ROOT / "crds").glob("*.yaml")), KOPF_PEERING_CRDS)
 EXAMPLE = ROOT / "examples" / "agentrun.yaml"
 INVALID_MANIFESTS = sorted((Path(__file__).parent / "manifests").glob("invalid-*.yaml"))
+# The one field each invalid manifest gets wrong (test_crd.py checks the schema, test_kubectl.py the server).
+EXPECTED_FIELD = {
+    "invalid-missing-graph.yaml": "spec.graph",
+    "invalid-graph-pattern.yaml": "spec.graph",
+    "invalid-negative-timeout.yaml": "spec.config.toolTimeoutSeconds",
+    "invalid-max-restarts.yaml": "spec.restartPolicy.maxRestarts",
+    "invalid-unknown-field.yaml": "spec.retries",
+    "invalid-thread-id-too-long.yaml": "spec.threadId",
+}
 AGENTRUNS = "/apis/agentrun.dev/v1alpha1/namespaces/default/agentruns"
 PODS = "/api/v1/namespaces/default/pods"
 # The images runner pods may use: the operator harness's, the test pods' and the operator's default (the demo).

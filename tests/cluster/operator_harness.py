@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import sqlite3
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from agentrun.checkpoint.base import Progress
 from agentrun.checkpoint.postgres import PgCheckpointer
 from agentrun_dev import launch
 from agentrun_dev.launch import OperatorProcess
-from kubesim import EmulatedCluster
+from kubesim import EmulatedCluster, KubeletThread
 
 ROOT = Path(__file__).resolve().parents[2]
 __all__ = ["OperatorProcess"]
@@ -167,3 +171,62 @@ def progress(dsn: str, thread: str) -> Progress | None:
 def executions(effects: Path) -> list[str]:
     path = Path(str(effects) + ".log")
     return path.read_text().splitlines() if path.exists() else []
+
+
+# --- the operator tests' fixtures: a module takes them with ``store, operator = harness.store, harness.operator``
+
+
+@pytest.fixture
+def store(cluster: EmulatedCluster, dsn: str) -> str:
+    for namespace in ("default",):
+        result = cluster.kubectl(
+            "create", "secret", "generic", "agentrun-store", "-n", namespace, f"--from-literal=postgresDsn={dsn}"
+        )
+        assert result.returncode == 0, result.stderr
+    return dsn
+
+
+@pytest.fixture
+def operator(cluster: EmulatedCluster, kubelet: KubeletThread, store: str, tmp_path: Path) -> Iterator[OperatorProcess]:
+    process = start_operator(cluster, tmp_path)
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+# --- what the operator tests read -------------------------------------------------------------------------------
+
+
+def table(output: str) -> list[list[str]]:
+    """kubectl's columns, cut at the header's offsets (so an empty cell stays an empty string)."""
+    header, *rows = output.rstrip().splitlines()
+    starts = [m.start() for m in re.finditer(r"\S+(?: \S+)*", header)]
+    bounds = list(zip(starts, [*starts[1:], None], strict=True))
+    return [[line[a:b].strip() for a, b in bounds] for line in (header, *rows)]
+
+
+NO_SUCH_ORDER = "charge my saved card for order 9999 and email me the receipt"
+
+
+def invocations(effects: Path, tool: str) -> int:
+    """How many times ``tool`` actually ran (every call is logged, whatever the idempotency key)."""
+    if not effects.exists():
+        return 0
+    conn = sqlite3.connect(effects)
+    try:
+        return int(conn.execute("SELECT COUNT(*) FROM tool_invocations WHERE tool = ?", (tool,)).fetchone()[0])
+    except sqlite3.OperationalError:
+        return 0
+    finally:
+        conn.close()
+
+
+def tool_calls_counted(operator: OperatorProcess) -> float:
+    """``agentrun_operator_tool_calls_total`` of namespace default, every outcome (this operator process's)."""
+    samples = [
+        line
+        for line in operator.metrics().splitlines()
+        if line.startswith("agentrun_operator_tool_calls_total{") and 'namespace="default"' in line
+    ]
+    return sum(float(line.rsplit(" ", 1)[1]) for line in samples)

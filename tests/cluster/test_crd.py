@@ -17,7 +17,7 @@ import yaml
 from agentrun.engine import CompiledGraph
 from agentrun.loader import is_langgraph, load_target
 from kubesim.schema import SchemaValidator, apply_defaults, format_checker, prune, to_jsonschema
-from tests.cluster.conftest import CRD_FILE, EXAMPLE, INVALID_MANIFESTS, ROOT
+from tests.cluster.conftest import CRD_FILE, EXAMPLE, EXPECTED_FIELD, INVALID_MANIFESTS, ROOT
 
 
 def crd() -> dict[str, Any]:
@@ -154,16 +154,6 @@ def test_every_example_manifest_is_valid_and_names_a_graph_that_loads(path: Path
     assert strict_errors(manifest) == [], f"{path.name} violates the CRD schema"
     graph = load_target(manifest["spec"]["graph"])  # imported as the runner does (the MCP example lists its tools)
     assert isinstance(graph, CompiledGraph) or is_langgraph(graph), f"{path.name}: {graph!r} is no compiled graph"
-
-
-EXPECTED_FIELD = {
-    "invalid-missing-graph.yaml": "spec.graph",
-    "invalid-graph-pattern.yaml": "spec.graph",
-    "invalid-negative-timeout.yaml": "spec.config.toolTimeoutSeconds",
-    "invalid-max-restarts.yaml": "spec.restartPolicy.maxRestarts",
-    "invalid-unknown-field.yaml": "spec.retries",
-    "invalid-thread-id-too-long.yaml": "spec.threadId",
-}
 
 
 def _error_fields(errors: list[jsonschema.ValidationError]) -> set[str]:

@@ -28,6 +28,7 @@ import yaml
 
 from agentrun_dev.servers import free_port
 from kubesim import KUBECTL
+from tests.cluster.processes import alive, descendants
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -60,35 +61,6 @@ GRAPH = textwrap.dedent(
 
 def path_without_venv() -> str:
     return os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep) if p and Path(p) != BIN)
-
-
-def descendants(root: int) -> set[int]:
-    """Every live process below ``root`` (from /proc), ``root`` included."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = {root}, [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 class DevCluster:

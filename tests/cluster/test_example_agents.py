@@ -22,11 +22,11 @@ import yaml
 
 from examples.support_agent import count_effects
 from kubesim import EmulatedCluster
-from tests.cluster import test_operator as shared
+from tests.cluster import operator_harness as harness
 from tests.cluster.operator_harness import ROOT, OperatorProcess, apply, wait_phase
 from tests.support.billing import billing_over_http
 
-store, operator = shared.store, shared.operator
+store, operator = harness.store, harness.operator
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import time
 from pathlib import Path
 from typing import Any
@@ -13,8 +12,8 @@ import yaml
 
 from kubesim import EmulatedCluster
 from kubesim.testing import python_pod
-from tests.cluster.conftest import AGENTRUNS, EXAMPLE, INVALID_MANIFESTS, PODS
-from tests.cluster.test_crd import EXPECTED_FIELD
+from tests.cluster.conftest import AGENTRUNS, EXAMPLE, EXPECTED_FIELD, INVALID_MANIFESTS, PODS
+from tests.cluster.operator_harness import table
 
 NAME = "support-order-4821"
 
@@ -39,14 +38,6 @@ def set_status(cluster: EmulatedCluster, status: dict[str, Any]) -> dict[str, An
     assert response.status == 200, response.body
     body: dict[str, Any] = response.body
     return body
-
-
-def table(output: str) -> list[list[str]]:
-    """kubectl's columns, cut at the header's offsets (so an empty cell stays an empty string)."""
-    header, *rows = output.rstrip().splitlines()
-    starts = [m.start() for m in re.finditer(r"\S+(?: \S+)*", header)]
-    bounds = list(zip(starts, [*starts[1:], None], strict=True))
-    return [[line[a:b].strip() for a, b in bounds] for line in (header, *rows)]
 
 
 @pytest.mark.real_server

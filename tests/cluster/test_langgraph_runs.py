@@ -24,17 +24,17 @@ import yaml
 from examples.support_agent import count_effects
 from kubesim import KUBECTL, EmulatedCluster, KubeletThread
 from tests.cluster.history_people import people
+from tests.cluster.history_process import BIN, history_server
 from tests.cluster.operator_harness import (
     OperatorProcess,
     agentrun,
     apply,
     progress,
     start_operator,
+    table,
     wait_node,
     wait_phase,
 )
-from tests.cluster.test_honest_outcomes import BIN, history_server
-from tests.cluster.test_kubectl import table
 
 pytestmark = pytest.mark.timeout(180)
 GRAPH = "examples.langgraph_support_agent:app"

@@ -20,6 +20,7 @@ import yaml
 
 from examples.support_agent import count_effects
 from kubesim import EmulatedCluster, KubeletThread
+from tests.cluster import operator_harness as harness
 from tests.cluster.operator_harness import (
     OperatorProcess,
     agentrun,
@@ -33,26 +34,9 @@ from tests.cluster.operator_harness import (
     wait_phase,
 )
 
+store, operator = harness.store, harness.operator
+
 pytestmark = pytest.mark.timeout(180)
-
-
-@pytest.fixture
-def store(cluster: EmulatedCluster, dsn: str) -> str:
-    for namespace in ("default",):
-        result = cluster.kubectl(
-            "create", "secret", "generic", "agentrun-store", "-n", namespace, f"--from-literal=postgresDsn={dsn}"
-        )
-        assert result.returncode == 0, result.stderr
-    return dsn
-
-
-@pytest.fixture
-def operator(cluster: EmulatedCluster, kubelet: KubeletThread, store: str, tmp_path: Path) -> Iterator[OperatorProcess]:
-    process = start_operator(cluster, tmp_path)
-    try:
-        yield process
-    finally:
-        process.stop()
 
 
 @pytest.mark.real_server

@@ -10,7 +10,6 @@ would deduplicate by idempotency key anyway.
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -18,28 +17,24 @@ from typing import Any
 import pytest
 
 from kubesim import EmulatedCluster, KubeletThread
-from tests.cluster import test_operator as shared
-from tests.cluster.operator_harness import OperatorProcess, agentrun, apply, pods_of, progress, wait_node, wait_phase
+from tests.cluster import operator_harness as harness
+from tests.cluster.operator_harness import (
+    NO_SUCH_ORDER,
+    OperatorProcess,
+    agentrun,
+    apply,
+    invocations,
+    pods_of,
+    progress,
+    tool_calls_counted,
+    wait_node,
+    wait_phase,
+)
 
 # The operator tests' fixtures (the store Secret, the operator process; the database is tests/conftest.py's).
-store, operator = shared.store, shared.operator
+store, operator = harness.store, harness.operator
 
 pytestmark = pytest.mark.timeout(180)
-
-NO_SUCH_ORDER = "charge my saved card for order 9999 and email me the receipt"
-
-
-def invocations(effects: Path, tool: str) -> int:
-    """How many times ``tool`` actually ran (every call is logged, whatever the idempotency key)."""
-    if not effects.exists():
-        return 0
-    conn = sqlite3.connect(effects)
-    try:
-        return int(conn.execute("SELECT COUNT(*) FROM tool_invocations WHERE tool = ?", (tool,)).fetchone()[0])
-    except sqlite3.OperationalError:
-        return 0
-    finally:
-        conn.close()
 
 
 def pods_ever(cluster: EmulatedCluster, name: str) -> int:
@@ -64,16 +59,6 @@ def delete_run(cluster: EmulatedCluster, name: str) -> None:
 def patch_spec(cluster: EmulatedCluster, name: str, spec: dict[str, Any]) -> None:
     patched = cluster.kubectl("patch", "ar", name, "--type", "merge", "-p", json.dumps({"spec": spec}))
     assert patched.returncode == 0, patched.stderr
-
-
-def tool_calls_counted(operator: OperatorProcess) -> float:
-    """``agentrun_operator_tool_calls_total`` of namespace default, every outcome (this operator process's)."""
-    samples = [
-        line
-        for line in operator.metrics().splitlines()
-        if line.startswith("agentrun_operator_tool_calls_total{") and 'namespace="default"' in line
-    ]
-    return sum(float(line.rsplit(" ", 1)[1]) for line in samples)
 
 
 def counted_in_status(status: dict[str, Any]) -> int:

@@ -21,11 +21,20 @@ import pytest
 
 from examples.support_agent import count_effects
 from kubesim import EmulatedCluster
-from tests.cluster import test_operator as shared
-from tests.cluster.operator_harness import OperatorProcess, agentrun, apply, progress, status, wait_node, wait_phase
-from tests.cluster.test_operator_identity import invocations, tool_calls_counted
+from tests.cluster import operator_harness as harness
+from tests.cluster.operator_harness import (
+    OperatorProcess,
+    agentrun,
+    apply,
+    invocations,
+    progress,
+    status,
+    tool_calls_counted,
+    wait_node,
+    wait_phase,
+)
 
-store, operator = shared.store, shared.operator
+store, operator = harness.store, harness.operator
 
 pytestmark = pytest.mark.timeout(180)
 
