@@ -89,8 +89,29 @@ async def test_the_count_sees_the_herd_of_kopfs_own_set() -> None:
     assert await _rechecks(aiotoggles.ToggleSet, objects) >= objects * objects, "kopf's herd is gone: see barrier.py"
 
 
-def test_install_makes_kopfs_orchestrator_build_the_quiet_set() -> None:
+def put_back_after(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``install`` swaps kopf's orchestrator's ``aiotoggles`` for the rest of the process: ``monkeypatch`` undoes it."""
+    monkeypatch.setattr(orchestration, "aiotoggles", orchestration.aiotoggles)
+
+
+@pytest.fixture
+def kopf_as_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kopf as this process found it once the test is done, whatever ``install`` did to it."""
+    put_back_after(monkeypatch)
+
+
+def test_install_makes_kopfs_orchestrator_build_the_quiet_set(kopf_as_found: None) -> None:
     assert barrier.install(), "kopf's barrier moved: io/barrier.py no longer fits this kopf"
     assert barrier.install(), "a second install must be harmless"
     assert orchestration.aiotoggles.ToggleSet is QuietToggleSet
     assert aiotoggles.ToggleSet is not QuietToggleSet, "kopf's own module must be left as it is"
+
+
+def test_an_install_under_the_fixture_leaves_kopf_as_it_found_it() -> None:
+    """Every later test of the process (the operator's own) gets kopf's ToggleSet, not a patch left behind."""
+    found = orchestration.aiotoggles
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        put_back_after(monkeypatch)
+        assert barrier.install()
+        assert orchestration.aiotoggles.ToggleSet is QuietToggleSet
+    assert orchestration.aiotoggles is found, "the barrier test left kopf's orchestrator patched"
