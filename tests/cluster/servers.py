@@ -1,7 +1,9 @@
 """The cluster tier's two API servers: kubesim's emulator, and the real control plane (``kubesim.real``).
 
-A test runs on kubesim unless it is marked ``@pytest.mark.real_server``: then it runs on both, as
-``[kubesim]`` and ``[real]`` (``--api-server=real`` or ``=kubesim`` keeps one). The real control plane is
+A test runs on kubesim unless it is marked ``@pytest.mark.real_server``: then it runs on the real
+control plane only (``[real]``), and on kubesim too (``[kubesim]``) when it is also marked ``kubesim_too``,
+because kubesim adds something there (``--api-server=both`` runs every real_server test on both,
+``=real`` or ``=kubesim`` on that one; ``conftest.pytest_generate_tests`` decides). The real control plane is
 started once per session (its binaries come from ``make k8s``); each test gets it as it was after start:
 
 - ``RealCluster`` installs the CRDs once, shapes the plane like ``EmulatedCluster`` for the tests (``history``
