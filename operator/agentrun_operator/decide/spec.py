@@ -3,7 +3,10 @@
 The CRD schema is the first line of validation; this model is the second,
 because an API server may run without the schema (old clusters, emulators)
 and because some rules do not fit OpenAPI (a resume with several values
-must name interrupt ids). Field names are the CRD's camelCase.
+must name interrupt ids). Field names are the CRD's camelCase, but for
+``spec.config``: ``contract.RunConfigSpec``, the run config's names aliased by
+the CRD's keys (one model for the CRD, the operator and the runner). A unit
+test holds this model and the CRD's schema to the same fields and bounds.
 """
 
 from __future__ import annotations
