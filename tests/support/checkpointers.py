@@ -2,7 +2,7 @@
 
 ``tests/conftest.py`` turns ``BACKENDS`` into the ``backend`` and
 ``checkpointer`` fixtures, so every test that asks for them runs once per
-backend (``tests/unit/test_checkpointers.py`` is the conformance suite;
+backend (``tests/support/checkpointer_contract.py`` is the conformance suite;
 other unit tests use them where a guarantee must hold on every store).
 
 To add a backend: add a ``pytest.param`` below and a branch in

@@ -1,7 +1,7 @@
 """Operator decisions of issue 14 and Job parity: a request has an identity, retries, tool errors, deadlines, ttl.
 
-Pure, like tests/unit/test_operator_decisions.py (whose kubelet-shaped pod
-builders these rows reuse): status, pod, store progress and the request's
+Pure, like tests/unit/test_operator_decisions.py (these rows reuse the same
+kubelet-shaped pod builders, tests/unit/decisions_support.py): status, pod, store progress and the request's
 recorded turn in, one Decision out.
 """
 

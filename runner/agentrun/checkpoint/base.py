@@ -14,8 +14,8 @@ thread (fencing) and stop requests. Backends hold no graph logic.
 - ``Checkpointer``: all three; what the engine takes, and the base class of
   every backend (memory, SQLite, PostgreSQL) and of ``CachedStore``.
 
-Contract shared by all backends (the conformance suite in
-``tests/unit/test_checkpointers.py`` runs it per protocol against each):
+Contract shared by all backends (the conformance suite,
+``tests/support/checkpointer_contract.py``, runs it per protocol against each):
 
 - ``aput(thread_id, write, expected_version=v)`` commits state and its new
   messages atomically at version ``v + 1``, or raises ``StaleStateError``
