@@ -22,7 +22,8 @@ from urllib.parse import quote, urlencode
 from agentrun.history import Digest, RunHistory, ToolCallRecord
 from agentrun.inspector import ChatMessage, Conversation, GraphShape, StepDetail
 from agentrun_operator.decide import jobparity, toolerrors
-from agentrun_operator.decide.reasons import TERMINAL, Phase
+from agentrun_operator.decide.reasons import TERMINAL as TERMINAL  # re-exported: server.py asks pages.TERMINAL
+from agentrun_operator.decide.reasons import Phase
 from agentrun_operator.decide.status import AgentRunStatus
 
 from . import listing, text
