@@ -1,36 +1,59 @@
 #!/usr/bin/env bash
-# make test: the cluster tier (tests/cluster) in a pytest of its own beside every other tier.
+# make test: every tier, as four pytest processes at once.
 #
-# Why two at once: measured in CI runs here (tests/README.md, "How long"), the cluster tier took 29 min
-# and the rest 25 one after the other (57 min in all), much of both waiting on processes and containers;
-# side by side .ci/run took 35. They share nothing: every cluster test has its own kubesim or the
-# session's real plane on loopback and a database of its own; the node tier's plane listens on the
-# node's host address in a network namespace of its own.
+# Why four: measured in CI runs here (tests/README.md, "How long"), one pytest took 57 min and two (the cluster
+# tier beside the rest) 35, each of the two taking about as long as it did alone: their time is mostly a
+# critical path of waits (pods, restarts, leases, timeouts), not CPU. So the cluster tier is cut in two (the
+# operator's scenarios, faults, scale and chaos; the clients: kubectl, the plugin, Helm, the history server, the
+# local cluster) and the rest in two (the real node and kubesim's self-tests, with the integration tier; the
+# postgres, bad-input, unit and chart tiers, in the foreground).
+# They share nothing: every cluster test has its own kubesim, or its process's session real plane on loopback, and
+# a database of its own; the node tier's plane listens on the node's host address in a network namespace of its own.
 # Each pytest keeps its own temporary folder.
 #
-# The cluster tier's output goes to a file, printed whole at the end (the two never interleave); the
-# exit status fails when either failed. PYTEST_ARGS reaches both (a --junitxml gets a suffix for the second).
+# The background streams' output goes to files, printed whole at the end (nothing interleaves); the exit status
+# fails when any stream failed. PYTEST_ARGS reaches every stream (a --junitxml gets the stream's name as a suffix).
 set -uo pipefail
 args=${PYTEST_ARGS:-}
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
-log=$(mktemp -t agentrun-cluster-tier.XXXXXX)
-echo "tests/cluster runs beside the other tiers; its output: $log (printed at the end)"
-# A background job of a script gets SIGINT ignored (POSIX, no job control), and every process the tier starts would
-# inherit that: `kubectl agentrun ui` then outlived the tests' Ctrl-C (SIGINT) in CI, silently. `trap - INT` in the
-# subshell gives the tier the default SIGINT a terminal's command has.
-# shellcheck disable=SC2086  # PYTEST_ARGS is a list of words
-(trap - INT; exec $BIN/pytest -q ${args//.xml/-cluster.xml} tests/cluster) >"$log" 2>&1 &
-cluster=$!
-trap 'kill -INT $cluster 2>/dev/null; wait $cluster' INT TERM
+
+operator_modules=(tests/cluster/test_operator*.py tests/cluster/test_chaos_smoke.py
+    tests/cluster/test_bench_operator_smoke.py tests/cluster/test_pgbouncer_scale.py tests/cluster/test_fuzzed_specs.py)
+not_operator=()
+for module in "${operator_modules[@]}"; do not_operator+=("--ignore=$module"); done
+
+names=() pids=() logs=()
+background() {  # background NAME PYTEST-ARGUMENTS...
+    local name=$1 log
+    shift
+    log=$(mktemp -t "agentrun-$name.XXXXXX")
+    echo "$name runs in the background; its output: $log (printed at the end)"
+    # A background job of a script gets SIGINT ignored (POSIX, no job control), and every process it starts would
+    # inherit that: `kubectl agentrun ui` then outlived the tests' Ctrl-C (SIGINT) in CI, silently. `trap - INT` in
+    # the subshell gives the stream the default SIGINT a terminal's command has.
+    # shellcheck disable=SC2086  # PYTEST_ARGS is a list of words
+    (trap - INT; exec $BIN/pytest -q ${args//.xml/-$name.xml} "$@") >"$log" 2>&1 &
+    names+=("$name") pids+=($!) logs+=("$log")
+}
+background cluster-operator "${operator_modules[@]}"
+background cluster-clients tests/cluster "${not_operator[@]}"
+background node-kubesim-integration tests/node kubesim/tests tests/integration
+trap 'kill -INT "${pids[@]}" 2>/dev/null; wait' INT TERM
 # shellcheck disable=SC2086
-$BIN/pytest -q $args --ignore=tests/cluster
-rest=$?
-wait $cluster
-cluster_status=$?
+# (--ignore does not apply to a testpaths entry itself: kubesim/tests needs the glob)
+$BIN/pytest -q $args --ignore=tests/cluster --ignore=tests/node --ignore-glob='kubesim/tests/*' --ignore=tests/integration
+status=$?
+summary="postgres, badinput, unit, chart: exit $status"
+for i in "${!pids[@]}"; do
+    wait "${pids[$i]}"
+    code=$?
+    echo
+    echo "============================ ${names[$i]} (exit $code) ============================"
+    cat "${logs[$i]}"
+    summary+="; ${names[$i]}: exit $code"
+    [ "$code" -eq 0 ] || status=1
+done
 trap - INT TERM
-echo
-echo "============================ tests/cluster (exit $cluster_status) ============================"
-cat "$log"
-echo "every tier but tests/cluster: exit $rest; tests/cluster: exit $cluster_status"
-[ "$rest" -eq 0 ] && [ "$cluster_status" -eq 0 ]
+echo "$summary"
+exit "$status"
