@@ -123,8 +123,8 @@ def status_patch(
 ) -> StatusPatch:
     """What to write for a decision's ``desired`` status: the changes, ``observedGeneration``, and conditions
     (the phase's on a phase change, plus ``conditions``: type -> (status, reason, message)). The verdict
-    (``verdict.plan_write``) asks ``deferrable`` whether it may wait (and when it is due: ``QUIET_SECONDS`` after the mirrored
-    checkpoint), so that a quiet run still gets it written."""
+    (``verdict.plan_write``) asks ``deferrable`` whether it may wait (and when it is due: ``QUIET_SECONDS``
+    after the mirrored checkpoint), so that a quiet run still gets it written."""
     patch = changed(current.wire(), {**desired, "observedGeneration": generation})
     if "phase" in patch:
         with_conditions(current, patch, now=now, generation=generation)

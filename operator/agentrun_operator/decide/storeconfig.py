@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import quote, unquote, urlsplit
 
-from agentrun import checkpoint
+from agentrun.checkpoint.pg_url import listen_dsn
 from agentrun.contract import POSTGRES_DSN_KEY, POSTGRES_LISTEN_DSN_KEY, REDIS_URL_KEY
 from agentrun.errors import AgentRunError, StoreConfigError, StoreUnavailableError
 
@@ -133,7 +133,7 @@ def listen_plan(namespace: str, secret: str, config: StoreConfig) -> ListenPlan 
         return ListenPlan(None)  # SQLite cannot notify: the resync finds its progress
     direct = config.listen_dsn
     try:
-        listen = checkpoint.listen_dsn(direct if direct is not None else config.dsn)
+        listen = listen_dsn(direct if direct is not None else config.dsn)
     except ValueError as e:
         listen, problem = None, redact(str(e), config.secrets)
     else:

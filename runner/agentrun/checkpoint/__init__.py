@@ -28,7 +28,7 @@ from .base import (
     StateStore,
 )
 from .memory import InMemoryCheckpointer
-from .pg_url import parse_store_url, without_params
+from .pg_url import listen_dsn, parse_store_url, without_params
 
 if TYPE_CHECKING:
     from .cached import CachedStore
@@ -54,17 +54,6 @@ def _listen_option(url: str) -> tuple[str, bool]:
     Raises ``ValueError`` for an unknown agentrun parameter or value (``pg_url``).
     """
     return without_params(url, frozenset({"agentrun_listen"})), parse_store_url(url).listen
-
-
-def listen_dsn(url: str) -> str | None:
-    """The DSN on which a LISTEN for this store's notifications works, or ``None`` if it would not.
-
-    ``None`` for a URL through a transaction pooler (``agentrun_pooler=transaction``); else the URL
-    without agentrun's parameters (``agentrun_listen=off`` is about runs only). Raises ``ValueError``
-    as ``pg_url.parse_store_url`` does.
-    """
-    parsed = parse_store_url(url)
-    return parsed.dsn if parsed.pooler is None else None
 
 
 def from_url(url: str, *, retry_timeout: float | None = None, listen_url: str | None = None) -> Checkpointer:

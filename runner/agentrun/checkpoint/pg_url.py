@@ -68,6 +68,18 @@ def parse_store_url(url: str) -> StoreUrl:
     return StoreUrl(without_params(url, None), pooler, listen, ledger_window)
 
 
+def listen_dsn(url: str) -> str | None:
+    """The DSN on which a LISTEN for this store's notifications works, or ``None`` if it would not.
+
+    ``None`` for a URL through a transaction pooler (``agentrun_pooler=transaction``); else the URL
+    without agentrun's parameters (``agentrun_listen=off`` is about runs only). Raises ``ValueError``
+    as ``parse_store_url`` does. (Here rather than in the package, so the operator's pure decisions
+    can import it without the store backends.)
+    """
+    parsed = parse_store_url(url)
+    return parsed.dsn if parsed.pooler is None else None
+
+
 def _milliseconds(name: str, value: str) -> float:
     """``value`` ms as seconds; ``ValueError`` unless it is a number from 0 to 1000."""
     try:
