@@ -26,7 +26,7 @@ from agentrun_operator.decide.reasons import TERMINAL as TERMINAL  # re-exported
 from agentrun_operator.decide.reasons import Phase
 from agentrun_operator.decide.status import AgentRunStatus
 
-from . import listing, text
+from . import hitl, listing, text
 
 # The operator's phases (decide/reasons.py), offered by the list's filter in their order.
 PHASES = tuple(Phase)
@@ -437,6 +437,9 @@ def _answer_form(base: str, interrupt: dict[str, Any]) -> str:
         f'data-interrupt="{a(ids[0])}" data-digest="{a(interrupt_digest(interrupt))}" '
         f'data-ids="{a(", ".join(ids))}" data-question="{a(question)}"'
     )
+    pending = hitl.actions(interrupt.get("payload"))
+    if pending is not None:
+        return _review_form(base, ids, seen, pending)
     payload = json.dumps(interrupt.get("payload"), ensure_ascii=False, default=str)
     buttons = "".join(
         f'<button class="act {verb}" data-action="{a(base + "/" + verb)}" data-verb="{verb}" '
@@ -452,6 +455,59 @@ def _answer_form(base: str, interrupt: dict[str, Any]) -> str:
         """placeholder='e.g. {"approved": true, "note": "checked the order"}'></textarea></label>"""
         f"<span id=answer-error class=error role=alert></span>{buttons}"
     )
+
+
+def _review_form(base: str, ids: list[str], seen: str, pending: list[hitl.Action]) -> str:
+    """A tool call review (``hitl``): each pending call (tool, arguments as content, allowed decisions) and, for
+    one call, Approve / Edit (its arguments as editable JSON, prefilled) / Reject where allowed; for several,
+    the whole answer as JSON, prefilled with an approve of each. app.js builds the decision and confirms it."""
+    calls = "".join(
+        f"<li class=review-call><code class=tool>{e(x.name)}</code> "
+        f"<span class=allowed>allowed: {e(', '.join(x.allowed) or 'nothing')}</span>"
+        f"<pre class=args>{e(json.dumps(x.args, indent=2, ensure_ascii=False, default=str))}</pre>"
+        + (f"<p class=description>{e(x.description)}</p>" if x.description else "")
+        + "</li>"
+        for x in pending
+    )
+    head = (
+        f"<p class=question>Tool call review (interrupt <code>{e(', '.join(ids))}</code>): the agent waits to run "
+        f"{len(pending)} tool call{'s' if len(pending) != 1 else ''}</p><ol class=review>{calls}</ol>"
+    )
+
+    tool = f' data-tool="{a(pending[0].name)}"' if len(pending) == 1 else ""
+
+    def button(verb: str, kind: str, label: str, default: dict[str, Any] | None = None) -> str:
+        value = f' data-default="{a(json.dumps(default))}"' if default is not None else ""
+        return (
+            f'<button class="act {kind}" data-action="{a(base + "/" + verb)}" data-verb="{verb}"{value} {seen} '
+            f'data-hitl="{kind}"{tool}>{label}</button>'
+        )
+
+    if len(pending) != 1:
+        answer = json.dumps({"decisions": [{"type": "approve"} for _ in pending]}, indent=2)
+        return (
+            f"{head}<label class=answer-value>The answer, as JSON: {e(hitl.SHAPE)}"
+            f"<textarea id=answer-value rows=6 spellcheck=false autocomplete=off>{e(answer)}</textarea></label>"
+            f"<span id=answer-error class=error role=alert></span>"
+            + button("approve", "approve", "Send", {"decisions": [{"type": "approve"} for _ in pending]})
+        )
+    allowed, parts = pending[0].allowed, [head]
+    if "approve" in allowed:
+        parts.append(button("approve", "approve", "Approve", {"decisions": [{"type": "approve"}]}))
+    if "edit" in allowed:
+        args = json.dumps(pending[0].args, indent=2, ensure_ascii=False, default=str)
+        parts.append(
+            "<label class=answer-value>Edit the arguments (JSON), then Edit runs the call with them"
+            f"<textarea id=edit-args rows=4 spellcheck=false autocomplete=off>{e(args)}</textarea></label>"
+            + button("approve", "edit", "Edit")
+        )
+    if "reject" in allowed:
+        parts.append(
+            "<label class=answer-value>Why (optional, the model reads it)"
+            "<input id=reject-message autocomplete=off></label>" + button("reject", "reject", "Reject")
+        )
+    parts.append("<span id=answer-error class=error role=alert></span>")
+    return "".join(parts)
 
 
 def _retry_action(name: str, base: str, status: dict[str, Any], spec: dict[str, Any]) -> str:

@@ -19,7 +19,10 @@ An approve or reject names the question it answers (the interrupt id and the
 digest of ``status.interrupt`` the page showed) and may carry the answer
 (``value``: any JSON; without it approve sends ``true``, reject ``false``):
 anything else waiting is a 409 with the current question, and the patch is
-guarded by a JSON patch ``test`` of the object that was checked. A retry
+guarded by a JSON patch ``test`` of the object that was checked. A tool call
+review (LangChain's ``HumanInTheLoopMiddleware``, ``hitl``) takes only
+``{"decisions": [...]}`` its calls allow (approve, edit, reject): anything else
+is a 400 saying what to send, since the graph would fail on it. A retry
 names the failure it re-opens (the ``spec.retry`` the page showed): a run
 retried meanwhile, or not Failed, is a 409 with its current state, and the
 patch (``spec.retry`` one higher) is guarded the same way. A body that is not
@@ -54,7 +57,7 @@ from agentrun_operator.decide import jobparity
 from agentrun_operator.decide.spec import thread_key
 from agentrun_operator.decide.status import AgentRunStatus
 
-from . import listing, pages, text
+from . import hitl, listing, pages, text
 from .kube import KubeError, UserKube
 from .store import HistoryStore, ProgressHub
 
@@ -588,6 +591,18 @@ def _conflict(run: dict[str, Any], seen: tuple[str, str]) -> Refused | None:
     )
 
 
+def _unfit(run: dict[str, Any], value: Any) -> Refused | None:
+    """A 400 when the question is a tool call review (``hitl``) and ``value`` is no answer it allows: the
+    middleware would raise inside the graph and fail the run."""
+    pending = hitl.actions(((run.get("status") or {}).get("interrupt") or {}).get("payload"))
+    if pending is None:
+        return None
+    why = hitl.problem(pending, value)
+    if why is None:
+        return None
+    return Refused(400, "Bad request", f"{why} (allowed: {hitl.allowed_words(pending)}); nothing was answered")
+
+
 async def _answer(
     request: web.Request, token: str, run: dict[str, Any], verb: str, seen: tuple[str, str], value: Any
 ) -> web.Response:
@@ -601,7 +616,7 @@ async def _answer(
         request.app[KUBE],
         token,
         run,
-        conflict=lambda run: _conflict(run, seen),
+        conflict=lambda run: _conflict(run, seen) or _unfit(run, value),
         change=lambda run: [{"op": "add", "path": "/spec/resume", "value": {"values": values(run)}}],
         state=_question,
     )

@@ -49,11 +49,12 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NoReturn
 
+from agentrun_history import hitl
 from agentrun_history.text import hidden, note, visible, visible_json
 
 from .decide import jobparity, toolerrors
@@ -278,6 +279,33 @@ def _attempt_rows(attempts: Sequence[AttemptRecord]) -> list[list[str]]:
     return rows
 
 
+def _waiting_lines(name: str, status: AgentRunStatus) -> list[str]:
+    """``describe``'s lines for an Interrupted run: the question, its ids and payload, a tool call review's calls,
+    and the command that answers it."""
+    lines: list[str] = []
+    interrupt = status.interrupt or {}
+    lines.append("Waiting for:  " + (interrupt.get("message") or "spec.resume"))
+    for interrupt_id in pending_ids(status):
+        lines.append(f"  interrupt   {interrupt_id}")
+    payload = json.dumps(interrupt.get("payload"), indent=2, default=str)
+    if len(payload) > PAYLOAD_LIMIT:
+        payload = payload[:PAYLOAD_LIMIT] + "…(truncated)"
+    lines.append("  payload:    " + payload.replace("\n", "\n              "))
+    by_id = f" --id {pending_ids(status)[0]}" if pending_ids(status) else ""
+    review = hitl.actions(interrupt.get("payload"))
+    for action in review or ():
+        lines.append(
+            f"  tool call:  {action.name} {json.dumps(action.args, ensure_ascii=False, default=str)} "
+            f"(allowed: {', '.join(action.allowed)})"
+        )
+    edit = " [--edit ARGS]" if review and len(review) == 1 and "edit" in review[0].allowed else ""
+    lines.append(
+        f"  answer:     kubectl agentrun approve {name}{by_id}{edit or ' [--value JSON]'}   |   "
+        f"kubectl agentrun reject {name}{by_id}"
+    )
+    return lines
+
+
 def cmd_describe(kubectl: Kubectl, args: argparse.Namespace) -> int:
     """``kubectl agentrun describe``: a run, its attempts and pods, tool calls, the interrupt waiting, Events."""
     run = kubectl.get_run(args.run)
@@ -313,19 +341,7 @@ def cmd_describe(kubectl: Kubectl, args: argparse.Namespace) -> int:
         + (f", completed but unrecorded {calls['unrecorded']}" if calls.get("unrecorded") else "")
     )
     if status.phase == Phase.INTERRUPTED:
-        interrupt = status.interrupt or {}
-        lines.append("Waiting for:  " + (interrupt.get("message") or "spec.resume"))
-        for interrupt_id in pending_ids(status):
-            lines.append(f"  interrupt   {interrupt_id}")
-        payload = json.dumps(interrupt.get("payload"), indent=2, default=str)
-        if len(payload) > PAYLOAD_LIMIT:
-            payload = payload[:PAYLOAD_LIMIT] + "…(truncated)"
-        lines.append("  payload:    " + payload.replace("\n", "\n              "))
-        by_id = f" --id {pending_ids(status)[0]}" if pending_ids(status) else ""
-        lines.append(
-            f"  answer:     kubectl agentrun approve {meta['name']}{by_id} [--value JSON]   |   "
-            f"kubectl agentrun reject {meta['name']}{by_id}"
-        )
+        lines.extend(_waiting_lines(meta["name"], status))
     if status.phase == Phase.FAILED and jobparity.retry_refusal(meta["name"], spec, status) is None:
         lines.append(
             f"Retry:        kubectl agentrun retry {meta['name']}   (resumes the turn; completed calls replay)"
@@ -396,7 +412,7 @@ def _chosen(name: str, status: AgentRunStatus, args: argparse.Namespace, verb: s
     return pending
 
 
-def _answer(kubectl: Kubectl, args: argparse.Namespace, value: Any, verb: str) -> int:
+def _answer(kubectl: Kubectl, args: argparse.Namespace, answer: Callable[[AgentRunStatus], Any], verb: str) -> int:
     """Answer the interrupt the run waits on now, only if it still waits on it when the patch lands.
 
     The JSON patch starts with a ``test`` of the resourceVersion just read: if the run moved on in between (a
@@ -408,6 +424,7 @@ def _answer(kubectl: Kubectl, args: argparse.Namespace, value: Any, verb: str) -
     for _ in range(ANSWER_ATTEMPTS):
         status = AgentRunStatus.parse(run.get("status"))
         chosen = _chosen(name, status, args, verb)
+        value = answer(status)
         resume: dict[str, Any] = {"values": {i: value for i in chosen}} if chosen else {"value": value}
         # "add" replaces a spec.resume already there, so no answer of an earlier interrupt stays beside this one.
         moved = _patch_as_read(kubectl, run, [{"op": "add", "path": "/spec/resume", "value": resume}])
@@ -444,26 +461,61 @@ def _patch_as_read(kubectl: Kubectl, run: dict[str, Any], ops: list[dict[str, An
     return again
 
 
-def _value(text: str | None, default: Any) -> Any:
+def _value(text: str | None, default: Any, flag: str = "--value") -> Any:
     if text is None:
         return default
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise PluginError(
-            f"--value is not JSON ({e.msg} at character {e.pos}): {text!r}; "
-            """quote strings as JSON, e.g. --value '"yes"' or --value '{"amount": 120}'"""
+            f"{flag} is not JSON ({e.msg} at character {e.pos}): {text!r}; "
+            f"""quote strings as JSON, e.g. {flag} '"yes"' or {flag} '{{"amount": 120}}'"""
         ) from None
 
 
+def _review_answer(status: AgentRunStatus, value: Any, edit: Any, verb: str) -> Any:
+    """The answer to a tool call review (``agentrun_history.hitl``): ``--edit`` ARGS for its one call, ``--value``
+    as given, else every call approved (rejected); the middleware fails the run on anything it does not allow,
+    so that is refused here. Another interrupt: ``--value`` (default ``true``/``false``); ``--edit`` is refused."""
+    pending = hitl.actions((status.interrupt or {}).get("payload"))
+    if pending is None:
+        if edit is not _UNSET:
+            raise PluginError(
+                "--edit answers a tool call review (LangChain HumanInTheLoopMiddleware) and this interrupt is not "
+                f"one: {_question(status)}; answer it with --value JSON"
+            )
+        return verb == "approve" if value is _UNSET else value
+    try:
+        if edit is not _UNSET:
+            return hitl.edit(pending, edit)
+        if value is _UNSET:
+            return hitl.every(pending, verb)
+    except ValueError as e:
+        raise PluginError(f"{e}; nothing was answered") from None
+    why = hitl.problem(pending, value)
+    if why is not None:
+        raise PluginError(f"--value: {why} (allowed: {hitl.allowed_words(pending)}); nothing was answered")
+    return value
+
+
+_UNSET: Any = object()  # no --value / --edit given
+
+
 def cmd_approve(kubectl: Kubectl, args: argparse.Namespace) -> int:
-    """``kubectl agentrun approve``: answer the run's interrupt with ``--value`` (default ``true``)."""
-    return _answer(kubectl, args, _value(args.value, True), "approve")
+    """``kubectl agentrun approve``: answer the run's interrupt with ``--value`` (default ``true``), or a tool call
+    review with ``--edit`` ARGS (its one call run with them) or ``--value`` (default: approve every call)."""
+    if args.value is not None and args.edit is not None:
+        raise PluginError("--value and --edit are two answers: give one (--edit builds the edit decision)")
+    value = _UNSET if args.value is None else _value(args.value, None)
+    edit = _UNSET if args.edit is None else _value(args.edit, None, flag="--edit")
+    return _answer(kubectl, args, lambda status: _review_answer(status, value, edit, "approve"), "approve")
 
 
 def cmd_reject(kubectl: Kubectl, args: argparse.Namespace) -> int:
-    """``kubectl agentrun reject``: answer the run's interrupt with ``--value`` (default ``false``)."""
-    return _answer(kubectl, args, _value(args.value, False), "reject")
+    """``kubectl agentrun reject``: answer the run's interrupt with ``--value`` (default ``false``; a tool call
+    review: every call rejected)."""
+    value = _UNSET if args.value is None else _value(args.value, None)
+    return _answer(kubectl, args, lambda status: _review_answer(status, value, _UNSET, "reject"), "reject")
 
 
 def cmd_retry(kubectl: Kubectl, args: argparse.Namespace) -> int:
@@ -1067,6 +1119,13 @@ def parser() -> argparse.ArgumentParser:
         answer.add_argument("--id", help="the interrupt id (when the run waits on several)")
         answer.add_argument("--all", action="store_true", help="answer every pending interrupt with the value")
         answer.add_argument("--value", help=f"the answer, as JSON (default: {default})")
+        if verb == "approve":
+            answer.add_argument(
+                "--edit",
+                metavar="ARGS",
+                help="a tool call review (LangChain HumanInTheLoopMiddleware): run its one pending call with these "
+                'arguments instead, as a JSON object (e.g. \'{"order_id": "4821"}\')',
+            )
     command("stop", "stop a run, even one hung inside a tool (spec.stop)").add_argument("run")
     command(
         "retry", "re-open a Failed run (spec.retry): it resumes its turn, completed tool calls replay"

@@ -5,7 +5,8 @@
 "use strict";
 
 var lastMessage = "";  // the last action's answer, kept across live updates of the page
-var draft = null;      // the answer value being typed, kept across live updates of the page
+var drafts = {};       // the answer fields being typed (by id), kept across live updates of the page
+var FIELDS = ["answer-value", "edit-args", "reject-message"];
 var source = null;     // the live view's event stream, once one is open
 
 function say(text) {
@@ -26,16 +27,38 @@ function post(button, body) {
     .then(function (r) {
       say(r.ok ? r.body.message : "refused: " + r.body.message);
       if (!r.ok) { button.disabled = false; }
-      if (r.ok && button.dataset.verb) { draft = null; }
+      if (r.ok && button.dataset.verb) { drafts = {}; }
       if (r.ok && button.classList.contains("retry")) { follow(true); }  // the run runs again: follow it
       refresh();
     })
     .catch(function (err) { say(String(err)); button.disabled = false; });
 }
 
-// The answer this button sends: the value field's JSON, else the button's default (true / false).
-// Returns {value} or {error}: invalid JSON is said next to the field and nothing is sent.
+// A tool call review's edit: the edited arguments (a JSON object) for the one pending call, its name kept.
+function editValue(button) {
+  var field = document.getElementById("edit-args");
+  var args;
+  try {
+    args = JSON.parse(field ? field.value : "");
+  } catch (err) {
+    return {error: "the arguments are not JSON: " + err.message};
+  }
+  if (args === null || typeof args !== "object" || Array.isArray(args)) {
+    return {error: 'the arguments are a JSON object, e.g. {"order_id": "4821"}'};
+  }
+  return {value: {decisions: [{type: "edit", edited_action: {name: button.dataset.tool, args: args}}]}};
+}
+
+// The answer this button sends: the value field's JSON, else the button's default (true / false, or a tool
+// call review's decision). Returns {value} or {error}: invalid JSON is said next to the field, nothing is sent.
 function answerValue(button) {
+  if (button.dataset.hitl === "edit") { return editValue(button); }
+  if (button.dataset.hitl === "reject" && button.dataset.tool) {
+    var why = document.getElementById("reject-message");
+    var decision = {type: "reject"};
+    if (why && why.value.trim()) { decision.message = why.value.trim(); }
+    return {value: {decisions: [decision]}};
+  }
   var field = document.getElementById("answer-value");
   var text = field ? field.value.trim() : "";
   if (!text) { return {value: JSON.parse(button.dataset.default)}; }
@@ -99,11 +122,12 @@ function onAnswer(button) {
   // An answer names the interrupt and the digest of the question this page shows: the server answers
   // nothing else (409).
   var body = JSON.stringify({interrupt: button.dataset.interrupt, digest: button.dataset.digest, value: found.value});
-  confirmThen(button, button.dataset.verb === "approve" ? "Approve with this answer?" : "Reject with this answer?", [
-    ["Interrupt", button.dataset.ids],
-    ["Question", button.dataset.question],
-    ["Value sent", shown, true],
-  ], body);
+  var titles = {edit: "Run the tool call with these arguments?", approve: "Approve with this answer?",
+    reject: "Reject with this answer?"};
+  var pairs = [["Interrupt", button.dataset.ids], ["Question", button.dataset.question]];
+  if (button.dataset.tool) { pairs.push(["Tool call", button.dataset.tool]); }
+  pairs.push(["Value sent", shown, true]);
+  confirmThen(button, titles[button.dataset.hitl || button.dataset.verb], pairs, body);
 }
 
 function onRetry(button) {
@@ -138,11 +162,12 @@ function bindSteps() {
 
 function bindButtons() {
   bindSteps();
-  var field = document.getElementById("answer-value");
-  if (field) {
-    if (draft !== null) { field.value = draft; }
-    field.addEventListener("input", function () { draft = field.value; });
-  }
+  FIELDS.forEach(function (id) {
+    var field = document.getElementById(id);
+    if (!field) { return; }
+    if (drafts[id] !== undefined) { field.value = drafts[id]; }
+    field.addEventListener("input", function () { drafts[id] = field.value; });
+  });
   document.querySelectorAll("button.act").forEach(function (button) {
     button.addEventListener("click", function () {
       if (button.dataset.interrupt) { onAnswer(button); }
