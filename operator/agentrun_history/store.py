@@ -1,7 +1,8 @@
 """The history server's side of the store: read-only reads, and the progress notifications that make views live.
 
-Reads go through ``PgCheckpointer.thread_rows`` (one read-only snapshot per
-history). The server never writes: it calls no write method, and its store
+Reads go through the store's ``HistoryReads`` protocol (``thread_rows``: one
+read-only snapshot per history); PostgreSQL implements it, SQLite and memory
+do not (``STORES``). The server never writes: it calls no write method, and its store
 role needs only ``SELECT`` on the agentrun schema (plus ``LISTEN``, which
 PostgreSQL grants to every role). ``setup()`` still checks the schema version
 first (a no-op once it is current, the runners migrate it).
@@ -26,12 +27,17 @@ from typing import Any
 
 from agentrun import inspector
 from agentrun.checkpoint import from_url, listen_dsn
+from agentrun.checkpoint.base import HistoryReads, ThreadRows
 from agentrun.checkpoint.listen import Listening, Progressed
-from agentrun.checkpoint.pg_history import ThreadRows
 from agentrun.checkpoint.pg_progress import CHANNEL
 from agentrun.checkpoint.postgres import PgCheckpointer
 
 log = logging.getLogger("agentrun.history")
+# Which stores implement HistoryReads, and why only they: said by the startup error and README.
+STORES = (
+    "PostgreSQL (postgresql://...) only: SQLite and memory keep one machine's runs, with no server for a history "
+    "Deployment to share"
+)
 RECORDED_LIMIT = 1000  # the newest runs the store recorded, for the list's deleted ones: a bound on one read
 
 
@@ -42,9 +48,11 @@ class HistoryStore:
         # The runners' own URL parsing (agentrun_* parameters included). A short retry bound: a person waits.
         # No stop listener opens: this process never watches a run's stops.
         store = from_url(dsn, retry_timeout=5.0)
-        if not isinstance(store, PgCheckpointer):
-            raise ValueError("the history server reads a PostgreSQL store (postgresql://...), not " + dsn.split(":")[0])
-        self.store = store
+        if not isinstance(store, HistoryReads):
+            raise ValueError(
+                f"the history server reads a store with the history reads: {STORES}; not {dsn.split(':')[0]}"
+            )
+        self.store: HistoryReads = store
 
     async def rows(self, thread_id: str, run_uid: str | None) -> ThreadRows:
         """What the history of ``thread_id`` shows, restricted to ``run_uid``'s rows where it has any."""

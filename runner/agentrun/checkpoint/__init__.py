@@ -20,12 +20,14 @@ from .base import (
     Checkpointer,
     CheckpointWrite,
     ControlStore,
+    HistoryReads,
     Intent,
     LedgerEntry,
     LedgerStore,
     Progress,
     RunInputsRecord,
     StateStore,
+    ThreadRows,
 )
 from .memory import InMemoryCheckpointer
 from .pg_url import listen_dsn, parse_store_url, without_params
@@ -116,6 +118,7 @@ __all__ = [
     "CheckpointWrite",
     "Checkpointer",
     "ControlStore",
+    "HistoryReads",
     "InMemoryCheckpointer",
     "Intent",
     "LedgerEntry",
@@ -125,6 +128,7 @@ __all__ = [
     "RunInputsRecord",
     "SqliteCheckpointer",
     "StateStore",
+    "ThreadRows",
     "from_url",
     "listen_dsn",
     "open_store",

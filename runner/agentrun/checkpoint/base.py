@@ -1,4 +1,4 @@
-"""The store's interfaces: three small protocols, and ``Checkpointer`` for a store that has all three.
+"""The store's interfaces: three small protocols, ``Checkpointer`` for a store that has all three, ``HistoryReads``.
 
 A store keeps, per thread: versioned state rows (one per durable step), the
 thread's messages (written incrementally: a step sends only the messages it
@@ -13,6 +13,8 @@ thread (fencing) and stop requests. Backends hold no graph logic.
   keys: all the operator needs, and all it should depend on.
 - ``Checkpointer``: all three; what the engine takes, and the base class of
   every backend (memory, SQLite, PostgreSQL) and of ``CachedStore``.
+- ``HistoryReads``: the read-only reads of the history server (``ThreadRows``
+  and the inspector's); PostgreSQL's only (a server-side store to share).
 
 Contract shared by all backends (the conformance suite,
 ``tests/support/checkpointer_contract.py``, runs it per protocol against each):
@@ -392,6 +394,34 @@ def _describe(owner: Owner) -> str:
     return f"{run} (attempt {owner.attempt})"
 
 
+@dataclass(frozen=True)
+class ThreadRows:
+    """A thread's recorded rows, as plain dicts; digests and JSON values as JSON text where noted.
+
+    A digest (``history.Digest``'s fields) is JSON text or None. A row PostgreSQL could not read carries
+    ``unreadable`` (which row, why) and only what its stored text gives; ``unreadable`` lists them all.
+    """
+
+    # interrupts: [{id, message, payload: digest}]; resume: {id: digest}; resume_all: digest;
+    # error, result, stop_reason: JSON (a long one cut to a JSON string)
+    states: list[dict[str, Any]] = field(default_factory=list)
+    # id, role, tool_call_id, is_error, content: digest, tool_calls: [{id, name, arguments: digest}]
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    # result_sha256, result_bytes (of the stored envelope), result_preview, result_truncated, result_is_error,
+    # args_digest (``ledger.args_digest`` of the call's arguments, as the envelope's "args"; None before digests)
+    ledger: list[dict[str, Any]] = field(default_factory=list)
+    intents: list[dict[str, Any]] = field(default_factory=list)  # args_digest, as the ledger's
+    inputs: list[dict[str, Any]] = field(default_factory=list)  # resume: digest of its JSON text, or None
+    owner: dict[str, Any] | None = None
+    stop: dict[str, Any] | None = None
+    unreadable: list[str] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        """Whether the store holds nothing of the thread (no state, ledger row, intent or run input)."""
+        return not self.states and not self.ledger and not self.intents and not self.inputs
+
+
 # -- the protocols -------------------------------------------------------------------------------
 
 
@@ -747,6 +777,36 @@ class WatchedThreads:
     def clear(self) -> None:
         """Forget every watch (the hearing ends)."""
         self._by_thread.clear()
+
+
+@runtime_checkable
+class HistoryReads(Protocol):
+    """What the history server reads (read only, each from one snapshot): the run history and inspector rows.
+
+    PostgreSQL implements it (``pg_history``, ``pg_inspect``). SQLite and memory do not: their runs stay on one
+    machine, with no server for a history Deployment to share. A backend that implements it gets the history
+    server (``agentrun_history.store``) without a change there.
+    """
+
+    async def aclose(self) -> None:
+        """Release connections; the store cannot be used afterwards."""
+
+    async def thread_rows(self, thread_id: str, *, run_uid: str | None = None) -> ThreadRows:
+        """Everything the run history shows of ``thread_id`` (``agentrun.history.build``'s input)."""
+
+    async def thread_conversation(
+        self, thread_id: str, *, run_uid: str | None = None
+    ) -> tuple[dict[str, Any] | None, list[dict[str, Any]], int, str | None]:
+        """The run's input, the thread's newest messages, their total, the graph's structure (``inspector``)."""
+
+    async def thread_step(self, thread_id: str, version: int) -> dict[str, Any] | None:
+        """One state version of ``thread_id``: its state by key, the one before, its messages; None if none."""
+
+    async def find_run(self, namespace: str, name: str) -> tuple[str, str | None] | None:
+        """The thread and run uid a (deleted) AgentRun recorded its turn under, or ``None``."""
+
+    async def recorded_runs(self, namespace: str | None, *, limit: int = 500) -> list[dict[str, Any]]:
+        """The AgentRuns that recorded a turn (``namespace``'s, or all), newest first."""
 
 
 class Checkpointer(StateStore, LedgerStore, ControlStore, abc.ABC):

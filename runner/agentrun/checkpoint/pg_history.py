@@ -39,12 +39,13 @@ HAZARDS
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import asyncpg
 
 from ..errors import StorageError
+from .base import ThreadRows as ThreadRows  # moved to base (the HistoryReads protocol's type); re-exported
 
 if TYPE_CHECKING:
     from asyncpg.pool import PoolConnectionProxy
@@ -245,34 +246,6 @@ _STOP = "SELECT reason, extract(epoch FROM requested_at)::float8 AS at FROM stop
 
 class UnreadableRowError(StorageError):
     """A row of the thread holds what PostgreSQL cannot read (the fast read fails; ``careful`` finds the row)."""
-
-
-@dataclass(frozen=True)
-class ThreadRows:
-    """A thread's recorded rows, as plain dicts; digests and JSON values as JSON text where noted.
-
-    A digest (``history.Digest``'s fields) is JSON text or None. A row PostgreSQL could not read carries
-    ``unreadable`` (which row, why) and only what its stored text gives; ``unreadable`` lists them all.
-    """
-
-    # interrupts: [{id, message, payload: digest}]; resume: {id: digest}; resume_all: digest;
-    # error, result, stop_reason: JSON (a long one cut to a JSON string)
-    states: list[dict[str, Any]] = field(default_factory=list)
-    # id, role, tool_call_id, is_error, content: digest, tool_calls: [{id, name, arguments: digest}]
-    messages: list[dict[str, Any]] = field(default_factory=list)
-    # result_sha256, result_bytes (of the stored envelope), result_preview, result_truncated, result_is_error,
-    # args_digest (``ledger.args_digest`` of the call's arguments, as the envelope's "args"; None before digests)
-    ledger: list[dict[str, Any]] = field(default_factory=list)
-    intents: list[dict[str, Any]] = field(default_factory=list)  # args_digest, as the ledger's
-    inputs: list[dict[str, Any]] = field(default_factory=list)  # resume: digest of its JSON text, or None
-    owner: dict[str, Any] | None = None
-    stop: dict[str, Any] | None = None
-    unreadable: list[str] = field(default_factory=list)
-
-    @property
-    def empty(self) -> bool:
-        """Whether the store holds nothing of the thread (no state, ledger row, intent or run input)."""
-        return not self.states and not self.ledger and not self.intents and not self.inputs
 
 
 async def thread_rows_txn(

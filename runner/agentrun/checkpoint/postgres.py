@@ -137,6 +137,7 @@ from .base import (
     CheckpointWrite,
     Commit,
     Head,
+    HistoryReads,
     Intent,
     LedgerEntry,
     LedgerRow,
@@ -544,7 +545,7 @@ def _fold(thread_id: str, rows: list[asyncpg.Record]) -> dict[str, Any]:
     return values
 
 
-class PgCheckpointer(Checkpointer):
+class PgCheckpointer(Checkpointer, HistoryReads):
     """``PgCheckpointer("postgresql://user@host/db")``; with Redis: ``open_store(dsn, redis_url=...)``.
 
     ``schema``: the PostgreSQL schema of the tables (created if missing).

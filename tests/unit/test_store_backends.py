@@ -1,0 +1,38 @@
+"""What a store backend must provide beyond ``Checkpointer``, and who says so (issue 33 item 4).
+
+The history server takes any store that implements ``HistoryReads`` and names the ones that do when
+given another; the LangGraph saver finds a backend's row store in one registry.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agentrun.checkpoint import HistoryReads, InMemoryCheckpointer, PgCheckpointer, SqliteCheckpointer
+from agentrun_history.store import HistoryStore
+
+
+def test_postgres_alone_implements_the_history_reads(tmp_path: Path) -> None:
+    """The protocol is what the history server checks: PostgreSQL has it; SQLite and memory do not."""
+    assert isinstance(PgCheckpointer("postgresql://nobody@127.0.0.1:1/none"), HistoryReads)
+    assert not isinstance(SqliteCheckpointer(str(tmp_path / "one.db")), HistoryReads)
+    assert not isinstance(InMemoryCheckpointer(), HistoryReads)
+
+
+@pytest.mark.parametrize("url", ["sqlite:///{tmp}/one.db", "memory://"])
+def test_history_server_names_the_stores_it_reads(url: str, tmp_path: Path) -> None:
+    """A store without the history reads is refused at startup, in one line: which stores have them and why."""
+    with pytest.raises(ValueError) as refused:
+        HistoryStore(url.format(tmp=tmp_path))
+    message = str(refused.value)
+    assert "PostgreSQL (postgresql://...) only" in message
+    assert "no server" in message  # the why: SQLite and memory keep one machine's runs
+    assert "\n" not in message
+
+
+def test_history_server_takes_a_postgres_store() -> None:
+    """Nothing connects at construction; the store it keeps is typed by the protocol, not the class."""
+    store = HistoryStore("postgresql://nobody@127.0.0.1:1/none")
+    assert isinstance(store.store, HistoryReads)
