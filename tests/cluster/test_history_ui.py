@@ -17,6 +17,9 @@ What it proves, in one cluster (the runs take most of the time):
 - approving a waiting run with a JSON value (invalid JSON is said in the page and nothing is sent; a
   confirmation shows the interrupt, its question and the value before anything is sent) resumes it with that
   value, and the page follows it to Succeeded live (server-sent events), without a reload;
+- a ``create_agent`` run whose ``charge_card`` waits for a review (LangChain's HumanInTheLoopMiddleware)
+  shows the pending call with its arguments; Edit (the arguments corrected, confirmed with the exact decision
+  sent) runs it once with them (issue 32 item 5);
 - retrying a Failed run with the button (a confirmation, then ``spec.retry`` as the person's patch) re-opens
   it, and the page follows it to Succeeded live;
 - stopping a run with the button (``spec.stop``, alice's patch) is followed live to Stopped;
@@ -44,6 +47,7 @@ import json
 import os
 import re
 import shutil
+import sqlite3
 import subprocess
 import sys
 import urllib.error
@@ -241,6 +245,37 @@ def open_steps_until(page: Any, selector: str, text: str) -> Any:
     raise AssertionError(f"no step shows {selector} with {text!r}: {page.locator('table.steps').inner_text()}")
 
 
+def edit_the_pending_tool_call(page: Any, world: dict[str, Any], tmp_path: Path) -> None:
+    """A LangChain tool call review (issue 32 item 5): the pending charge_card shown with its arguments, prefilled
+    for Edit; invalid JSON is said and nothing is sent; the confirmation shows the edit decision sent; the card is
+    charged once, for the edited order."""
+    cluster, ns = world["cluster"], world["ns"]
+    page.goto(f"{world['alice']}/runs/{ns}/review-run")
+    assert "charge_card" in page.locator("ol.review").inner_text()
+    assert json.loads(page.locator("#edit-args").input_value()) == {"order_id": "4812"}
+    page.fill("#edit-args", "{order_id: 4821}")
+    page.locator("button.edit").click()
+    page.locator("#answer-error", has_text="the arguments are not JSON").wait_for(timeout=5_000)
+    assert page.locator("#act-confirm").is_hidden(), "invalid JSON must not reach the confirmation"
+    page.fill("#edit-args", '{"order_id": "4821"}')
+    page.locator("button.edit").click()
+    confirm = page.locator("#act-confirm")
+    confirm.wait_for(state="visible", timeout=5_000)
+    assert "Run the tool call with these arguments?" in confirm.inner_text(), confirm.inner_text()
+    edit = {"decisions": [{"type": "edit", "edited_action": {"name": "charge_card", "args": {"order_id": "4821"}}}]}
+    assert json.loads(confirm.locator("pre.sent").inner_text()) == edit
+    shoot(page, tmp_path, "edit-confirm")
+    confirm.locator("button.confirm-send").click()
+    page.locator("#phase", has_text="Succeeded").wait_for(timeout=60_000)
+    assert list((cluster.get("agentruns", "review-run", ns) or {})["spec"]["resume"]["values"].values()) == [edit]
+    conn = sqlite3.connect(tmp_path / "review.db")
+    try:
+        charged = conn.execute("SELECT order_id FROM charges").fetchall()
+    finally:
+        conn.close()
+    assert charged == [("4821",)], f"charge_card must run once, with the edited order: {charged}"
+
+
 def inspect_the_conversation_graph_and_a_step(page: Any, tmp_path: Path) -> None:
     """The run inspector (issue 32 item 1) on the crashed run's page: its input, the conversation as content
     (roles, the tool calls asked with their arguments, each answer by call id), the graph picture with where
@@ -308,6 +343,15 @@ def test_the_history_view_in_a_real_browser(world: dict[str, Any], dsn: str, tmp
     greeting = "tests.cluster.history_graphs:greeting"
     greet = agentrun("greet-run", thread="greet-run", graph=greeting, effects=tmp_path / "g.db", input={"name": "Ada"})
     apply(cluster, greet, ns)
+    # A create_agent graph whose charge_card waits for a review (HumanInTheLoopMiddleware): the customer's typo.
+    review = agentrun(
+        "review-run",
+        thread="review-run",
+        graph="examples.langchain_review:app",
+        effects=tmp_path / "review.db",
+        text="charge my saved card for order 4812",
+    )
+    apply(cluster, review, ns)
     wait_phase(cluster, operator, "crash-run", "Succeeded", timeout=90, namespace=ns)
     wait_phase(cluster, operator, "approve-run", "Interrupted", timeout=60, namespace=ns)
     wait_phase(cluster, operator, "hostile-run", "Succeeded", timeout=60, namespace=ns)
@@ -316,6 +360,7 @@ def test_the_history_view_in_a_real_browser(world: dict[str, Any], dsn: str, tmp
     wait_phase(cluster, operator, "retry-run", "Failed", timeout=60, namespace=ns)
     wait_phase(cluster, operator, "langgraph-run", "Succeeded", timeout=90, namespace=ns)
     wait_phase(cluster, operator, "greet-run", "Succeeded", timeout=60, namespace=ns)
+    wait_phase(cluster, operator, "review-run", "Interrupted", timeout=90, namespace=ns)
     greeted = (cluster.get("agentruns", "greet-run", ns) or {})["status"].get("result")
     assert greeted is not None and (greeted["kind"], json.loads(greeted["message"])) == (
         "state",
@@ -402,6 +447,7 @@ def test_the_history_view_in_a_real_browser(world: dict[str, Any], dsn: str, tmp
             decided = [json.loads(li.removeprefix("approve:")) for li in lines if li.startswith("approve:")]
             assert decided == [{"ok": True, "note": "checked the order"}], "the graph got exactly the value sent"
             shoot(page, tmp_path, "approved-run")
+            edit_the_pending_tool_call(page, world, tmp_path)
 
             # Retry a Failed run: a confirmation, then spec.retry as alice's patch; the page follows it live.
             page.goto(f"{world['alice']}/runs/{ns}/retry-run")
