@@ -36,3 +36,21 @@ def test_history_server_takes_a_postgres_store() -> None:
     """Nothing connects at construction; the store it keeps is typed by the protocol, not the class."""
     store = HistoryStore("postgresql://nobody@127.0.0.1:1/none")
     assert isinstance(store.store, HistoryReads)
+
+
+class _Registered(InMemoryCheckpointer):
+    """A backend of its own name: what a new backend with LangGraph tables would be."""
+
+    backend = "registered"
+
+
+def test_row_store_comes_from_the_backend_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The saver finds a backend's row store by its name in ``ROW_STORES``: one line per backend, no type chain."""
+    from agentrun.integrations.langgraph import rows, saver
+    from agentrun.integrations.langgraph.sqlite_rows import SqliteRows
+
+    assert isinstance(saver.row_store(SqliteCheckpointer(str(tmp_path / "one.db"))), SqliteRows)
+    monkeypatch.setitem(rows.ROW_STORES, "registered", "agentrun.integrations.langgraph.sqlite_rows:SqliteRows")
+    assert isinstance(saver.row_store(_Registered()), SqliteRows)
+    with pytest.raises(TypeError, match=r"LangGraph tables \(postgres, registered, sqlite\).*InMemorySaver"):
+        saver.row_store(InMemoryCheckpointer())

@@ -1,4 +1,4 @@
-"""What the LangGraph saver stores, as rows: one protocol, one implementation per store (PostgreSQL, SQLite).
+"""What the LangGraph saver stores, as rows: one protocol, one implementation per store (``ROW_STORES``).
 
 The saver (``saver.py``) turns LangGraph's checkpoints into these rows and
 back; a row store only moves bytes, under our store's transactions, retries
@@ -15,6 +15,13 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 from typing import Protocol
+
+# Each backend's row store by the store's ``backend`` name, as "module:class" (loaded on first use: a PostgreSQL
+# runner never imports sqlite3, nor a SQLite one asyncpg). A new backend with LangGraph tables adds its line here.
+ROW_STORES: dict[str, str] = {
+    "postgres": "agentrun.integrations.langgraph.pg_rows:PgRows",
+    "sqlite": "agentrun.integrations.langgraph.sqlite_rows:SqliteRows",
+}
 
 # A blob whose channel had a new version but no value (LangGraph's "empty" marker): skipped on read.
 EMPTY = "empty"

@@ -39,8 +39,9 @@ HAZARDS
 from __future__ import annotations
 
 import asyncio
+import importlib
 import random
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Coroutine, Generator, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Generator, Iterator, Sequence
 from typing import Any, cast
 
 from langchain_core.runnables import RunnableConfig
@@ -61,30 +62,21 @@ from typing_extensions import override
 from agentrun import blocking
 from agentrun.checkpoint.base import Checkpointer
 
-from .rows import EMPTY, BlobRow, CheckpointRow, Fence, Loaded, Query, RowStore, WriteRow
+from .rows import EMPTY, ROW_STORES, BlobRow, CheckpointRow, Fence, Loaded, Query, RowStore, WriteRow
 
 
 def row_store(store: Checkpointer) -> RowStore:
-    """The LangGraph tables of ``store``; raises ``TypeError`` for a store without them (memory)."""
+    """The LangGraph tables of ``store`` (``rows.ROW_STORES``); ``TypeError`` for a store without them (memory)."""
     inner = getattr(store, "inner", store)  # CachedStore: the hot cache covers our own state rows only
-    from agentrun.checkpoint.sqlite import SqliteCheckpointer
-
-    if isinstance(inner, SqliteCheckpointer):
-        from .sqlite_rows import SqliteRows
-
-        return SqliteRows(inner)
-    try:
-        from agentrun.checkpoint.postgres import PgCheckpointer
-    except ImportError:  # asyncpg missing: then it cannot be a PostgreSQL store either
-        PgCheckpointer = None  # type: ignore[assignment,misc]
-    if PgCheckpointer is not None and isinstance(inner, PgCheckpointer):
-        from .pg_rows import PgRows
-
-        return PgRows(inner)
-    raise TypeError(
-        f"AgentrunSaver needs agentrun's PostgreSQL or SQLite store, not {type(inner).__name__}; "
-        "for tests without a store use LangGraph's InMemorySaver"
-    )
+    where = ROW_STORES.get(inner.backend)
+    if where is None:
+        raise TypeError(
+            f"AgentrunSaver needs a store with LangGraph tables ({', '.join(sorted(ROW_STORES))}), "
+            f"not {type(inner).__name__}; for tests without a store use LangGraph's InMemorySaver"
+        )
+    module, name = where.split(":")
+    factory: Callable[[Checkpointer], RowStore] = getattr(importlib.import_module(module), name)
+    return factory(inner)
 
 
 class _Done(Coroutine[Any, Any, None]):
