@@ -1,14 +1,14 @@
 """A pending tool call edited before it runs (issue 32 item 5): LangChain's ``HumanInTheLoopMiddleware``.
 
-``examples.langchain_review:app`` (``create_agent``, ``LedgerMiddleware`` and ``HumanInTheLoopMiddleware`` on
-``charge_card``) as AgentRuns on the cluster, real runner pods against the real PostgreSQL. The customer names
-order 4812, a typo; the run is Interrupted with the pending call, and a person corrects it to 4821: once with
-``kubectl agentrun approve NAME --edit ARGS`` (the real kubectl finding the plugin), once through the history
-server's HTTP API as the run's page posts it (the id and digest from the page's Edit button). Answers the
-middleware would fail the run on (a bare ``true``, a decision it does not allow, an edit that names another
-tool) are refused before they reach the run. Each run then Succeeds having charged the card once, for the
-edited order, never for the one the model named. ``--edit`` on an interrupt that is not a tool call review is
-refused with a line saying how to answer it.
+``examples/review.yaml`` (``examples.langchain_review:app``: ``create_agent``, ``LedgerMiddleware`` and
+``HumanInTheLoopMiddleware`` on ``charge_card``) as AgentRuns on the cluster, real runner pods against the
+real PostgreSQL. The customer names order 4812, a typo; the run is Interrupted with the pending call, and a
+person corrects it to 4821: once with ``kubectl agentrun approve NAME --edit ARGS`` (the real kubectl finding
+the plugin), once through the history server's HTTP API as the run's page posts it (the id and digest from
+the page's Edit button). Answers the middleware would fail the run on (a bare ``true``, a decision it does
+not allow, an edit that names another tool) are refused before they reach the run. Each run then Succeeds
+having charged the card once, for the edited order, never for the one the model named. ``--edit`` on an
+interrupt that is not a tool call review is refused with a line saying how to answer it.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from kubesim import KUBECTL, EmulatedCluster
 from tests.cluster import operator_harness as harness
@@ -40,6 +41,7 @@ GRAPH = "examples.langchain_review:app"
 TYPO = "charge my saved card for order 4812"
 EDITED = {"order_id": "4821"}
 BIN = Path(sys.executable).parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def agentrun_cli(cluster: EmulatedCluster, *args: str) -> subprocess.CompletedProcess[str]:
@@ -73,7 +75,12 @@ def post(url: str, token: str, body: dict[str, Any]) -> tuple[int, dict[str, Any
 
 
 def review_run(name: str, effects: Path) -> dict[str, Any]:
-    return agentrun(name, thread=name, graph=GRAPH, effects=effects, text=TYPO)
+    """examples/review.yaml as written, with its own name and thread and the effects file in the test's folder."""
+    manifest = yaml.safe_load((ROOT / "examples" / "review.yaml").read_text())
+    assert manifest["spec"]["graph"] == GRAPH and TYPO in json.dumps(manifest["spec"]["input"]), manifest
+    manifest["metadata"]["name"] = manifest["spec"]["threadId"] = name
+    manifest["spec"]["podTemplate"]["env"] = agentrun(name, thread=name, effects=effects)["spec"]["podTemplate"]["env"]
+    return dict(manifest)
 
 
 def assert_charged_once_as_edited(effects: Path) -> None:
