@@ -6,6 +6,7 @@ given another; the LangGraph saver finds a backend's row store in one registry.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -54,3 +55,39 @@ def test_row_store_comes_from_the_backend_registry(tmp_path: Path, monkeypatch: 
     assert isinstance(saver.row_store(_Registered()), SqliteRows)
     with pytest.raises(TypeError, match=r"LangGraph tables \(postgres, registered, sqlite\).*InMemorySaver"):
         saver.row_store(InMemoryCheckpointer())
+
+
+async def test_turn_batch_serves_one_turn_in_one_call() -> None:
+    """Items asked in one loop turn under one group share one serve call; each caller gets its own answer."""
+    from agentrun.checkpoint.batch import TurnBatch
+
+    calls: list[tuple[str, list[int]]] = []
+
+    async def serve(group: str, items: list[int]) -> list[int]:
+        calls.append((group, items))
+        return [item * 10 for item in items]
+
+    batch: TurnBatch[str, int, int] = TurnBatch(serve, lambda group: f"test:{group}")
+    answers = await asyncio.gather(batch.ask("a", 1), batch.ask("a", 2), batch.ask("b", 3), batch.ask("a", 1))
+    assert list(answers) == [10, 20, 30, 10]
+    assert sorted(calls) == [("a", [1, 2, 1]), ("b", [3])]
+    assert await batch.ask("a", 4) == 40  # a later turn: a batch of its own
+    assert len(calls) == 3
+
+
+async def test_turn_batch_fails_every_caller_of_a_failed_call() -> None:
+    """A batch has one fate: the serve call's error reaches each of its callers; the next turn is served anew."""
+    from agentrun.checkpoint.batch import TurnBatch
+
+    failing = True
+
+    async def serve(group: str, items: list[int]) -> list[int]:
+        if failing:
+            raise ConnectionError("store down")
+        return items
+
+    batch: TurnBatch[str, int, int] = TurnBatch(serve, lambda group: f"test:{group}")
+    outcomes = await asyncio.gather(batch.ask("a", 1), batch.ask("a", 2), return_exceptions=True)
+    assert [type(o) for o in outcomes] == [ConnectionError, ConnectionError]
+    failing = False
+    assert await batch.ask("a", 3) == 3

@@ -150,6 +150,7 @@ from .base import (
     claim,
     turn_fields,
 )
+from .batch import TurnBatch
 from .group import LEDGER_GROUP_WINDOW
 from .listen import ProgressEvent, events, nothing
 from .pg_history import ThreadRows, UnreadableRowError, find_run_txn, recorded_runs_txn, thread_rows_txn
@@ -496,13 +497,12 @@ _Writer = tuple[str, int | None, str | None]
 
 @dataclass(frozen=True)
 class _Claim:
-    """An ``intent_claim`` waiting for its loop turn's statement."""
+    """An ``intent_claim`` waiting for its loop turn's statement (``batch.TurnBatch``)."""
 
     key: str
     tool_name: str
     idem: str | None
     args_digest: str | None
-    future: asyncio.Future[Intent | None]
 
 
 @dataclass(frozen=True)
@@ -634,12 +634,10 @@ class PgCheckpointer(Checkpointer, HistoryReads):
         self._pool: asyncpg.Pool[asyncpg.Record] | None = None
         self._pool_lock = asyncio.Lock()
         self._setup_done = False
-        # ledger_get calls waiting for this loop turn's one query, by thread: key -> its waiters.
-        self._lookups: dict[str, dict[str, list[asyncio.Future[LedgerEntry | None]]]] = {}
-        self._lookup_tasks: set[asyncio.Task[None]] = set()
-        # intent_claim calls waiting for this loop turn's one statement, by writer (thread, attempt, run uid).
-        self._claims: dict[_Writer, list[_Claim]] = {}
-        self._claim_tasks: set[asyncio.Task[None]] = set()
+        # ledger_get calls of this loop turn share one query per thread.
+        self._lookups = TurnBatch(self._look_up, lambda thread_id: f"agentrun:ledger-lookup:{thread_id}")
+        # intent_claim calls of this loop turn share one statement per writer (thread, attempt, run uid).
+        self._claims = TurnBatch(self._claim, lambda writer: f"agentrun:intent-claim:{writer[0]}")
         self.listen_for_stops = listen_for_stops and url.listen
         self.stop_sweep_interval = stop_sweep_interval
         self._stop_listener: StopListener | None = None
@@ -1062,49 +1060,22 @@ class PgCheckpointer(Checkpointer, HistoryReads):
         (the tool node starts them together), so a message costs one round trip
         of lookups, not one per call. A failed query fails each of its lookups.
         """
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[LedgerEntry | None] = loop.create_future()
-        pending = self._lookups.get(thread_id)
-        if pending is None:
-            pending = self._lookups[thread_id] = {}
-            # After the callbacks already due this turn: the sibling calls' lookups join the batch.
-            loop.call_soon(self._start_look_up, loop, thread_id)
-        pending.setdefault(key, []).append(future)
-        return await future
+        return await self._lookups.ask(thread_id, key)
 
-    def _start_look_up(self, loop: asyncio.AbstractEventLoop, thread_id: str) -> None:
-        task = loop.create_task(self._look_up(thread_id), name=f"agentrun:ledger-lookup:{thread_id}")
-        self._lookup_tasks.add(task)  # a reference until it ends (the loop holds tasks weakly)
-        task.add_done_callback(self._lookup_tasks.discard)
-
-    async def _look_up(self, thread_id: str) -> None:
-        waiting = self._lookups.pop(thread_id, {})
-        keys = list(waiting)
-        try:
-            if len(keys) == 1:
-                row = await self._read("ledger read", lambda conn: conn.fetchrow(_GET_LEDGER, thread_id, keys[0]))
-                rows = {} if row is None else {keys[0]: row}
-            else:
-                found = await self._read("ledger read", lambda conn: conn.fetch(_GET_LEDGER_MANY, thread_id, keys))
-                rows = {r["tool_call_id"]: r for r in found}
-        except BaseException as e:
-            for futures in waiting.values():
-                for f in futures:
-                    if not f.done():
-                        f.set_exception(e)
-            if not isinstance(e, Exception):
-                raise
-            return
-        for key, futures in waiting.items():
-            row = rows.get(key)
-            entry = (
-                None
-                if row is None
-                else LedgerEntry(key, row["tool_name"], _loads(row["result"]), row["created_at"], text=row["result"])
-            )
-            for f in futures:
-                if not f.done():
-                    f.set_result(entry)
+    async def _look_up(self, thread_id: str, asked: list[str]) -> list[LedgerEntry | None]:
+        """One query for the keys ``asked`` (a key asked twice is read once): each one's entry, in order."""
+        keys = list(dict.fromkeys(asked))
+        if len(keys) == 1:
+            row = await self._read("ledger read", lambda conn: conn.fetchrow(_GET_LEDGER, thread_id, keys[0]))
+            rows = {} if row is None else {keys[0]: row}
+        else:
+            found = await self._read("ledger read", lambda conn: conn.fetch(_GET_LEDGER_MANY, thread_id, keys))
+            rows = {r["tool_call_id"]: r for r in found}
+        entries = {
+            key: LedgerEntry(key, row["tool_name"], _loads(row["result"]), row["created_at"], text=row["result"])
+            for key, row in rows.items()
+        }
+        return [entries.get(key) for key in asked]
 
     @override
     async def ledger_put(
@@ -1305,36 +1276,9 @@ class PgCheckpointer(Checkpointer, HistoryReads):
         insert per call. A failed or fenced statement fails each of its claims.
         """
         check_thread_id(thread_id)
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Intent | None] = loop.create_future()
-        writer = (thread_id, attempt, run_uid)
-        pending = self._claims.get(writer)
-        if pending is None:
-            pending = self._claims[writer] = []
-            # After the callbacks already due this turn: the sibling calls' claims join the statement.
-            loop.call_soon(self._start_claims, loop, writer)
-        pending.append(_Claim(key, tool_name, idempotency_key, args_digest, future))
-        return await future
-
-    def _start_claims(self, loop: asyncio.AbstractEventLoop, writer: _Writer) -> None:
-        task = loop.create_task(self._claim_all(writer), name=f"agentrun:intent-claim:{writer[0]}")
-        self._claim_tasks.add(task)  # a reference until it ends (the loop holds tasks weakly)
-        task.add_done_callback(self._claim_tasks.discard)
-
-    async def _claim_all(self, writer: _Writer) -> None:
-        claims = self._claims.pop(writer, [])
-        try:
-            intents = await self._claim(writer, claims)
-        except BaseException as e:
-            for claim in claims:
-                if not claim.future.done():
-                    claim.future.set_exception(e)
-            if not isinstance(e, Exception):
-                raise
-            return
-        for claim, intent in zip(claims, intents, strict=True):
-            if not claim.future.done():
-                claim.future.set_result(intent)
+        return await self._claims.ask(
+            (thread_id, attempt, run_uid), _Claim(key, tool_name, idempotency_key, args_digest)
+        )
 
     async def _claim(self, writer: _Writer, claims: list[_Claim]) -> list[Intent | None]:
         """One statement for ``claims``: per claim the earlier intent, or ``None`` (recorded now)."""
