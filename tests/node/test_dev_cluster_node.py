@@ -23,7 +23,7 @@ import pytest
 
 from agentrun.checkpoint.postgres import PgCheckpointer
 from kubesim import nodehost
-from tests.cluster.test_dev_cluster import alive, descendants
+from tests.cluster.processes import alive, descendants
 from tests.node.conftest import Images
 
 pytestmark = pytest.mark.timeout(900)
