@@ -1,11 +1,35 @@
 """Checkpointers: the protocols (``base``), one module per backend, the Redis hot cache as a wrapper.
 
-Modules: ``base`` (the three protocols, ``Checkpointer``, ``StopWatch``), ``listen`` (the one
-listen-with-backoff loop and the typed events of ``watch_progress``), ``memory``, ``sqlite``,
-``postgres`` with ``pg_schema`` (migrations), ``pg_progress`` (progress NOTIFY and LISTEN),
-``pg_listen`` (stops heard by LISTEN), ``pg_history`` (history reads), ``pg_url`` (agentrun's own
-URL parameters); ``cached`` (the Redis hot cache over any store) with ``redis_cache`` and
-``redis_stops`` (stops heard on Redis).
+Modules: ``base`` (the three protocols, ``Checkpointer``, ``HistoryReads``, ``StopWatch``), ``listen``
+(the one listen-with-backoff loop and the typed events of ``watch_progress``), ``batch`` (calls of one
+loop turn served together), ``group`` (the ledger's group commit), ``memory``, ``sqlite``,
+``postgres`` (``PgCheckpointer``: its constructor, fencing, stops, run inputs, threads) composed of
+``pg_connection`` (pool, retries, transactions, the fence), ``pg_state`` (checkpoints), ``pg_ledger``
+(ledger and intents) and ``pg_reads`` (the history reads), with ``pg_schema`` (migrations),
+``pg_progress`` (progress NOTIFY and LISTEN), ``pg_listen`` (stops heard by LISTEN), ``pg_history`` and
+``pg_inspect`` (the history's SQL), ``pg_url`` (agentrun's own URL parameters); ``cached`` (the Redis
+hot cache over any store) with ``redis_cache`` and ``redis_stops`` (stops heard on Redis).
+
+Adding a store backend (say ``foo://``), in the order that gives a working store:
+
+1. ``checkpoint/foo.py``: a ``Checkpointer`` subclass with a ``backend = "foo"`` name; implement every
+   abstract method of ``StateStore``, ``LedgerStore`` and ``ControlStore`` (the contract is ``base``'s
+   docstring). Override ``aget_progress`` with a cheap read, ``watch_stops``/``watch_progress`` if the
+   store can push (the defaults poll), ``ledger_put_many``/``intent_claim`` with one round trip if it has
+   them (``batch.TurnBatch`` gathers the calls of one loop turn). Split by concern like ``pg_*`` if large.
+2. Here: a branch in ``from_url`` for the scheme, and ``_LAZY`` (and ``__all__``) if the class is exported,
+   so importing agentrun never imports its driver. ``agentrun/__init__.py`` lists the lazy names again
+   only for ``agentrun.FooCheckpointer``.
+3. ``tests/support/checkpointers.py``: the backend in ``BACKENDS`` (and ``Backend.open``): the contract
+   suite (``tests/support/checkpointer_contract.py``) then runs against it in tests/unit.
+4. Optional, each independent of the others:
+   - the history server: implement ``base.HistoryReads`` (``thread_rows`` and the inspector's reads);
+     ``agentrun_history`` takes any store that does, with no change there;
+   - the LangGraph saver: a ``RowStore`` (``integrations/langgraph/rows.py``) in
+     ``integrations/langgraph/foo_rows.py`` and its line in ``rows.ROW_STORES``;
+   - the operator: it accepts ``postgresql://`` (and ``sqlite:///`` on a single-machine cluster) in
+     ``agentrun_operator/decide/storeconfig.py``; a store that pods on several nodes can share adds its
+     scheme there.
 
 ``PgCheckpointer``, ``CachedStore`` and ``SqliteCheckpointer`` load on first
 use, so importing agentrun imports neither asyncpg, redis nor sqlite3.
