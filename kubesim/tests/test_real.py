@@ -94,17 +94,16 @@ def _port_free(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) != 0
 
 
-def test_the_control_plane_starts_in_seconds_and_stops_without_leftovers(
-    tmp_path: Path, real_binaries: Binaries
-) -> None:
+def test_the_control_plane_starts_and_stops_without_leftovers(tmp_path: Path, real_binaries: Binaries) -> None:
     plane = RealControlPlane(tmp_path / "plane", bins=real_binaries)
     with plane:
         pids = plane.pids()
         port = int(plane.url.rsplit(":", 1)[1])
         assert set(pids) == {"etcd", "kube-apiserver", "kube-controller-manager"}
-        assert plane.started_in < 30, f"the control plane took {plane.started_in:.1f} s to start"
         version = plane.api("GET", "/version").body
         assert version["gitVersion"] == "v1.37.2", version
+        # How long it took is make bench's figure, not this test's: under CI's load (four test processes on two
+        # cores) the start once took over the 30 s this test used to allow.
         print(f"real control plane started in {plane.started_in:.2f} s")
     for name, pid in pids.items():
         with pytest.raises(ProcessLookupError):
