@@ -114,7 +114,9 @@ def test_watch_of_the_emulator_ends_when_the_cluster_stops(tmp_path: Path) -> No
         time.sleep(0.5)
         started = time.monotonic()
         emulated.stop()
-        assert time.monotonic() - started < 5
+        # A hang guard, not a speed: a stop that waited for the watch would wait as long as kubectl watches (for
+        # ever); 30 s leaves room for CI's load (four test processes on two cores).
+        assert time.monotonic() - started < 30
     finally:
         watch.kill()
         watch.wait()
