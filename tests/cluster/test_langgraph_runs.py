@@ -15,7 +15,6 @@ import os
 import re
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,7 @@ import yaml
 
 from examples.support_agent import count_effects
 from kubesim import KUBECTL, EmulatedCluster, KubeletThread
+from tests.cluster import operator_harness as harness
 from tests.cluster.history_people import people
 from tests.cluster.history_process import BIN, history_server
 from tests.cluster.operator_harness import (
@@ -30,7 +30,6 @@ from tests.cluster.operator_harness import (
     agentrun,
     apply,
     progress,
-    start_operator,
     table,
     wait_node,
     wait_phase,
@@ -40,22 +39,7 @@ pytestmark = pytest.mark.timeout(180)
 GRAPH = "examples.langgraph_support_agent:app"
 
 
-@pytest.fixture
-def store(cluster: EmulatedCluster, dsn: str) -> str:
-    result = cluster.kubectl(
-        "create", "secret", "generic", "agentrun-store", "-n", "default", f"--from-literal=postgresDsn={dsn}"
-    )
-    assert result.returncode == 0, result.stderr
-    return dsn
-
-
-@pytest.fixture
-def operator(cluster: EmulatedCluster, kubelet: KubeletThread, store: str, tmp_path: Path) -> Iterator[OperatorProcess]:
-    process = start_operator(cluster, tmp_path)
-    try:
-        yield process
-    finally:
-        process.stop()
+store, operator = harness.store, harness.operator
 
 
 @pytest.mark.real_server
