@@ -39,19 +39,21 @@ class PlainState(TypedDict, total=False):
     items: Annotated[list[int], operator.add]
 
 
-def agentrun_plain_graph(nodes: int = NODES) -> Any:
+def agentrun_plain_graph(nodes: int = NODES, *, pure: bool = False) -> Any:
+    """The plain chain; ``pure``: its nodes declared ``agentrun.ahead.pure`` (they are: each returns a constant)."""
     from agentrun import END, START, StateGraph
+    from agentrun.ahead import pure as declare_pure
 
     graph = StateGraph(PlainState)
     for i in range(nodes):
-        graph.add_node(f"n{i}", _append(i))
+        graph.add_node(f"n{i}", declare_pure(_append(i)) if pure else _append(i))
         graph.add_edge(START if i == 0 else f"n{i - 1}", f"n{i}")
     graph.add_edge(f"n{nodes - 1}", END)
     return graph
 
 
-def agentrun_plain(checkpointer: Any, nodes: int = NODES) -> Any:
-    return agentrun_plain_graph(nodes).compile(checkpointer)
+def agentrun_plain(checkpointer: Any, nodes: int = NODES, *, pure: bool = False) -> Any:
+    return agentrun_plain_graph(nodes, pure=pure).compile(checkpointer)
 
 
 class BigState(TypedDict, total=False):

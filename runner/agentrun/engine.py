@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NoReturn, TypeVar
 
 from . import blocking, lifecycle, structure
+from .ahead import Ahead, call_pure, is_pure, write_while_ahead
 from .checkpoint.base import Checkpoint, Checkpointer, RunStatus, StopWatch
 from .checkpoint.memory import InMemoryCheckpointer
 from .config import RunConfig
@@ -192,15 +193,24 @@ class CompiledGraph:
             return
         run = opened
         stops = await self.checkpointer.watch_stops(cfg.thread_id)
+        # A pure node's update computed while the previous checkpoint was in flight (``agentrun.ahead``):
+        # used only once that checkpoint returned, its event was yielded and no check before the node acted.
+        ahead: Ahead | None = None
         try:
             while run.current_node not in (None, END):
                 node = await self._node_to_run(run, writer, preemption, stops)
-                outcome = await self._execute(node, run, writer, preemption=preemption, stops=stops)
+                if ahead is not None and ahead.node is node and ahead.state is run.state:
+                    outcome = ahead.update
+                    STEP_SECONDS.labels(node.name).observe(ahead.seconds)
+                    writer.log.info("node %s finished in %.3fs (step %d, ahead)", node.name, ahead.seconds, run.step)
+                else:
+                    outcome = await self._execute(node, run, writer, preemption=preemption, stops=stops)
                 if isinstance(outcome, _Paused):
                     await writer.pause(run, outcome.interrupts)
                     yield self._event("interrupt", run, cfg, node.name, values=True, interrupts=outcome.interrupts)
                     return
-                yield await self._advance(node, run, outcome, writer=writer)
+                event, ahead = await self._advance(node, run, outcome, writer=writer, preemption=preemption)
+                yield event
         finally:
             await stops.aclose()
         if run.status != "completed":  # the turn reached END without a step (a graph from START to END)
@@ -304,23 +314,19 @@ class CompiledGraph:
     async def _execute(
         self, node: Node, run: Run, writer: RunWriter, *, preemption: Preemption | None, stops: StopWatch
     ) -> Any:
-        """Run ``node`` under supervision; returns its update or ``_Paused``, and ends the run on anything else."""
-        ctx = RunContext(
-            config=writer.cfg,
-            checkpointer=self.checkpointer,
-            run_id=str(run.meta.get("run_id", "")),
-            node=node.name,
-            step=run.step,
-            log=writer.log,
-            resume=dict(run.meta.get("resume") or {}),
-            counts=run.counts,
-            usage=run.usage,
-        )
+        """Run ``node`` under supervision (a pure one inline); returns its update or ``_Paused``, and ends the
+        run on anything else."""
         started = time.perf_counter()
         failed_before = run.counts.failed
         writer.log.info("node %s started (step %d, version %d)", node.name, run.step, run.version)
         try:
-            update = await run_node(node, run.state, ctx, preemption=preemption, stops=stops)
+            if is_pure(node):  # no task, thread or context (agentrun.ahead: a blocked loop hears no stop)
+                update = call_pure(node, run.state, writer.cfg)
+                if inspect.isawaitable(update):
+                    update = await update
+            else:
+                ctx = self._context(node, run, writer)
+                update = await run_node(node, run.state, ctx, preemption=preemption, stops=stops)
         except Preempted:
             await writer.preempt(run)
         except StopRequested as stop:
@@ -343,6 +349,19 @@ class CompiledGraph:
             await self._fail_on_tool_error(node, run, writer)
         return update
 
+    def _context(self, node: Node, run: Run, writer: RunWriter) -> RunContext:
+        return RunContext(
+            config=writer.cfg,
+            checkpointer=self.checkpointer,
+            run_id=str(run.meta.get("run_id", "")),
+            node=node.name,
+            step=run.step,
+            log=writer.log,
+            resume=dict(run.meta.get("resume") or {}),
+            counts=run.counts,
+            usage=run.usage,
+        )
+
     @staticmethod
     async def _fail_on_tool_error(node: Node, run: Run, writer: RunWriter) -> NoReturn:
         """End the run failed at ``node``, its update dropped: a resume runs the node again.
@@ -361,8 +380,11 @@ class CompiledGraph:
         await writer.fail(run, error)
         raise error
 
-    async def _advance(self, node: Node, run: Run, update: Any, *, writer: RunWriter) -> StreamEvent:
-        """Merge the node's update, route to the next node and checkpoint the step; returns its event."""
+    async def _advance(
+        self, node: Node, run: Run, update: Any, *, writer: RunWriter, preemption: Preemption | None
+    ) -> tuple[StreamEvent, Ahead | None]:
+        """Merge the node's update, route to the next node and checkpoint the step; returns its event and,
+        when the next node is pure, its update computed while the checkpoint was in flight (``agentrun.ahead``)."""
         cfg = writer.cfg
         before = len(run.messages)
         try:
@@ -378,12 +400,24 @@ class CompiledGraph:
         run.meta.pop("resume", None)
         run.meta.pop("interrupts", None)
         fault_point("before_checkpoint", node.name)
+        ahead = None
         if next_node == END:
             await writer.finish(run, "completed")
         else:
-            await writer.persist(run, durable=run.must_be_durable(cfg))
+            write = writer.persist(run, durable=run.must_be_durable(cfg))
+            following = self.graph.nodes.get(next_node)
+            # Not when the next node will not run anyway (the recursion limit, a preemption asked for).
+            if (
+                following is not None
+                and is_pure(following)
+                and run.step < cfg.recursion_limit
+                and not (preemption is not None and preemption.requested)
+            ):
+                ahead = await write_while_ahead(write, following, run.state, cfg)
+            else:
+                await write
             fault_point("after_checkpoint", node.name)
-        return self._event("step", run, cfg, node.name, update=update, new_messages=new_messages)
+        return self._event("step", run, cfg, node.name, update=update, new_messages=new_messages), ahead
 
     # -- the blocking API ----------------------------------------------------
 

@@ -1,0 +1,126 @@
+"""Pure nodes computed ahead (``agentrun.ahead``): nothing of step N+1 escapes before step N is durable.
+
+The child (``tests.postgres.drive_pure``) runs a chain of pure nodes ``n0..n7`` on PostgreSQL or SQLite;
+each node also appends its name to a probe file, so the test counts how often each was computed. Guarantees:
+
+- SIGKILLed at ``ahead_of_checkpoint:n3`` (n3's update computed while n2's checkpoint write is in flight):
+  n3 was computed, yet no event of n2 or n3 reached the caller and no checkpoint past n2's step exists;
+  a resume in a new process ends in the uninterrupted run's state;
+- a check that acts before the node (here a preemption asked for on n2's event, after n3 was computed
+  ahead) drops the held update: the checkpoint holds nothing of n3, and the resume computes it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from agentrun.checkpoint.base import Checkpoint
+from tests.conftest import ROOT
+from tests.postgres.drive_pure import NODES, open_store
+
+THREAD = "default/pure-ahead"
+REFERENCE = list(range(NODES))  # what an uninterrupted run ends with
+
+
+def run_child(
+    env: dict[str, str], store: str, probe: Path, *args: str, fault: str | None = None
+) -> tuple[int, str, str]:
+    child_env = dict(env, AGENTRUN_FAULT_POINT=fault) if fault else env
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.postgres.drive_pure", store, THREAD, str(probe), *args],
+        env=child_env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return done.returncode, done.stdout, done.stderr
+
+
+def steps(stdout: str) -> list[str]:
+    return [line.split()[1] for line in stdout.splitlines() if line.startswith("STEP ")]
+
+
+def computed(probe: Path) -> Counter[str]:
+    return Counter(probe.read_text().split()) if probe.exists() else Counter()
+
+
+async def latest(store: str) -> Checkpoint:
+    checkpointer = open_store(store)
+    await checkpointer.setup()
+    try:
+        checkpoint = await checkpointer.aget(THREAD)
+    finally:
+        await checkpointer.aclose()
+    assert checkpoint is not None
+    return checkpoint
+
+
+async def resume_to_the_end(env: dict[str, str], store: str, probe: Path) -> list[str]:
+    code, stdout, stderr = await asyncio.to_thread(run_child, env, store, probe)
+    assert code == 0, f"the resume failed ({code}):\n{stdout}\n{stderr}"
+    final = [line for line in stdout.splitlines() if line.startswith("FINAL ")]
+    assert final == [f"FINAL {REFERENCE}"], (
+        f"GUARANTEE BROKEN: the resumed run did not end in the uninterrupted run's state: {final}"
+    )
+    return steps(stdout)
+
+
+@pytest.fixture(params=["postgres", "sqlite"])
+def store(request: pytest.FixtureRequest, pg_dsn: str, tmp_path: Path) -> str:
+    return pg_dsn if request.param == "postgres" else f"sqlite:{tmp_path / 'store.db'}"
+
+
+async def test_a_sigkill_with_the_next_step_computed_releases_nothing_of_it(
+    store: str, tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    probe = tmp_path / "computed"
+    code, stdout, stderr = await asyncio.to_thread(
+        run_child, subprocess_env, store, probe, "--start", fault="ahead_of_checkpoint:n3"
+    )
+    assert code == -signal.SIGKILL, f"the child was to die at ahead_of_checkpoint:n3 ({code}):\n{stdout}\n{stderr}"
+    assert "AGENTRUN-FAULT ahead_of_checkpoint:n3" in stderr
+    assert computed(probe) == Counter(["n0", "n1", "n2", "n3"]), "n3 was to be computed, each node once"
+    assert steps(stdout) == ["n0", "n1"], (
+        f"GUARANTEE BROKEN: an event reached the caller before its step was durable: {steps(stdout)}"
+    )
+    checkpoint = await latest(store)
+    # n2's write was in flight: committed or not, but nothing of n3 (whose step would name n4 next).
+    assert checkpoint.current_node in ("n2", "n3"), (
+        f"GUARANTEE BROKEN: a checkpoint past n2's step exists (next node {checkpoint.current_node})"
+    )
+    assert checkpoint.values["items"] == list(range(checkpoint.step))
+
+    resumed = await resume_to_the_end(subprocess_env, store, probe)
+    assert resumed == [f"n{i}" for i in range(checkpoint.step, NODES)]
+    counts = computed(probe)
+    assert counts["n3"] == 2, "n3 computed ahead before the kill, then once more by the resume"
+    assert all(counts[f"n{i}"] == 1 for i in (0, 1, 4, 5, 6, 7)), counts
+
+
+async def test_a_check_that_acts_before_the_node_drops_its_held_update(
+    store: str, tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    probe = tmp_path / "computed"
+    code, stdout, stderr = await asyncio.to_thread(
+        run_child, subprocess_env, store, probe, "--start", "--preempt-after", "n2"
+    )
+    assert code == 6, f"the child was to end preempted ({code}):\n{stdout}\n{stderr}"
+    assert steps(stdout) == ["n0", "n1", "n2"]
+    assert computed(probe)["n3"] == 1, "n3 was to be computed ahead, during n2's checkpoint"
+    checkpoint = await latest(store)
+    assert (checkpoint.current_node, checkpoint.values["items"]) == ("n3", [0, 1, 2]), (
+        f"GUARANTEE BROKEN: the preempted run kept a dropped update: {checkpoint.current_node} "
+        f"{checkpoint.values['items']}"
+    )
+
+    resumed = await resume_to_the_end(subprocess_env, store, probe)
+    assert resumed == [f"n{i}" for i in range(3, NODES)]
+    assert computed(probe)["n3"] == 2
