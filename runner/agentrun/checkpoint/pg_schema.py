@@ -913,6 +913,78 @@ MIGRATIONS: list[Migration] = [
         $$;
         """,
     ),
+    Migration(
+        "a LangGraph super-step in one statement: the finished tasks' writes, the new checkpoint and its blobs",
+        # AgentrunSaver holds a task's pending writes (for a few milliseconds at most) until the checkpoint that
+        # follows them, and sends both here: one round trip and one commit per super-step instead of two
+        # (integrations/langgraph/saver.py says what the hold may lose on a crash). Migration 14's fence and
+        # conflict rules, unchanged: the thread row FOR SHARE, the owner read after the lock, then the writes
+        # (of the parent checkpoint p_writes_id: the checkpoint the tasks ran from), the blobs, the checkpoint.
+        # A new name: agentrun_lg_put and agentrun_lg_put_writes stay for runners of the previous release
+        # during a rolling upgrade (and for writes that go alone).
+        """
+        CREATE FUNCTION agentrun_lg_put_step(
+            p_thread_id {thread_id_type}, p_ns TEXT, p_id TEXT, p_parent TEXT, p_type TEXT, p_checkpoint BYTEA,
+            p_metadata_type TEXT, p_metadata BYTEA, p_versions JSON, p_run_id TEXT, p_attempt INTEGER,
+            p_run_uid TEXT, p_channels TEXT[], p_blob_versions TEXT[], p_blob_types TEXT[], p_blobs BYTEA[],
+            p_writes_id TEXT, p_task_ids TEXT[], p_idx INTEGER[], p_write_channels TEXT[], p_write_types TEXT[],
+            p_values BYTEA[], p_paths TEXT[],
+            OUT o_outcome TEXT, OUT o_owner_run_uid TEXT, OUT o_owner_attempt INTEGER
+        ) LANGUAGE plpgsql AS $$
+        DECLARE
+            v_tries INTEGER := 0;
+        BEGIN
+            LOOP
+                PERFORM 1 FROM threads t WHERE t.thread_id = p_thread_id FOR SHARE;
+                EXIT WHEN FOUND;
+                v_tries := v_tries + 1;
+                IF v_tries > 3 THEN
+                    o_outcome := 'vanished';
+                    RETURN;
+                END IF;
+                INSERT INTO threads (thread_id) VALUES (p_thread_id) ON CONFLICT (thread_id) DO NOTHING;
+            END LOOP;
+            SELECT a.run_uid, a.attempt INTO o_owner_run_uid, o_owner_attempt FROM attempts a
+            WHERE a.thread_id = p_thread_id;
+            IF o_owner_attempt IS NOT NULL AND (
+                (p_run_uid IS NOT NULL AND o_owner_run_uid IS NOT NULL AND p_run_uid <> o_owner_run_uid)
+                OR (p_attempt IS NOT NULL AND p_attempt < o_owner_attempt)
+            ) THEN
+                o_outcome := 'fenced';
+                RETURN;
+            END IF;
+            IF cardinality(p_task_ids) > 0 THEN
+                INSERT INTO lg_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, idx, channel, value_type,
+                                       value, task_path, attempt, run_uid)
+                SELECT p_thread_id, p_ns, p_writes_id, w.task_id, w.idx, w.channel, w.value_type, w.value,
+                       w.task_path, p_attempt, p_run_uid
+                FROM unnest(p_task_ids, p_idx, p_write_channels, p_write_types, p_values, p_paths)
+                    AS w (task_id, idx, channel, value_type, value, task_path)
+                ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE SET
+                    channel = EXCLUDED.channel, value_type = EXCLUDED.value_type, value = EXCLUDED.value,
+                    task_path = EXCLUDED.task_path, attempt = EXCLUDED.attempt, run_uid = EXCLUDED.run_uid
+                WHERE lg_writes.idx < 0;
+            END IF;
+            IF cardinality(p_channels) > 0 THEN
+                INSERT INTO lg_blobs (thread_id, checkpoint_ns, channel, version, blob_type, blob)
+                SELECT p_thread_id, p_ns, b.channel, b.version, b.blob_type, b.blob
+                FROM unnest(p_channels, p_blob_versions, p_blob_types, p_blobs) AS b (channel, version, blob_type, blob)
+                ON CONFLICT (thread_id, checkpoint_ns, channel, version) DO NOTHING;
+            END IF;
+            INSERT INTO lg_checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint_type,
+                                        checkpoint, metadata_type, metadata, channel_versions, run_id, attempt, run_uid)
+            VALUES (p_thread_id, p_ns, p_id, p_parent, p_type, p_checkpoint, p_metadata_type, p_metadata, p_versions,
+                    p_run_id, p_attempt, p_run_uid)
+            ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id) DO UPDATE SET
+                parent_checkpoint_id = EXCLUDED.parent_checkpoint_id, checkpoint_type = EXCLUDED.checkpoint_type,
+                checkpoint = EXCLUDED.checkpoint, metadata_type = EXCLUDED.metadata_type, metadata = EXCLUDED.metadata,
+                channel_versions = EXCLUDED.channel_versions, run_id = EXCLUDED.run_id, attempt = EXCLUDED.attempt,
+                run_uid = EXCLUDED.run_uid;
+            o_outcome := 'ok';
+        END
+        $$;
+        """,
+    ),
 ]
 
 _CREATE_VERSION_TABLE = """

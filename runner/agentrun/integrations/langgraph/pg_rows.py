@@ -5,7 +5,9 @@ store's guarantees: transient failures retried with backoff for the store's
 ``retry_timeout``, then ``StoreUnavailableError`` (the runner exits 8);
 configuration errors at once as ``StoreConfigError``. ``put`` and
 ``put_writes`` (the per-step path) are one statement each, one round trip
-(server-side functions, pg_schema migration 14); every write locks our
+(server-side functions, pg_schema migration 14); a ``put`` that carries its
+parent's pending writes (the saver's super-step) is one statement too
+(migration 18); every write locks our
 thread row ``FOR SHARE`` and checks the owner first (``base.check_fence``),
 exactly like a ledger record: a superseded attempt's write raises
 ``FencedError`` and nothing of it lands, and a registration of a newer
@@ -48,6 +50,13 @@ if TYPE_CHECKING:
 _PUT = """
     SELECT o_outcome, o_owner_run_uid, o_owner_attempt
     FROM agentrun_lg_put($1, $2, $3, $4, $5, $6, $7, $8, $9::json, $10, $11, $12, $13, $14, $15, $16)
+"""
+# A super-step (migration 18): the writes of the tasks that ran from the parent checkpoint, the new checkpoint
+# and its blobs, one statement and one commit, with the same conflict rules as _PUT and _PUT_WRITES.
+_PUT_STEP = """
+    SELECT o_outcome, o_owner_run_uid, o_owner_attempt
+    FROM agentrun_lg_put_step($1, $2, $3, $4, $5, $6, $7, $8, $9::json, $10, $11, $12, $13, $14, $15, $16,
+                              $17, $18, $19, $20, $21, $22, $23)
 """
 _PUT_WRITES = """
     SELECT o_outcome, o_owner_run_uid, o_owner_attempt
@@ -191,7 +200,12 @@ class PgRows(RowStore):
         await self.store._call(op, once)
 
     @override
-    async def put(self, row: CheckpointRow, blobs: list[BlobRow], *, fence: Fence) -> None:
+    async def put(
+        self, row: CheckpointRow, blobs: list[BlobRow], *, fence: Fence, parent_writes: Sequence[WriteRow] = ()
+    ) -> None:
+        if parent_writes and row.parent_checkpoint_id is not None:
+            await self._put_step(row, blobs, fence, parent_writes)
+            return
         await self._fenced(
             "langgraph checkpoint",
             row.thread_id,
@@ -213,6 +227,39 @@ class PgRows(RowStore):
             [b.version for b in blobs],
             [b.type for b in blobs],
             [b.blob for b in blobs],
+        )
+
+    async def _put_step(
+        self, row: CheckpointRow, blobs: list[BlobRow], fence: Fence, writes: Sequence[WriteRow]
+    ) -> None:
+        await self._fenced(
+            "langgraph step",
+            row.thread_id,
+            fence,
+            _PUT_STEP,
+            row.thread_id,
+            row.checkpoint_ns,
+            row.checkpoint_id,
+            row.parent_checkpoint_id,
+            row.type,
+            row.checkpoint,
+            row.metadata_type,
+            row.metadata,
+            json.dumps(row.channel_versions),
+            row.run_id,
+            fence.attempt,
+            fence.run_uid,
+            [b.channel for b in blobs],
+            [b.version for b in blobs],
+            [b.type for b in blobs],
+            [b.blob for b in blobs],
+            row.parent_checkpoint_id,
+            [w.task_id for w in writes],
+            [w.idx for w in writes],
+            [w.channel for w in writes],
+            [w.type for w in writes],
+            [w.value for w in writes],
+            [w.task_path for w in writes],
         )
 
     @override

@@ -13,6 +13,7 @@ blob keyed by ``(channel, version)``, written once when the version is new
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -101,8 +102,14 @@ class RowStore(Protocol):
     bound_to_loop: bool = False
 
     @abc.abstractmethod
-    async def put(self, row: CheckpointRow, blobs: list[BlobRow], *, fence: Fence) -> None:
-        """Insert (or overwrite, same id) a checkpoint and insert its new blobs (kept if present)."""
+    async def put(
+        self, row: CheckpointRow, blobs: list[BlobRow], *, fence: Fence, parent_writes: Sequence[WriteRow] = ()
+    ) -> None:
+        """Insert (or overwrite, same id) a checkpoint and insert its new blobs (kept if present).
+
+        ``parent_writes``: pending writes of the checkpoint's parent (the tasks that produced this one),
+        stored with it in the same transaction as ``put_writes`` would store them.
+        """
 
     @abc.abstractmethod
     async def put_writes(

@@ -7,6 +7,9 @@ capability and the extended ones, ``tests/.../test_langgraph_conformance.py``):
   under our thread rows (tables ``lg_checkpoints``, ``lg_blobs``,
   ``lg_writes``, created by the store's own migrations); a channel value is
   written once per version, not once per step;
+- a super-step is one statement and one commit: a task's pending writes
+  wait (at most ``hold_writes``, 2 ms) for the checkpoint that follows them
+  and go with it (``hold``: the window, and what a crash in it re-runs);
 - every write is fenced like our own: a saver built with the runner's
   ``attempt`` and ``run_uid`` raises ``FencedError`` (and writes nothing)
   once a newer attempt registered on the thread;
@@ -61,7 +64,9 @@ from typing_extensions import override
 
 from agentrun import blocking
 from agentrun.checkpoint.base import Checkpointer
+from agentrun.faults import fault_point
 
+from .hold import WRITE_HOLD_WINDOW, WriteHold
 from .rows import EMPTY, ROW_STORES, BlobRow, CheckpointRow, Fence, Loaded, Query, RowStore, WriteRow
 
 
@@ -111,6 +116,9 @@ class AgentrunSaver(BaseCheckpointSaver[str]):
     ``attempt`` and ``run_uid``: the writer's identity for fencing (the
     runner passes its own); without them writes are not fenced. The store
     is set up on first use; ``setup()`` does it earlier (sync or async).
+    ``hold_writes``: seconds a task's pending writes may wait for the
+    checkpoint that follows them, to go in one statement with it (``hold``;
+    default 2 ms; 0 stores each task's writes on its own at once).
     """
 
     def __init__(
@@ -120,11 +128,14 @@ class AgentrunSaver(BaseCheckpointSaver[str]):
         attempt: int | None = None,
         run_uid: str | None = None,
         serde: SerializerProtocol | None = None,
+        hold_writes: float = WRITE_HOLD_WINDOW,
     ) -> None:
         super().__init__(serde=serde)
         self.store = store
         self.rows = row_store(store)
         self.fence = Fence(attempt=attempt, run_uid=run_uid)
+        # A task's writes wait up to this long for the checkpoint after them, to share its statement (hold.py).
+        self._hold = WriteHold(hold_writes, self._send_writes)
         # The loop the store was last set up in: set up again in another (cheap when current), refused
         # when that loop has closed and the store's connections belonged to it (``_ready``).
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -305,7 +316,18 @@ class AgentrunSaver(BaseCheckpointSaver[str]):
             channel_versions={k: str(v) for k, v in checkpoint["channel_versions"].items()},
             run_id=None if run_id is None else str(run_id),
         )
-        await self.rows.put(row, blobs, fence=self.fence)
+        parent = row.parent_checkpoint_id
+        held = None if parent is None else self._hold.take((thread_id, checkpoint_ns, parent))
+        if held is None:
+            await self.rows.put(row, blobs, fence=self.fence)
+            return _config(thread_id, checkpoint_ns, checkpoint["id"])
+        try:
+            await self.rows.put(row, blobs, fence=self.fence, parent_writes=held.rows)
+        except BaseException as e:
+            held.settle(e)  # the writes shared the statement: they did not land either
+            raise
+        fault_point("after_lg_step_commit", ",".join(held.nodes))
+        held.settle(None)
         return _config(thread_id, checkpoint_ns, checkpoint["id"])
 
     async def aput_writes(
@@ -315,20 +337,35 @@ class AgentrunSaver(BaseCheckpointSaver[str]):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        """Store a task's pending writes for the checkpoint ``config`` names (fenced, like ``aput``)."""
+        """Store a task's pending writes for the checkpoint ``config`` names (fenced, like ``aput``).
+
+        Returns once they are stored: regular writes may wait up to ``hold_writes`` seconds for the
+        checkpoint that follows them, to share its statement (``hold``: what a crash may lose then).
+        """
         await self._ready()
         configurable = config["configurable"]
         rows = []
         for idx, (channel, value) in enumerate(writes):
             kind, data = self.serde.dumps_typed(value)
             rows.append(WriteRow(task_id, WRITES_IDX_MAP.get(channel, idx), channel, kind, data, task_path))
-        await self.rows.put_writes(
+        key = (
             str(configurable["thread_id"]),
             configurable.get("checkpoint_ns", ""),
             str(configurable["checkpoint_id"]),
-            rows,
-            fence=self.fence,
         )
+        if self._hold.window <= 0 or not rows or any(w.idx < 0 for w in rows):
+            # Special writes (error, interrupt, resume) are acted on at once: stored before this returns.
+            await self._send_writes(key, rows)
+            return
+        node = task_path.rsplit(", ", 1)[-1]
+        stored = self._hold.add(key, rows, node)
+        fault_point("after_lg_writes_held", node)
+        await asyncio.shield(stored)
+
+    async def _send_writes(self, key: tuple[str, str, str], rows: list[WriteRow]) -> None:
+        """Pending writes on their own statement (not held, or held past the window)."""
+        thread_id, checkpoint_ns, checkpoint_id = key
+        await self.rows.put_writes(thread_id, checkpoint_ns, checkpoint_id, rows, fence=self.fence)
 
     async def adelete_thread(self, thread_id: str) -> None:
         """Delete the thread from our store: its checkpoints and writes, and our ledger and owner with them."""

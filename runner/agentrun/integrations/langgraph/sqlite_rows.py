@@ -175,9 +175,15 @@ class SqliteRows(RowStore):
         self.store._check_fence(conn, thread_id, fence.attempt, fence.run_uid)
 
     @override
-    async def put(self, row: CheckpointRow, blobs: list[BlobRow], *, fence: Fence) -> None:
+    async def put(
+        self, row: CheckpointRow, blobs: list[BlobRow], *, fence: Fence, parent_writes: Sequence[WriteRow] = ()
+    ) -> None:
         def txn(conn: sqlite3.Connection) -> None:
             self._fence(conn, row.thread_id, fence)
+            if parent_writes and row.parent_checkpoint_id is not None:
+                self._insert_writes(
+                    conn, row.thread_id, row.checkpoint_ns, row.parent_checkpoint_id, parent_writes, fence
+                )
             conn.executemany(
                 _PUT_BLOB, [(row.thread_id, row.checkpoint_ns, b.channel, b.version, b.type, b.blob) for b in blobs]
             )
@@ -208,28 +214,39 @@ class SqliteRows(RowStore):
     ) -> None:
         def txn(conn: sqlite3.Connection) -> None:
             self._fence(conn, thread_id, fence)
-            conn.executemany(
-                _PUT_WRITE,
-                [
-                    (
-                        thread_id,
-                        checkpoint_ns,
-                        checkpoint_id,
-                        w.task_id,
-                        w.idx,
-                        w.channel,
-                        w.type,
-                        w.value,
-                        w.task_path,
-                        fence.attempt,
-                        fence.run_uid,
-                    )
-                    for w in writes
-                ],
-            )
+            self._insert_writes(conn, thread_id, checkpoint_ns, checkpoint_id, writes, fence)
 
         if writes:
             await self._write(txn)
+
+    @staticmethod
+    def _insert_writes(
+        conn: sqlite3.Connection,
+        thread_id: str,
+        checkpoint_ns: str,
+        checkpoint_id: str,
+        writes: Sequence[WriteRow],
+        fence: Fence,
+    ) -> None:
+        conn.executemany(
+            _PUT_WRITE,
+            [
+                (
+                    thread_id,
+                    checkpoint_ns,
+                    checkpoint_id,
+                    w.task_id,
+                    w.idx,
+                    w.channel,
+                    w.type,
+                    w.value,
+                    w.task_path,
+                    fence.attempt,
+                    fence.run_uid,
+                )
+                for w in writes
+            ],
+        )
 
     @override
     async def get(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None) -> Loaded | None:
