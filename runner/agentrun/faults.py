@@ -24,6 +24,9 @@ would crash every replay in turn until ``maxRestarts`` (the fault campaign,
                            the number of results in the batch (2 or more)
 - ``before_checkpoint``    node finished, its checkpoint not written
 - ``after_checkpoint``     checkpoint committed, next node not started
+- ``ahead_of_checkpoint``  the next node, a pure one (``agentrun.ahead``), computed while this
+                           step's checkpoint write is in flight (not yet acknowledged); the
+                           detail is that next node's name
 - ``in_checkpoint_txn``    (PostgreSQL) state row and messages inserted, transaction not
                            committed; the detail is the version being written
 """
