@@ -189,7 +189,10 @@ async def commit_floor(conn: Any, commits: int) -> list[float]:
     return samples
 
 
-def agentrun_step_job(kind: str) -> Callable[[Params], Awaitable[dict[str, Any]]]:
+def agentrun_step_job(kind: str, *, pure: bool = False) -> Callable[[Params], Awaitable[dict[str, Any]]]:
+    """The plain chain on ``kind``'s store; ``pure``: its nodes declared ``agentrun.ahead.pure`` (inline, and
+    computed while the previous checkpoint is in flight)."""
+
     async def job(p: Params) -> dict[str, Any]:
         from bench.counting import Counter
 
@@ -198,7 +201,7 @@ def agentrun_step_job(kind: str) -> Callable[[Params], Awaitable[dict[str, Any]]
         counter = Counter() if kind == "postgres" else None
         samples, trips, txns = [], [], []
         async with agentrun_store(kind, counter) as store:
-            app = agentrun_plain(store, p.nodes)
+            app = agentrun_plain(store, p.nodes, pure=pure)
             await agentrun_run(app, {"items": []}, f"warm-{uuid.uuid4().hex}")
             for _ in range(p.runs):
                 out = await agentrun_run(app, {"items": []}, f"plain-{uuid.uuid4().hex}", counter=counter)
@@ -448,6 +451,7 @@ def jobs(p: Params) -> dict[str, Callable[[Params], Awaitable[dict[str, Any]]]]:
     table: dict[str, Callable[[Params], Awaitable[dict[str, Any]]]] = {
         "pg_commit_ms": job_pg_commit,
         "agentrun_step_ms": agentrun_step_job("postgres"),
+        "agentrun_step_ms_pure": agentrun_step_job("postgres", pure=True),
         "agentrun_step_ms_sqlite": agentrun_step_job("sqlite"),
         "agentrun_step_ms_memory": agentrun_step_job("memory"),
         "agentrun_tool_iteration_ms": job_agentrun_tools,
@@ -675,6 +679,8 @@ def build_report(raw: dict[str, list[dict[str, Any]]], *, rounds: int, baseline:
     pairs = {
         "agentrun_step_over_pg_commit": ("agentrun_step_ms", "pg_commit_ms"),
         "langgraph_step_over_agentrun_step": ("langgraph_step_ms", "agentrun_step_ms"),
+        "agentrun_pure_step_over_pg_commit": ("agentrun_step_ms_pure", "pg_commit_ms"),
+        "langgraph_step_over_agentrun_pure_step": ("langgraph_step_ms", "agentrun_step_ms_pure"),
         "langgraph_tool_iteration_over_agentrun": ("langgraph_tool_iteration_ms", "agentrun_tool_iteration_ms"),
         "agentrun_h1000_over_h0": ("agentrun_step_ms_msg_h1000", "agentrun_step_ms_msg_h0"),
         "agentrun_h10000_over_h0": ("agentrun_step_ms_msg_h10000", "agentrun_step_ms_msg_h0"),
@@ -783,6 +789,7 @@ def plot(report: dict[str, Any], directory: Path) -> None:
         for k in (
             "pg_commit_ms",
             "agentrun_step_ms",
+            "agentrun_step_ms_pure",
             "baseline:agentrun_step_ms",
             "langgraph_step_ms",
             "agentrun_step_ms_sqlite",
@@ -822,12 +829,12 @@ async def profile_step(out: Path, runs: int = 6) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "profile_step.txt").write_text(profiler.output_text(unicode=False, color=False, show_all=False))
     (out / "profile_step.html").write_text(profiler.output_html())
-    split = await step_split(runs)
+    split = {"undeclared": await step_split(runs), "pure": await step_split(runs, pure=True)}
     (out / "step_split.json").write_text(json.dumps(split, indent=2) + "\n")
     print(json.dumps(split))
 
 
-async def step_split(runs: int) -> dict[str, float]:
+async def step_split(runs: int, *, pure: bool = False) -> dict[str, float]:
     """A plain PostgreSQL step split without a profiler: wall, the client's CPU (user and kernel, from
     ``getrusage``), the server's time inside the checkpoint function per call (``pg_stat_user_functions``,
     with ``track_functions = pl`` on the bench database for the measurement), and a 1-row commit beside it."""
@@ -843,7 +850,7 @@ async def step_split(runs: int) -> dict[str, float]:
     try:
         await admin.execute(f"ALTER DATABASE \"{database}\" SET track_functions = 'pl'")
         async with agentrun_store("postgres") as store:  # connects after the setting: its sessions track
-            app = agentrun_plain(store)
+            app = agentrun_plain(store, pure=pure)
             await agentrun_run(app, {"items": []}, f"warm-{uuid.uuid4().hex}")
             before_stats = await admin.fetchrow(stats)
             before, started, steps = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter(), 0
