@@ -109,6 +109,14 @@ class CompiledGraph:
         self._setup_done = False
         # Blocking calls in flight on the blocking API's loop; only that loop's thread touches it.
         self._blocking_calls = 0
+        self._step_metrics: dict[str, Any] = {}
+
+    def _step_seconds(self, node: str) -> Any:
+        """The node's step-duration histogram (``labels()`` once per node, not per step: it takes a lock)."""
+        child = self._step_metrics.get(node)
+        if child is None:
+            child = self._step_metrics[node] = STEP_SECONDS.labels(node)
+        return child
 
     # -- public API ----------------------------------------------------------
 
@@ -201,7 +209,7 @@ class CompiledGraph:
                 node = await self._node_to_run(run, writer, preemption, stops)
                 if ahead is not None and ahead.node is node and ahead.state is run.state:
                     outcome = ahead.update
-                    STEP_SECONDS.labels(node.name).observe(ahead.seconds)
+                    self._step_seconds(node.name).observe(ahead.seconds)
                     writer.log.info("node %s finished in %.3fs (step %d, ahead)", node.name, ahead.seconds, run.step)
                 else:
                     outcome = await self._execute(node, run, writer, preemption=preemption, stops=stops)
@@ -343,7 +351,7 @@ class CompiledGraph:
                 raise
             raise error from e
         elapsed = time.perf_counter() - started
-        STEP_SECONDS.labels(node.name).observe(elapsed)
+        self._step_seconds(node.name).observe(elapsed)
         writer.log.info("node %s finished in %.3fs (step %d)", node.name, elapsed, run.step)
         if writer.cfg.fail_on_tool_error and run.counts.failed > failed_before:
             await self._fail_on_tool_error(node, run, writer)

@@ -122,6 +122,8 @@ class RunWriter:
         self.checkpointer = checkpointer
         self.cfg = cfg
         self.log = log
+        # Once per run, not per step: ``labels()`` takes the metric's lock and builds its key each call.
+        self._checkpoint_seconds = CHECKPOINT_SECONDS.labels(checkpointer.backend)
 
     async def persist(self, run: Run, *, durable: bool) -> None:
         """Write the run's state and its not yet durable messages; ``durable=False`` writes the cache only."""
@@ -163,7 +165,7 @@ class RunWriter:
             FENCED.inc()
             self.log.error("checkpoint rejected: a newer attempt owns this thread; this attempt stops")
             raise
-        CHECKPOINT_SECONDS.labels(self.checkpointer.backend).observe(time.perf_counter() - started)
+        self._checkpoint_seconds.observe(time.perf_counter() - started)
         run.persisted_messages = len(messages)
         run.replaced.clear()
         run.changed.clear()
