@@ -23,13 +23,20 @@ Per call, around LangGraph's own execution (``awrap_tool_call``):
    recorded but no result, the call is in doubt and its policy applies
    (``"retry"``: run again with the same idempotency key; ``"report"``: an
    error message to the model, not run; ``"interrupt"``, the default: LangGraph
-   ``interrupt()`` for a human, who resumes with ``"retry"`` or a result);
-   then the intent is recorded (fenced) before the tool starts;
+   ``interrupt()`` for a human, who resumes with ``"retry"`` or a result).
+   The lookup of an earlier intent and the record of this one (fenced, before
+   the tool starts) are one statement (``intent_claim``); the lookups and the
+   claims of a message's parallel calls each share one round trip, as in our
+   own tool node;
 3. the tool runs under its deadline (``timeouts=``, default
    ``tool_timeout``); the tool reads the call's stable idempotency key with
    ``current_idempotency_key()`` (LangGraph strips caller-supplied
    ``InjectedToolArg`` values, so it cannot be an argument);
-4. a successful ``ToolMessage`` is recorded (first result wins), fenced.
+4. a successful ``ToolMessage`` is recorded (first result wins), fenced; the
+   results of parallel calls that finish together share one commit
+   (``checkpoint.group``: a result waits at most the store's
+   ``ledger_group_window``, 2 ms on PostgreSQL, for its siblings; async
+   graphs; a sync graph records each call on its own).
 
 HAZARDS
 - The window: a tool that returned but whose result was not yet recorded
@@ -66,7 +73,8 @@ from langgraph.runtime import Runtime
 from langgraph.types import Command, interrupt
 
 from agentrun import blocking
-from agentrun.checkpoint.base import PAUSED_SUFFIX, Checkpointer
+from agentrun.checkpoint.base import PAUSED_SUFFIX, Checkpointer, LedgerRow
+from agentrun.checkpoint.group import LedgerGroup
 from agentrun.context import ToolCounts
 from agentrun.errors import (
     DeterminismError,
@@ -105,6 +113,9 @@ _FATAL = (FencedError, StoreUnavailableError, StoreConfigError, DeterminismError
 # The fatal errors of the current node execution: ToolNode may turn an exception of a wrapper into an
 # error message (handle_tool_errors=True); the node re-raises what landed here after its calls finish.
 _fatal: contextvars.ContextVar[list[BaseException] | None] = contextvars.ContextVar("agentrun_lg_fatal", default=None)
+# The group commit of the current node execution's parallel calls (``LedgerToolNode._ledger_group``): each call
+# runs in a task of its own with a copy of the node's context, so every sibling sees the one group.
+_group: contextvars.ContextVar[LedgerGroup | None] = contextvars.ContextVar("agentrun_lg_group", default=None)
 
 # The idempotency key of the call being executed (``current_idempotency_key``). LangGraph's ToolNode strips
 # every InjectedToolArg a caller supplies (so a model cannot forge one), so the key travels in a context
@@ -285,28 +296,60 @@ class _Ledger:
         _count(call, "replayed")
         return message
 
-    async def _in_doubt(self, call: _Call) -> bool:
-        """Whether a side-effect call started before (an intent) and has no result: its outcome is unknown."""
+    async def _claim(self, call: _Call) -> bool:
+        """Record a side-effect call's start (its intent); whether an earlier start left it in doubt.
+
+        One statement (``intent_claim``: the recorded intent, or this one recorded now), which the
+        side-effect calls of one message that start together share. In doubt: an earlier start and no
+        result, unless that start paused in ``interrupt()`` (``_mark_paused``: resumed, not in doubt).
+        An earlier start with other arguments is another call's: ``HeldByAnotherCall``, nothing recorded.
+        """
         if call.name not in self.side_effects:
             return False
+        fence = call.fence
         try:
-            intent = await call.store.intent_get(call.thread_id, call.key)
-            if intent is None:
-                return False
-            # A start with other arguments is another call's: raised below, before this one starts.
-            held = intent.args_digest is not None and intent.args_digest != call.digest
-            # A call that paused in interrupt() is resumed, not in doubt (its marker: _mark_paused).
-            paused = not held and await call.store.ledger_get(call.thread_id, call.key + PAUSED) is not None
+            intent = await call.store.intent_claim(
+                call.thread_id,
+                call.key,
+                call.name,
+                call.idempotency_key,
+                attempt=fence.attempt,
+                run_uid=fence.run_uid,
+                args_digest=call.digest,
+            )
+        except (FencedError, StoreUnavailableError):
+            raise
+        except Exception as e:
+            log.warning(
+                "intent claim failed for %s (%s); treating the call as never started and recording its start: %s",
+                call.key,
+                call.name,
+                e,
+            )
+            await call.store.intent_put(
+                call.thread_id,
+                call.key,
+                call.name,
+                call.idempotency_key,
+                attempt=fence.attempt,
+                run_uid=fence.run_uid,
+                args_digest=call.digest,
+            )
+            return False
+        if intent is None:
+            return False  # recorded now: the first start
+        check_arguments(
+            intent.args_digest, call.digest, key=call.key, tool_name=call.name, edited=call.edited, what="intent"
+        )
+        try:
+            paused = await call.store.ledger_get(call.thread_id, call.key + PAUSED) is not None
         except StoreUnavailableError:
             raise
         except Exception as e:
             log.warning(
-                "intent read failed for %s (%s); treating the call as never started: %s", call.key, call.name, e
+                "pause marker read failed for %s (%s); treating the call as in doubt: %s", call.key, call.name, e
             )
-            return False
-        check_arguments(
-            intent.args_digest, call.digest, key=call.key, tool_name=call.name, edited=call.edited, what="intent"
-        )
+            paused = False
         return not paused
 
     async def _mark_paused(self, call: _Call) -> None:
@@ -370,18 +413,6 @@ class _Ledger:
         content = answer if isinstance(answer, str) else str(answer)
         return ToolMessage(content=content, name=call.name, tool_call_id=call.call_id)
 
-    async def _intent(self, call: _Call) -> None:
-        if call.name in self.side_effects:
-            await call.store.intent_put(
-                call.thread_id,
-                call.key,
-                call.name,
-                call.idempotency_key,
-                attempt=call.fence.attempt,
-                run_uid=call.fence.run_uid,
-                args_digest=call.digest,
-            )
-
     async def _record(self, call: _Call, result: ToolMessage | Command[Any]) -> None:
         if not isinstance(result, ToolMessage) or result.status == "error":
             if isinstance(result, Command):
@@ -391,9 +422,19 @@ class _Ledger:
             return
         try:
             envelope = encode(message_to_dict(result), args=call.digest)
-            recorded = await call.store.ledger_put(
-                call.thread_id, call.key, call.name, envelope, attempt=call.fence.attempt, run_uid=call.fence.run_uid
-            )
+            group = _group.get()
+            if group is not None and group.store is call.store and group.thread_id == call.thread_id:
+                # Siblings that finish together share one commit (checkpoint.group), fenced the same way.
+                recorded = await group.put(LedgerRow(call.key, call.name, envelope))
+            else:
+                recorded = await call.store.ledger_put(
+                    call.thread_id,
+                    call.key,
+                    call.name,
+                    envelope,
+                    attempt=call.fence.attempt,
+                    run_uid=call.fence.run_uid,
+                )
         except FencedError:
             raise
         except Exception as e:
@@ -435,6 +476,9 @@ class _Ledger:
             if (fatal := _fatal.get()) is not None:
                 fatal.append(e)
             raise
+        finally:
+            if (group := _group.get()) is not None:
+                group.leave()  # this call records nothing more: its siblings' batch waits no more for it
 
     async def _awrap(self, request: ToolCallRequest, execute: AsyncExecute) -> ToolMessage | Command[Any]:
         call = self._identify(request)
@@ -452,10 +496,9 @@ class _Ledger:
         """The call under ``call.key``; ``HeldByAnotherCall``, before anything starts, if that key is not its own."""
         if (recorded := await self._lookup(call)) is not None:
             return recorded
-        if await self._in_doubt(call) and (answer := self._decide_in_doubt(call)) is not None:
+        if await self._claim(call) and (answer := self._decide_in_doubt(call)) is not None:
             await self._record(call, answer)
             return answer
-        await self._intent(call)
         fault_point("before_tool", call.name)
         try:
             result = await self._run(request, execute, deadline, call)
@@ -507,12 +550,11 @@ class _Ledger:
         if (recorded := blocking.run(lambda: self._lookup(call), caller="ledger lookup")) is not None:
             return recorded
         if (
-            blocking.run(lambda: self._in_doubt(call), caller="intent lookup")
+            blocking.run(lambda: self._claim(call), caller="intent claim")
             and (answer := self._decide_in_doubt(call)) is not None
         ):
             blocking.run(lambda: self._record(call, answer), caller="ledger record")
             return answer
-        blocking.run(lambda: self._intent(call), caller="intent record")
         fault_point("before_tool", call.name)
         token = _idempotency_key.set(call.idempotency_key)
         try:
@@ -579,6 +621,29 @@ class LedgerToolNode(ToolNode):
         super().__init__(tools, messages_key=messages_key, wrap_tool_call=wrap, awrap_tool_call=awrap, **kwargs)
         self.ledger = ledger
 
+    def _ledger_group(self, input: Any, config: RunnableConfig) -> LedgerGroup | None:
+        """The group commit of this execution's parallel calls (``checkpoint.group``), as our tool node's.
+
+        ``None`` for a lone call, a store without a window, or another checkpointer (``_identify`` says so).
+        Async only: a sync graph runs each call in a thread of its own, and a group belongs to one loop.
+        """
+        configurable = config.get("configurable") or {}
+        saver = configurable.get(_CHECKPOINTER_KEY)
+        if not isinstance(saver, AgentrunSaver):
+            return None
+        try:
+            calls = len(self._parse_input(input)[0])
+        except Exception:  # ToolNode reports bad input itself
+            return None
+        window = saver.store.ledger_group_window
+        if calls < 2 or window <= 0:
+            return None
+        fence = saver.fence
+        thread_id = str(configurable.get("thread_id"))
+        return LedgerGroup(
+            saver.store, thread_id, siblings=calls, window=window, attempt=fence.attempt, run_uid=fence.run_uid
+        )
+
     def _func(self, input: Any, config: RunnableConfig, runtime: Runtime[Any]) -> Any:
         fatal: list[BaseException] = []
         token = _fatal.set(fatal)
@@ -593,9 +658,11 @@ class LedgerToolNode(ToolNode):
     async def _afunc(self, input: Any, config: RunnableConfig, runtime: Runtime[Any]) -> Any:
         fatal: list[BaseException] = []
         token = _fatal.set(fatal)
+        grouped = _group.set(self._ledger_group(input, config))
         try:
             result = await super()._afunc(input, config, runtime)
         finally:
+            _group.reset(grouped)
             _fatal.reset(token)
         if fatal:
             raise fatal[0]
