@@ -582,11 +582,20 @@ def machine() -> dict[str, Any]:
 
 
 async def drive(
-    p: Params, *, rounds: int, idle: float, baseline: str | None, inprocess: bool, out: Path
+    p: Params,
+    *,
+    rounds: int,
+    idle: float,
+    baseline: str | None,
+    inprocess: bool,
+    out: Path,
+    only: list[str] | None = None,
 ) -> dict[str, Any]:
     await ensure_database()
     table = jobs(p)
-    names = list(table)
+    if unknown := [n for n in only or () if n not in table]:
+        raise SystemExit(f"unknown job(s) {', '.join(unknown)}; jobs: {', '.join(table)}")
+    names = [n for n in table if only is None or n in only]
     worktree: Path | None = None
     planned: list[tuple[str, bool]] = [(n, False) for n in names]
     if baseline:
@@ -594,7 +603,7 @@ async def drive(
         subprocess.run(
             ["git", "worktree", "add", "--detach", str(worktree), baseline], cwd=ROOT, check=True, capture_output=True
         )
-        planned += [(n, True) for n in BASELINE_JOBS if n in table]
+        planned += [(n, True) for n in baseline_jobs(only) if n in table]
     raw: dict[str, list[dict[str, Any]]] = {}
     started = time.time()
     facts = machine()  # before the run: its load average is the one at the start
@@ -615,7 +624,7 @@ async def drive(
     finally:
         if worktree is not None:
             subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=ROOT, capture_output=True)
-    report = build_report(raw, rounds=rounds, baseline=baseline)
+    report = build_report(raw, rounds=rounds, baseline=baseline, baseline_names=baseline_jobs(only))
     report["meta"] = {
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
         "seconds": round(time.time() - started, 1),
@@ -630,17 +639,43 @@ async def drive(
     }
     with contextlib.suppress(OSError):
         report["meta"]["machine"]["loadavg_end"] = Path("/proc/loadavg").read_text().split()[:3]
+    merge_results(out, report, partial=only is not None)
+    return report
+
+
+def baseline_jobs(only: list[str] | None) -> list[str]:
+    """The jobs ``--baseline`` runs on the old code too: ``BASELINE_JOBS``, or the chosen agentrun jobs."""
+    return list(BASELINE_JOBS) if only is None else [n for n in only if n.startswith("agentrun_")]
+
+
+def merge_results(out: Path, report: dict[str, Any], *, partial: bool) -> None:
+    """Write ``report`` into ``out``, merged: other benchmarks keep their own keys (bench/operator.py: "operator").
+
+    A ``--jobs`` run (``partial``) replaces only its own figures and ratios, and keeps its meta (machine, load)
+    under ``partial_runs`` by job list, so that the full run's meta still describes the other figures.
+    """
     out.parent.mkdir(parents=True, exist_ok=True)
-    # Merged, not replaced: other benchmarks keep their own keys in the same file (bench/operator.py: "operator").
     existing: dict[str, Any] = {}
     if out.exists():
         with contextlib.suppress(ValueError):
             existing = json.loads(out.read_text())
+    if partial:
+        label = ",".join(sorted(k for k in report["figures"] if not k.startswith("baseline:")))
+        report = {
+            "figures": {**existing.get("figures", {}), **report["figures"]},
+            "ratios": {**existing.get("ratios", {}), **report["ratios"]},
+            "partial_runs": {**existing.get("partial_runs", {}), label: report["meta"]},
+        }
     out.write_text(json.dumps({**existing, **report}, indent=1, sort_keys=True) + "\n")
-    return report
 
 
-def build_report(raw: dict[str, list[dict[str, Any]]], *, rounds: int, baseline: str | None) -> dict[str, Any]:
+def build_report(
+    raw: dict[str, list[dict[str, Any]]],
+    *,
+    rounds: int,
+    baseline: str | None,
+    baseline_names: list[str] | tuple[str, ...] = BASELINE_JOBS,
+) -> dict[str, Any]:
     figures: dict[str, Any] = {}
     for key, results in raw.items():
         samples = [s for r in results for s in r["samples"]]
@@ -693,7 +728,7 @@ def build_report(raw: dict[str, list[dict[str, Any]]], *, rounds: int, baseline:
         "langgraph_big_state_over_agentrun": ("langgraph_step_ms_big_state", "agentrun_step_ms_big_state"),
     }
     if baseline:
-        for name in BASELINE_JOBS:
+        for name in baseline_names:
             pairs[f"before_over_after:{name}"] = (f"baseline:{name}", name)
     ratios = {k: v for k, (a, b) in pairs.items() if (v := ratio(a, b)) is not None}
     return {"figures": figures, "ratios": ratios}
@@ -890,6 +925,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--inprocess", action="store_true", help="run jobs in this process (faster, less isolated)")
     parser.add_argument("--out", type=Path, default=RESULTS / "latest.json")
     parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument(
+        "--jobs",
+        help="only these jobs, comma-separated (e.g. agentrun_invoke_ms_msg_h0,agentrun_invoke_ms_msg_h10000): their "
+        "figures and ratios are merged into --out, REPORT.md's table and the plots are left alone",
+    )
     args = parser.parse_args(argv)
     if args.command == "job":
         p = Params(args.quick)
@@ -899,9 +939,22 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(profile_step(args.out))
         return 0
     p = Params(args.quick)
+    only = args.jobs.split(",") if args.jobs else None
     report = asyncio.run(
-        drive(p, rounds=args.rounds, idle=args.idle, baseline=args.baseline, inprocess=args.inprocess, out=args.out)
+        drive(
+            p,
+            rounds=args.rounds,
+            idle=args.idle,
+            baseline=args.baseline,
+            inprocess=args.inprocess,
+            out=args.out,
+            only=only,
+        )
     )
+    if only is not None:  # a few jobs: the full run's table and plots stay as they are
+        write_table(report, args.out.with_name("table_jobs.md"))
+        print(args.out.with_name("table_jobs.md").read_text())
+        return 0
     write_table(report, args.out.with_name("table.md"))
     if not p.quick and args.out.parent == RESULTS:
         update_report(args.out.with_name("table.md").read_text(), report)
