@@ -134,11 +134,13 @@ async def _run(saver: BaseCheckpointSaver[Any], saver_kind: str, thread_id: str,
     print("FINAL " + json.dumps(summary), flush=True)
 
 
-async def drive(saver_kind: str, store: str, thread_id: str, text: str | None, mode: str) -> None:
+async def drive(
+    saver_kind: str, store: str, thread_id: str, text: str | None, mode: str, hold: float | None = None
+) -> None:
     if saver_kind == "agentrun":
         from agentrun.integrations.langgraph import AgentrunSaver
 
-        saver = AgentrunSaver.from_url(store)
+        saver = AgentrunSaver.from_url(store) if hold is None else AgentrunSaver.from_url(store, hold_writes=hold)
         await saver.setup()
         try:
             await _run(saver, saver_kind, thread_id, text, mode)
@@ -159,9 +161,12 @@ def main() -> int:
     parser.add_argument("thread_id")
     parser.add_argument("--input")
     parser.add_argument("--mode", choices=["invoke", "stream"], default="invoke")
+    # AgentrunSaver's hold_writes (seconds): a crash test at the hold's fault points makes it long, so that a
+    # loaded machine cannot let a task's writes go alone before the checkpoint that should carry them.
+    parser.add_argument("--hold", type=float)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
-    asyncio.run(drive(args.saver, args.store, args.thread_id, args.input, args.mode))
+    asyncio.run(drive(args.saver, args.store, args.thread_id, args.input, args.mode, args.hold))
     return 0
 
 

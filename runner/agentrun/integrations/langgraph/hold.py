@@ -26,7 +26,10 @@ then only those of tasks that finished while a sibling still ran; a write
 held ``window`` seconds is stored alone. So a crash re-runs a finished task
 only if it came within ``window`` (plus the statement's own time, as for any
 write) of the task finishing: the same re-run LangGraph does for a task that
-died a moment earlier. A side-effecting tool under ``LedgerToolNode`` is not
+died a moment earlier. (The window of writes filed under a checkpoint that is
+itself still being stored starts when it is stored: until then a crash
+resumes from its parent, where those tasks never ran, so nothing is at
+risk.) A side-effecting tool under ``LedgerToolNode`` is not
 protected by pending writes but by the ledger (its result is recorded the
 moment it returns, in its own commit): its re-run answers from the ledger.
 Special writes (error, interrupt, resume, scheduled: LangGraph's
@@ -59,6 +62,7 @@ Send = Callable[[Key, list[WriteRow]], Awaitable[None]]
 class Held:
     """Writes waiting for their checkpoint; ``done`` resolves when they are stored (or failed)."""
 
+    key: Key
     rows: list[WriteRow]
     done: asyncio.Future[None]
     timer: asyncio.TimerHandle | None = None
@@ -90,6 +94,8 @@ class WriteHold:
         self._send = send  # stores writes on their own (the window ended, no checkpoint took them)
         self._held: dict[Key, Held] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        # Checkpoints being stored now: the window of writes filed under one starts when it is stored.
+        self._writing: set[Key] = set()
 
     def add(self, key: Key, rows: list[WriteRow], node: str) -> asyncio.Future[None]:
         """Hold ``rows`` for the checkpoint whose parent ``key`` names; the future resolves once they are stored.
@@ -101,11 +107,27 @@ class WriteHold:
         if held is None:
             done: asyncio.Future[None] = loop.create_future()
             done.add_done_callback(_retrieve)
-            held = self._held[key] = Held([], done)
-            held.timer = loop.call_later(self.window, self._release, key, held)
+            held = self._held[key] = Held(key, [], done)
+            if key not in self._writing:
+                held.timer = loop.call_later(self.window, self._release, key, held)
         held.rows.extend(rows)
         held.nodes.append(node)
         return held.done
+
+    def writing(self, key: Key) -> None:
+        """The checkpoint ``key`` names is being stored: writes filed under it wait for that (their window later).
+
+        Nothing is at risk meanwhile: until that checkpoint is stored, a crash resumes from its parent, where
+        the tasks that wrote under it have not run.
+        """
+        self._writing.add(key)
+
+    def written(self, key: Key) -> None:
+        """The checkpoint ``key`` names was stored (or failed): the window of the writes filed under it starts."""
+        self._writing.discard(key)
+        held = self._held.get(key)
+        if held is not None and held.timer is None:
+            held.timer = asyncio.get_running_loop().call_later(self.window, self._release, key, held)
 
     def take(self, key: Key) -> Held | None:
         """The writes held for ``key`` (the new checkpoint's parent), now the caller's to store and settle."""
@@ -113,6 +135,10 @@ class WriteHold:
         if held is not None and held.timer is not None:
             held.timer.cancel()
         return held
+
+    def send_alone(self, held: Held) -> None:
+        """Store writes ``take`` returned on their own, now (their checkpoint could not take them)."""
+        self._release(held.key, held)
 
     def _release(self, key: Key, held: Held) -> None:
         """The window ended before a checkpoint took the writes: store them alone."""

@@ -4,10 +4,10 @@ Every call runs through the store's transaction runner, so it inherits the
 store's guarantees: transient failures retried with backoff for the store's
 ``retry_timeout``, then ``StoreUnavailableError`` (the runner exits 8);
 configuration errors at once as ``StoreConfigError``. ``put`` and
-``put_writes`` (the per-step path) are one statement each, one round trip
-(server-side functions, pg_schema migration 14); a ``put`` that carries its
-parent's pending writes (the saver's super-step) is one statement too
-(migration 18); every write locks our
+``put_writes`` are one statement each, one round trip (server-side
+functions, pg_schema migration 14); a ``put`` that carries its parent's
+pending writes (the saver's super-step, the per-step path) is one statement
+too (migration 18). Every write locks our
 thread row ``FOR SHARE`` and checks the owner first (``base.check_fence``),
 exactly like a ledger record: a superseded attempt's write raises
 ``FencedError`` and nothing of it lands, and a registration of a newer

@@ -66,7 +66,7 @@ from agentrun import blocking
 from agentrun.checkpoint.base import Checkpointer
 from agentrun.faults import fault_point
 
-from .hold import WRITE_HOLD_WINDOW, WriteHold
+from .hold import WRITE_HOLD_WINDOW, Held, WriteHold
 from .rows import EMPTY, ROW_STORES, BlobRow, CheckpointRow, Fence, Loaded, Query, RowStore, WriteRow
 
 
@@ -294,6 +294,52 @@ class AgentrunSaver(BaseCheckpointSaver[str]):
         configurable = config["configurable"]
         thread_id = str(configurable["thread_id"])
         checkpoint_ns: str = configurable.get("checkpoint_ns", "")
+        parent = configurable.get("checkpoint_id")
+        # Taken before the checkpoint is serialized (a long history takes a while): its timer must not fire meanwhile.
+        held = None if parent is None else self._hold.take((thread_id, checkpoint_ns, str(parent)))
+        this = (thread_id, checkpoint_ns, checkpoint["id"])
+        self._hold.writing(this)
+        try:
+            await self._put(config, checkpoint, metadata, new_versions, held)
+        finally:
+            self._hold.written(this)
+        return _config(thread_id, checkpoint_ns, checkpoint["id"])
+
+    async def _put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+        held: Held | None,
+    ) -> None:
+        """The checkpoint's statement, carrying ``held`` (its parent's pending writes) when there are any."""
+        try:
+            row, blobs = self._rows(config, checkpoint, metadata, new_versions)
+        except BaseException:
+            if held is not None:
+                self._hold.send_alone(held)  # the writes are fine: they go on their own
+            raise
+        if held is None:
+            await self.rows.put(row, blobs, fence=self.fence)
+            return
+        try:
+            await self.rows.put(row, blobs, fence=self.fence, parent_writes=held.rows)
+        except BaseException as e:
+            held.settle(e)  # the writes shared the statement: they did not land either
+            raise
+        fault_point("after_lg_step_commit", ",".join(held.nodes))
+        held.settle(None)
+
+    def _rows(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> tuple[CheckpointRow, list[BlobRow]]:
+        """``checkpoint`` as our rows: the checkpoint without its values, and a blob per new channel version."""
+        configurable = config["configurable"]
         body = checkpoint.copy()
         values: dict[str, Any] = body.pop("channel_values")  # type: ignore[misc]
         blobs = []
@@ -305,8 +351,8 @@ class AgentrunSaver(BaseCheckpointSaver[str]):
         meta_kind, meta_data = self.serde.dumps_typed(full_metadata)
         run_id = full_metadata.get("run_id")
         row = CheckpointRow(
-            thread_id=thread_id,
-            checkpoint_ns=checkpoint_ns,
+            thread_id=str(configurable["thread_id"]),
+            checkpoint_ns=configurable.get("checkpoint_ns", ""),
             checkpoint_id=checkpoint["id"],
             parent_checkpoint_id=configurable.get("checkpoint_id"),
             type=kind,
@@ -316,19 +362,7 @@ class AgentrunSaver(BaseCheckpointSaver[str]):
             channel_versions={k: str(v) for k, v in checkpoint["channel_versions"].items()},
             run_id=None if run_id is None else str(run_id),
         )
-        parent = row.parent_checkpoint_id
-        held = None if parent is None else self._hold.take((thread_id, checkpoint_ns, parent))
-        if held is None:
-            await self.rows.put(row, blobs, fence=self.fence)
-            return _config(thread_id, checkpoint_ns, checkpoint["id"])
-        try:
-            await self.rows.put(row, blobs, fence=self.fence, parent_writes=held.rows)
-        except BaseException as e:
-            held.settle(e)  # the writes shared the statement: they did not land either
-            raise
-        fault_point("after_lg_step_commit", ",".join(held.nodes))
-        held.settle(None)
-        return _config(thread_id, checkpoint_ns, checkpoint["id"])
+        return row, blobs
 
     async def aput_writes(
         self,
