@@ -112,6 +112,11 @@ SCALE_BASE = 1000
 ASKER = "agentrun_dev.graphs:asker"
 SEED_WORKERS = 16  # parallel creates while seeding (the API server is the bottleneck, not the driver)
 WAITING = "waiting"  # the label value (bench=...) of the scale phase's runs waiting for approval
+# The environment of every operator this bench starts besides its settings (``--operator-env KEY=VALUE``: an
+# allocator setting, PYTHONTRACEMALLOC for ``--memory-dump``).
+OPERATOR_ENV: dict[str, str] = {}
+MEMORY_SIGNAL = 12  # SIGUSR2: the operator's debugMemorySignal when ``--memory-dump`` is given
+MEMORY_DUMPS: list[Path] = []  # ``--memory-dump DIR``: where the leader's dump at each size goes (empty: none)
 
 
 @dataclass(frozen=True)
@@ -332,8 +337,17 @@ def start_operator(
         kubeconfig,
         identity=identity,
         log_path=workdir / f"operator-{time.monotonic_ns()}.log",
-        settings={"default_image": "agentrun:test", "log_format": "text", "lease_duration_seconds": lease},
-        env={"PYTHONPATH": os.pathsep.join(str(source / p) for p in ("operator", "runner", ".")), **env},
+        settings={
+            "default_image": "agentrun:test",
+            "log_format": "text",
+            "lease_duration_seconds": lease,
+            **({"debug_memory_path": str(workdir / "memory.txt")} if MEMORY_DUMPS else {}),
+        },
+        env={
+            "PYTHONPATH": os.pathsep.join(str(source / p) for p in ("operator", "runner", ".")),
+            **OPERATOR_ENV,
+            **env,
+        },
         cwd=source,
     )
 
@@ -891,6 +905,8 @@ def _at_scale(
         first = _all_reconciled(leader, runs, began)
         _check_waiting(cluster, size - 1)
         figures = {"start_reconciled_s": first, **_scale_window(dsn, p, leader, count, runs)}
+        if MEMORY_DUMPS:
+            _memory_dump(leader, workdir, MEMORY_DUMPS[0] / f"{workdir.name}-{size}.txt")
         figures.update(_status_lag(cluster, dsn, p, leader, prefix=f"lag{size}"))
         runs += p.active
         began = time.monotonic()
@@ -912,6 +928,18 @@ def _at_scale(
         return figures
     finally:
         leader.stop()
+
+
+def _memory_dump(operator: OperatorProcess, workdir: Path, to: Path) -> None:
+    """The operator's debug dump of where its memory is (``agentrun_operator.io.memory.dump``), copied to ``to``."""
+    written = workdir / "memory.txt"
+    written.unlink(missing_ok=True)
+    os.kill(operator.proc.pid, MEMORY_SIGNAL)
+    wait(written.exists, timeout=120, what="the memory dump", operator=operator, interval=1.0)
+    time.sleep(1.0)  # written in one call, but let it finish
+    to.parent.mkdir(parents=True, exist_ok=True)
+    to.write_text(written.read_text())
+    print(f"  memory dump: {to}", flush=True)
 
 
 def _check_waiting(cluster: Server, index: int) -> None:
@@ -1033,6 +1061,27 @@ def git(*args: str) -> str:
     return subprocess.run(["git", *args], cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
 
 
+def _scale_only(out: Path, p: Params, servers: tuple[str, ...], meta: dict[str, Any], baseline: str | None) -> int:
+    """Phase 4 alone, merged into ``out``'s ``operator.scale`` (the other figures kept); with ``baseline``, that
+    revision's operator measured the same way right after this one on each server (``operator.scale_before``)."""
+    section = dict(existing_section(out))
+    for server in servers:
+        section["scale"] = {**(section.get("scale") or {}), **measure_scale(ROOT, p, (server,))}
+        if baseline:
+            worktree = Path(tempfile.mkdtemp(prefix="bench-operator-baseline-"))
+            git("worktree", "add", "--detach", str(worktree), baseline)
+            try:
+                before = measure_scale(worktree, p, (server,))
+            finally:
+                git("worktree", "remove", "--force", str(worktree))
+            section["scale_before"] = {**(section.get("scale_before") or {}), **before}
+            meta["baseline"] = git("rev-parse", "--short", baseline)
+        section["scale_meta"] = meta
+        merge(out, section)  # after each server: a later failure keeps what was measured
+    print(json.dumps({key: section.get(key) for key in ("scale", "scale_before")}, indent=2))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.operator", description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=Params.runs)
@@ -1048,7 +1097,15 @@ def main(argv: list[str] | None = None) -> int:
         "--api-server", choices=("both", *SERVERS), default="both", help="the emulator, the real one or both"
     )
     parser.add_argument("--out", type=Path, default=RESULTS / "latest.json")
+    parser.add_argument(
+        "--operator-env", action="append", default=[], help="KEY=VALUE in every operator's environment (repeatable)"
+    )
+    parser.add_argument("--memory-dump", type=Path, help="write the leader's memory dump at each size here")
     args = parser.parse_args(argv)
+    OPERATOR_ENV.update(item.split("=", 1) for item in args.operator_env)
+    if args.memory_dump:
+        MEMORY_DUMPS.append(args.memory_dump.resolve())
+        OPERATOR_ENV.setdefault("AGENTRUN_OPERATOR_DEBUG_MEMORY_SIGNAL", str(MEMORY_SIGNAL))
     p = (
         Params.quick()
         if args.quick
@@ -1064,12 +1121,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
     }
     if args.scale_only:
-        section = dict(existing_section(args.out))
-        section["scale"] = {**(section.get("scale") or {}), **measure_scale(ROOT, p, servers)}
-        section["scale_meta"] = meta
-        merge(args.out, section)
-        print(json.dumps(section["scale"], indent=2))
-        return 0
+        return _scale_only(args.out, p, servers, meta, args.baseline)
     section: dict[str, Any] = {"meta": meta, "figures": measure(ROOT, p, servers)}
     section["scale"] = measure_scale(ROOT, p, servers)
     section["scale_meta"] = meta

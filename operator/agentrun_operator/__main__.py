@@ -15,13 +15,14 @@ import contextlib
 import logging
 import signal
 import sys
+from pathlib import Path
 
 import kopf
 from kopf._core.engines.peering import Identity
 
 from agentrun.logs import configure_logging
 
-from .io import barrier, metrics
+from .io import barrier, memory, metrics
 from .io.assemble import Operator, assemble
 from .io.health import HealthServer, Heartbeat, freeze_on_signal
 from .io.kube import KubeClient
@@ -56,6 +57,8 @@ async def run(settings: OperatorSettings) -> int:
         loop.add_signal_handler(signum, stop.set)
     if settings.debug_freeze_signal:
         freeze_on_signal(loop, settings.debug_freeze_signal, settings.debug_freeze_seconds)
+    if settings.debug_memory_signal:
+        memory.dump_on_signal(loop, settings.debug_memory_signal, Path(settings.debug_memory_path))
     heartbeat = Heartbeat(timeout=settings.liveness_timeout_seconds)
     beating = asyncio.create_task(heartbeat.beat())
     http = (

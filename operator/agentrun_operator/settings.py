@@ -48,6 +48,9 @@ class OperatorSettings(BaseSettings):
     max_concurrent_reconciles: int = 32
     # Store progress wakes a run at most once per this many seconds (the status mirror's coalescing).
     progress_coalesce_seconds: float = 1.0
+    # Objects per page of the initial listings (the API's limit/continue): a new leader decodes one page's
+    # answer at a time, not every AgentRun and pod in one response (client-go's informers list 500 at a time).
+    list_page_size: int = 500
     # A store's connection pool (and its LISTEN connection) is closed once no live run used it for this long.
     store_idle_seconds: float = 300.0
     stop_grace_seconds: float = 30.0
@@ -62,6 +65,10 @@ class OperatorSettings(BaseSettings):
     # as a blocking call in a coroutine would (the liveness test uses it; see io/health.py).
     debug_freeze_signal: int = 0
     debug_freeze_seconds: float = 10.0
+    # Debug hook, off (0) by default: this signal number writes where the operator's memory is (RSS, objects by
+    # type, and tracemalloc's top sites when PYTHONTRACEMALLOC is set) to debug_memory_path (io/memory.py).
+    debug_memory_signal: int = 0
+    debug_memory_path: str = "/tmp/agentrun-operator-memory.txt"
     # Runner container resources when spec.podTemplate.resources is absent (JSON: {"requests": ..., "limits": ...}),
     # so runner pods are not BestEffort (first evicted under node pressure). {} leaves them unset.
     runner_resources: dict[str, dict[str, str]] = {

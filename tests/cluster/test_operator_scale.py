@@ -278,3 +278,32 @@ def test_a_leader_killed_while_creating_fifty_pods_leaves_one_pod_per_run(
         holder.stop()
         one.stop()
         two.stop()
+
+
+@pytest.mark.real_server
+@pytest.mark.kubesim_too
+def test_a_new_leader_listing_its_runs_in_several_pages_reconciles_every_one(
+    cluster: EmulatedCluster, store: str, tmp_path: Path
+) -> None:
+    # Created while no operator runs, so the new leader first sees all seven in its initial listing, which
+    # comes in pages of two (the API's limit/continue: four pages).
+    count = 7
+    apply_many(
+        cluster,
+        [agentrun(f"paged-{i}", thread=f"paged-{i}", effects=tmp_path / f"e{i}.db", stop=True) for i in range(count)],
+    )
+    operator = start_operator(cluster, tmp_path, AGENTRUN_OPERATOR_LIST_PAGE_SIZE="2")
+    try:
+        cluster.wait_for(
+            lambda: list(phases(cluster).values()) == ["Stopped"] * count,
+            timeout=90,
+            interval=0.5,
+            message=f"{count} runs listed in pages of 2 reconciled to Stopped",
+        )
+        reasons = {s["metadata"]["name"]: s["status"].get("reason") for s in cluster.list_objects("agentruns")}
+        assert set(reasons.values()) == {"StoppedBeforeStart"}, reasons
+        assert operator_pods(cluster) == {}, "a run stopped before its start got a pod"
+        counted = [line for line in operator.metrics().splitlines() if line.startswith("agentrun_operator_runs_reco")]
+        assert counted == [f"agentrun_operator_runs_reconciled {float(count)}"], counted
+    finally:
+        operator.stop()

@@ -15,10 +15,16 @@ No timer visits every run every second.
 Three in-memory indexes fed by kopf's watches (no API call per reconcile):
 ``agentrun_threads`` maps (namespace, threadId) to the runs on that thread
 (the thread rule's input), ``agentrun_bodies`` maps a run's uid to what a reconcile reads of its latest
-body (so a pod event or a wake-up reconciles its run without reading it back),
-``agentrun_pods`` holds the operator's pods (the reconcile's pod cache). The
+body, packed (``reconcile.PackedRun``: so a pod event or a wake-up reconciles its run without reading it
+back), ``agentrun_pods`` holds the operator's pods (the reconcile's pod cache). The
 Secret watch keeps the Secrets runs use current (``io/caches.py``). When a run
 ends or is deleted, the runs waiting for its thread are reconciled at once.
+
+Memory (bench/REPORT.md, the operator at 10,000 runs). kopf starts no handler before every index holds
+its initial listing, so a new leader holds every listed object's decoded body at once until the last one
+is indexed: the peak the process kept afterwards (about 20 KB a run). Once indexed, nothing needs more of
+a body than its metadata, so the last index handler of each kind empties kopf's copy of it (``release``),
+and the event handlers only queue the reconcile (``Wakeups.kick``) rather than wait for it with the event.
 
 Departure from kopf's usual shape: no ``@kopf.on.create/update/delete`` (they need kopf's finalizer and
 its annotations, two metadata writes per run that ``kubectl get ar -w`` printed as rows without a change,
@@ -43,7 +49,7 @@ from ..decide.reasons import TERMINAL
 from ..decide.thread import ThreadPeer
 from ..settings import OperatorSettings
 from .caches import PodKey
-from .reconcile import Reconciler, controller_uid, run_view, thread_peer
+from .reconcile import PackedRun, Reconciler, controller_uid, thread_peer
 from .runs import Runs
 from .wakeups import Wakeups
 
@@ -51,12 +57,36 @@ log = logging.getLogger("agentrun_operator.handlers")
 
 ThreadKey = tuple[str, str]
 Threads = kopf.Index[ThreadKey, ThreadPeer]  # (namespace, threadId) -> the runs on that thread
-Bodies = kopf.Index[str, dict[str, Any]]  # uid -> the run's latest body, as reconcile.run_view keeps it
+Bodies = kopf.Index[str, PackedRun]  # uid -> the run's latest body, as a reconcile reads it
+
+# What kopf's copy of a body keeps once it is indexed (``release``): its metadata, which kopf and the event
+# handlers read, less managedFields and annotations (kubectl's last-applied copy of the whole manifest).
+RELEASED_METADATA = ("managedFields", "annotations")
 
 
 def _thread_of(body: Mapping[str, Any]) -> ThreadKey | None:
     thread = (body.get("spec") or {}).get("threadId")
     return (str(body["metadata"]["namespace"]), str(thread)) if thread else None
+
+
+def release(body: kopf.Body) -> None:
+    """Empty kopf's decoded copy of an indexed body but for its metadata (the module docstring's Memory).
+
+    kopf keeps that dict alive until every object of the listing is indexed, then hands it to the event
+    handlers, which read only its metadata. Only the last index handler of a kind may call it (kopf runs
+    them in registration order); a DELETED event runs none, so the handlers still see that body whole.
+    HAZARD: kopf's private ``_src`` (the raw dict a ``Body`` views); if a kopf upgrade renames it, this does
+    nothing (memory as before).
+    """
+    raw = getattr(body, "_src", None)
+    if not isinstance(raw, dict):
+        return
+    for key in [key for key in raw if key not in ("apiVersion", "kind", "metadata")]:
+        del raw[key]
+    meta = raw.get("metadata")
+    if isinstance(meta, dict):
+        for key in RELEASED_METADATA:
+            meta.pop(key, None)
 
 
 async def detached(work: Coroutine[Any, Any, None]) -> None:
@@ -91,7 +121,8 @@ class Handlers:
         kopf.on.login(registry=registry)(self.login)
         kopf.on.cleanup(registry=registry)(self.stop_waking)
         # The indexes are async: kopf runs a sync handler in a thread, a hop per watch event for nothing here.
-        # Their ids are the kwarg names handlers receive them by.
+        # Their ids are the kwarg names handlers receive them by. agentrun_bodies is the runs' last (it releases
+        # kopf's copy of the body: ``release``).
         kopf.index(**runs, id="agentrun_threads")(self.agentrun_threads)
         kopf.index(**runs, id="agentrun_bodies")(self.agentrun_bodies)
         kopf.index("", "v1", "pods", **pods, id="agentrun_pods")(self.agentrun_pods)
@@ -101,12 +132,15 @@ class Handlers:
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    @staticmethod
-    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-        """kopf's settings: no Events of its own (we post one per transition), no kopf peering (our Lease leads)."""
+    def configure(self, settings: kopf.OperatorSettings, **_: Any) -> None:
+        """kopf's settings: no Events of its own (we post one per transition), no kopf peering (our Lease leads),
+        the initial listings in pages."""
         settings.posting.enabled = False  # we post our own Events, one per transition
         settings.peering.standalone = True  # leadership comes from our Lease, not kopf peering
         settings.networking.error_backoffs = [1, 2, 5, 10]
+        # The initial listing in pages (the API's limit/continue): one page's response decoded at a time rather
+        # than every object in one answer (the memory a new leader touches, bench/REPORT.md).
+        settings.watching.chunk_size = max(1, self.settings.list_page_size)
 
     async def login(self, settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
         # The operator's own credentials (io/kubeconfig.py): kopf's built-in logins run no exec plugin, merge
@@ -144,18 +178,21 @@ class Handlers:
         return {key: thread_peer(body)} if key is not None else {}
 
     @staticmethod
-    async def agentrun_bodies(body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
-        # Only what a reconcile reads (reconcile.run_view), sharing kopf's decoded spec and status rather than
-        # copying them: kopf never changes a body it decoded, and the reconcile works on its own deep copy.
-        """kopf index: each run's view by uid, what a reconcile reads."""
-        return {str(body.metadata.uid): run_view(body)}
+    async def agentrun_bodies(body: kopf.Body, **_: Any) -> dict[str, PackedRun]:
+        """kopf index: each run's view by uid, what a reconcile reads, packed; then kopf's copy is released."""
+        packed = PackedRun.of(body)
+        release(body)  # registered after agentrun_threads: every index of runs has read it
+        return {packed.uid: packed}
 
     @staticmethod
     async def agentrun_pods(body: kopf.Body, **_: Any) -> dict[PodKey, PodView]:
         # The reconcile's pod cache (io/caches.py): kopf starts no handler before this index holds its first
         # listing, so a pod that exists is never taken for a missing one after a restart or a leader change.
-        """kopf index: the operator's pods, the reconcile's pod cache."""
-        return {(str(body.metadata.namespace), str(body.metadata.name)): PodView.from_manifest(dict(body))}
+        """kopf index: the operator's pods, the reconcile's pod cache; then kopf's copy is released."""
+        view = PodView.from_manifest(dict(body))
+        key = (str(body.metadata.namespace), str(body.metadata.name))
+        release(body)  # the pods' only index
+        return {key: view}
 
     def _bind(self, kwargs: Mapping[str, Any]) -> tuple[Threads, Bodies]:
         if self.threads is None or self.bodies is None:
@@ -181,7 +218,10 @@ class Handlers:
         if record.handled == seen:
             return
         record.handled = seen  # first seen (created, or listed after a restart), or its spec changed
-        await detached(self.wakeups.now(uid))  # the body the index holds now; retried by wakeups if it fails
+        # Queued, not awaited here: a new leader's first pass queues every run at once behind the gate
+        # (max_concurrent_reconciles), and a handler waiting there would hold kopf's event and worker. It
+        # reconciles the body the index holds then (this one or newer); retried by wakeups if it fails.
+        self.wakeups.kick(uid)
 
     async def on_pod(self, body: kopf.Body, type: str | None, **kwargs: Any) -> None:  # kopf's kwarg name
         """A watch event of a pod the operator made: reconcile its run."""
@@ -194,7 +234,7 @@ class Handlers:
         # nothing to do for its pods. Retried by wakeups if it fails.
         owner = controller_uid(body)
         if owner is not None and owner in bodies:
-            await detached(self.wakeups.now(owner))
+            self.wakeups.kick(owner)  # queued, as a run's own event (on_run)
 
     def on_secret(self, body: kopf.Body, type: str | None, **_: Any) -> None:  # kopf's kwarg name
         # Keeps the Secrets runs use current (io/caches.py); any other Secret is ignored, nothing is kept of it.
@@ -223,14 +263,13 @@ class Handlers:
         if uid not in self.bodies:  # deleted meanwhile (_deleted forgot it): drop what this wake-up made again
             self.runs.forget(uid)
             return
-        for body in list(self.bodies.get(uid, ())):
-            await self._reconcile(body, self.threads, self.bodies)
+        for packed in list(self.bodies.get(uid, ())):
+            await self._reconcile(packed, self.threads, self.bodies)
 
-    async def _reconcile(self, body: Mapping[str, Any], threads: Threads, bodies: Bodies) -> None:
-        key = _thread_of(body)
-        uid = str(body["metadata"]["uid"])
-        before = self.reconciler.status_of(body)
-        done = await self.reconciler.reconcile(body, peers=threads.get(key, ()) if key is not None else ())
+    async def _reconcile(self, packed: PackedRun, threads: Threads, bodies: Bodies) -> None:
+        key = (packed.namespace, packed.thread) if packed.thread else None
+        uid = packed.uid
+        done = await self.reconciler.reconcile(packed, peers=threads.get(key, ()) if key is not None else ())
         if uid not in bodies:  # deleted during the reconcile: drop what it kept again, nothing to wake
             self.runs.forget(uid)
             return
@@ -239,7 +278,8 @@ class Handlers:
         else:
             self.wakeups.untrack(uid)
         self.wakeups.after(uid, wake=done.wake, live=done.live, waiting=done.waiting)
-        if key is not None and done.status.phase in TERMINAL and before.phase not in TERMINAL:
+        before = done.before.phase if done.before is not None else None
+        if key is not None and done.status.phase in TERMINAL and before not in TERMINAL:
             await self._kick_waiters(key, uid, threads, bodies)
 
     async def _kick_waiters(self, key: ThreadKey, freed_by: str, threads: Threads, bodies: Bodies) -> None:
@@ -248,5 +288,5 @@ class Handlers:
             waiting = self.reconciler.fresh(peer)
             if waiting.uid == freed_by or waiting.started or not waiting.live:
                 continue
-            for body in list(bodies.get(waiting.uid, ())):
-                await self._reconcile(body, threads, bodies)
+            for packed in list(bodies.get(waiting.uid, ())):
+                await self._reconcile(packed, threads, bodies)

@@ -32,7 +32,8 @@ class RunRecord:
     uid: str
     # -- the reconciler's (io/reconcile.py)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    written: dict[str, Any] | None = None  # .status as our last patch left it (newer than the watch's copy)
+    # .status as our last patch left it (newer than the watch's copy); dropped once the watch delivers it
+    written: dict[str, Any] | None = None
     phase: str | None = None  # for the runs-by-phase gauge
     namespace: str = ""
     deferred: datetime | None = None  # when a held-back (quiet) status patch is due (decide.verdict)

@@ -46,6 +46,7 @@ import random
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime
 
+from .memory import Releaser
 from .runs import RunRecord, Runs
 
 log = logging.getLogger("agentrun_operator.wakeups")
@@ -67,6 +68,7 @@ class Wakeups:
         run: Callable[[str], Awaitable[None]],
         waiting_resync: float | None = None,
         runs: Runs | None = None,
+        releaser: Releaser | None = None,
     ) -> None:
         self.resync_seconds = resync
         self.waiting_resync_seconds = resync if waiting_resync is None else waiting_resync
@@ -75,6 +77,8 @@ class Wakeups:
         self.runs = runs if runs is not None else Runs()
         self._tasks: set[asyncio.Task[None]] = set()
         self.reconciles = 0  # reconciles started here (not kopf's), for the metrics and tests
+        # Told of every reconcile's start and end: gives back the memory of a burst once it drained (io/memory.py)
+        self.releaser = releaser if releaser is not None else Releaser()
 
     # -- which runs a thread's progress wakes ----------------------------------------------------
 
@@ -169,6 +173,7 @@ class Wakeups:
         record.queued = False
         record.running = True
         self.reconciles += 1
+        self.releaser.started()
         try:
             await self._run(record.uid)
             record.failures = 0
@@ -180,6 +185,7 @@ class Wakeups:
             )
             self._set_timer(record, delay)
         finally:
+            self.releaser.ended()
             record.running = False
             if record.again:
                 record.again = False
@@ -188,6 +194,7 @@ class Wakeups:
 
     async def aclose(self) -> None:
         """Cancel every pending wake-up."""
+        self.releaser.close()
         for record in self.runs:
             record.cancel_timers()
         for task in list(self._tasks):

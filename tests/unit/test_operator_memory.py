@@ -1,0 +1,145 @@
+"""What the operator keeps of each run, and what it gives back (``io/handlers.py``'s Memory, ``io/memory.py``).
+
+The guarantees: once a run's body is indexed, kopf's decoded copy keeps only its metadata (kopf holds it until
+every listed object is indexed, then hands it to the event handlers, which read only that), and only after
+every index of runs read it; the runs index keeps the reconcile's view packed and unpacks an equal, private
+copy; the status our last patch returned is kept only until the watch delivers it (one copy a run, not two);
+a burst of reconciles gives its memory back once drained, and a trickle never pays for a collection; the
+initial listings come in pages of ``list_page_size``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+import kopf
+import pytest
+
+from agentrun_operator.decide.podspec import GROUP, PLURAL, VERSION
+from agentrun_operator.io.assemble import assemble
+from agentrun_operator.io.handlers import Handlers
+from agentrun_operator.io.memory import Releaser, dump, release
+from agentrun_operator.io.reconcile import PackedRun, run_view
+from agentrun_operator.io.wakeups import Wakeups
+from agentrun_operator.settings import OperatorSettings
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def agentrun(status: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "AgentRun",
+        "metadata": {
+            "name": "r1",
+            "namespace": "shop",
+            "uid": "u1",
+            "generation": 2,
+            "resourceVersion": "17",
+            "creationTimestamp": "2026-12-06T06:00:00Z",
+            "labels": {"team": "a"},
+            "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{...}" * 100},
+            "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}] * 5,
+        },
+        "spec": {"graph": "examples.support_agent:app", "threadId": "order-1", "input": {"messages": ["hi"] * 50}},
+        "status": status if status is not None else {"phase": "Interrupted", "attempt": 1, "reason": "Interrupted"},
+    }
+
+
+async def test_an_indexed_run_keeps_its_metadata_in_kopfs_copy_and_its_view_packed_in_the_index() -> None:
+    raw = agentrun()
+    original = copy.deepcopy(raw)
+    body = kopf.Body(raw)  # type: ignore[arg-type]  # a dict as the watch decodes it
+    threads = await Handlers.agentrun_threads(body=body)
+    bodies = await Handlers.agentrun_bodies(body=body)
+    peer = threads[("shop", "order-1")]
+    assert (peer.uid, peer.phase, peer.attempt) == ("u1", "Interrupted", 1), "the thread index read a released body"
+    packed = bodies["u1"]
+    assert (packed.uid, packed.namespace, packed.name, packed.thread) == ("u1", "shop", "r1", "order-1")
+    assert packed.unpack() == run_view(original), "the packed view is not what a reconcile reads of the body"
+    assert packed.unpack() is not packed.unpack(), "two reconciles would share one copy of the view"
+    assert set(raw) == {"apiVersion", "kind", "metadata"}, f"kopf's copy kept more than the metadata: {set(raw)}"
+    meta = raw["metadata"]
+    assert "managedFields" not in meta and "annotations" not in meta
+    kept = {"name", "namespace", "uid", "generation", "resourceVersion", "labels", "creationTimestamp"}
+    assert kept <= set(meta), "the event handlers and kopf lost metadata they read"
+
+
+async def test_a_pod_keeps_its_metadata_in_kopfs_copy_once_indexed() -> None:
+    owner = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "AgentRun", "name": "r1", "uid": "u1", "controller": True}
+    raw: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "r1-1", "namespace": "shop", "uid": "p1", "ownerReferences": [owner]},
+        "spec": {"containers": [{"name": "runner", "env": [{"name": "X", "value": "y" * 1000}]}]},
+        "status": {"phase": "Running"},
+    }
+    pods = await Handlers.agentrun_pods(body=kopf.Body(raw))  # type: ignore[arg-type]
+    assert pods[("shop", "r1-1")].phase == "Running", "the pod index read a released body"
+    assert set(raw) == {"apiVersion", "kind", "metadata"} and raw["metadata"]["ownerReferences"] == [owner]
+
+
+def test_kopf_runs_the_releasing_index_of_runs_after_every_other_one() -> None:
+    registry = kopf.OperatorRegistry()
+    parts = assemble(object(), OperatorSettings())  # type: ignore[arg-type]
+    parts.handlers.register(registry)
+    ids = [
+        handler.id
+        for handler in registry._indexing.get_all_handlers()
+        if handler.selector is not None and handler.selector.plural == PLURAL
+    ]
+    assert ids[-1] == "agentrun_bodies" and len(ids) >= 2, f"an index of runs would read a released body: {ids}"
+
+
+def test_our_written_status_is_kept_until_the_watch_delivers_it() -> None:
+    parts = assemble(object(), OperatorSettings())  # type: ignore[arg-type]
+    record = parts.runs.record("u1")
+    ours = {"phase": "Running", "attempt": 2, "reason": "PodRunning"}
+    record.written = dict(ours)
+    older = PackedRun.of(agentrun()).unpack()
+    assert parts.reconciler.status_of(older).attempt == 2, "an older watched status replaced our own write"
+    assert record.written == ours, "our write was dropped before the watch delivered it"
+    echoed = PackedRun.of(agentrun(dict(ours))).unpack()
+    assert parts.reconciler.status_of(echoed).attempt == 2
+    assert record.written is None, "our write is kept beside the watch's equal copy: two copies of every status"
+
+
+@pytest.mark.looptime
+async def test_a_burst_of_reconciles_gives_its_memory_back_once_drained_and_a_trickle_never() -> None:
+    releaser = Releaser(burst=5, settle=10)
+
+    async def reconcile(uid: str) -> None:
+        await asyncio.sleep(1)
+
+    wakeups = Wakeups(resync=3600, coalesce=1, run=reconcile, releaser=releaser)
+    try:
+        for i in range(8):
+            wakeups.kick(f"u{i}")
+        await asyncio.sleep(5)
+        assert releaser.releases == 0, "memory was released before the burst's echoes could arrive"
+        await asyncio.sleep(10)
+        assert releaser.releases == 1, "a drained burst of 8 reconciles did not give its memory back"
+        for i in range(3):
+            wakeups.kick(f"v{i}")
+            await asyncio.sleep(2)
+        await asyncio.sleep(60)
+        assert releaser.releases == 1, "reconciles one at a time paid for a full collection"
+    finally:
+        await wakeups.aclose()
+
+
+def test_release_and_the_debug_dump_run_here(tmp_path: Any) -> None:
+    before, after = release()
+    assert before > 0 and after > 0, "no RSS read from /proc"
+    dump(tmp_path / "memory.txt")
+    text = (tmp_path / "memory.txt").read_text()
+    assert text.startswith("rss_mb ") and "-- objects by type" in text and " dict" in text
+
+
+def test_the_initial_listings_come_in_pages_of_the_setting() -> None:
+    parts = assemble(object(), OperatorSettings(list_page_size=7))  # type: ignore[arg-type]
+    settings = kopf.OperatorSettings()
+    parts.handlers.configure(settings=settings)
+    assert settings.watching.chunk_size == 7, "kopf lists every object in one answer"
