@@ -8,7 +8,8 @@ started once per session (its binaries come from ``make k8s``); each test gets i
 
 - ``RealCluster`` installs the CRDs once, shapes the plane like ``EmulatedCluster`` for the tests (``history``
   records every version of the objects a test watched, from a real watch) and, after each test, deletes
-  what the test left: AgentRuns, pods (at once), Secrets, Events, Leases, namespaces, Nodes of earlier
+  what the test left: AgentRuns, pods (at once), Secrets, Events, Leases, namespaces (emptied and finalized
+  at once, as the namespace controller would after its fixed 5 s wait), Nodes of earlier
   kubelets, cluster roles and bindings and CRDs that were not there at the start;
 - every difference between the two servers a test finds is a bug in kubesim or in the operator, never a
   reason for a test to ask which server it runs on (the few that must, say why).
@@ -112,23 +113,25 @@ class RealCluster:
     def reset(self) -> None:
         """Delete what the last test left (see the module docstring) and wait until it is gone."""
         self.stop_watches()
-        namespaces = [
-            n for n in self._names("namespaces") if n not in ("kube-system", "kube-public", "kube-node-lease")
-        ]
-        for namespace in namespaces:
+        namespaces = set(self._names("namespaces"))
+        kept = sorted(namespaces & self._baseline["namespaces"] - {"kube-system", "kube-public", "kube-node-lease"})
+        gone = namespaces - self._baseline["namespaces"] - set(SYSTEM_NAMESPACES)
+        for namespace in kept:
             for kind in NAMESPACED:
                 for obj in self._list(kind, namespace):
                     name = obj["metadata"]["name"]
                     if kind == "configmaps" and name in KEPT_CONFIGMAPS:
                         continue
-                    if kind == "leases" and namespace == "kube-node-lease":
-                        continue
                     self._delete(kind, name, namespace)
-        for kind in CLUSTER_SCOPED:
+        for kind in CLUSTER_SCOPED:  # the test's namespaces turn Terminating: nothing new can be created in them
             for name in set(self._names(kind)) - self._baseline[kind] - set(SYSTEM_NAMESPACES):
                 self._delete(kind, name, None)
+        if gone:
+            collections = self._namespaced_collections()
+            for namespace in gone:
+                self._empty_and_finalize(namespace, collections)
         self.plane.wait_for(
-            lambda: not any(self._list(k, n) for n in namespaces for k in ("pods", "agentruns")),
+            lambda: not any(self._list(k, n) for n in kept for k in ("pods", "agentruns")),
             timeout=60,
             message="the previous test's pods and AgentRuns are gone",
         )
@@ -137,6 +140,43 @@ class RealCluster:
             timeout=120,
             message="the previous test's namespaces are gone",
         )
+
+    def _namespaced_collections(self) -> list[str]:
+        """The path prefix (``/apis/apps/v1``) and name of every namespaced resource that can be listed and
+        deleted as a collection, by discovery (a CRD a test installed included)."""
+        prefixes = ["/api/v1"] + [
+            f"/apis/{g['preferredVersion']['groupVersion']}" for g in self.plane.api("GET", "/apis").body["groups"]
+        ]
+        found = []
+        for prefix in prefixes:
+            listing = self.plane.api("GET", prefix)
+            for r in listing.body.get("resources", []) if listing.status == 200 else []:
+                if r["namespaced"] and "/" not in r["name"] and {"list", "deletecollection"} <= set(r["verbs"]):
+                    found.append(f"{prefix}|{r['name']}")
+        return found
+
+    def _empty_and_finalize(self, namespace: str, collections: Sequence[str]) -> None:
+        """What kube-controller-manager's namespace controller does for a deleted namespace, without its fixed 5 s
+        wait first (``namespaceDeletionGracePeriod``, for HA API servers: this plane has one). The namespace is
+        Terminating already, so nothing new can be created in it: delete every collection in it, and once every
+        list is empty, clear its ``kubernetes`` finalizer so the API server removes it. If anything is left (an
+        object with a finalizer of its own), the controller finishes the job as before."""
+        options = {"gracePeriodSeconds": 0, "propagationPolicy": "Background"}
+        paths = [f"{prefix}/namespaces/{namespace}/{name}" for prefix, name in (c.split("|") for c in collections)]
+        full = [path for path in paths if self._any(path)]
+        for path in full:
+            self.plane.api("DELETE", path, options)
+        if any(self._any(path) for path in full):
+            return
+        current = self.plane.api("GET", f"/api/v1/namespaces/{namespace}")
+        if current.status != 200 or not (current.body.get("metadata") or {}).get("deletionTimestamp"):
+            return
+        current.body["spec"]["finalizers"] = []
+        self.plane.api("PUT", f"/api/v1/namespaces/{namespace}/finalize", current.body)
+
+    def _any(self, path: str) -> bool:
+        listed = self.plane.api("GET", path, params={"limit": "1"})
+        return listed.status == 200 and bool(listed.body.get("items"))
 
     def _list(self, kind: str, namespace: str | None) -> list[dict[str, Any]]:
         try:

@@ -29,7 +29,7 @@ import redis.asyncio as aioredis
 from agentrun.checkpoint import Checkpointer
 from agentrun.checkpoint.cached import CachedStore
 from agentrun.checkpoint.postgres import PgCheckpointer
-from agentrun_dev.databases import create_database, drop_database
+from agentrun_dev.databases import create_database, drop_database_later
 from agentrun_dev.servers import PrivatePostgres, PrivateRedis
 from tests.support.checkpointers import Backend
 
@@ -63,7 +63,7 @@ async def pg_dsn() -> AsyncIterator[str]:
     try:
         yield dsn
     finally:
-        await drop_database(dsn)
+        drop_database_later(dsn)
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +73,7 @@ def module_pg_dsn() -> Iterator[str]:
     try:
         yield dsn
     finally:
-        asyncio.run(drop_database(dsn))
+        drop_database_later(dsn)
 
 
 async def delete_prefix(url: str, prefix: str) -> None:

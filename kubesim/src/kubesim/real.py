@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import http.client
 import json
 import logging
 import os
@@ -86,6 +87,7 @@ CONTROLLERS = (
     "pod-garbage-collector-controller",
 )
 STOP_GRACE = 10.0
+IDLE_CONNECTIONS = 8  # kept alive per identity for ``api`` (more threads at once open and close their own)
 _PR_SET_PDEATHSIG = 1
 
 
@@ -217,6 +219,7 @@ class RealControlPlane:
         self._ca: pki.CertificateAuthority | None = None
         self._lock = threading.Lock()
         self._paths: dict[str, str] = {}  # resource name -> API path prefix, from discovery
+        self._idle: dict[ApiAccess, list[http.client.HTTPSConnection]] = {}  # kept-alive connections, by identity
 
     # --- identities ------------------------------------------------------------------------------
 
@@ -408,6 +411,7 @@ class RealControlPlane:
         with self._lock:
             processes, self._processes = self._processes[::-1], []
             _LIVE.discard(self)
+        self._close_idle()
         for process in processes:
             if process.popen.poll() is None:
                 process.popen.send_signal(signal.SIGTERM)
@@ -548,18 +552,58 @@ class RealControlPlane:
         timeout: float = 10,
         access: ApiAccess | None = None,
     ) -> ApiResponse:
-        """One HTTPS request to the API as ``access`` (the admin by default); never raises on HTTP errors."""
+        """One HTTPS request to the API as ``access`` (the admin by default); never raises on HTTP errors.
+
+        Over a kept-alive connection of ``who``'s when one is idle: a new TLS connection per request cost 22 ms
+        (5.6 ms of it this process's CPU, the rest the server's handshake) against 5 ms, and the tests' waits poll.
+        """
         who = access or self.admin
-        url = self.url + path + ("?" + urllib.parse.urlencode(params) if params else "")
+        url = path + ("?" + urllib.parse.urlencode(params) if params else "")
         data = None if body is None else (body.encode() if isinstance(body, str) else json.dumps(body).encode())
         headers = {"Content-Type": content_type, "Accept": "application/json", **who.headers()}
-        request = urllib.request.Request(url, data=data, method=method, headers=headers)
+        with self._lock:
+            idle = self._idle.get(who)
+            connection = idle.pop() if idle else None
+        reused = connection is not None
+        if connection is None:
+            connection = self._connect(who, timeout)
+        connection.timeout = timeout
+        if connection.sock is not None:
+            connection.sock.settimeout(timeout)
         try:
-            with urllib.request.urlopen(request, timeout=timeout, context=who.ssl_context()) as response:
-                return ApiResponse(response.status, _json(response.read()), dict(response.headers))
-        except urllib.error.HTTPError as e:
-            with e:
-                return ApiResponse(e.code, _json(e.read()), dict(e.headers))
+            connection.request(method, url, body=data, headers=headers)
+            response = connection.getresponse()
+            status, payload, response_headers = response.status, response.read(), dict(response.headers)
+        except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+            connection.close()
+            if not reused:
+                raise
+            # The server closed a connection that sat idle (before reading this request): send it once more.
+            return self.api(
+                method, path, body, content_type=content_type, params=params, timeout=timeout, access=access
+            )
+        except BaseException:
+            connection.close()
+            raise
+        with self._lock:
+            idle = self._idle.setdefault(who, [])
+            if response.will_close or len(idle) >= IDLE_CONNECTIONS:
+                connection.close()
+            else:
+                idle.append(connection)
+        return ApiResponse(status, _json(payload), response_headers)
+
+    def _connect(self, who: ApiAccess, timeout: float) -> http.client.HTTPSConnection:
+        address = urllib.parse.urlsplit(self.url)  # as before: the plane's URL, whoever asks
+        return http.client.HTTPSConnection(
+            address.hostname or "127.0.0.1", address.port, context=who.ssl_context(), timeout=timeout
+        )
+
+    def _close_idle(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, {}
+        for connection in (c for connections in idle.values() for c in connections):
+            connection.close()
 
     def create_namespace(self, name: str, labels: Mapping[str, str] | None = None, timeout: float = 30) -> None:
         """Create a namespace and wait for its ``default`` ServiceAccount (the controller's, a moment later)."""

@@ -9,21 +9,23 @@ every wholly free page of every heap back to the system. ``Wakeups`` calls it (t
 burst of at least ``BURST`` reconciles has drained and ``SETTLE_SECONDS`` passed without a new one.
 
 Python's own small-object allocator (pymalloc) keeps its 1 MiB arenas until each is entirely free, which a
-long-lived object allocated between short-lived ones prevents: ``malloc_trim`` cannot return those. The
-chart runs the operator with ``PYTHONMALLOC=malloc`` (every object from glibc's heap, so a free page is a
-free page) and ``MALLOC_ARENA_MAX=2`` (the health server's thread gets no heap of its own to keep).
+long-lived object allocated between short-lived ones prevents: ``malloc_trim`` cannot return those, so the
+first pass should touch little in the first place (``io/handlers.py``'s Memory). ``PYTHONMALLOC=malloc``
+(every object from glibc's heap, so that a free page is a free page) was measured and is not used: 142 MB
+after the trim against pymalloc's 133 MB at 3,192 runs (bench/REPORT.md).
 
-What it costs: one full ``gc.collect()`` (about 0.1-0.3 s of the loop at 10,000 runs) and the trim, once per
+What it costs: one full ``gc.collect()`` (0.65 s of the loop at 3,192 runs on a loaded machine) and the trim, once per
 burst. Not available (musl, macOS): only the collection runs.
 
-``dump`` (``debugMemorySignal``, off by default) writes the process's RSS, Python's allocated blocks, the
-objects by type and, when ``tracemalloc`` traces (``PYTHONTRACEMALLOC=25`` in the environment), the top
-allocation sites by traceback: the bench's split of live objects against the allocator's retained pages.
+``dump`` (``debug_memory_signal``, off by default) writes the process's RSS, what glibc's heap and pymalloc's
+arenas hold against what their live blocks use (the allocators' retained pages), the objects by type and,
+when ``tracemalloc`` traces (``PYTHONTRACEMALLOC=25`` in the environment), the top allocation sites.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import ctypes
 import gc
@@ -31,6 +33,7 @@ import logging
 import os
 import signal
 import sys
+import tempfile
 import time
 import tracemalloc
 from collections import Counter
@@ -121,10 +124,46 @@ class Releaser:
             self._timer = None
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks")
+    ] + [("keepcost", ctypes.c_size_t)]
+
+
+def heap_lines() -> list[str]:
+    """glibc's heap (mallinfo2: in use vs kept free) and pymalloc's arenas (in blocks vs kept free)."""
+    lines: list[str] = []
+    with contextlib.suppress(OSError, AttributeError):
+        mallinfo2 = ctypes.CDLL(None).mallinfo2
+        mallinfo2.restype = _MallInfo2
+        info = mallinfo2()
+        lines.append(
+            f"glibc_heap_mb {info.arena / 2**20:.1f} in_use_mb {info.uordblks / 2**20:.1f}"
+            f" free_mb {info.fordblks / 2**20:.1f} mmapped_mb {info.hblkhd / 2**20:.1f}"
+        )
+    # pymalloc's summary goes to the C stderr: caught in a file for the few lines that say arenas vs blocks.
+    with tempfile.TemporaryFile("w+") as caught:
+        saved = os.dup(2)
+        try:
+            os.dup2(caught.fileno(), 2)
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        caught.seek(0)
+        lines += [f"pymalloc {line}" for line in caught.read().splitlines() if line.startswith(PYMALLOC_SUMMARY)]
+    return lines
+
+
+PYMALLOC_SUMMARY = ("# arenas allocated current", "# arenas highwater", "# bytes in allocated", "# bytes in available")
+
+
 def dump(path: Path, *, top: int = 40) -> None:
-    """Write where the memory is to ``path`` (the module docstring): RSS, objects by type, tracemalloc's top."""
+    """Write where the memory is to ``path`` (the module docstring): RSS, the allocators' split (in use vs
+    kept), objects by type, tracemalloc's top sites."""
     gc.collect()
-    lines = [f"rss_mb {rss_mb():.1f}", f"allocated_blocks {sys.getallocatedblocks()}"]
+    lines = [f"rss_mb {rss_mb():.1f}", f"allocated_blocks {sys.getallocatedblocks()}", *heap_lines()]
     if tracemalloc.is_tracing():
         snapshot = tracemalloc.take_snapshot()
         traced, peak = tracemalloc.get_traced_memory()
