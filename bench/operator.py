@@ -36,14 +36,18 @@ operator process and a private PostgreSQL database:
    held Running on ``QUIET_NODE`` as in phase 1, ``active`` of them ticking with real runners for the
    status lag. At each size: ``start_reconciled_s`` (a new leader's start to every run reconciled, from
    its ``agentrun_operator_runs_reconciled`` gauge), then over ``scale_window`` seconds the requests,
-   queries and CPU per run and the RSS, then ``status_lag_p95_s``, then ``restart_reconciled_s``
+   queries and CPU per run and the RSS (``rss_peak_mb``: its high-water mark, VmHWM), then
+   ``status_lag_p95_s``, then ``restart_reconciled_s``
    (SIGTERM to the leader to every run reconciled by its successor) and the failover: a standby beside
    the leader, the leader SIGKILLed, ``failover_leading_s`` (until the standby leads: the Lease,
    ``failover_lease_s``, must expire first) and ``failover_reconciled_s`` (until it reconciled every run).
    These operators use the default Lease (15 s), not the setup's 60 s.
 
 ``--baseline REV`` measures the operator of git revision REV the same way (a
-worktree; its runner code too) and stores it as ``before``. Results are merged
+worktree; its runner code too) and stores it as ``before`` (with ``--scale-only``: phase 4, server by server
+right after this tree's, as ``scale_before``). ``--operator-env KEY=VALUE`` sets a variable in every operator
+(an allocator setting); ``--memory-dump DIR`` writes the leader's memory dump at each size of phase 4
+(``agentrun_operator.io.memory.dump``: RSS, the allocators' live vs kept, objects by type). Results are merged
 into ``bench/results/latest.json`` under ``operator``: ``figures`` and ``before``
 hold one set of figures per server (the runtime benchmark's keys are kept).
 ``--quick`` (the smoke in tests/cluster) runs a few runs of each.
@@ -426,9 +430,10 @@ def proc_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def proc_rss_mb(pid: int) -> float:
+def proc_rss_mb(pid: int, field: str = "VmRSS") -> float:
+    """The process's resident memory now (``VmHWM``: its peak so far), MB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
     return 0.0
 
@@ -914,6 +919,7 @@ def _at_scale(
         leader = start_operator(source, kubeconfig, workdir, identity=f"bench-{size}-b", lease=lease)
         figures["restart_reconciled_s"] = _all_reconciled(leader, runs, began)
         figures["rss_mb_after_restart"] = proc_rss_mb(leader.proc.pid)
+        figures["rss_peak_mb_after_restart"] = proc_rss_mb(leader.proc.pid, "VmHWM")
         standby = start_operator(source, kubeconfig, workdir, identity=f"bench-{size}-c", lease=lease)
         try:
             wait(lambda: (standby.role() or "").strip() == "standby", timeout=60, what="standby", operator=standby)
@@ -984,7 +990,7 @@ def _scale_window(
     xacts0, cpu0, t0 = asyncio.run(_xacts(dsn)), proc_cpu_seconds(pid), time.monotonic()
     time.sleep(p.scale_window)
     xacts1, cpu1, t1 = asyncio.run(_xacts(dsn)), proc_cpu_seconds(pid), time.monotonic()
-    rss = proc_rss_mb(pid)
+    rss, peak = proc_rss_mb(pid), proc_rss_mb(pid, "VmHWM")
     time.sleep(0.5)  # the audit log's last lines
     elapsed = t1 - t0
     seen = count(t0, t1)
@@ -994,6 +1000,7 @@ def _scale_window(
         "db_queries_per_run_per_s": max(0, xacts1 - xacts0 - 2) / runs / elapsed,
         "cpu_percent": 100.0 * (cpu1 - cpu0) / elapsed,
         "rss_mb": rss,
+        "rss_peak_mb": peak,  # the first pass's high-water mark: what the memory limit must hold
         "runs": float(runs),
         "window_s": elapsed,
     }
