@@ -1,9 +1,10 @@
 """Run a chain of pure nodes on PostgreSQL or SQLite in this process; ``test_pure_ahead_crash``'s child.
 
     python -m tests.postgres.drive_pure STORE THREAD_ID PROBE [--start] [--preempt-after NODE]
+        [--redis URL --redis-prefix P]
 
-``STORE`` is a PostgreSQL DSN or ``sqlite:PATH``. ``--start`` starts a turn
-(items empty); without it the thread's unfinished run resumes. Each node
+``STORE`` is a PostgreSQL DSN (with ``--redis``: behind the Redis hot cache) or ``sqlite:PATH``.
+``--start`` starts a turn (items empty); without it the thread's unfinished run resumes. Each node
 ``n<i>`` is declared ``agentrun.ahead.pure`` and appends ``i`` to the
 ``items`` channel; it also appends its name to ``PROBE`` (a test probe, the
 one impurity: it counts how often each node was computed, ahead or not).
@@ -26,6 +27,7 @@ from typing import Annotated, Any, TypedDict
 from agentrun import END, START, RunPreempted, StateGraph
 from agentrun.ahead import pure
 from agentrun.checkpoint import Checkpointer
+from agentrun.checkpoint.cached import CachedStore
 from agentrun.checkpoint.postgres import PgCheckpointer
 from agentrun.checkpoint.sqlite import SqliteCheckpointer
 from agentrun.engine import CompiledGraph, Preemption
@@ -59,14 +61,15 @@ def graph(store: Checkpointer, probe: str) -> CompiledGraph:
     return builder.compile(store)
 
 
-def open_store(spec: str) -> Checkpointer:
+def open_store(spec: str, *, redis: str | None = None, redis_prefix: str = "agentrun") -> Checkpointer:
     if spec.startswith("sqlite:"):
         return SqliteCheckpointer(spec.removeprefix("sqlite:"))
-    return PgCheckpointer(spec)
+    store = PgCheckpointer(spec)
+    return store if redis is None else CachedStore(store, redis_url=redis, redis_prefix=redis_prefix)
 
 
 async def drive(args: argparse.Namespace) -> int:
-    store = open_store(args.store)
+    store = open_store(args.store, redis=args.redis, redis_prefix=args.redis_prefix)
     await store.setup()
     preemption = Preemption()
     app = graph(store, args.probe)
@@ -95,6 +98,8 @@ def main() -> int:
     parser.add_argument("probe")
     parser.add_argument("--start", action="store_true")
     parser.add_argument("--preempt-after")
+    parser.add_argument("--redis")
+    parser.add_argument("--redis-prefix", default="agentrun")
     return asyncio.run(drive(parser.parse_args()))
 
 

@@ -1,6 +1,7 @@
 """Pure nodes computed ahead (``agentrun.ahead``): nothing of step N+1 escapes before step N is durable.
 
-The child (``tests.postgres.drive_pure``) runs a chain of pure nodes ``n0..n7`` on PostgreSQL or SQLite;
+The child (``tests.postgres.drive_pure``) runs a chain of pure nodes ``n0..n7`` on PostgreSQL (alone and
+behind the Redis hot cache) or SQLite;
 each node also appends its name to a probe file, so the test counts how often each was computed. Guarantees:
 
 - SIGKILLed at ``ahead_of_checkpoint:n3`` (n3's update computed while n2's checkpoint write is in flight):
@@ -17,24 +18,42 @@ import signal
 import subprocess
 import sys
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from agentrun.checkpoint import Checkpointer
 from agentrun.checkpoint.base import Checkpoint
 from tests.conftest import ROOT
+from tests.postgres.conftest import redis_url
 from tests.postgres.drive_pure import NODES, open_store
 
 THREAD = "default/pure-ahead"
 REFERENCE = list(range(NODES))  # what an uninterrupted run ends with
 
 
+@dataclass(frozen=True)
+class Store:
+    """Where the child runs: a PostgreSQL DSN or ``sqlite:PATH``, with Redis (the hot cache) or not."""
+
+    spec: str
+    redis: str | None = None
+    prefix: str = "agentrun"
+
+    def args(self) -> list[str]:
+        return [] if self.redis is None else ["--redis", self.redis, "--redis-prefix", self.prefix]
+
+    def open(self) -> Checkpointer:
+        return open_store(self.spec, redis=self.redis, redis_prefix=self.prefix)
+
+
 def run_child(
-    env: dict[str, str], store: str, probe: Path, *args: str, fault: str | None = None
+    env: dict[str, str], store: Store, probe: Path, *args: str, fault: str | None = None
 ) -> tuple[int, str, str]:
     child_env = dict(env, AGENTRUN_FAULT_POINT=fault) if fault else env
     done = subprocess.run(
-        [sys.executable, "-m", "tests.postgres.drive_pure", store, THREAD, str(probe), *args],
+        [sys.executable, "-m", "tests.postgres.drive_pure", store.spec, THREAD, str(probe), *store.args(), *args],
         env=child_env,
         cwd=ROOT,
         capture_output=True,
@@ -52,8 +71,8 @@ def computed(probe: Path) -> Counter[str]:
     return Counter(probe.read_text().split()) if probe.exists() else Counter()
 
 
-async def latest(store: str) -> Checkpoint:
-    checkpointer = open_store(store)
+async def latest(store: Store) -> Checkpoint:
+    checkpointer = store.open()
     await checkpointer.setup()
     try:
         checkpoint = await checkpointer.aget(THREAD)
@@ -63,7 +82,7 @@ async def latest(store: str) -> Checkpoint:
     return checkpoint
 
 
-async def resume_to_the_end(env: dict[str, str], store: str, probe: Path) -> list[str]:
+async def resume_to_the_end(env: dict[str, str], store: Store, probe: Path) -> list[str]:
     code, stdout, stderr = await asyncio.to_thread(run_child, env, store, probe)
     assert code == 0, f"the resume failed ({code}):\n{stdout}\n{stderr}"
     final = [line for line in stdout.splitlines() if line.startswith("FINAL ")]
@@ -73,13 +92,17 @@ async def resume_to_the_end(env: dict[str, str], store: str, probe: Path) -> lis
     return steps(stdout)
 
 
-@pytest.fixture(params=["postgres", "sqlite"])
-def store(request: pytest.FixtureRequest, pg_dsn: str, tmp_path: Path) -> str:
-    return pg_dsn if request.param == "postgres" else f"sqlite:{tmp_path / 'store.db'}"
+@pytest.fixture(params=["postgres", "cached", "sqlite"])
+def store(request: pytest.FixtureRequest, pg_dsn: str, tmp_path: Path) -> Store:
+    if request.param == "sqlite":
+        return Store(f"sqlite:{tmp_path / 'store.db'}")
+    if request.param == "cached":
+        return Store(pg_dsn, redis_url(), request.getfixturevalue("redis_prefix"))
+    return Store(pg_dsn)
 
 
 async def test_a_sigkill_with_the_next_step_computed_releases_nothing_of_it(
-    store: str, tmp_path: Path, subprocess_env: dict[str, str]
+    store: Store, tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:
     probe = tmp_path / "computed"
     code, stdout, stderr = await asyncio.to_thread(
@@ -106,7 +129,7 @@ async def test_a_sigkill_with_the_next_step_computed_releases_nothing_of_it(
 
 
 async def test_a_check_that_acts_before_the_node_drops_its_held_update(
-    store: str, tmp_path: Path, subprocess_env: dict[str, str]
+    store: Store, tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:
     probe = tmp_path / "computed"
     code, stdout, stderr = await asyncio.to_thread(
