@@ -15,6 +15,10 @@ without this module importing LangChain: a LangChain message is recognised
 only if ``langchain_core`` is already loaded, which it must be for such an
 object to exist. The other direction needs ``agentrun[langchain]``
 (``agentrun.integrations.langchain.to_langchain``).
+
+Messages read back from a store (``stored_messages``) are validated when
+first used, not when the thread is loaded: a node that reads the last
+message of a 10,000-message thread validates one message, not 10,000.
 """
 
 from __future__ import annotations
@@ -24,10 +28,14 @@ import functools
 import json
 import sys
 import uuid
+from collections import deque
 from collections.abc import Iterable, Sequence
+from itertools import repeat
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from .errors import StorageError
 
 Role = Literal["system", "user", "assistant", "tool"]
 
@@ -338,8 +346,127 @@ def add_messages(left: Sequence[Message], right: Any) -> list[Message]:
     return merged
 
 
+def copy_messages(messages: Sequence[Message]) -> list[Message]:
+    """A copy of ``messages`` for a run's state that takes their id index over when they carry one.
+
+    ``stored_messages`` builds the index from the store's id column; taking it over saves the first
+    ``add_messages`` a walk that reads every message's id. ``messages`` is left without an index (rebuilt if
+    reduced into again).
+    """
+    copied = MessageList(messages[:])
+    if isinstance(messages, MessageList) and messages._index is not None and messages._length == len(messages):
+        copied._index, copied._length = _take_index(messages), len(copied)
+    return copied
+
+
 def replaced_positions(before: Sequence[Message], after: Sequence[Message]) -> list[int] | None:
     """Positions of ``before`` that ``add_messages`` replaced to make ``after``; ``None`` if unknown."""
     if isinstance(after, MessageList) and after._base is not None and after._base is before:
         return after._replaced
     return None
+
+
+# -- messages read back from a store ---------------------------------------------------------------------------
+#
+# A thread's history is loaded for every call on it, and most nodes read only its end: validating 10,000 stored
+# messages costs more than the rest of a 50-step invoke (issue 34 item 3). So each stored message is validated
+# when it is first used. The list stays a plain ``list`` of ``Message`` objects, which is what C code reads
+# (``json``'s encoder, pydantic-core, ``==`` of lists, SDKs): a lazy *list* cannot be one, since C code reads a
+# list's items without calling any method of it. What is deferred is each message's content: a
+# ``_StoredMessage`` is a ``Message`` holding only its id (from the store's id column) and its stored form, and
+# the first access to anything else validates it and turns it into an ordinary ``Message`` in place (same
+# object, ``type()`` becomes ``Message``), so it is validated once wherever it is shared.
+#
+# Until then the pair (id, stored form) sits in pydantic's ``__pydantic_private__`` slot (``Message`` has no
+# private attributes; validation sets the slot to what pydantic puts there): a slot set from C for the whole
+# list, about half the cost of an instance dict per message, and the message's ``__dict__`` never holds
+# anything but its fields.
+#
+# What changes: a stored message the schema rejects (written by hand, or by another version of agentrun) no
+# longer fails the load; it raises ``StorageError`` naming it where it is first read, in the node or the engine
+# (``turn_result`` reads the newest assistant message), which fails the run there as loudly. A message no one
+# reads is never rewritten (a checkpoint writes only new and replaced messages), so it stays as it was stored.
+
+_new = object.__new__
+_set = object.__setattr__
+_get = object.__getattribute__
+_STORED = BaseModel.__dict__["__pydantic_private__"]  # the slot's descriptor: .__get__(m) / .__set__(m, v)
+_STATE_SLOTS = ("__pydantic_fields_set__", "__pydantic_extra__")
+
+
+class _StoredMessage(Message):
+    """A message as read from a store, validated (and made a plain ``Message``) on first use; see above."""
+
+    model_config = ConfigDict(defer_build=True)  # never validated as itself: no schema built at import
+
+    def __getattribute__(self, name: str) -> Any:
+        # Every attribute, pydantic's own included (``__dict__`` for model_dump and pydantic-core's serializer,
+        # ``__eq__``'s reads, ``__reduce_ex__`` for pickle): whatever reads the message sees it validated.
+        # Only its id (the reducer's index reads it) and its class are answered without.
+        if name == "id":
+            stored = _STORED.__get__(self)
+            if type(stored) is tuple:
+                return stored[0]
+        elif name != "__class__":
+            _validate_stored(self)
+        return _get(self, name)
+
+    # ``copy.copy`` and ``deepcopy`` look these up on the class and build ``type(self)``: validate first so
+    # that the copy is a plain ``Message``.
+    def __copy__(self) -> Any:  # a Message, not Self
+        _validate_stored(self)
+        return self.__copy__()
+
+    def __deepcopy__(self, memo: dict[int, Any] | None = None) -> Any:
+        _validate_stored(self)
+        return self.__deepcopy__(memo)
+
+
+def _validate_stored(message: Message) -> None:
+    """Validate a ``_StoredMessage`` from its stored form and make it a plain ``Message`` in place.
+
+    Raises ``StorageError`` when the stored form is not a valid message, or its id is not the one the store's
+    id column gave (the reducer's index was built from those); the message then stays unvalidated and raises
+    again on its next use.
+    """
+    stored = _STORED.__get__(message)
+    if type(stored) is tuple:  # else another thread validated it meanwhile (a sync node's worker thread)
+        mid, body = stored
+        try:
+            valid = Message.model_validate_json(body) if isinstance(body, str) else Message.model_validate(body)
+        except ValidationError as e:
+            raise StorageError(f"stored message {mid!r} is not a valid message: {e}") from None
+        if valid.id != mid:
+            raise StorageError(f"stored message {mid!r} holds the id {valid.id!r}: the row is inconsistent")
+        _set(message, "__dict__", _get(valid, "__dict__"))
+        for slot in _STATE_SLOTS:
+            _set(message, slot, _get(valid, slot))
+        _STORED.__set__(message, _STORED.__get__(valid))
+    # The class last: a thread reading the message meanwhile validates it too, or finds the fields in place,
+    # never a plain ``Message`` without them.
+    _set(message, "__class__", Message)
+
+
+def stored_text(message: Message) -> str | None:
+    """The JSON text a store gave for ``message``, if it is still unvalidated (``stored_messages``); else ``None``.
+
+    For copying a loaded thread elsewhere (the Redis cache's fill) without validating every message.
+    """
+    if type(message) is not _StoredMessage:
+        return None
+    stored = _STORED.__get__(message)
+    return stored[1] if type(stored) is tuple and isinstance(stored[1], str) else None
+
+
+def stored_messages(ids: Sequence[str | None], bodies: Sequence[str | dict[str, Any]]) -> MessageList:
+    """A thread's messages read back from a store, each validated when first used (``StorageError`` if invalid).
+
+    ``ids[i]`` is the id the store recorded beside ``bodies[i]``, the message's stored form: its JSON text, or
+    the JSON value itself (the memory store). The list carries the id index ``add_messages`` takes over, so the
+    first step reads no message either.
+    """
+    messages = MessageList(map(_new, repeat(_StoredMessage, len(bodies))))
+    deque(map(_STORED.__set__, messages, zip(ids, bodies, strict=True)), maxlen=0)  # from C: no loop in Python
+    messages._index = {mid: i for i, mid in enumerate(ids) if mid is not None}
+    messages._length = len(messages)
+    return messages

@@ -22,7 +22,7 @@ from .config import RunConfig
 from .context import RunLogger, ToolCounts
 from .errors import FencedError, NodeError, RunPreempted, RunStopped, StaleStateError
 from .interrupts import Interrupt
-from .messages import Message, replaced_positions
+from .messages import Message, copy_messages, replaced_positions
 from .metrics import CHECKPOINT_SECONDS, FENCED, INTERRUPTS, STALE_STATE, STOPS
 from .result import final_result
 from .state import MESSAGES, StateSchema
@@ -62,7 +62,7 @@ class Run:
         """The run as ``checkpoint`` left it, everything in it durable."""
         state = dict(checkpoint.values)
         if MESSAGES in schema.reducers:
-            state[MESSAGES] = list(checkpoint.messages)
+            state[MESSAGES] = copy_messages(checkpoint.messages)  # with the store's id index
         meta = dict(checkpoint.meta)
         meta.pop(GRAPH_META, None)  # the opening checkpoint's alone (agentrun.structure): not carried on each step
         counts = ToolCounts.from_meta(meta)

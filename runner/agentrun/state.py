@@ -132,7 +132,9 @@ def node_input(state: dict[str, Any]) -> dict[str, Any]:
     """
     copied = snapshot_fields(state)
     if MESSAGES in state:
-        copied[MESSAGES] = list(state[MESSAGES])
+        messages = state[MESSAGES]
+        # A slice copies a list's pointers at once; list() of a MessageList walks it as an iterable.
+        copied[MESSAGES] = messages[:] if isinstance(messages, list) else list(messages)
     return copied
 
 

@@ -40,7 +40,7 @@ from redis.exceptions import RedisError
 from typing_extensions import override
 
 from ..errors import StaleStateError, StorageError
-from ..messages import Message
+from ..messages import Message, stored_text
 from .base import (
     Checkpoint,
     Checkpointer,
@@ -61,6 +61,9 @@ from .redis_stops import RedisStops
 
 
 def _body(message: Message) -> str:
+    # A message loaded from ``inner`` and not read since: its stored text, not validated for the copy.
+    if (text := stored_text(message)) is not None:
+        return text
     return json.dumps(message.to_json(), allow_nan=False, separators=(",", ":"), ensure_ascii=False)
 
 

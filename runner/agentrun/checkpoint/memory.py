@@ -17,7 +17,7 @@ from typing import Any
 from typing_extensions import override
 
 from ..errors import StaleStateError, StorageError
-from ..messages import Message
+from ..messages import stored_messages
 from .base import (
     Checkpoint,
     Checkpointer,
@@ -92,11 +92,13 @@ class InMemoryCheckpointer(Checkpointer):
         if thread is None or thread.state is None:
             return None
         s = _roundtrip(thread.state)
+        stored = thread.messages[: s["message_count"]]
         return Checkpoint(
             thread_id=thread_id,
             version=thread.version,
             values=s["values"],
-            messages=[Message.from_json(m) for m in thread.messages[: s["message_count"]]],
+            # Validated when first used, as the other stores' (``messages.stored_messages``).
+            messages=stored_messages([m.get("id") for m in stored], stored),
             current_node=s["current_node"],
             step=s["step"],
             status=s["status"],

@@ -18,7 +18,7 @@ from typing_extensions import override
 
 from ..errors import FencedError, StaleStateError, StorageError
 from ..faults import armed, fault_point
-from ..messages import Message
+from ..messages import stored_messages
 from .base import (
     PAUSED_SUFFIX,
     PROGRESS_META,
@@ -68,7 +68,9 @@ _LATEST = """
                                                                       AND l.version
     ORDER BY s.version
 """
-_MESSAGES = "SELECT body FROM messages WHERE thread_id = $1 AND idx < $2 ORDER BY idx"
+# The id column beside each body: the reducer's index of a loaded thread, without validating a message
+# (``messages.stored_messages``: each is validated when first used).
+_MESSAGES = "SELECT message_id, body FROM messages WHERE thread_id = $1 AND idx < $2 ORDER BY idx"
 # ``executed_since``: the results recorded after the latest checkpoint (``context.executed_since``, the same
 # rule the runner applies when it resumes): a call counts as executed once it is recorded, not only at its
 # step's checkpoint, and one whose process died before that checkpoint still counts. A scan of the thread's
@@ -153,12 +155,12 @@ class PgState(PgConnection):
         if not rows:
             return None
         row = rows[-1]
-        bodies = [r["body"] for r in await conn.fetch(_MESSAGES, thread_id, row["message_count"])]
+        stored = await conn.fetch(_MESSAGES, thread_id, row["message_count"])
         return Checkpoint(
             thread_id=thread_id,
             version=int(row["version"]),
             values=_fold(thread_id, rows),
-            messages=Message.many_from_json_texts(bodies),
+            messages=stored_messages([r[0] for r in stored], [r[1] for r in stored]),
             current_node=row["current_node"],
             step=row["step"],
             status=row["status"],

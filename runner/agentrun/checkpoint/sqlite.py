@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 from typing_extensions import override
 
 from ..errors import StaleStateError, StorageError
-from ..messages import Message
+from ..messages import stored_messages
 from .base import (
     Checkpoint,
     Checkpointer,
@@ -374,8 +374,11 @@ class SqliteCheckpointer(Checkpointer):
                 if row is None:
                     return None
                 version, node, step, status, values, meta, count, created = row
-                bodies = conn.execute(
-                    "SELECT body FROM messages WHERE thread_id = ? AND idx < ? ORDER BY idx", (thread_id, count)
+                # The id column too: the reducer's index without validating a message (each is validated
+                # when first used: ``messages.stored_messages``).
+                stored = conn.execute(
+                    "SELECT message_id, body FROM messages WHERE thread_id = ? AND idx < ? ORDER BY idx",
+                    (thread_id, count),
                 ).fetchall()
             finally:
                 conn.execute("COMMIT")
@@ -383,7 +386,7 @@ class SqliteCheckpointer(Checkpointer):
                 thread_id=thread_id,
                 version=version,
                 values=json.loads(values),
-                messages=Message.many_from_json_texts([b for (b,) in bodies]),
+                messages=stored_messages([i for i, _ in stored], [b for _, b in stored]),
                 current_node=node,
                 step=step,
                 status=status,
