@@ -24,8 +24,8 @@ and transactions are also counted on the wire (``bench.counting``; psycopg's
 cannot be), and this process's CPU per unit (which load does not inflate as
 much as wall time). Each side goes first in turn; the ratio (theirs / ours)
 is taken within each round and its median reported, with the load average.
-Prints a Markdown table, writes ``bench/results/langgraph_saver.json`` and
-merges it into ``bench/results/latest.json`` under ``langgraph_saver``.
+Prints a Markdown table, writes ``langgraph_saver.json`` beside ``--out``
+(``bench/results/latest.json``) and merges it into that file under ``langgraph_saver``.
 ``--profile WORKLOAD`` runs ours under pyinstrument instead and prints where
 the time goes.
 """
@@ -333,7 +333,7 @@ def run() -> None:
     report = asyncio.run(measure(p))
     print(f"\nLangGraph on AgentrunSaver vs AsyncPostgresSaver, durability=sync, {p.rounds} alternating rounds\n")
     print(table(report))
-    (RESULTS / "langgraph_saver.json").write_text(json.dumps(report, indent=2) + "\n")
+    (args.out.parent / "langgraph_saver.json").write_text(json.dumps(report, indent=2) + "\n")
     merge(args.out, report)
 
 
