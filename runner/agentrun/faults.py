@@ -29,6 +29,10 @@ would crash every replay in turn until ``maxRestarts`` (the fault campaign,
                            detail is that next node's name
 - ``in_checkpoint_txn``    (PostgreSQL) state row and messages inserted, transaction not
                            committed; the detail is the version being written
+- ``after_lg_writes_held`` (LangGraph, ``AgentrunSaver``) a task's pending writes held for the
+                           checkpoint after them, not stored; the detail is the task's node
+- ``after_lg_step_commit`` (LangGraph) a checkpoint and the held writes of its parent's tasks
+                           committed in one statement; the detail is those tasks' nodes
 """
 
 from __future__ import annotations
