@@ -114,6 +114,7 @@ CHUNK = 100
 LEASE_SECONDS = "60"
 SCALE_BASE = 1000
 ASKER = "agentrun_dev.graphs:asker"
+SEED_ATTEMPTS = 5  # per seeded run: the API server under 16 parallel creates may drop a connection
 SEED_WORKERS = 16  # parallel creates while seeding (the API server is the bottleneck, not the driver)
 WAITING = "waiting"  # the label value (bench=...) of the scale phase's runs waiting for approval
 # The environment of every operator this bench starts besides its settings (``--operator-env KEY=VALUE``: an
@@ -857,10 +858,21 @@ def _seed_waiting(cluster: Server, dsn: str, indexes: range) -> None:
     path = "/apis/agentrun.dev/v1alpha1/namespaces/default/agentruns"
 
     def create(name: str) -> str:
-        created = _api(cluster, "POST", path, run(name, graph=ASKER, labels={"bench": WAITING}))
-        patch = {"status": waiting_status(name, started)}
-        _api(cluster, "PATCH", f"{path}/{name}/status", patch, "application/merge-patch+json")
-        return str(created["metadata"]["uid"])
+        for attempt in range(SEED_ATTEMPTS):
+            try:
+                # A retry finds the run if the dropped request had created it.
+                created = (cluster.get("agentruns", name, "default") if attempt else None) or _api(
+                    cluster, "POST", path, run(name, graph=ASKER, labels={"bench": WAITING})
+                )
+                patch = {"status": waiting_status(name, started)}
+                _api(cluster, "PATCH", f"{path}/{name}/status", patch, "application/merge-patch+json")
+                return str(created["metadata"]["uid"])
+            except OSError as e:  # a connection the loaded API server dropped (seen: SSL EOF at 9,000 creates)
+                if attempt + 1 == SEED_ATTEMPTS:
+                    raise
+                print(f"  seeding {name}: {e!r}; retrying", flush=True)
+                time.sleep(1.0 + attempt)
+        raise AssertionError("unreachable")
 
     with ThreadPoolExecutor(max_workers=SEED_WORKERS) as pool:
         uids = list(pool.map(create, names))
