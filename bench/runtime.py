@@ -80,19 +80,27 @@ async def agentrun_run(app: Any, input: Any, thread: str, *, counter: Any = None
     """One agentrun run: per-step ms from its step events (every ``every``-th), and wire counts between them."""
     stamps: list[float] = []
     counts: list[tuple[int, int]] = []
+    cpu: list[float] = []  # this process's CPU at each stamp: the client's share, whatever the disk does
     seen = 0
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     async for event in app.astream(input, {"thread_id": thread}):
         if event.kind != "step":
             continue
         if seen % every == 0:
             stamps.append(time.perf_counter())
+            cpu.append(time.process_time())
             if counter is not None:
                 counts.append(counter.snapshot())
         seen += 1
     # The whole invoke: opening the run (loading the thread) and its end included.
     invoke_ms = (time.perf_counter() - started) * 1000.0
-    out: dict[str, Any] = {"ms": per_step(stamps), "steps": len(stamps) - 1, "invoke_ms": invoke_ms}
+    out: dict[str, Any] = {
+        "ms": per_step(stamps),
+        "steps": len(stamps) - 1,
+        "invoke_ms": invoke_ms,
+        "cpu_ms": per_step(cpu),
+        "invoke_cpu_ms": (time.process_time() - cpu_started) * 1000.0,
+    }
     if counter is not None:
         steps = len(counts) - 1
         out["round_trips"] = (counts[-1][0] - counts[0][0]) / steps
@@ -247,7 +255,7 @@ def agentrun_msg_job(history: int, *, whole: bool = False) -> Callable[[Params],
         from .graphs import agentrun_msg
 
         counter = Counter()
-        samples, trips, txns = [], [], []
+        samples, trips, txns, cpu = [], [], [], []
         async with agentrun_store("postgres", counter) as store:
             app = agentrun_msg(store, p.nodes)
             await agentrun_run(app, {"messages": [user("hi")]}, f"warm-{uuid.uuid4().hex}")
@@ -256,9 +264,10 @@ def agentrun_msg_job(history: int, *, whole: bool = False) -> Callable[[Params],
                 await seed_history(store, thread, history)
                 out = await agentrun_run(app, {"messages": [user("next")]}, thread, counter=counter)
                 samples.append(out["invoke_ms"] if whole else out["ms"])
+                cpu.append(out["invoke_cpu_ms"] if whole else out["cpu_ms"])
                 trips.append(out["round_trips"])
                 txns.append(out["transactions"])
-        return {"samples": samples, "round_trips_per_step": trips, "transactions_per_step": txns}
+        return {"samples": samples, "cpu_samples": cpu, "round_trips_per_step": trips, "transactions_per_step": txns}
 
     return job
 
@@ -681,6 +690,8 @@ def build_report(
         samples = [s for r in results for s in r["samples"]]
         entry: dict[str, Any] = {"samples": samples, **summarize(samples)}
         entry["round_medians"] = [statistics.median(r["samples"]) for r in results]
+        if cpu := [s for r in results for s in r.get("cpu_samples", [])]:
+            entry["cpu_ms"] = statistics.median(cpu)  # the client process's CPU, same unit as the samples
         for extra in (
             "round_trips_per_step",
             "transactions_per_step",
@@ -701,13 +712,12 @@ def build_report(
     if "langgraph_step_ms_msg_h1000" in figures:
         figures["langgraph_step_ms_long_history"] = figures["langgraph_step_ms_msg_h1000"]
 
-    def ratio(a: str, b: str) -> dict[str, Any] | None:
-        """Median over rounds of a/b taken within each round."""
-        if a not in raw or b not in raw:
+    def ratio(a: str, b: str, samples: str = "samples") -> dict[str, Any] | None:
+        """Median over rounds of a/b taken within each round (of ``samples``: wall, or ``cpu_samples``)."""
+        if a not in raw or b not in raw or any(samples not in r for r in raw[a] + raw[b]):
             return None
         per_round = [
-            statistics.median(x["samples"]) / statistics.median(y["samples"])
-            for x, y in zip(raw[a], raw[b], strict=False)
+            statistics.median(x[samples]) / statistics.median(y[samples]) for x, y in zip(raw[a], raw[b], strict=False)
         ]
         return {"median": statistics.median(per_round), "per_round": per_round}
 
@@ -731,6 +741,16 @@ def build_report(
         for name in baseline_names:
             pairs[f"before_over_after:{name}"] = (f"baseline:{name}", name)
     ratios = {k: v for k, (a, b) in pairs.items() if (v := ratio(a, b)) is not None}
+    # The client's CPU alone (the message jobs' ``cpu_samples``): what a long thread adds in this process, which
+    # a busy disk's commit latency hides in the wall-clock ratios.
+    cpu_pairs = {
+        "agentrun_invoke_cpu_h10000_over_h0": ("agentrun_invoke_ms_msg_h10000", "agentrun_invoke_ms_msg_h0"),
+        "agentrun_step_cpu_h10000_over_h0": ("agentrun_step_ms_msg_h10000", "agentrun_step_ms_msg_h0"),
+    }
+    if baseline:
+        for name in baseline_names:
+            cpu_pairs[f"before_over_after_cpu:{name}"] = (f"baseline:{name}", name)
+    ratios |= {k: v for k, (a, b) in cpu_pairs.items() if (v := ratio(a, b, "cpu_samples")) is not None}
     return {"figures": figures, "ratios": ratios}
 
 
