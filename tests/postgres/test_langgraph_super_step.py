@@ -11,10 +11,10 @@ Guarantees protected (issue 34 item 1), counted on a real PostgreSQL:
 - a task's writes are never lost to the hold when no checkpoint follows:
   held past the window they are stored on their own, and special writes
   (an interrupt) are stored before ``aput_writes`` returns;
-- ``LedgerToolNode``'s parallel calls cost what our own tool node's do: one
-  ledger lookup statement, one intent claim statement for the side-effect
-  calls (no intent read per call), and one commit for the results that
-  finish together (``checkpoint.group``).
+- ``LedgerToolNode``'s parallel calls cost one statement before they start
+  (every call's ledger lookup and the side-effect calls' intent claims; no
+  intent read per call) and one commit for the results that finish together
+  (``checkpoint.group``).
 """
 
 from __future__ import annotations
@@ -213,13 +213,15 @@ async def test_a_tool_iteration_looks_up_claims_and_records_once_per_message(
         return sum(fragment in q for q in measured)
 
     per_message = {
-        "ledger lookups": count("tool_call_id = ANY"),
+        "lookups with claims": count("WITH found AS"),
         "intent claims": count("agentrun_claim_intents"),
         "result commits": count("agentrun_put_tool_results"),
     }
     assert per_message == dict.fromkeys(per_message, 3), (
         f"three messages of three parallel calls each took {per_message}: one statement of each per message expected"
     )
+    alone = count("tool_call_id = ANY") + count("tool_call_id = $2") - per_message["lookups with claims"]
+    assert alone == 0, f"{alone} ledger lookups outside the message's one statement"
     assert count("FROM tool_intents WHERE") == 0, "an intent was read call by call"
     assert count("agentrun_put_tool_row") == 0, "a result was recorded alone"
     checkpoints, _ = await _commits(pg_dsn, thread)

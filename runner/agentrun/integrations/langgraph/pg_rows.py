@@ -33,9 +33,11 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 from typing_extensions import override
 
+from agentrun.checkpoint.base import Intent, LedgerEntry
+from agentrun.checkpoint.pg_connection import _loads
 from agentrun.checkpoint.postgres import PgCheckpointer, _fence_txn, _tool_row_outcome
 
-from .rows import BlobRow, CheckpointRow, Fence, Loaded, Query, RowStore, WriteRow
+from .rows import BlobRow, CheckpointRow, Claim, Fence, Loaded, Prefetched, Query, RowStore, WriteRow
 
 if TYPE_CHECKING:
     from agentrun.checkpoint.pg_schema import Connection
@@ -57,6 +59,28 @@ _PUT_STEP = """
     SELECT o_outcome, o_owner_run_uid, o_owner_attempt
     FROM agentrun_lg_put_step($1, $2, $3, $4, $5, $6, $7, $8, $9::json, $10, $11, $12, $13, $14, $15, $16,
                               $17, $18, $19, $20, $21, $22, $23)
+"""
+# A message's ledger work before its calls start, in one round trip (LedgerToolNode's prefetch): the entries of
+# every key (and of the side-effect keys' pause markers), and the intents of the side-effect calls that have no
+# entry claimed by migration 17's agentrun_claim_intents (fenced; the recorded intent, or this one recorded). A
+# key with an entry is not claimed: that call is a replay, it never starts (as when looked up, then claimed).
+_LOOKUP_CLAIM = """
+    WITH found AS (
+        SELECT e.tool_call_id, e.tool_name, COALESCE(e.result_text, e.result::text) AS result,
+               extract(epoch FROM e.created_at)::float8 AS created_at
+        FROM tool_executions e WHERE e.thread_id = $1 AND e.tool_call_id = ANY($2::text[])
+    ), wanted AS (
+        SELECT c.key, c.tool, c.idem, c.digest, c.ord
+        FROM unnest($3::text[], $4::text[], $5::text[], $6::text[]) WITH ORDINALITY AS c (key, tool, idem, digest, ord)
+        WHERE NOT EXISTS (SELECT 1 FROM found f WHERE f.tool_call_id = c.key)
+    )
+    SELECT (SELECT COALESCE(json_agg(json_build_array(f.tool_call_id, f.tool_name, f.result, f.created_at)), '[]')
+            FROM found f)::text AS found,
+           ARRAY(SELECT w.key FROM wanted w ORDER BY w.ord) AS claimed_keys, i.*
+    FROM agentrun_claim_intents(
+        $1, ARRAY(SELECT w.key FROM wanted w ORDER BY w.ord), ARRAY(SELECT w.tool FROM wanted w ORDER BY w.ord),
+        ARRAY(SELECT w.idem FROM wanted w ORDER BY w.ord), ARRAY(SELECT w.digest FROM wanted w ORDER BY w.ord),
+        $7, $8) AS i
 """
 _PUT_WRITES = """
     SELECT o_outcome, o_owner_run_uid, o_owner_attempt
@@ -285,6 +309,55 @@ class PgRows(RowStore):
             [w.value for w in writes],
             [w.task_path for w in writes],
         )
+
+    async def lookup_and_claim(
+        self, thread_id: str, keys: Sequence[str], claims: Sequence[Claim], *, fence: Fence
+    ) -> Prefetched:
+        """``keys``' ledger entries, and the intents of ``claims`` whose key has no entry, in one statement.
+
+        Per claimed key the intent recorded before (the call is in doubt) or ``None`` (recorded now), as
+        ``intent_claim`` answers. Raises ``FencedError`` for a superseded writer (nothing claimed).
+        """
+        tries = 0
+
+        async def once() -> Prefetched:
+            nonlocal tries
+            tries += 1
+            async with self.store._connection() as conn:
+                row = await conn.fetchrow(
+                    _LOOKUP_CLAIM,
+                    thread_id,
+                    list(keys),
+                    [c.key for c in claims],
+                    [c.tool_name for c in claims],
+                    [c.idempotency_key for c in claims],
+                    [c.args_digest for c in claims],
+                    fence.attempt,
+                    fence.run_uid,
+                )
+            _tool_row_outcome(thread_id, row, attempt=fence.attempt, run_uid=fence.run_uid)
+            assert row is not None
+            entries = {
+                key: LedgerEntry(key, tool, _loads(text), float(at), text=text)
+                for key, tool, text, at in json.loads(row["found"])
+            }
+            claimed: dict[str, Intent | None] = {}
+            fields = zip(
+                row["claimed_keys"],
+                row["o_rows"],
+                row["o_tool_names"],
+                row["o_idempotency_keys"],
+                row["o_started_at"],
+                row["o_args_digests"],
+                strict=True,
+            )
+            for key, outcome, tool, idem, at, digest in fields:
+                # Recorded now, or a retry finding its own first try: this start is the first.
+                first = outcome == "inserted" or (outcome == "own" and tries > 1)
+                claimed[key] = None if first else Intent(key, str(tool), idem, float(at or 0.0), digest)
+            return Prefetched(keys=frozenset(keys), entries=entries, claimed=claimed)
+
+        return await self.store._call("ledger lookup and intent claim", once)
 
     @override
     async def get(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None) -> Loaded | None:

@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from agentrun.checkpoint.base import Intent, LedgerEntry
+
 # Each backend's row store by the store's ``backend`` name, as "module:class" (loaded on first use: a PostgreSQL
 # runner never imports sqlite3, nor a SQLite one asyncpg). A new backend with LangGraph tables adds its line here.
 ROW_STORES: dict[str, str] = {
@@ -93,6 +95,29 @@ class Query:
     checkpoint_id: str | None = None
     # Only checkpoints older than this id (uuid6 ids sort in time order).
     before: str | None = None
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A side-effect call's start to record (``intent_claim``'s arguments)."""
+
+    key: str
+    tool_name: str
+    idempotency_key: str | None
+    args_digest: str | None
+
+
+@dataclass(frozen=True)
+class Prefetched:
+    """A message's ledger entries and intent claims, read and made before its calls start (``lookup_and_claim``).
+
+    ``keys``: every key looked up (absent from ``entries``: no entry); ``claimed``: per claimed key the
+    intent recorded before, or ``None`` when this start was recorded now.
+    """
+
+    keys: frozenset[str]
+    entries: dict[str, LedgerEntry]
+    claimed: dict[str, Intent | None]
 
 
 class RowStore(Protocol):

@@ -25,9 +25,11 @@ Per call, around LangGraph's own execution (``awrap_tool_call``):
    error message to the model, not run; ``"interrupt"``, the default: LangGraph
    ``interrupt()`` for a human, who resumes with ``"retry"`` or a result).
    The lookup of an earlier intent and the record of this one (fenced, before
-   the tool starts) are one statement (``intent_claim``); the lookups and the
-   claims of a message's parallel calls each share one round trip, as in our
-   own tool node;
+   the tool starts) are one statement (``intent_claim``). On PostgreSQL the
+   message's ledger lookups and its side-effect calls' claims are ONE
+   statement before any call starts (``_prefetch``), so the tools start, and
+   finish, together; elsewhere the lookups and the claims of parallel calls
+   each share a round trip, as in our own tool node;
 3. the tool runs under its deadline (``timeouts=``, default
    ``tool_timeout``); the tool reads the call's stable idempotency key with
    ``current_idempotency_key()`` (LangGraph strips caller-supplied
@@ -73,7 +75,7 @@ from langgraph.runtime import Runtime
 from langgraph.types import Command, interrupt
 
 from agentrun import blocking
-from agentrun.checkpoint.base import PAUSED_SUFFIX, Checkpointer, LedgerRow
+from agentrun.checkpoint.base import PAUSED_SUFFIX, Checkpointer, Intent, LedgerEntry, LedgerRow
 from agentrun.checkpoint.group import LedgerGroup
 from agentrun.context import ToolCounts
 from agentrun.errors import (
@@ -97,7 +99,7 @@ from agentrun.ledger import (
     ledger_key,
 )
 
-from .rows import Fence
+from .rows import Claim, Fence, Prefetched
 from .saver import AgentrunSaver
 
 log = logging.getLogger("agentrun.integrations.langgraph")
@@ -116,6 +118,9 @@ _fatal: contextvars.ContextVar[list[BaseException] | None] = contextvars.Context
 # The group commit of the current node execution's parallel calls (``LedgerToolNode._ledger_group``): each call
 # runs in a task of its own with a copy of the node's context, so every sibling sees the one group.
 _group: contextvars.ContextVar[LedgerGroup | None] = contextvars.ContextVar("agentrun_lg_group", default=None)
+# The current node execution's ledger entries and intent claims, made in one statement before its calls start
+# (``LedgerToolNode._prefetch``); a key it does not hold (an edited call's) goes to the store as before.
+_prefetched: contextvars.ContextVar[Prefetched | None] = contextvars.ContextVar("agentrun_lg_prefetch", default=None)
 
 # The idempotency key of the call being executed (``current_idempotency_key``). LangGraph's ToolNode strips
 # every InjectedToolArg a caller supplies (so a model cannot forge one), so the key travels in a context
@@ -267,9 +272,17 @@ class _Ledger:
         digest = args_digest(call.get("args") or {})
         return _Call(request, saver.store, saver.fence, thread_id, key, idem, name, call_id or "", digest)
 
+    @staticmethod
+    async def _entry(call: _Call, key: str) -> LedgerEntry | None:
+        """The ledger entry of ``key``: from the message's prefetch when it looked the key up, else the store."""
+        prefetched = _prefetched.get()
+        if prefetched is not None and key in prefetched.keys:
+            return prefetched.entries.get(key)
+        return await call.store.ledger_get(call.thread_id, key)
+
     async def _lookup(self, call: _Call) -> ToolMessage | None:
         try:
-            entry = await call.store.ledger_get(call.thread_id, call.key)
+            entry = await self._entry(call, call.key)
         except StoreUnavailableError:
             raise
         except Exception as e:
@@ -306,6 +319,9 @@ class _Ledger:
         """
         if call.name not in self.side_effects:
             return False
+        prefetched = _prefetched.get()
+        if prefetched is not None and call.key in prefetched.claimed:
+            return await self._in_doubt(call, prefetched.claimed[call.key])
         fence = call.fence
         try:
             intent = await call.store.intent_claim(
@@ -336,13 +352,17 @@ class _Ledger:
                 args_digest=call.digest,
             )
             return False
+        return await self._in_doubt(call, intent)
+
+    async def _in_doubt(self, call: _Call, intent: Intent | None) -> bool:
+        """Whether the intent a claim found (``None``: recorded now) leaves the call in doubt."""
         if intent is None:
             return False  # recorded now: the first start
         check_arguments(
             intent.args_digest, call.digest, key=call.key, tool_name=call.name, edited=call.edited, what="intent"
         )
         try:
-            paused = await call.store.ledger_get(call.thread_id, call.key + PAUSED) is not None
+            paused = await self._entry(call, call.key + PAUSED) is not None
         except StoreUnavailableError:
             raise
         except Exception as e:
@@ -644,6 +664,45 @@ class LedgerToolNode(ToolNode):
             saver.store, thread_id, siblings=calls, window=window, attempt=fence.attempt, run_uid=fence.run_uid
         )
 
+    async def _prefetch(self, input: Any, config: RunnableConfig) -> Prefetched | None:
+        """The message's lookups, and its side-effect calls' intent claims, in one round trip before they start.
+
+        What each call would do first on its own (``_lookup``, then ``_claim``), for all of them at once, so
+        every tool starts (and finishes) together: one statement instead of a lookup and then a claim. ``None``
+        (each call goes to the store itself) without side-effect calls, on a store without it (SQLite), for
+        repeated call ids, or when it failed for a reason other than fencing or an outage.
+        """
+        configurable = config.get("configurable") or {}
+        saver = configurable.get(_CHECKPOINTER_KEY)
+        lookup_and_claim = getattr(saver.rows, "lookup_and_claim", None) if isinstance(saver, AgentrunSaver) else None
+        if saver is None or lookup_and_claim is None:
+            return None
+        try:
+            calls = self._parse_input(input)[0]
+        except Exception:  # ToolNode reports bad input itself
+            return None
+        thread_id = str(configurable.get("thread_id"))
+        keys: list[str] = []
+        claims: list[Claim] = []
+        for c in calls:
+            key = ledger_key(_origin_id(input, c.get("id") or "", self.ledger.messages_key), c.get("id"))
+            if key is None:
+                continue
+            keys.append(key)
+            if c["name"] in self.ledger.side_effects and c["name"] in self.tools_by_name:
+                keys.append(key + PAUSED)
+                claims.append(Claim(key, c["name"], idempotency_key(thread_id, key), args_digest(c.get("args") or {})))
+        if not claims or len(set(keys)) != len(keys):
+            return None
+        try:
+            prefetched: Prefetched = await lookup_and_claim(thread_id, keys, claims, fence=saver.fence)
+        except (FencedError, StoreUnavailableError):
+            raise
+        except Exception as e:
+            log.warning("ledger lookup and intent claim of the message failed (%s); each call asks on its own", e)
+            return None
+        return prefetched
+
     def _func(self, input: Any, config: RunnableConfig, runtime: Runtime[Any]) -> Any:
         fatal: list[BaseException] = []
         token = _fatal.set(fatal)
@@ -660,7 +719,11 @@ class LedgerToolNode(ToolNode):
         token = _fatal.set(fatal)
         grouped = _group.set(self._ledger_group(input, config))
         try:
-            result = await super()._afunc(input, config, runtime)
+            fetched = _prefetched.set(await self._prefetch(input, config))
+            try:
+                result = await super()._afunc(input, config, runtime)
+            finally:
+                _prefetched.reset(fetched)
         finally:
             _group.reset(grouped)
             _fatal.reset(token)
