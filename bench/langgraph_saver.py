@@ -333,6 +333,7 @@ def run() -> None:
     report = asyncio.run(measure(p))
     print(f"\nLangGraph on AgentrunSaver vs AsyncPostgresSaver, durability=sync, {p.rounds} alternating rounds\n")
     print(table(report))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     (args.out.parent / "langgraph_saver.json").write_text(json.dumps(report, indent=2) + "\n")
     merge(args.out, report)
 
