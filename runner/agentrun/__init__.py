@@ -15,6 +15,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .ahead import pure
     from .checkpoint import (
         CachedStore,
         Checkpointer,
@@ -90,6 +91,7 @@ if TYPE_CHECKING:
 # that needs one corner of the package (the operator and ``kubectl agentrun`` read ``agentrun.contract``) does
 # not pay for the engine, the messages' pydantic models and the stores (about 0.3 s of CPU per process).
 _EXPORTS: dict[str, str] = {
+    "pure": ".ahead",
     "Checkpointer": ".checkpoint",
     "ControlStore": ".checkpoint",
     "InMemoryCheckpointer": ".checkpoint",
@@ -198,6 +200,7 @@ __all__ = [
     "assistant",
     "interrupt",
     "open_store",
+    "pure",
     "system",
     "tool",
     "tool_message",
