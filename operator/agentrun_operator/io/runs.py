@@ -25,7 +25,7 @@ from . import metrics
 PodName = tuple[str, str]  # (namespace, pod)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)  # one per run: no __dict__ each (10,000 runs)
 class RunRecord:
     """What the operator keeps of one run between its events (``Runs.forget`` drops it whole)."""
 
