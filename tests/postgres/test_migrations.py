@@ -60,12 +60,14 @@ def legacy_rows(version: int) -> list[str]:
     """Rows a live system at schema ``version`` would hold (raw SQL of that version)."""
     rows: list[str] = []
     if version >= 1:
-        message = json.dumps(user("from the old schema").to_json())
+        old_message = user("from the old schema")
+        message = json.dumps(old_message.to_json())
         rows += [
             "INSERT INTO threads (thread_id) VALUES ('old')",
             "INSERT INTO states (thread_id, version, current_node, step, status, state_values, meta, message_count) "
             "VALUES ('old', 1, 'tools', 1, 'running', '{\"n\": 1}', '{}', 1)",
-            f"INSERT INTO messages (thread_id, idx, message_id, body, version) VALUES ('old', 0, 'm', '{message}', 1)",
+            "INSERT INTO messages (thread_id, idx, message_id, body, version) "
+            f"VALUES ('old', 0, '{old_message.id}', '{message}', 1)",
         ]
     if version >= 2:
         rows.append(
