@@ -4,9 +4,9 @@ Our own code gets it as a parameter (the engine hands it to a
 ``nodes.ContextNode`` such as the tool node, which passes it on to the
 ledger). User code has no such channel, so the engine also puts it in the
 ``current_run``/``current_scope`` context variables, where ``interrupt()``
-and the model adapter's logger find it. Each node runs in its own asyncio
-task, which copies the context at creation, so concurrent runs in one
-process never see each other's context.
+and the model adapter's logger find it. Each node runs in a context of its
+own (a copy taken by the supervisor: its task's, or its worker thread's for a
+sync node), so concurrent runs in one process never see each other's context.
 """
 
 from __future__ import annotations

@@ -23,8 +23,11 @@ running in the background until the process exits.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import inspect
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from .checkpoint.base import Checkpointer, StopWatch
 from .context import CallScope, RunContext, RunLogger, current_run, current_scope
@@ -33,6 +36,7 @@ from .heartbeat import Heartbeat
 from .metrics import NODE_TIMEOUTS
 from .nodes import Node
 from .state import node_input
+from .sync import start_sync
 
 # How long a cancelled node may take to unwind before the engine stops waiting for it.
 CANCEL_GRACE_SECONDS = 5.0
@@ -75,16 +79,12 @@ async def run_node(
     cancelled (or abandoned after the grace period).
     """
     cfg, log = ctx.config, ctx.log
-
-    async def body() -> Any:
-        # For user code only (interrupt(), the model adapter's logger); a ContextNode gets ctx as a parameter.
-        current_run.set(ctx)
-        current_scope.set(CallScope(name=node.name))
-        return await node.call(node_input(state), ctx)
-
-    task = asyncio.create_task(body(), name=f"agentrun:{cfg.thread_id}:{node.name}")
-    stops = stops or StopWatch()
     loop = asyncio.get_running_loop()
+    context = contextvars.copy_context()
+    # For user code only (interrupt(), the model adapter's logger); a ContextNode gets ctx as a parameter.
+    context.run(_enter, ctx, node.name)
+    task = _start(node, node_input(state), ctx, context, loop)
+    stops = stops or StopWatch()
     deadline = None if cfg.node_timeout is None else loop.time() + cfg.node_timeout
     # Armed once the node outlived its first wake (a fast node pays nothing for it): a notified stop
     # then wakes the supervisor at once instead of at its next wake.
@@ -95,6 +95,7 @@ async def run_node(
         log.info("node %s still running after %.0fs (step %d)%s", node.name, elapsed, ctx.step, until)
 
     heartbeat = Heartbeat(alive, loop, deadline)
+    task_of_sync = not isinstance(task, asyncio.Task)
     try:
         while True:
             wait = cfg.stop_poll_interval
@@ -104,7 +105,12 @@ async def run_node(
                 {task} if heard is None else {task, heard}, timeout=wait, return_when=asyncio.FIRST_COMPLETED
             )
             if task in done:
-                return task.result()
+                result = task.result()
+                if not (task_of_sync and inspect.isawaitable(result)):
+                    return result
+                # A sync function that returned an awaitable (a node's factory): awaited on the loop, supervised.
+                task, task_of_sync = loop.create_task(_awaited(result), context=context), False
+                continue
             if deadline is not None and loop.time() >= deadline:
                 await cancel(task, log)
                 NODE_TIMEOUTS.labels(node.name).inc()
@@ -136,11 +142,33 @@ async def run_node(
             await cancel(task, log)
 
 
-async def cancel(task: asyncio.Task[Any], log: RunLogger) -> None:
-    """Cancel ``task`` and wait up to ``CANCEL_GRACE_SECONDS`` for it to unwind."""
+def _enter(ctx: RunContext, node: str) -> None:
+    current_run.set(ctx)
+    current_scope.set(CallScope(name=node))
+
+
+def _start(
+    node: Node, state: dict[str, Any], ctx: RunContext, context: contextvars.Context, loop: asyncio.AbstractEventLoop
+) -> asyncio.Future[Any]:
+    """The node's call started in ``context``: a plain sync function as the future of its worker thread (no task
+    around it: the supervisor awaits the thread's future directly), anything else as a task."""
+    if not (node.context_node or node.is_async):
+        fn = cast(Callable[..., Any], node.fn)
+        return start_sync(context, fn, *((state, ctx.config) if node.wants_config else (state,)))
+    return loop.create_task(node.call(state, ctx), name=f"agentrun:{ctx.config.thread_id}:{node.name}", context=context)
+
+
+async def _awaited(result: Awaitable[Any]) -> Any:
+    return await result
+
+
+async def cancel(task: asyncio.Future[Any], log: RunLogger) -> None:
+    """Cancel ``task`` (a node's task or its thread's future) and wait up to ``CANCEL_GRACE_SECONDS`` for it to
+    unwind (a thread's future is abandoned at once: the thread runs on until its call returns)."""
     task.cancel()
     done, _ = await asyncio.wait({task}, timeout=CANCEL_GRACE_SECONDS)
     if not done:
-        log.error("node task %s ignored cancellation for %.0fs; abandoning it", task.get_name(), CANCEL_GRACE_SECONDS)
+        name = task.get_name() if isinstance(task, asyncio.Task) else "?"
+        log.error("node task %s ignored cancellation for %.0fs; abandoning it", name, CANCEL_GRACE_SECONDS)
     elif not task.cancelled() and task.exception() is not None:
         log.debug("node task ended with %r while being cancelled", task.exception())

@@ -38,6 +38,8 @@ from .pg_schema import (
 from .pg_schema import transaction as in_transaction
 
 if TYPE_CHECKING:
+    from asyncpg.pool import PoolConnectionProxy
+
     from .pg_schema import Connection
 
 log = logging.getLogger("agentrun.checkpoint.postgres")  # one logger for the store, whichever module
@@ -112,6 +114,8 @@ _OUTAGE_GAP = 10.0
 _POOL_ONLY = frozenset(
     {"min_size", "max_size", "max_queries", "max_inactive_connection_lifetime", "setup", "init", "reset"}
 )
+# How long the spare connection stays out of the pool unused (``PgConnection._keep_spare``).
+SPARE_SECONDS = 1.0
 # How many threads' chains a store remembers (a delta needs its writer to remember the chain).
 _MAX_CHAINS = 10_000
 # The meta key of a checkpoint's write id (stripped when a checkpoint is read).
@@ -254,6 +258,12 @@ class PgConnection(Checkpointer):
     stop_sweep_interval: float
     _stop_listener: StopListener | None
     _progress: ProgressNotifier
+    # The connection kept out of the pool for the next call (``_keep_spare``); class defaults, so the
+    # constructor (``postgres``) need not know.
+    _spare: PoolConnectionProxy[asyncpg.Record] | None = None
+    _spare_uses = 0
+    _spare_timer: asyncio.TimerHandle | None = None
+    _releasing: asyncio.Future[None] | None = None  # the timer's release in flight (a reference keeps it alive)
 
     # -- plumbing ------------------------------------------------------------------------
 
@@ -381,21 +391,85 @@ class PgConnection(Checkpointer):
         return f"PostgreSQL store at {where}: {problem}; check the store Secret's postgresDsn"
 
     @contextlib.asynccontextmanager
-    async def _connection(self, *, txn: bool = False, snapshot: bool = False) -> AsyncIterator[Connection]:
+    async def _connection(
+        self, *, txn: bool = False, snapshot: bool = False, raw: bool = False
+    ) -> AsyncIterator[Connection]:
         """A pooled connection for one call; in a transaction when asked, or always behind a transaction pooler.
 
         ``snapshot``: a read-only repeatable-read transaction (one snapshot for several reads). Behind a
         transaction pooler the transaction starts with the session's settings (``self._begin``); nothing
-        outlives it. Raises what asyncpg raises (``_call`` classifies it).
+        outlives it. ``raw``: never a transaction of ours (the statement brings its own). Raises what asyncpg
+        raises (``_call`` classifies it).
+
+        The connection comes from the store's spare when there is one (``_keep_spare``), else the pool.
         """
         pool = await self._get_pool()
-        async with pool.acquire() as conn:
-            if not (txn or snapshot or self.pooler):
+        conn = self._spare
+        self._spare = None
+        if conn is None or conn.is_closed():
+            if conn is not None:
+                await pool.release(conn)  # asyncpg ends a closed one and frees its slot
+            conn = await pool.acquire()
+        clean = False
+        try:
+            if raw or not (txn or snapshot or self.pooler):
                 yield conn
-                return
-            begin = self._begin.replace("BEGIN", _SNAPSHOT_BEGIN, 1) if snapshot else self._begin
-            async with in_transaction(conn, begin):
-                yield conn
+            else:
+                begin = self._begin.replace("BEGIN", _SNAPSHOT_BEGIN, 1) if snapshot else self._begin
+                async with in_transaction(conn, begin):
+                    yield conn
+            clean = True
+        finally:
+            if not (clean and self._keep_spare(conn)):
+                await pool.release(conn)
+
+    def _keep_spare(self, conn: PoolConnectionProxy[asyncpg.Record]) -> bool:
+        """Keep ``conn`` out of the pool for the next call, when it is clean and no other is kept.
+
+        Why: asyncpg's ``Pool.acquire`` and ``release`` are Python (a holder, a proxy, a future, a shielded
+        release task): about a tenth of a plain durable step's CPU. A run stepping back to back takes the
+        same connection from call to call instead; one that waits (a long node, a human) gives it back to
+        the pool after ``SPARE_SECONDS`` unused (a timer per interval, not per call), so the pool's own
+        care of idle connections (lifetime, expiry, close) applies. Only a connection that finished its
+        call without an error, outside a transaction and open is kept; at most one, so the pool's other
+        connections serve everything else (nothing here waits for the spare).
+        """
+        if self._spare is not None or self._pool is None or conn.is_in_transaction() or conn.is_closed():
+            return False
+        self._spare = conn
+        self._spare_uses += 1
+        if self._spare_timer is None:
+            self._spare_timer = asyncio.get_running_loop().call_later(SPARE_SECONDS, self._spare_idle, self._spare_uses)
+        return True
+
+    def _spare_idle(self, uses: int) -> None:
+        """The timer: give the spare back to the pool if nobody took it since the timer was armed."""
+        self._spare_timer = None
+        conn = self._spare
+        if conn is None:
+            return  # taken: the call that keeps it again arms the next timer
+        if self._spare_uses != uses:  # kept again meanwhile: look again one interval later
+            self._spare_timer = asyncio.get_running_loop().call_later(SPARE_SECONDS, self._spare_idle, self._spare_uses)
+            return
+        self._spare = None
+        self._releasing = asyncio.ensure_future(self._release(conn))
+
+    async def _release(self, conn: PoolConnectionProxy[asyncpg.Record]) -> None:
+        if self._pool is not None:
+            with contextlib.suppress(*_DB_ERRORS):
+                await self._pool.release(conn)
+
+    async def _drop_spare(self) -> None:
+        """Give the spare back (before the pool closes: ``Pool.close`` waits for every acquired connection)."""
+        if self._spare_timer is not None:
+            self._spare_timer.cancel()
+            self._spare_timer = None
+        conn, self._spare = self._spare, None
+        if conn is not None:
+            await self._release(conn)
+        if self._releasing is not None:
+            releasing, self._releasing = self._releasing, None
+            await asyncio.gather(releasing, return_exceptions=True)
 
     async def _write(self, op: str, txn: Callable[[Connection], Awaitable[T]]) -> T:
         """Run ``txn`` in one transaction, retried as ``_call`` says (``txn`` must be safe to run again)."""
@@ -434,6 +508,7 @@ class PgConnection(Checkpointer):
         if self._stop_listener is not None:
             listener, self._stop_listener = self._stop_listener, None
             await listener.aclose()
+        await self._drop_spare()
         if self._pool is not None:
             pool, self._pool = self._pool, None
             try:

@@ -256,9 +256,8 @@ class PgState(PgConnection):
         return commit
 
     async def _notify_progress(self, thread_id: str) -> None:
-        pool = await self._get_pool()
-        async with pool.acquire() as conn:
-            # Its own transaction in one simple query (no setting of the session needed): pooler or not.
+        # raw: its own transaction in one simple query (no setting of the session needed), pooler or not.
+        async with self._connection(raw=True) as conn:
             await conn.execute(notify_sql(thread_id))
 
     def _delta(self, chain: _Chain | None, write: CheckpointWrite, expected_version: int) -> str | None:
