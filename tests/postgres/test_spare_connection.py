@@ -1,0 +1,141 @@
+"""The PostgreSQL store's spare connection (``PgConnection._keep_spare``): what a run stepping back to back
+keeps out of the pool between calls, and when it goes back.
+
+What is protected: a plain run's checkpoints take the connection the call before them kept (counted per
+checkpoint call), not a pool round each; the spare goes back to the pool once unused for
+``SPARE_SECONDS`` and before the pool closes (no connection left acquired); a call that failed, or left a
+transaction open, never becomes the spare; a spare whose session the server ended is replaced and the
+next write still lands (the run goes on, every step committed once).
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Annotated, Any, TypedDict
+
+import pytest
+
+from agentrun import END, START, StateGraph
+from agentrun.checkpoint import pg_connection
+from agentrun.checkpoint.postgres import PgCheckpointer
+from agentrun.errors import StorageError
+
+from .helpers import fetch, fetchval, wait_until
+
+STEPS = 12
+
+
+class Chain(TypedDict, total=False):
+    items: Annotated[list[int], operator.add]
+
+
+def _append(i: int) -> Any:
+    """A sync node appending ``i`` (a closure: a default argument would read as the node's config parameter)."""
+
+    def node(state: dict[str, Any]) -> dict[str, Any]:
+        return {"items": [i]}
+
+    return node
+
+
+def chain(checkpointer: PgCheckpointer) -> Any:
+    graph = StateGraph(Chain)
+    for i in range(STEPS):
+        graph.add_node(f"n{i}", _append(i))
+        graph.add_edge(START if i == 0 else f"n{i - 1}", f"n{i}")
+    graph.add_edge(f"n{STEPS - 1}", END)
+    return graph.compile(checkpointer)
+
+
+class PidCounting(PgCheckpointer):
+    """Records the backend pid of the spare each checkpoint call finds (none: the call goes to the pool)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.pids: list[int] = []
+
+    async def _put_one_statement(self, *args: Any) -> Any:
+        spare = self._spare
+        if spare is not None:
+            self.pids.append(spare.get_server_pid())
+        return await super()._put_one_statement(*args)
+
+
+def idle(store: PgCheckpointer) -> int:
+    assert store._pool is not None
+    return store._pool.get_idle_size()
+
+
+async def test_a_run_keeps_one_connection_and_gives_it_back(pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pg_connection, "SPARE_SECONDS", 0.2)
+    store = PidCounting(pg_dsn, min_pool_size=2, max_pool_size=4)
+    await store.setup()
+    try:
+        values = await chain(store).ainvoke({"items": []}, {"configurable": {"thread_id": "spare"}})
+        assert values["items"] == list(range(STEPS))
+        # Every step's write found a connection kept by the call before it: no pool round per step (the
+        # opening write's progress notice may take the spare once, so one pool round is allowed).
+        assert len(store.pids) >= STEPS - 1, f"{len(store.pids)} of {STEPS + 1} writes found the spare"
+        rows = await fetch(pg_dsn, "SELECT step FROM states WHERE thread_id = $1 ORDER BY version", "spare")
+        assert [r["step"] for r in rows] == list(range(STEPS + 1)), "each step committed once, in order"
+        assert store._spare is not None, "the run's connection is kept for the next call"
+
+        async def given_back() -> bool:
+            return store._spare is None
+
+        await wait_until(given_back, within=10, what="the spare back in the pool")
+        assert idle(store) == store._pool.get_size()  # type: ignore[union-attr]
+    finally:
+        await store.aclose()
+
+
+async def test_the_pool_closes_with_a_spare_kept(pg_dsn: str) -> None:
+    store = PgCheckpointer(pg_dsn, min_pool_size=1, max_pool_size=2)
+    await store.setup()
+    await chain(store).ainvoke({"items": []}, {"configurable": {"thread_id": "close"}})
+    spare = store._spare
+    assert spare is not None
+    pid = spare.get_server_pid()
+    await store.aclose()
+    assert store._spare is None
+    # The pool closed the spare's session with the others: nothing of the store is left on the server.
+    gone = await fetchval(pg_dsn, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid)
+    assert gone == 0
+
+
+async def test_a_failed_call_is_not_kept(pg_dsn: str) -> None:
+    store = PgCheckpointer(pg_dsn, min_pool_size=1, max_pool_size=2)
+    await store.setup()
+    try:
+        with pytest.raises(StorageError):
+            await store._read("broken", lambda conn: conn.fetchval("SELECT no_such_column"))
+        assert store._spare is None, "a connection whose call failed went back to the pool"
+
+        async def left_open(conn: Any) -> None:
+            await conn.execute("BEGIN")
+
+        await store._read("left open", left_open)
+        assert store._spare is None, "a connection left in a transaction went back to the pool"
+        await store._read("clean", lambda conn: conn.fetchval("SELECT 1"))
+        assert store._spare is not None
+    finally:
+        await store.aclose()
+
+
+async def test_a_spare_the_server_ended_is_replaced(pg_dsn: str) -> None:
+    store = PgCheckpointer(pg_dsn, min_pool_size=1, max_pool_size=3)
+    await store.setup()
+    try:
+        app = chain(store)
+        config = {"configurable": {"thread_id": "ended"}}
+        await app.ainvoke({"items": []}, config)
+        spare = store._spare
+        assert spare is not None
+        ended = await fetchval(pg_dsn, "SELECT pg_terminate_backend($1)", spare.get_server_pid())
+        assert ended
+        values = await app.ainvoke({"items": [99]}, config)
+        assert values["items"] == [*range(STEPS), 99, *range(STEPS)]
+        rows = await fetch(pg_dsn, "SELECT version FROM states WHERE thread_id = $1 ORDER BY version", "ended")
+        assert [r["version"] for r in rows] == list(range(1, 2 * (STEPS + 1) + 1)), "every write once, in order"
+    finally:
+        await store.aclose()
