@@ -25,9 +25,9 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from .checkpoint.base import Checkpointer, StopWatch
 from .context import CallScope, RunContext, RunLogger, current_run, current_scope
@@ -37,6 +37,9 @@ from .metrics import NODE_TIMEOUTS
 from .nodes import Node
 from .state import node_input
 from .sync import start_sync
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 # How long a cancelled node may take to unwind before the engine stops waiting for it.
 CANCEL_GRACE_SECONDS = 5.0
@@ -153,7 +156,7 @@ def _start(
     """The node's call started in ``context``: a plain sync function as the future of its worker thread (no task
     around it: the supervisor awaits the thread's future directly), anything else as a task."""
     if not (node.context_node or node.is_async):
-        fn = cast(Callable[..., Any], node.fn)
+        fn = cast("Callable[..., Any]", node.fn)  # a string: no generic alias built per step
         return start_sync(context, fn, *((state, ctx.config) if node.wants_config else (state,)))
     return loop.create_task(node.call(state, ctx), name=f"agentrun:{ctx.config.thread_id}:{node.name}", context=context)
 
