@@ -53,7 +53,7 @@ async def test_an_indexed_run_keeps_its_metadata_in_kopfs_copy_and_its_view_pack
     original = copy.deepcopy(raw)
     body = kopf.Body(raw)  # type: ignore[arg-type]  # a dict as the watch decodes it
     threads = await Handlers.agentrun_threads(body=body)
-    bodies = await assemble(object(), OperatorSettings()).handlers.agentrun_bodies(body=body)  # type: ignore[arg-type]
+    bodies = await Handlers.agentrun_bodies(body=body)
     peer = threads[("shop", "order-1")]
     assert (peer.uid, peer.phase, peer.attempt) == ("u1", "Interrupted", 1), "the thread index read a released body"
     packed = bodies["u1"]
@@ -104,19 +104,6 @@ def test_our_written_status_is_kept_until_the_watch_delivers_it() -> None:
     echoed = PackedRun.of(agentrun(dict(ours))).unpack()
     assert parts.reconciler.status_of(echoed).attempt == 2
     assert record.written is None, "our write is kept beside the watch's equal copy: two copies of every status"
-
-
-async def test_the_echo_of_our_write_drops_our_copy_as_it_is_indexed() -> None:
-    parts = assemble(object(), OperatorSettings())  # type: ignore[arg-type]
-    record = parts.runs.record("u1")
-    ours = {"phase": "Running", "attempt": 2, "reason": "PodRunning"}
-    record.written = dict(ours)
-    await parts.handlers.agentrun_bodies(body=kopf.Body(agentrun()))  # type: ignore[arg-type]
-    assert record.written == ours, "an older watched status dropped our newer write"
-    await parts.handlers.agentrun_bodies(body=kopf.Body(agentrun(dict(ours))))  # type: ignore[arg-type]
-    assert record.written is None, (
-        "our write is kept until the run's next reconcile (600 s for one waiting for a human): two copies a run"
-    )
 
 
 @pytest.mark.looptime

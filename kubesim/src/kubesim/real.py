@@ -574,11 +574,12 @@ class RealControlPlane:
             connection.request(method, url, body=data, headers=headers)
             response = connection.getresponse()
             status, payload, response_headers = response.status, response.read(), dict(response.headers)
-        except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+        except (http.client.RemoteDisconnected, ConnectionError, ssl.SSLError):
             connection.close()
             if not reused:
                 raise
-            # The server closed a connection that sat idle (before reading this request): send it once more.
+            # The server closed a connection that sat idle (seen as a reset, an EOF or a TLS EOF on the next
+            # request): send it once more on a new one.
             return self.api(
                 method, path, body, content_type=content_type, params=params, timeout=timeout, access=access
             )

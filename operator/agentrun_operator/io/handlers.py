@@ -177,18 +177,16 @@ class Handlers:
         key = _thread_of(body)
         return {key: thread_peer(body)} if key is not None else {}
 
-    async def agentrun_bodies(self, body: kopf.Body, **_: Any) -> dict[str, PackedRun]:
+    @staticmethod
+    async def agentrun_bodies(body: kopf.Body, **_: Any) -> dict[str, PackedRun]:
         """kopf index: each run's view by uid, what a reconcile reads, packed; then kopf's copy is released.
 
-        The echo of our own last status patch drops the copy its answer left (``RunRecord.written``): from
-        now on the index's is as new, and a run waiting for a human keeps one copy of its status, not two.
+        Our own last status write (``RunRecord.written``) is not dropped here when its echo is indexed: a reconcile
+        already past this body (waiting for the run's lock with the older copy) would then decide on a status older
+        than the one it wrote (a stop grace restarted, a backoff lost). ``Reconciler.status_of`` drops it when a
+        reconcile reads the echo.
         """
         packed = PackedRun.of(body)
-        record = self.runs.get(packed.uid)
-        if record is not None and record.written is not None:
-            status = body.get("status")
-            if status is not None and dict(status) == record.written:
-                record.written = None
         release(body)  # registered after agentrun_threads: every index of runs has read it
         return {packed.uid: packed}
 
