@@ -235,22 +235,7 @@ class PgRows(RowStore):
             row.thread_id,
             fence,
             _PUT,
-            row.thread_id,
-            row.checkpoint_ns,
-            row.checkpoint_id,
-            row.parent_checkpoint_id,
-            row.type,
-            row.checkpoint,
-            row.metadata_type,
-            row.metadata,
-            json.dumps(row.channel_versions),
-            row.run_id,
-            fence.attempt,
-            fence.run_uid,
-            [b.channel for b in blobs],
-            [b.version for b in blobs],
-            [b.type for b in blobs],
-            [b.blob for b in blobs],
+            *_checkpoint_args(row, blobs, fence),
         )
 
     async def _put_step(
@@ -261,22 +246,7 @@ class PgRows(RowStore):
             row.thread_id,
             fence,
             _PUT_STEP,
-            row.thread_id,
-            row.checkpoint_ns,
-            row.checkpoint_id,
-            row.parent_checkpoint_id,
-            row.type,
-            row.checkpoint,
-            row.metadata_type,
-            row.metadata,
-            json.dumps(row.channel_versions),
-            row.run_id,
-            fence.attempt,
-            fence.run_uid,
-            [b.channel for b in blobs],
-            [b.version for b in blobs],
-            [b.type for b in blobs],
-            [b.blob for b in blobs],
+            *_checkpoint_args(row, blobs, fence),
             row.parent_checkpoint_id,
             [w.task_id for w in writes],
             [w.idx for w in writes],
@@ -428,3 +398,25 @@ class PgRows(RowStore):
 
         if thread_ids:
             await self.store._write("langgraph prune", txn)
+
+
+def _checkpoint_args(row: CheckpointRow, blobs: list[BlobRow], fence: Fence) -> tuple[Any, ...]:
+    """The checkpoint's and its blobs' parameters, in the order both fenced functions (migrations 14, 18) take them."""
+    return (
+        row.thread_id,
+        row.checkpoint_ns,
+        row.checkpoint_id,
+        row.parent_checkpoint_id,
+        row.type,
+        row.checkpoint,
+        row.metadata_type,
+        row.metadata,
+        json.dumps(row.channel_versions),
+        row.run_id,
+        fence.attempt,
+        fence.run_uid,
+        [b.channel for b in blobs],
+        [b.version for b in blobs],
+        [b.type for b in blobs],
+        [b.blob for b in blobs],
+    )
