@@ -87,7 +87,14 @@ async def test_a_listening_run_asks_the_store_only_when_a_stop_is_notified(pg_ds
             return bool(await listeners(pg_dsn))
 
         await wait_until(listening, what="the runner to LISTEN for stop requests")
-        await asyncio.sleep(0.3)  # the listener's first sweep has run
+
+        async def settled() -> bool:  # the listener's first sweep ran: no check for a whole second (a poll: 0.5 s)
+            seen = runner.checks
+            await asyncio.sleep(1)
+            return runner.checks == seen
+
+        # Not a fixed 0.3 s: on a loaded machine the first sweep came later, and a check before it was counted.
+        await wait_until(settled, what="the run to stop checking once its listener swept")
         before = runner.checks
         await asyncio.sleep(3)
         quiet = runner.checks - before
