@@ -372,6 +372,10 @@ class RealControlPlane:
                 "--shutdown-watch-termination-grace-period=1s",
                 *self.apiserver_args,
             )
+            self.write_kubeconfig(self.kubeconfig, self.admin)
+            # kube-controller-manager gives the server a fixed 10 s to be healthy, then exits: on a loaded
+            # machine the rbac/bootstrap-roles hook took longer (CI, stop 39). It starts once the server is ready.
+            self._wait_http("kube-apiserver", self.url + "/readyz", deadline, self.admin.ssl_context())
             kcm_kubeconfig = self.write_kubeconfig(
                 self.workdir / "controller-manager.kubeconfig",
                 ApiAccess(
@@ -394,8 +398,6 @@ class RealControlPlane:
                 "--profiling=false",
                 *self.controller_manager_args,
             )
-            self.write_kubeconfig(self.kubeconfig, self.admin)
-            self._wait_http("kube-apiserver", self.url + "/readyz", deadline, self.admin.ssl_context())
             insecure = ssl.create_default_context()
             insecure.check_hostname, insecure.verify_mode = False, ssl.CERT_NONE  # its own self-signed cert
             self._wait_http("kube-controller-manager", f"https://127.0.0.1:{kcm_port}/healthz", deadline, insecure)
