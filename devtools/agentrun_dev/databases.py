@@ -30,12 +30,23 @@ def with_database(dsn: str, database: str) -> str:
     return urlunsplit(parts._replace(path=f"/{database}"))
 
 
+PREFIX = "agentrun_t_"
+_swept = False
+
+
 async def create_database() -> str:
-    """A new empty database on the test server; returns its DSN."""
-    name = f"agentrun_t_{uuid.uuid4().hex[:12]}"
+    """A new empty database on the test server; returns its DSN. Its name carries this process's PID, so that
+    the first one created also sweeps what a killed test process left (see ``_orphans``)."""
+    global _swept
+    name = f"{PREFIX}{os.getpid()}_{uuid.uuid4().hex[:8]}"
     admin = await asyncpg.connect(postgres_dsn())
     try:
         await admin.execute(f'CREATE DATABASE "{name}"')
+        if not _swept:
+            _swept = True
+            rows = await admin.fetch("SELECT datname FROM pg_database WHERE datname LIKE $1", PREFIX + "%")
+            for orphan in _orphans([row["datname"] for row in rows]):
+                drop_database_later(with_database(postgres_dsn(), orphan))
     finally:
         await admin.close()
     return with_database(postgres_dsn(), name)
@@ -82,6 +93,29 @@ class _LaterDrops:
 
 
 _LATER = _LaterDrops()
+
+
+def _orphans(names: list[str]) -> list[str]:
+    """The throwaway databases whose creating process is gone: a test process killed (CI's time limit, Ctrl-C
+    twice) drains no queue. Only on a server on this machine, where the PIDs are ours to check."""
+    if urlsplit(postgres_dsn()).hostname not in ("127.0.0.1", "localhost", "::1"):
+        return []
+    gone = []
+    for name in names:
+        pid, named, _ = name.removeprefix(PREFIX).partition("_")  # an older name has no PID: left alone
+        if named and pid.isdigit() and not _alive(int(pid)):
+            gone.append(name)
+    return gone
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def drop_database_later(dsn: str) -> None:
