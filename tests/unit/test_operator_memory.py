@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
+import sys
 from typing import Any
 
 import kopf
 import pytest
 
 from agentrun_operator.decide.podspec import GROUP, PLURAL, VERSION
+from agentrun_operator.decide.status import AgentRunStatus
 from agentrun_operator.io.assemble import assemble
 from agentrun_operator.io.handlers import Handlers
 from agentrun_operator.io.memory import Releaser, dump, release
-from agentrun_operator.io.reconcile import PackedRun, run_view
+from agentrun_operator.io.reconcile import PackedRun, Pass, run_view, status_text
 from agentrun_operator.io.wakeups import Wakeups
 from agentrun_operator.settings import OperatorSettings
 
@@ -53,7 +56,7 @@ async def test_an_indexed_run_keeps_its_metadata_in_kopfs_copy_and_its_view_pack
     original = copy.deepcopy(raw)
     body = kopf.Body(raw)  # type: ignore[arg-type]  # a dict as the watch decodes it
     threads = await Handlers.agentrun_threads(body=body)
-    bodies = await Handlers.agentrun_bodies(body=body)
+    bodies = await assemble(object(), OperatorSettings()).handlers.agentrun_bodies(body=body)  # type: ignore[arg-type]
     peer = threads[("shop", "order-1")]
     assert (peer.uid, peer.phase, peer.attempt) == ("u1", "Interrupted", 1), "the thread index read a released body"
     packed = bodies["u1"]
@@ -96,14 +99,103 @@ def test_kopf_runs_the_releasing_index_of_runs_after_every_other_one() -> None:
 def test_our_written_status_is_kept_until_the_watch_delivers_it() -> None:
     parts = assemble(object(), OperatorSettings())  # type: ignore[arg-type]
     record = parts.runs.record("u1")
-    ours = {"phase": "Running", "attempt": 2, "reason": "PodRunning"}
-    record.written = dict(ours)
+    ours = {"reason": "PodRunning", "phase": "Running", "attempt": 2}  # the keys in another order than the watch's
+    record.written = status_text(ours)
     older = PackedRun.of(agentrun()).unpack()
     assert parts.reconciler.status_of(older).attempt == 2, "an older watched status replaced our own write"
-    assert record.written == ours, "our write was dropped before the watch delivered it"
-    echoed = PackedRun.of(agentrun(dict(ours))).unpack()
+    assert record.written == status_text(ours), "our write was dropped before the watch delivered it"
+    echoed = PackedRun.of(agentrun({"phase": "Running", "attempt": 2, "reason": "PodRunning"})).unpack()
     assert parts.reconciler.status_of(echoed).attempt == 2
     assert record.written is None, "our write is kept beside the watch's equal copy: two copies of every status"
+
+
+def test_our_written_status_is_kept_as_compact_text_not_decoded_dicts() -> None:
+    status = {
+        "phase": "Interrupted",
+        "attempt": 1,
+        "reason": "Interrupted",
+        "conditions": [{"type": t, "status": "True", "lastTransitionTime": "2026-12-06T06:00:00Z"} for t in "ABC"],
+        "attempts": [{"attempt": 1, "podName": "r1-1", "startTime": "2026-12-06T06:00:00Z"}],
+    }
+    text = status_text(status)
+    assert isinstance(text, str) and json.loads(text) == status
+    assert sys.getsizeof(text) * 3 < _deep_size(status), "the kept copy is not smaller than the decoded status"
+
+
+def _deep_size(value: Any) -> int:
+    if isinstance(value, dict):
+        return sys.getsizeof(value) + sum(_deep_size(k) + _deep_size(v) for k, v in value.items())
+    if isinstance(value, list):
+        return sys.getsizeof(value) + sum(_deep_size(v) for v in value)
+    return sys.getsizeof(value)
+
+
+def _indexes(packed: PackedRun) -> dict[str, Any]:
+    """What kopf hands the event handlers: the three indexes (a uid -> [view] mapping reads as kopf's)."""
+    return {"agentrun_threads": {}, "agentrun_bodies": {packed.uid: [packed]}, "agentrun_pods": {}}
+
+
+async def test_the_echo_of_our_write_drops_our_copy_once_kopf_stored_it_in_the_index() -> None:
+    parts = assemble(object(), OperatorSettings())  # type: ignore[arg-type]
+    record = parts.runs.record("u1")
+    record.handled = (2, False)  # its generation was reconciled: the echo queues nothing
+    ours = {"phase": "Running", "attempt": 2, "reason": "PodRunning"}
+    record.written = status_text(ours)
+    older = agentrun()
+    await parts.handlers.agentrun_bodies(body=kopf.Body(copy.deepcopy(older)))  # type: ignore[arg-type]
+    await parts.handlers.on_run(body=kopf.Body(older), type="MODIFIED", **_indexes(PackedRun.of(older)))  # type: ignore[arg-type]
+    assert record.written == status_text(ours), "an older watched status dropped our newer write"
+    echo = agentrun(dict(ours))
+    await parts.handlers.agentrun_bodies(body=kopf.Body(copy.deepcopy(echo)))  # type: ignore[arg-type]
+    assert record.written == status_text(ours), "dropped before kopf stored the echo: a reconcile would miss both"
+    await parts.handlers.on_run(body=kopf.Body(echo), type="MODIFIED", **_indexes(PackedRun.of(echo)))  # type: ignore[arg-type]
+    assert record.written is None and record.echo is None, (
+        "our write is kept until the run's next reconcile (600 s for one waiting for a human): two copies a run"
+    )
+
+
+async def test_a_newer_write_made_before_the_echo_is_handled_is_kept() -> None:
+    parts = assemble(object(), OperatorSettings())  # type: ignore[arg-type]
+    record = parts.runs.record("u1")
+    record.handled = (2, False)
+    ours = {"phase": "Running", "attempt": 2, "reason": "PodRunning"}
+    record.written = status_text(ours)
+    echo = agentrun(dict(ours))
+    await parts.handlers.agentrun_bodies(body=kopf.Body(copy.deepcopy(echo)))  # type: ignore[arg-type]
+    record.written = status_text(ours)  # a reconcile wrote again (the same status) before the event's handler ran
+    await parts.handlers.on_run(body=kopf.Body(echo), type="MODIFIED", **_indexes(PackedRun.of(echo)))  # type: ignore[arg-type]
+    assert record.written == status_text(ours), "a write newer than the indexed echo was dropped"
+
+
+async def test_a_reconcile_queued_with_an_older_body_decides_on_our_write_after_its_echo_dropped_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The race of 8039a43: a reconcile waits for the run's lock holding the body from before our write; the
+    write's echo is indexed and our copy dropped meanwhile. It must decide on the written status, not the older."""
+    parts = assemble(object(), OperatorSettings())  # type: ignore[arg-type]
+    decided: list[int | None] = []
+
+    async def spy(run: dict[str, Any], record: Any, status: AgentRunStatus, peers: Any) -> Pass:
+        decided.append(status.attempt)  # what the verdict would be taken on
+        return Pass(status)
+
+    monkeypatch.setattr(parts.reconciler, "_reconcile", spy)
+    record = parts.runs.record("u1")
+    record.handled = (2, False)
+    ours = {"phase": "Running", "attempt": 2, "reason": "PodRunning"}
+    older, echo = PackedRun.of(agentrun()), PackedRun.of(agentrun(dict(ours)))
+    index = {"u1": [older]}
+    await record.lock.acquire()  # a reconcile of the run is under way: it writes ``ours``
+    queued = asyncio.create_task(parts.reconciler.reconcile(older, latest=lambda: index["u1"][0]))
+    await asyncio.sleep(0.01)
+    record.written = status_text(ours)
+    index["u1"] = [echo]  # kopf indexes the echo of that write, then calls the run's event handler
+    await parts.handlers.agentrun_bodies(body=kopf.Body(agentrun(dict(ours))))  # type: ignore[arg-type]
+    await parts.handlers.on_run(body=kopf.Body(agentrun(dict(ours))), type="MODIFIED", **_indexes(echo))  # type: ignore[arg-type]
+    assert record.written is None
+    record.lock.release()
+    await queued
+    assert decided == [2], f"the queued reconcile decided on a status older than our own write: attempt {decided}"
 
 
 @pytest.mark.looptime

@@ -49,7 +49,7 @@ from ..decide.reasons import TERMINAL
 from ..decide.thread import ThreadPeer
 from ..settings import OperatorSettings
 from .caches import PodKey
-from .reconcile import PackedRun, Reconciler, controller_uid, thread_peer
+from .reconcile import PackedRun, Reconciler, controller_uid, status_text, thread_peer
 from .runs import Runs
 from .wakeups import Wakeups
 
@@ -67,6 +67,11 @@ RELEASED_METADATA = ("managedFields", "annotations")
 def _thread_of(body: Mapping[str, Any]) -> ThreadKey | None:
     thread = (body.get("spec") or {}).get("threadId")
     return (str(body["metadata"]["namespace"]), str(thread)) if thread else None
+
+
+def _latest(bodies: Bodies, uid: str) -> PackedRun | None:
+    """The index's copy of run ``uid`` now (None: deleted)."""
+    return next(iter(bodies.get(uid, ())), None)
 
 
 def release(body: kopf.Body) -> None:
@@ -177,16 +182,18 @@ class Handlers:
         key = _thread_of(body)
         return {key: thread_peer(body)} if key is not None else {}
 
-    @staticmethod
-    async def agentrun_bodies(body: kopf.Body, **_: Any) -> dict[str, PackedRun]:
+    async def agentrun_bodies(self, body: kopf.Body, **_: Any) -> dict[str, PackedRun]:
         """kopf index: each run's view by uid, what a reconcile reads, packed; then kopf's copy is released.
 
-        Our own last status write (``RunRecord.written``) is not dropped here when its echo is indexed: a reconcile
-        already past this body (waiting for the run's lock with the older copy) would then decide on a status older
-        than the one it wrote (a stop grace restarted, a backoff lost). ``Reconciler.status_of`` drops it when a
-        reconcile reads the echo.
+        The echo of our own last status write (``RunRecord.written``) is marked (``echo``), not dropped: kopf
+        stores this handler's answer in the index only after it returns, and a reconcile reading the index in
+        between would find the older copy and no write of ours. ``on_run`` drops it, after kopf stored the echo.
         """
         packed = PackedRun.of(body)
+        record = self.runs.get(packed.uid)
+        if record is not None and record.written is not None:
+            echoed = status_text(body.get("status")) == record.written
+            record.echo = record.written if echoed else None
         release(body)  # registered after agentrun_threads: every index of runs has read it
         return {packed.uid: packed}
 
@@ -212,6 +219,12 @@ class Handlers:
         """An AgentRun watch event: keep its thread tracked and reconcile it (a status echo is skipped)."""
         threads, bodies = self._bind(kwargs)
         uid = str(body.metadata.uid)
+        if (echoed := self.runs.get(uid)) is not None and echoed.echo is not None:
+            # kopf indexed the echo of our last write (agentrun_bodies) before calling this: the index's copy is
+            # as new as ours now (a reconcile takes it under the run's lock: Reconciler.reconcile's ``latest``)
+            if echoed.echo is echoed.written:  # not a newer write made since
+                echoed.written = None
+            echoed.echo = None
         if type == "DELETED":
             if (gone := self.runs.get(uid)) is not None:
                 gone.handled = None
@@ -275,7 +288,9 @@ class Handlers:
     async def _reconcile(self, packed: PackedRun, threads: Threads, bodies: Bodies) -> None:
         key = (packed.namespace, packed.thread) if packed.thread else None
         uid = packed.uid
-        done = await self.reconciler.reconcile(packed, peers=threads.get(key, ()) if key is not None else ())
+        done = await self.reconciler.reconcile(
+            packed, peers=threads.get(key, ()) if key is not None else (), latest=lambda: _latest(bodies, uid)
+        )
         if uid not in bodies:  # deleted during the reconcile: drop what it kept again, nothing to wake
             self.runs.forget(uid)
             return

@@ -24,9 +24,12 @@ may not have arrived yet), and deciding on an old status would repeat a
 transition (a second pod for the same attempt is harmless, a second restart
 counted is not). The operator is the only writer of status and a single
 leader, so the status returned by our last patch is the newest there is:
-it replaces the body's status whenever we have one (``RunRecord.written``, io/runs.py), until the watch
-delivers that very status (then the index's copy is as new and ours is dropped: one copy per run); after an
-operator restart there is none, and kopf's freshly listed body is current.
+it replaces the body's status whenever we have one (``RunRecord.written``, io/runs.py, kept as compact JSON
+text), until the watch delivers that very status: the run's event handler drops it once kopf has indexed the
+echo (io/handlers.py), so a run waiting for a human keeps one copy of its status, not two. That is safe because
+a reconcile takes the index's latest copy of the run once it holds the run's lock (``latest``), never the one it
+was queued with, and its result is the status it wrote, not one re-read after its awaits. After an operator
+restart there is none, and kopf's freshly listed body is current.
 The same record freshens the thread index, so a run that just ended frees its
 thread at once for a waiter.
 """
@@ -37,7 +40,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -110,6 +113,12 @@ class PackedRun:
     def unpack(self) -> dict[str, Any]:
         """A fresh copy of ``run_view`` of the packed body (nothing else holds it)."""
         return dict(json.loads(self.text))
+
+
+def status_text(status: Mapping[str, Any] | None) -> str:
+    """A status as ``RunRecord.written`` keeps it: compact JSON, keys sorted (the patch's answer and the watch's
+    copy compare equal as text)."""
+    return json.dumps(status or {}, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
 
 
 def thread_peer(body: Mapping[str, Any], status: Mapping[str, Any] | None = None) -> ThreadPeer:
@@ -186,9 +195,9 @@ class Reconciler:
         """The run's newest status: ours if we wrote one, else the body's (see the module docstring)."""
         record = self.runs.get(str(body["metadata"]["uid"]))
         raw = record.written if record is not None else None
-        if record is not None and raw is not None and body.get("status") == raw:
+        if record is not None and raw is not None and status_text(body.get("status")) == raw:
             record.written = raw = None  # the watch delivered our last write: the body's copy is as new
-        return AgentRunStatus.parse(body.get("status") if raw is None else raw)
+        return AgentRunStatus.parse(body.get("status") if raw is None else json.loads(raw))
 
     def fresh(self, peer: ThreadPeer) -> ThreadPeer:
         """A thread index entry with the status of our own last write, which the index may not have seen."""
@@ -196,7 +205,7 @@ class Reconciler:
         raw = record.written if record is not None else None
         if raw is None:
             return peer
-        seen = AgentRunStatus.parse(raw)
+        seen = AgentRunStatus.parse(json.loads(raw))
         return ThreadPeer(
             name=peer.name,
             uid=peer.uid,
@@ -206,13 +215,22 @@ class Reconciler:
             deleting=peer.deleting,
         )
 
-    async def reconcile(self, packed: PackedRun, *, peers: Iterable[ThreadPeer] = ()) -> Pass:
+    async def reconcile(
+        self,
+        packed: PackedRun,
+        *,
+        peers: Iterable[ThreadPeer] = (),
+        latest: Callable[[], PackedRun | None] | None = None,
+    ) -> Pass:
         """Reconcile the run ``packed``; ``peers``: the runs on its thread (read under the run's lock).
 
+        ``latest``: the index's copy of the run now, taken once the lock is held (None: gone, ``packed`` is
+        used): the echo of our last write may have been indexed, and ``written`` dropped, while this waited.
         Returns the run's status before and after (so the caller can tell whether it ended) and when to wake it.
         """
         record = self.runs.record(packed.uid)
         async with record.lock, self.gate:
+            packed = (latest() if latest is not None else None) or packed
             run = packed.unpack()  # once through the gate: a queued reconcile holds no copy
             started = time.perf_counter()
             try:
@@ -242,6 +260,7 @@ class Reconciler:
             answer = await self._earlier_answer(ref, store, inputs.spec, decision.create_attempt)
             inputs = replace(inputs, earlier_answer=answer, earlier_answer_read=True)
             decision = verdict(inputs)
+        after = status
         if decision.at_rest:
             if decision.expire and await expire(self.kube, run, status):
                 return Pass(status)  # its DELETED event forgets it
@@ -251,8 +270,7 @@ class Reconciler:
                 self.runs.wait_for_name(ref.uid, ref.namespace, waited)
             if inputs.spec is not None:
                 await self._apply(ref, record, inputs.spec, decision, store)
-            await self._write(run, record, status, decision, now)
-        after = self.status_of(run)
+            after = await self._write(run, record, status, decision, now)
         pod = inputs.pod
         changed = decision.create_attempt is not None or decision.delete_pod is not None
         if changed and not at_rest_after(inputs, decision, after):
@@ -432,17 +450,22 @@ class Reconciler:
 
     async def _write(
         self, run: dict[str, Any], record: RunRecord, status: AgentRunStatus, decision: Decision, now: datetime
-    ) -> None:
-        """Write the verdict's status patch (``Decision.write``; held back: ``deferred``), then its metrics."""
+    ) -> AgentRunStatus:
+        """Write the verdict's status patch (``Decision.write``; held back: ``deferred``), then its metrics.
+
+        Returns the run's status after it: the one written, else ``status`` (not ``status_of`` again: the echo
+        of the write may be indexed and ``written`` dropped during the awaits that follow)."""
         ref = RunRef.from_body(run)
         patch = decision.write
         record.deferred = decision.deferred
         if "phase" in patch:
             self._observe_transition(record, status, patch, now)
         if not patch:
-            return
+            return status
         written = await self.kube.merge_patch(run_path(ref.namespace, ref.name, status=True), {"status": patch})
-        record.written = dict(written.get("status") or {})
+        raw = written.get("status") or {}
+        record.written = status_text(raw)
+        after = AgentRunStatus.parse(raw)
         for tool, count in decision.tool_failures.items():  # once written, so a retried reconcile never recounts
             metrics.tool_failed(tool, count)
         metrics.count_tool_calls(ref.namespace, decision.tool_growth)
@@ -462,6 +485,7 @@ class Reconciler:
             self.runs.publish_phases()
         for event in decision.events:
             await self._event(run, event.type, event.reason, event.message, now=now)
+        return after
 
     @staticmethod
     def _observe_transition(record: RunRecord, current: AgentRunStatus, patch: StatusPatch, now: datetime) -> None:
