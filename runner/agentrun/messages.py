@@ -327,26 +327,49 @@ def add_messages(left: Sequence[Message], right: Any) -> list[Message]:
 
     Costs what ``right`` holds, not what ``left`` holds, when ``left`` is what
     the previous ``add_messages`` returned (a copy of the pointers aside).
+    ``left`` itself is never changed (``append_messages`` is the in-place form).
     """
-    items: Iterable[Any] = right if isinstance(right, list | tuple) else [right]
+    items = coerce_messages(right)  # before anything changes: a message that cannot be made changes nothing
     merged = MessageList(left)
     index = _take_index(left)
-    for item in items:
-        message = coerce_message(item)
+    _merge(merged, index, items, merged._replaced)
+    merged._base = left if isinstance(left, list) else None
+    return merged
+
+
+def append_messages(messages: MessageList, items: Iterable[Message]) -> list[int]:
+    """``add_messages`` done in ``messages`` itself, for ``items`` already made messages (``coerce_messages``);
+    returns the positions it replaced.
+
+    For the engine's own list (``Run.owned``), which nothing else references: a step then copies no list of
+    10,000 references. It cannot fail once ``items`` are messages, so a caller that made them first changes
+    the list all or nothing.
+    """
+    replaced: list[int] = []
+    _merge(messages, _take_index(messages), items, replaced)
+    return replaced
+
+
+def coerce_messages(right: Any) -> list[Message]:
+    """A reducer update's messages (one, or a list or tuple of them, in any form ``coerce_message`` takes)."""
+    return [coerce_message(item) for item in (right if isinstance(right, list | tuple) else [right])]
+
+
+def _merge(merged: MessageList, index: dict[str, int], items: Iterable[Message], replaced: list[int]) -> None:
+    """Append ``items`` to ``merged`` (whose id index is ``index``), replacing those whose id it holds."""
+    for message in items:
         position = None if message.id is None else index.get(message.id)
         if position is not None and position < len(merged) and merged[position].id == message.id:
             merged[position] = message
-            merged._replaced.append(position)
+            replaced.append(position)
         else:
             if message.id is not None:
                 index[message.id] = len(merged)
             merged.append(message)
     merged._index, merged._length = index, len(merged)
-    merged._base = left if isinstance(left, list) else None
-    return merged
 
 
-def copy_messages(messages: Sequence[Message]) -> list[Message]:
+def copy_messages(messages: Sequence[Message]) -> MessageList:
     """A copy of ``messages`` for a run's state that takes their id index over when they carry one.
 
     ``stored_messages`` builds the index from the store's id column; taking it over saves the first

@@ -22,10 +22,18 @@ from .config import RunConfig
 from .context import RunLogger, ToolCounts
 from .errors import FencedError, NodeError, RunPreempted, RunStopped, StaleStateError
 from .interrupts import Interrupt
-from .messages import Message, copy_messages, replaced_positions
+from .messages import (
+    Message,
+    MessageList,
+    add_messages,
+    append_messages,
+    coerce_messages,
+    copy_messages,
+    replaced_positions,
+)
 from .metrics import CHECKPOINT_SECONDS, FENCED, INTERRUPTS, STALE_STATE, STOPS
 from .result import final_result
-from .state import MESSAGES, StateSchema
+from .state import MESSAGES, Replace, StateSchema
 from .structure import META_KEY as GRAPH_META
 from .usage import META_KEY as MODEL_USAGE
 from .usage import ModelUsage
@@ -51,6 +59,11 @@ class Run:
     record_turn: bool = False
     # Non-message channels updated since the last durable write (``CheckpointWrite.changed``).
     changed: set[str] = field(default_factory=set)
+    # The message list this run made (a load's copy, or what ``add_messages`` returned in ``apply``): no one
+    # else holds it until the run hands its values out at its end (nodes get a copy, ``node_input``), so
+    # ``apply`` appends to it in place instead of copying 10,000 references per step. A list put in the state
+    # by a ``Replace`` or another reducer is not it: that one is copied once by the reducer, as before.
+    owned: MessageList | None = field(default=None, repr=False)
 
     @classmethod
     def new(cls, schema: StateSchema) -> Run:
@@ -76,6 +89,7 @@ class Run:
             len(checkpoint.messages),
             counts,
             usage=ModelUsage.from_meta(meta),
+            owned=state[MESSAGES] if MESSAGES in schema.reducers else None,
         )
 
     @property
@@ -86,6 +100,18 @@ class Run:
     def apply(self, schema: StateSchema, update: dict[str, Any] | None) -> None:
         """Merge ``update`` into the state, noting durable messages it replaced in place."""
         before = self.messages
+        if self._appends_in_place(schema, update, before):
+            assert update is not None and isinstance(before, MessageList)
+            # All that can fail first (making the messages, the other channels' reducers): a failed update
+            # leaves the run's state, its message list included, as it was.
+            items = coerce_messages(update[MESSAGES])
+            state = schema.apply(self.state, {k: v for k, v in update.items() if k != MESSAGES})
+            replaced = append_messages(before, items)
+            state[MESSAGES] = before
+            self.state = state
+            self.changed.update(k for k in update if k != MESSAGES)
+            self.replaced.update(i for i in replaced if i < self.persisted_messages)
+            return
         self.state = schema.apply(self.state, update)
         if update:
             self.changed.update(k for k in update if k != MESSAGES)
@@ -94,12 +120,24 @@ class Run:
             return
         known = replaced_positions(before, after)
         if known is not None:  # add_messages said which positions it replaced: no walk over the history
+            if update is not None and not isinstance(update.get(MESSAGES), Replace):
+                self.owned = after  # type: ignore[assignment]  # the reducer's new MessageList, in no one's hands
             self.replaced.update(i for i in known if i < self.persisted_messages)
             return
         # Another reducer, or a Replace: an element that is not the same object was replaced.
         for index in range(min(self.persisted_messages, len(before), len(after))):
             if after[index] is not before[index]:
                 self.replaced.add(index)
+
+    def _appends_in_place(self, schema: StateSchema, update: dict[str, Any] | None, before: list[Message]) -> bool:
+        """Whether ``update``'s messages go into the run's own list in place (``owned``) rather than a copy."""
+        return (
+            before is self.owned
+            and type(update) is dict
+            and MESSAGES in update
+            and not isinstance(update[MESSAGES], Replace)
+            and schema.reducers.get(MESSAGES) is add_messages
+        )
 
     def must_be_durable(self, cfg: RunConfig) -> bool:
         """Whether this step's write must reach the store, not only the cache."""
@@ -128,9 +166,12 @@ class RunWriter:
     async def persist(self, run: Run, *, durable: bool) -> None:
         """Write the run's state and its not yet durable messages; ``durable=False`` writes the cache only."""
         messages = run.messages
+        # The count now: the run's list is appended to in place (``Run.owned``), so what this write made
+        # durable is what it held here, whatever is appended while the write is in flight.
+        count = len(messages)
         changed = sorted(i for i in run.replaced if i < run.persisted_messages)
         pending = [(i, messages[i]) for i in changed]
-        pending += [(i, messages[i]) for i in range(run.persisted_messages, len(messages))]
+        pending += [(i, messages[i]) for i in range(run.persisted_messages, count)]
         run.meta["tool_calls"] = run.counts.as_dict()
         if run.counts.last_error is not None:
             run.meta["last_tool_error"] = run.counts.last_error
@@ -142,7 +183,7 @@ class RunWriter:
             step=run.step,
             status=run.status,
             meta=run.meta,
-            message_count=len(messages),
+            message_count=count,
             messages=pending,
             # A turn's first write, and its interrupted and terminal ones: not plain steps.
             record_turn=run.record_turn or run.status != "running",
@@ -166,7 +207,7 @@ class RunWriter:
             self.log.error("checkpoint rejected: a newer attempt owns this thread; this attempt stops")
             raise
         self._checkpoint_seconds.observe(time.perf_counter() - started)
-        run.persisted_messages = len(messages)
+        run.persisted_messages = count
         run.replaced.clear()
         run.changed.clear()
         run.record_turn = False
