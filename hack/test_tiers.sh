@@ -42,8 +42,10 @@ background node-kubesim-integration tests/node kubesim/tests tests/integration
 trap 'kill -INT "${pids[@]}" 2>/dev/null; wait' INT TERM
 # shellcheck disable=SC2086
 # (--ignore does not apply to a testpaths entry itself: kubesim/tests needs the glob)
-$BIN/pytest -q $args --ignore=tests/cluster --ignore=tests/node --ignore-glob='kubesim/tests/*' --ignore=tests/integration
-status=$?
+foreground_log=$(mktemp -t agentrun-foreground.XXXXXX)
+$BIN/pytest -q $args --ignore=tests/cluster --ignore=tests/node --ignore-glob='kubesim/tests/*' --ignore=tests/integration \
+    2>&1 | tee "$foreground_log"
+status=${PIPESTATUS[0]}
 summary="postgres, badinput, unit, chart: exit $status"
 for i in "${!pids[@]}"; do
     wait "${pids[$i]}"
@@ -55,5 +57,11 @@ for i in "${!pids[@]}"; do
     [ "$code" -eq 0 ] || status=1
 done
 trap - INT TERM
+# An exit of 3 is pytest's internal error, printed where the stream's output is (CI keeps only the tail): again here.
+if grep -q "INTERNALERROR" "$foreground_log" "${logs[@]}"; then
+    echo
+    echo "============================ pytest's internal errors, again ============================"
+    grep -H "INTERNALERROR" "$foreground_log" "${logs[@]}" | tail -80
+fi
 echo "$summary"
 exit "$status"
