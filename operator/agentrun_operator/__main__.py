@@ -22,7 +22,7 @@ from kopf._core.engines.peering import Identity
 
 from agentrun.logs import configure_logging
 
-from .io import barrier, memory, metrics
+from .io import memory, metrics
 from .io.assemble import Operator, assemble
 from .io.health import HealthServer, Heartbeat, freeze_on_signal
 from .io.kube import KubeClient
@@ -119,7 +119,6 @@ async def _lead(
 ) -> int:
     """Run kopf's handlers until stopped (0), the Lease is lost or kopf fails (1)."""
     code = 0
-    barrier.install()  # kopf's index barrier, O(N) rather than O(N²) in the runs a new leader lists
     registry = kopf.OperatorRegistry()
     parts.handlers.register(registry)
     kopf_stop = asyncio.Event()

@@ -68,7 +68,7 @@ async def test_a_created_pod_is_assumed_until_its_watch_event_and_read_once_past
     created = {"metadata": {"name": "run-1", "namespace": "shop"}, "status": {"phase": "Pending"}}
     api = _Api({})
     pods = PodCache(api)  # type: ignore[arg-type]
-    pods.bind({})  # type: ignore[arg-type]  # kopf's index: the watch has not reported the pod yet
+    # the index is empty: the watch has not reported the pod yet
     assert await pods.get("shop", "run-1") is None
     pods.assume("shop", created)
     seen = await pods.get("shop", "run-1")

@@ -1,9 +1,8 @@
 """What the operator keeps of each run, and what it gives back (``io/handlers.py``'s Memory, ``io/memory.py``).
 
-The guarantees: once a run's body is indexed, kopf's decoded copy keeps only its metadata (kopf holds it until
-every listed object is indexed, then hands it to the event handlers, which read only that), and only after
-every index of runs read it; the runs index keeps the reconcile's view packed and unpacks an equal, private
-copy; the status our last patch returned is kept only until the watch delivers it (one copy a run, not two);
+The guarantees: the runs index keeps the reconcile's view packed and unpacks an equal, private copy, the pods
+index a pod's view; the status our last patch returned is kept, as compact text, only until the watch delivers
+it (one copy a run, not two), and a reconcile queued meanwhile still decides on the newest;
 a burst of reconciles gives its memory back once drained, and a trickle never pays for a collection; the
 initial listings come in pages of ``list_page_size``.
 """
@@ -22,7 +21,6 @@ import pytest
 from agentrun_operator.decide.podspec import GROUP, PLURAL, VERSION
 from agentrun_operator.decide.status import AgentRunStatus
 from agentrun_operator.io.assemble import assemble
-from agentrun_operator.io.handlers import Handlers
 from agentrun_operator.io.memory import Releaser, dump, release
 from agentrun_operator.io.reconcile import PackedRun, Pass, run_view, status_text
 from agentrun_operator.io.wakeups import Wakeups
@@ -51,26 +49,23 @@ def agentrun(status: dict[str, Any] | None = None) -> dict[str, Any]:
     }
 
 
-async def test_an_indexed_run_keeps_its_metadata_in_kopfs_copy_and_its_view_packed_in_the_index() -> None:
+async def test_an_indexed_run_keeps_its_view_packed_and_its_thread_peer() -> None:
     raw = agentrun()
     original = copy.deepcopy(raw)
-    body = kopf.Body(raw)  # type: ignore[arg-type]  # a dict as the watch decodes it
-    threads = await Handlers.agentrun_threads(body=body)
-    bodies = await assemble(object(), OperatorSettings()).handlers.agentrun_bodies(body=body)  # type: ignore[arg-type]
-    peer = threads[("shop", "order-1")]
-    assert (peer.uid, peer.phase, peer.attempt) == ("u1", "Interrupted", 1), "the thread index read a released body"
-    packed = bodies["u1"]
+    parts = assemble(object(), OperatorSettings())  # type: ignore[arg-type]
+    parts.handlers.on_run(None, raw)  # listed
+    index = parts.handlers.index
+    (peer,) = index.peers(("shop", "order-1"))
+    assert (peer.uid, peer.phase, peer.attempt) == ("u1", "Interrupted", 1)
+    packed = index.bodies["u1"]
     assert (packed.uid, packed.namespace, packed.name, packed.thread) == ("u1", "shop", "r1", "order-1")
     assert packed.unpack() == run_view(original), "the packed view is not what a reconcile reads of the body"
     assert packed.unpack() is not packed.unpack(), "two reconciles would share one copy of the view"
-    assert set(raw) == {"apiVersion", "kind", "metadata"}, f"kopf's copy kept more than the metadata: {set(raw)}"
-    meta = raw["metadata"]
-    assert "managedFields" not in meta and "annotations" not in meta
-    kept = {"name", "namespace", "uid", "generation", "resourceVersion", "labels", "creationTimestamp"}
-    assert kept <= set(meta), "the event handlers and kopf lost metadata they read"
+    parts.handlers.on_run("DELETED", raw)
+    assert index.bodies == {} and index.threads == {}, "a deleted run stayed in an index"
 
 
-async def test_a_pod_keeps_its_metadata_in_kopfs_copy_once_indexed() -> None:
+def test_a_pod_is_indexed_as_its_view() -> None:
     owner = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "AgentRun", "name": "r1", "uid": "u1", "controller": True}
     raw: dict[str, Any] = {
         "apiVersion": "v1",
@@ -79,21 +74,11 @@ async def test_a_pod_keeps_its_metadata_in_kopfs_copy_once_indexed() -> None:
         "spec": {"containers": [{"name": "runner", "env": [{"name": "X", "value": "y" * 1000}]}]},
         "status": {"phase": "Running"},
     }
-    pods = await Handlers.agentrun_pods(body=kopf.Body(raw))  # type: ignore[arg-type]
-    assert pods[("shop", "r1-1")].phase == "Running", "the pod index read a released body"
-    assert set(raw) == {"apiVersion", "kind", "metadata"} and raw["metadata"]["ownerReferences"] == [owner]
-
-
-def test_kopf_runs_the_releasing_index_of_runs_after_every_other_one() -> None:
-    registry = kopf.OperatorRegistry()
     parts = assemble(object(), OperatorSettings())  # type: ignore[arg-type]
-    parts.handlers.register(registry)
-    ids = [
-        handler.id
-        for handler in registry._indexing.get_all_handlers()
-        if handler.selector is not None and handler.selector.plural == PLURAL
-    ]
-    assert ids[-1] == "agentrun_bodies" and len(ids) >= 2, f"an index of runs would read a released body: {ids}"
+    parts.handlers.on_pod(None, raw)
+    view = parts.reconciler.pods.index[("shop", "r1-1")]
+    assert (view.phase, view.owner_uid) == ("Running", "u1")
+    assert parts.reconciler.pods.of_owner("shop", "u1") == ["r1-1"]
 
 
 def test_our_written_status_is_kept_until_the_watch_delivers_it() -> None:
@@ -130,41 +115,19 @@ def _deep_size(value: Any) -> int:
     return sys.getsizeof(value)
 
 
-def _indexes(packed: PackedRun) -> dict[str, Any]:
-    """What kopf hands the event handlers: the three indexes (a uid -> [view] mapping reads as kopf's)."""
-    return {"agentrun_threads": {}, "agentrun_bodies": {packed.uid: [packed]}, "agentrun_pods": {}}
-
-
-async def test_the_echo_of_our_write_drops_our_copy_once_kopf_stored_it_in_the_index() -> None:
+def test_the_echo_of_our_write_drops_our_copy_as_the_index_takes_it() -> None:
     parts = assemble(object(), OperatorSettings())  # type: ignore[arg-type]
     record = parts.runs.record("u1")
     record.handled = (2, False)  # its generation was reconciled: the echo queues nothing
     ours = {"phase": "Running", "attempt": 2, "reason": "PodRunning"}
     record.written = status_text(ours)
-    older = agentrun()
-    await parts.handlers.agentrun_bodies(body=kopf.Body(copy.deepcopy(older)))  # type: ignore[arg-type]
-    await parts.handlers.on_run(body=kopf.Body(older), type="MODIFIED", **_indexes(PackedRun.of(older)))  # type: ignore[arg-type]
+    parts.handlers.on_run("MODIFIED", agentrun())
     assert record.written == status_text(ours), "an older watched status dropped our newer write"
-    echo = agentrun(dict(ours))
-    await parts.handlers.agentrun_bodies(body=kopf.Body(copy.deepcopy(echo)))  # type: ignore[arg-type]
-    assert record.written == status_text(ours), "dropped before kopf stored the echo: a reconcile would miss both"
-    await parts.handlers.on_run(body=kopf.Body(echo), type="MODIFIED", **_indexes(PackedRun.of(echo)))  # type: ignore[arg-type]
-    assert record.written is None and record.echo is None, (
+    parts.handlers.on_run("MODIFIED", agentrun(dict(ours)))
+    assert record.written is None, (
         "our write is kept until the run's next reconcile (600 s for one waiting for a human): two copies a run"
     )
-
-
-async def test_a_newer_write_made_before_the_echo_is_handled_is_kept() -> None:
-    parts = assemble(object(), OperatorSettings())  # type: ignore[arg-type]
-    record = parts.runs.record("u1")
-    record.handled = (2, False)
-    ours = {"phase": "Running", "attempt": 2, "reason": "PodRunning"}
-    record.written = status_text(ours)
-    echo = agentrun(dict(ours))
-    await parts.handlers.agentrun_bodies(body=kopf.Body(copy.deepcopy(echo)))  # type: ignore[arg-type]
-    record.written = status_text(ours)  # a reconcile wrote again (the same status) before the event's handler ran
-    await parts.handlers.on_run(body=kopf.Body(echo), type="MODIFIED", **_indexes(PackedRun.of(echo)))  # type: ignore[arg-type]
-    assert record.written == status_text(ours), "a write newer than the indexed echo was dropped"
+    assert json.loads(parts.handlers.index.bodies["u1"].text)["status"] == ours, "dropped, not in the index"
 
 
 async def test_a_reconcile_queued_with_an_older_body_decides_on_our_write_after_its_echo_dropped_it(
@@ -182,16 +145,14 @@ async def test_a_reconcile_queued_with_an_older_body_decides_on_our_write_after_
     monkeypatch.setattr(parts.reconciler, "_reconcile", spy)
     record = parts.runs.record("u1")
     record.handled = (2, False)
-    ours = {"phase": "Running", "attempt": 2, "reason": "PodRunning"}
-    older, echo = PackedRun.of(agentrun()), PackedRun.of(agentrun(dict(ours)))
-    index = {"u1": [older]}
+    parts.handlers.on_run("MODIFIED", agentrun())
+    older = parts.handlers.index.bodies["u1"]
     await record.lock.acquire()  # a reconcile of the run is under way: it writes ``ours``
-    queued = asyncio.create_task(parts.reconciler.reconcile(older, latest=lambda: index["u1"][0]))
+    queued = asyncio.create_task(parts.handlers._reconcile(older))
     await asyncio.sleep(0.01)
+    ours = {"phase": "Running", "attempt": 2, "reason": "PodRunning"}
     record.written = status_text(ours)
-    index["u1"] = [echo]  # kopf indexes the echo of that write, then calls the run's event handler
-    await parts.handlers.agentrun_bodies(body=kopf.Body(agentrun(dict(ours))))  # type: ignore[arg-type]
-    await parts.handlers.on_run(body=kopf.Body(agentrun(dict(ours))), type="MODIFIED", **_indexes(echo))  # type: ignore[arg-type]
+    parts.handlers.on_run("MODIFIED", agentrun(dict(ours)))  # the echo of that write
     assert record.written is None
     record.lock.release()
     await queued
@@ -231,7 +192,13 @@ def test_release_and_the_debug_dump_run_here(tmp_path: Any) -> None:
 
 
 def test_the_initial_listings_come_in_pages_of_the_setting() -> None:
-    parts = assemble(object(), OperatorSettings(list_page_size=7))  # type: ignore[arg-type]
+    parts = assemble(object(), OperatorSettings(list_page_size=7, namespaces=["a", "b"]))  # type: ignore[arg-type]
+    informers = parts.handlers.informers()
+    assert [i.page_size for i in informers] == [7] * 4, "the runs or pods are listed in one answer"
+    assert sorted(i.path for i in informers) == sorted(
+        [f"/apis/{GROUP}/{VERSION}/namespaces/{ns}/{PLURAL}" for ns in "ab"]
+        + [f"/api/v1/namespaces/{ns}/pods" for ns in "ab"]
+    )
     settings = kopf.OperatorSettings()
     parts.handlers.configure(settings=settings)
-    assert settings.watching.chunk_size == 7, "kopf lists every object in one answer"
+    assert settings.watching.chunk_size == 7, "kopf lists every Secret in one answer"

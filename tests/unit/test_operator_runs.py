@@ -82,12 +82,12 @@ async def test_the_assembled_parts_share_the_records_and_a_stores_progress_reach
     assert parts.stores.listeners is parts.listeners and parts.handlers.wakeups is parts.wakeups
     assert parts.reconciler.runs is runs and parts.wakeups.runs is runs and parts.stores.runs is runs
     assert parts.handlers.runs is runs and parts.reconciler.stores is parts.stores
-    parts.handlers.threads, parts.handlers.bodies = {}, {}  # type: ignore[assignment]  # kopf's indexes, empty
+    parts.handlers.ready = True  # every listing handed over, and it was empty
     runs.track("gone", "shop/t")
     runs.use_store("gone-too", DSN)
     parts.listeners.on_progress("shop/t")  # what a store's LISTEN hands over
     parts.listeners.on_resync(DSN)  # and a listener back after an outage
     await asyncio.sleep(5)
-    # Both reached Handlers.wake, which found neither run in kopf's index (deleted) and forgot it.
+    # Both reached Handlers.wake, which found neither run in the index (deleted) and forgot it.
     assert parts.wakeups.reconciles == 2 and len(runs) == 0
     await parts.wakeups.aclose()

@@ -10,11 +10,12 @@ keys (``postgresDsn``, ``redisUrl``, still base64); every other key of the
 Secret is dropped, and Secrets no run referenced are never kept at all. A read
 that raced with a watch event keeps the event's version (``_events``).
 
-Pods (``PodCache``). kopf's index of the operator's pods (``agentrun_pods``,
-fed by the pod watch) answers "the pod of attempt N"; kopf starts no handler
-before every index holds its initial listing, so after an operator restart
-or a leader change a pod that exists is never taken for a missing one (which
-would reschedule its attempt: a second pod). A pod the operator just created
+Pods (``PodCache``). The index of the operator's pods (fed by its own list and
+watch of them, io/informer.py and io/handlers.py) answers "the pod of attempt N";
+no reconcile starts before that index holds its first complete listing
+(``Handlers.ready``), so after an operator restart or a leader change a pod
+that exists is never taken for a missing one (which would reschedule its
+attempt: a second pod). A pod the operator just created
 is not in the index until its ADDED event arrives: the API's answer to the
 create is used meanwhile (``assume``), for at most ``ASSUME_SECONDS``; past
 that the pod is read from the API once (a pod created and deleted before the
@@ -32,8 +33,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import kopf
-
 from agentrun.contract import OPERATOR_STORE_KEYS
 
 from ..decide.classify import PodView
@@ -44,7 +43,6 @@ ASSUME_SECONDS = 30.0
 
 SecretKey = tuple[str, str]  # (namespace, name)
 PodKey = tuple[str, str]
-Pods = kopf.Index[PodKey, PodView]
 
 
 @dataclass(frozen=True)
@@ -120,17 +118,21 @@ class SecretCache:
 
 
 class PodCache:
-    """The operator's pods as kopf's index holds them, and the pods it created that the index has not seen yet."""
+    """The operator's pods as its watch last showed them, and the pods it created that the watch has not shown yet."""
 
     def __init__(self, kube: KubeClient) -> None:
         self.kube = kube
-        self.index: Pods | None = None  # kopf's index, bound by the first handler call (handlers.py)
+        self.index: dict[PodKey, PodView] = {}  # fed by Handlers' pod informer (``put``, ``drop``)
         self._assumed: dict[PodKey, tuple[PodView, float]] = {}
         self.reads = 0
 
-    def bind(self, index: Pods) -> None:
-        """Read pods from kopf's index from now on."""
-        self.index = index
+    def put(self, namespace: str, view: PodView) -> None:
+        """A pod as the watch (or a list) showed it."""
+        self.index[(namespace, view.name)] = view
+
+    def drop(self, namespace: str, name: str) -> PodView | None:
+        """A pod the watch saw deleted (or a list no longer showed); what was kept of it."""
+        return self.index.pop((namespace, name), None)
 
     def assume(self, namespace: str, manifest: Mapping[str, Any]) -> None:
         """The pod the operator just created (the API's answer), until the watch reports it."""
@@ -140,10 +142,9 @@ class PodCache:
     async def get(self, namespace: str, name: str) -> PodView | None:
         """The pod as the watch last reported it (None: it does not exist)."""
         key = (namespace, name)
-        if self.index is not None and key in self.index:
+        if (indexed := self.index.get(key)) is not None:
             self._assumed.pop(key, None)
-            for view in self.index[key]:
-                return view
+            return indexed
         assumed = self._assumed.get(key)
         if assumed is None:
             return None
@@ -163,10 +164,4 @@ class PodCache:
 
     def of_owner(self, namespace: str, uid: str) -> list[str]:
         """The names of the pods in ``namespace`` that the AgentRun ``uid`` controls, as the watch reported them."""
-        if self.index is None:
-            return []
-        return sorted(
-            name
-            for (ns, name), views in self.index.items()
-            if ns == namespace and any(view.owner_uid == uid for view in views)
-        )
+        return sorted(name for (ns, name), view in self.index.items() if ns == namespace and view.owner_uid == uid)

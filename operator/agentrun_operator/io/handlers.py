@@ -1,8 +1,8 @@
-"""The kopf handlers: every one of them funnels into ``Reconciler.reconcile`` with kopf's own body.
+"""The operator's event handlers: every one of them funnels into ``Reconciler.reconcile`` with the run's view.
 
 ``Handlers`` is built with its collaborators (the reconciler, the settings, the ``Wakeups``, the run
-records), all made by ``io/assemble.py``, and ``register`` puts its methods on an explicit kopf registry,
-so the operator process, the tests and any embedding build their own.
+records), all made by ``io/assemble.py``, and ``register`` puts its lifecycle and Secret handlers on an
+explicit kopf registry, so the operator process, the tests and any embedding build their own.
 
 Event-driven, as a Job controller is: a run is reconciled when it is first
 seen (created, or listed after a restart), when its spec changes (a new
@@ -12,19 +12,23 @@ pub/sub), when one of its deadlines is due (its ttl among them: the verdict
 deletes an expired run), and by a slow jittered resync (``io/wakeups.py``).
 No timer visits every run every second.
 
-Three in-memory indexes fed by kopf's watches (no API call per reconcile):
-``agentrun_threads`` maps (namespace, threadId) to the runs on that thread
-(the thread rule's input), ``agentrun_bodies`` maps a run's uid to what a reconcile reads of its latest
-body, packed (``reconcile.PackedRun``: so a pod event or a wake-up reconciles its run without reading it
-back), ``agentrun_pods`` holds the operator's pods (the reconcile's pod cache). The
-Secret watch keeps the Secrets runs use current (``io/caches.py``). When a run
-ends or is deleted, the runs waiting for its thread are reconciled at once.
+Three in-memory indexes, fed by the operator's own list-then-watch of AgentRuns and of its pods
+(``io/informer.py``; no API call per reconcile): ``RunIndex.threads`` maps (namespace, threadId) to the runs
+on that thread (the thread rule's input), ``RunIndex.bodies`` maps a run's uid to what a reconcile reads of
+its latest body, packed (``reconcile.PackedRun``: so a pod event or a wake-up reconciles its run without
+reading it back), and the reconciler's ``PodCache`` holds the operator's pods. kopf watches only the Secrets
+(``io/caches.py``). When a run ends or is deleted, the runs waiting for its thread are reconciled at once.
 
-Memory (bench/REPORT.md, the operator at 10,000 runs). kopf starts no handler before every index holds
-its initial listing, so a new leader holds every listed object's decoded body at once until the last one
-is indexed: the peak the process kept afterwards (about 20 KB a run). Once indexed, nothing needs more of
-a body than its metadata, so the last index handler of each kind empties kopf's copy of it (``release``),
-and the event handlers only queue the reconcile (``Wakeups.kick``) rather than wait for it with the event.
+Completeness (the restart and take-over guarantees: a run never gets a second runner pod, a thread never two
+active runs): no reconcile starts before every informer has handed over one complete listing (``ready``):
+until then a wake-up does nothing, and at that moment every listed run is queued once. A run deleted while
+the operator was not watching is pruned by the listing itself (a list is a snapshot, the watch continues
+from its version: ``io/informer.py``).
+
+Memory (bench/REPORT.md, the operator at 10,000 runs). kopf's own indexes kept, for every listed object, a
+worker, its frames, queue, ``Body`` wrapper and loggers until the last object was indexed (about 20 KB an
+object: a new leader's peak, whose pages the process kept). The informers decode one page at a time and the
+indexes keep only the packed views; the run events only queue the reconcile (``Wakeups.kick``).
 
 Departure from kopf's usual shape: no ``@kopf.on.create/update/delete`` (they need kopf's finalizer and
 its annotations, two metadata writes per run that ``kubectl get ar -w`` printed as rows without a change,
@@ -37,18 +41,22 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import logging
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from typing import Any
 
 import kopf
 
+from agentrun.contract import API_VERSION, KIND
+
 from ..decide.classify import PodView
-from ..decide.podspec import GROUP, MANAGED_BY, PLURAL, VERSION
+from ..decide.podspec import MANAGED_BY
 from ..decide.reasons import TERMINAL
 from ..decide.thread import ThreadPeer
 from ..settings import OperatorSettings
-from .caches import PodKey
+from .informer import Informer
+from .kube import pod_path, run_path
 from .reconcile import PackedRun, Reconciler, controller_uid, status_text, thread_peer
 from .runs import Runs
 from .wakeups import Wakeups
@@ -56,12 +64,6 @@ from .wakeups import Wakeups
 log = logging.getLogger("agentrun_operator.handlers")
 
 ThreadKey = tuple[str, str]
-Threads = kopf.Index[ThreadKey, ThreadPeer]  # (namespace, threadId) -> the runs on that thread
-Bodies = kopf.Index[str, PackedRun]  # uid -> the run's latest body, as a reconcile reads it
-
-# What kopf's copy of a body keeps once it is indexed (``release``): its metadata, which kopf and the event
-# handlers read, less managedFields and annotations (kubectl's last-applied copy of the whole manifest).
-RELEASED_METADATA = ("managedFields", "annotations")
 
 
 def _thread_of(body: Mapping[str, Any]) -> ThreadKey | None:
@@ -69,35 +71,76 @@ def _thread_of(body: Mapping[str, Any]) -> ThreadKey | None:
     return (str(body["metadata"]["namespace"]), str(thread)) if thread else None
 
 
-def _latest(bodies: Bodies, uid: str) -> PackedRun | None:
-    """The index's copy of run ``uid`` now (None: deleted)."""
-    return next(iter(bodies.get(uid, ())), None)
+class RunIndex:
+    """The runs as the watch last showed them: each one's packed view by uid, and the runs on each thread."""
+
+    def __init__(self) -> None:
+        self.bodies: dict[str, PackedRun] = {}
+        self.threads: dict[ThreadKey, dict[str, ThreadPeer]] = {}
+
+    def put(self, body: Mapping[str, Any]) -> PackedRun:
+        """Index ``body`` (an AgentRun as the list or the watch showed it) in place of what was kept of it."""
+        packed = PackedRun.of(body)
+        self.drop(packed.uid)
+        self.bodies[packed.uid] = packed
+        if packed.thread:
+            self.threads.setdefault((packed.namespace, packed.thread), {})[packed.uid] = thread_peer(body)
+        return packed
+
+    def drop(self, uid: str) -> PackedRun | None:
+        """Forget run ``uid``; what was kept of it."""
+        packed = self.bodies.pop(uid, None)
+        if packed is not None and packed.thread:
+            key = (packed.namespace, packed.thread)
+            peers = self.threads.get(key)
+            if peers is not None:
+                peers.pop(uid, None)
+                if not peers:
+                    del self.threads[key]
+        return packed
+
+    def peers(self, key: ThreadKey) -> list[ThreadPeer]:
+        """The runs on thread ``key`` now."""
+        return list(self.threads.get(key, {}).values())
 
 
-def release(body: kopf.Body) -> None:
-    """Empty kopf's decoded copy of an indexed body but for its metadata (the module docstring's Memory).
+class _Peers:
+    """A thread's runs, read when iterated (under the reconciled run's lock), not when the reconcile is queued."""
 
-    kopf keeps that dict alive until every object of the listing is indexed, then hands it to the event
-    handlers, which read only its metadata. Only the last index handler of a kind may call it (kopf runs
-    them in registration order); a DELETED event runs none, so the handlers still see that body whole.
-    HAZARD: kopf's private ``_src`` (the raw dict a ``Body`` views); if a kopf upgrade renames it, this does
-    nothing (memory as before).
-    """
-    raw = getattr(body, "_src", None)
-    if not isinstance(raw, dict):
-        return
-    for key in [key for key in raw if key not in ("apiVersion", "kind", "metadata")]:
-        del raw[key]
-    meta = raw.get("metadata")
-    if isinstance(meta, dict):
-        for key in RELEASED_METADATA:
-            meta.pop(key, None)
+    def __init__(self, index: RunIndex, key: ThreadKey | None) -> None:
+        self.index, self.key = index, key
+
+    def __iter__(self) -> Iterator[ThreadPeer]:
+        return iter(self.index.peers(self.key) if self.key is not None else ())
+
+
+class _Feed:
+    """One informer's feed (``informer.Feed``): what its current listing showed, so the rest can be pruned."""
+
+    def __init__(self, event: Callable[[str | None, dict[str, Any]], None], listed: Callable[[set[str]], None]) -> None:
+        self._event, self._listed = event, listed
+        self.seen: set[str] | None = None  # the keys the listing under way showed (None: watching)
+        self.complete = False  # one listing was handed over whole
+
+    def listing(self) -> None:
+        self.seen = set()
+
+    def event(self, type: str | None, body: dict[str, Any]) -> None:  # the API's name
+        if self.seen is not None:
+            meta = body["metadata"]
+            self.seen.add(f"{meta.get('namespace')}/{meta.get('name')}/{meta.get('uid')}")
+        self._event(type, body)
+
+    def listed(self) -> None:
+        seen, self.seen = self.seen or set(), None
+        self.complete = True
+        self._listed(seen)
 
 
 async def detached(work: Coroutine[Any, Any, None]) -> None:
     """Run ``work`` in an empty context and wait for it (its errors and cancellation are the caller's).
 
-    Not in the kopf handler's context: that holds kopf's cause (the watch event and the whole body), and
+    Not in a kopf handler's context: that holds kopf's cause (the watch event and the whole body), and
     every timer and connection the reconcile starts copies it (the kube client's 30 s request timeout stays
     in the loop's heap after its request, cancelled), keeping hundreds of bodies alive while runs start in
     bulk: a peak of memory the process never gives back.
@@ -106,33 +149,28 @@ async def detached(work: Coroutine[Any, Any, None]) -> None:
 
 
 class Handlers:
-    """The operator's kopf handlers over one ``Reconciler``; ``register`` attaches them to a registry."""
+    """The operator's handlers over one ``Reconciler``; ``register`` attaches them to a kopf registry."""
 
     def __init__(self, reconciler: Reconciler, settings: OperatorSettings, *, wakeups: Wakeups, runs: Runs) -> None:
         self.reconciler = reconciler
         self.settings = settings
         self.wakeups = wakeups  # its reconciles call ``wake`` (io/assemble.py passes it in)
         self.runs = runs
-        self.threads: Threads | None = None  # kopf's index objects (live views), bound by the first event
-        self.bodies: Bodies | None = None
+        self.index = RunIndex()
+        self.pods = reconciler.pods
+        self.ready = False  # every informer handed over one complete listing: reconciles may start
+        self.feeds: list[_Feed] = []
         self.sweeping: list[asyncio.Task[None]] = []
+        self.watching: list[asyncio.Task[None]] = []
+        self._detached: set[asyncio.Task[None]] = set()
 
     def register(self, registry: kopf.OperatorRegistry) -> None:
-        """Attach the handlers to ``registry``: startup, login, cleanup, indexes, AgentRun, pod and Secret events."""
-        runs: dict[str, Any] = {"group": GROUP, "version": VERSION, "plural": PLURAL, "registry": registry}
-        pods: dict[str, Any] = {"labels": dict(MANAGED_BY), "registry": registry}
+        """Attach the handlers to ``registry``: startup (the informers too), login, cleanup and Secret events."""
         kopf.on.startup(registry=registry)(self.configure)
         kopf.on.startup(registry=registry)(self.start_sweeping)
+        kopf.on.startup(registry=registry)(self.start_watching)
         kopf.on.login(registry=registry)(self.login)
         kopf.on.cleanup(registry=registry)(self.stop_waking)
-        # The indexes are async: kopf runs a sync handler in a thread, a hop per watch event for nothing here.
-        # Their ids are the kwarg names handlers receive them by. agentrun_bodies is the runs' last (it releases
-        # kopf's copy of the body: ``release``).
-        kopf.index(**runs, id="agentrun_threads")(self.agentrun_threads)
-        kopf.index(**runs, id="agentrun_bodies")(self.agentrun_bodies)
-        kopf.index("", "v1", "pods", **pods, id="agentrun_pods")(self.agentrun_pods)
-        kopf.on.event(**runs)(self.on_run)
-        kopf.on.event("", "v1", "pods", **pods)(self.on_pod)
         kopf.on.event("", "v1", "secrets", registry=registry)(self.on_secret)
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -143,9 +181,7 @@ class Handlers:
         settings.posting.enabled = False  # we post our own Events, one per transition
         settings.peering.standalone = True  # leadership comes from our Lease, not kopf peering
         settings.networking.error_backoffs = [1, 2, 5, 10]
-        # The initial listing in pages (the API's limit/continue): one page's response decoded at a time rather
-        # than every object in one answer (the memory a new leader touches, bench/REPORT.md).
-        settings.watching.chunk_size = max(1, self.settings.list_page_size)
+        settings.watching.chunk_size = max(1, self.settings.list_page_size)  # the Secrets' listing, in pages
 
     async def login(self, settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo:
         # The operator's own credentials (io/kubeconfig.py): kopf's built-in logins run no exec plugin, merge
@@ -165,133 +201,160 @@ class Handlers:
             except Exception as e:
                 log.warning("closing idle store pools failed: %s", e)
 
+    def informers(self) -> list[Informer]:
+        """A list-then-watch of AgentRuns and one of the operator's pods per watched scope (one feed each)."""
+        made: list[Informer] = []
+        selector = ",".join(f"{key}={value}" for key, value in MANAGED_BY.items())
+        page = self.settings.list_page_size
+        scopes: list[str | None] = [*self.settings.namespaces] or [None]
+        for namespace in scopes:
+            runs = _Feed(self.on_run, functools.partial(self._runs_listed, namespace))
+            pods = _Feed(self.on_pod, functools.partial(self._pods_listed, namespace))
+            made.append(
+                Informer(
+                    self.reconciler.kube, run_path(namespace), runs, api_version=API_VERSION, kind=KIND, page_size=page
+                )
+            )
+            made.append(
+                Informer(
+                    self.reconciler.kube,
+                    pod_path(namespace),
+                    pods,
+                    api_version="v1",
+                    kind="Pod",
+                    page_size=page,
+                    label_selector=selector,
+                )
+            )
+            self.feeds += [runs, pods]
+        return made
+
+    async def start_watching(self, **_: Any) -> None:
+        """Start the informers (the reconciles start once each has listed: ``ready``)."""
+        for informer in self.informers():
+            self.watching.append(asyncio.create_task(informer.run(), name=f"agentrun-watch {informer.path}"))
+
     async def stop_waking(self, **_: Any) -> None:
         # Everything started here ends here, before kopf returns: kopf waits up to 5 s for any task still
         # alive after its own shutdown (the store listeners' LISTEN loops would be).
-        """Stop everything started here (the sweep, the wake-ups, the stores' listeners) before kopf returns."""
-        for task in self.sweeping:
+        """Stop everything started here (the informers, the sweep, the wake-ups, the stores' listeners)."""
+        for task in [*self.watching, *self.sweeping]:
             task.cancel()
         await self.wakeups.aclose()
         await self.reconciler.stores.close()
 
-    # -- indexes ---------------------------------------------------------------------------------
-
-    @staticmethod
-    async def agentrun_threads(body: kopf.Body, **_: Any) -> dict[ThreadKey, ThreadPeer]:
-        """kopf index: the runs on each thread (``decide.thread`` reads it)."""
-        key = _thread_of(body)
-        return {key: thread_peer(body)} if key is not None else {}
-
-    async def agentrun_bodies(self, body: kopf.Body, **_: Any) -> dict[str, PackedRun]:
-        """kopf index: each run's view by uid, what a reconcile reads, packed; then kopf's copy is released.
-
-        The echo of our own last status write (``RunRecord.written``) is marked (``echo``), not dropped: kopf
-        stores this handler's answer in the index only after it returns, and a reconcile reading the index in
-        between would find the older copy and no write of ours. ``on_run`` drops it, after kopf stored the echo.
-        """
-        packed = PackedRun.of(body)
-        record = self.runs.get(packed.uid)
-        if record is not None and record.written is not None:
-            echoed = status_text(body.get("status")) == record.written
-            record.echo = record.written if echoed else None
-        release(body)  # registered after agentrun_threads: every index of runs has read it
-        return {packed.uid: packed}
-
-    @staticmethod
-    async def agentrun_pods(body: kopf.Body, **_: Any) -> dict[PodKey, PodView]:
-        # The reconcile's pod cache (io/caches.py): kopf starts no handler before this index holds its first
-        # listing, so a pod that exists is never taken for a missing one after a restart or a leader change.
-        """kopf index: the operator's pods, the reconcile's pod cache; then kopf's copy is released."""
-        view = PodView.from_manifest(dict(body))
-        key = (str(body.metadata.namespace), str(body.metadata.name))
-        release(body)  # the pods' only index
-        return {key: view}
-
-    def _bind(self, kwargs: Mapping[str, Any]) -> tuple[Threads, Bodies]:
-        if self.threads is None or self.bodies is None:
-            self.threads, self.bodies = kwargs["agentrun_threads"], kwargs["agentrun_bodies"]
-            self.reconciler.pods.bind(kwargs["agentrun_pods"])
-        return self.threads, self.bodies
+    def _check_ready(self) -> None:
+        if self.ready or not all(feed.complete for feed in self.feeds):
+            return
+        self.ready = True
+        log.info("listed %d runs and %d pods: reconciling", len(self.index.bodies), len(self.pods.index))
+        for uid in list(self.index.bodies):  # the first pass: every run once
+            self.wakeups.kick(uid)
 
     # -- events ----------------------------------------------------------------------------------
 
-    async def on_run(self, body: kopf.Body, type: str | None, **kwargs: Any) -> None:  # kopf's kwarg name
-        """An AgentRun watch event: keep its thread tracked and reconcile it (a status echo is skipped)."""
-        threads, bodies = self._bind(kwargs)
-        uid = str(body.metadata.uid)
-        if (echoed := self.runs.get(uid)) is not None and echoed.echo is not None:
-            # kopf indexed the echo of our last write (agentrun_bodies) before calling this: the index's copy is
-            # as new as ours now (a reconcile takes it under the run's lock: Reconciler.reconcile's ``latest``)
-            if echoed.echo is echoed.written:  # not a newer write made since
-                echoed.written = None
-            echoed.echo = None
+    def on_run(self, type: str | None, body: Mapping[str, Any]) -> None:  # the API's name
+        """An AgentRun listed or watched: index it and reconcile it (a status echo is only indexed)."""
+        meta = body["metadata"]
+        uid = str(meta["uid"])
         if type == "DELETED":
-            if (gone := self.runs.get(uid)) is not None:
-                gone.handled = None
-            await detached(self._deleted(body, threads, bodies))
+            if (packed := self.index.drop(uid)) is not None:
+                self._gone(packed)
             return
+        self.index.put(body)
+        record = self.runs.get(uid)
+        if record is not None and record.written is not None and status_text(body.get("status")) == record.written:
+            # The echo of our last write, indexed in the same step: the index's copy is as new as ours (a
+            # reconcile takes it under the run's lock: Reconciler.reconcile's ``latest``)
+            record.written = None
         # The generation last handed to a reconcile, and whether it was being deleted: an event that changes
         # neither is the echo of a status patch, or a metadata change.
-        seen = (body.metadata.get("generation"), bool(body.metadata.get("deletionTimestamp")))
+        seen = (meta.get("generation"), bool(meta.get("deletionTimestamp")))
         record = self.runs.record(uid)
         if record.handled == seen:
             return
         record.handled = seen  # first seen (created, or listed after a restart), or its spec changed
-        # Queued, not awaited here: a new leader's first pass queues every run at once behind the gate
-        # (max_concurrent_reconciles), and a handler waiting there would hold kopf's event and worker. It
-        # reconciles the body the index holds then (this one or newer); retried by wakeups if it fails.
-        self.wakeups.kick(uid)
+        # Queued, not awaited: a new leader's first pass queues every run at once behind the gate
+        # (max_concurrent_reconciles). It reconciles the body the index holds then (this one or newer).
+        if self.ready:
+            self.wakeups.kick(uid)
 
-    async def on_pod(self, body: kopf.Body, type: str | None, **kwargs: Any) -> None:  # kopf's kwarg name
-        """A watch event of a pod the operator made: reconcile its run."""
-        _, bodies = self._bind(kwargs)
+    def _gone(self, packed: PackedRun) -> None:
+        if (record := self.runs.get(packed.uid)) is not None:
+            record.handled = None
+        task = asyncio.create_task(detached(self._deleted(packed)), name=f"agentrun-deleted-{packed.uid}")
+        self._detached.add(task)
+        task.add_done_callback(self._detached.discard)
+
+    def _runs_listed(self, namespace: str | None, seen: set[str]) -> None:
+        """A listing is complete: a run it did not show was deleted unseen (while the watch's version expired)."""
+        shown = {key.rsplit("/", 1)[1] for key in seen}
+        for uid, packed in list(self.index.bodies.items()):
+            if uid not in shown and namespace in (None, packed.namespace):
+                self.index.drop(uid)
+                self._gone(packed)
+        self._check_ready()
+
+    def on_pod(self, type: str | None, body: Mapping[str, Any]) -> None:  # the API's name
+        """A pod the operator made, listed or watched: index it and reconcile its run."""
+        namespace, name = str(body["metadata"]["namespace"]), str(body["metadata"]["name"])
         if type == "DELETED":
-            waiting = self.runs.name_freed(str(body.metadata.namespace), str(body.metadata.name))
-            if waiting is not None and waiting in bodies:  # its pod name is free now
-                self.wakeups.kick(waiting)
-        # Only a run the AgentRun watch has seen; not seen yet: its own event reconciles it, already gone:
-        # nothing to do for its pods. Retried by wakeups if it fails.
+            self.pods.drop(namespace, name)
+            self._pod_gone(namespace, name)
+        else:
+            self.pods.put(namespace, PodView.from_manifest(dict(body)))
+        # Only a run the index holds; not there yet: its own event reconciles it, already gone: nothing to do
+        # for its pods. Retried by wakeups if it fails.
         owner = controller_uid(body)
-        if owner is not None and owner in bodies:
+        if self.ready and owner is not None and owner in self.index.bodies:
             self.wakeups.kick(owner)  # queued, as a run's own event (on_run)
+
+    def _pod_gone(self, namespace: str, name: str) -> None:
+        waiting = self.runs.name_freed(namespace, name)
+        if self.ready and waiting is not None and waiting in self.index.bodies:  # its pod name is free now
+            self.wakeups.kick(waiting)
+
+    def _pods_listed(self, namespace: str | None, seen: set[str]) -> None:
+        shown = {tuple(key.split("/")[:2]) for key in seen}
+        for key, view in list(self.pods.index.items()):
+            if key not in shown and namespace in (None, key[0]):
+                self.pods.drop(*key)
+                self._pod_gone(*key)
+                if self.ready and view.owner_uid is not None and view.owner_uid in self.index.bodies:
+                    self.wakeups.kick(view.owner_uid)
+        self._check_ready()
 
     def on_secret(self, body: kopf.Body, type: str | None, **_: Any) -> None:  # kopf's kwarg name
         # Keeps the Secrets runs use current (io/caches.py); any other Secret is ignored, nothing is kept of it.
         """A Secret watch event: keeps the Secrets runs use current."""
         self.reconciler.stores.secrets.observe(type, body)
 
-    async def _deleted(self, body: kopf.Body, threads: Threads, bodies: Bodies) -> None:
-        uid = str(body.metadata.uid)
-        await self.reconciler.delete_pods(str(body.metadata.namespace), str(body.metadata.name), uid)
-        self.runs.forget(uid)  # everything kept of it: timers, thread, store, name waits, gauges
-        log.info(
-            "[%s/%s] deleted: its pods are removed, its thread data is kept",
-            body.metadata.namespace,
-            body.metadata.name,
-        )
-        key = _thread_of(body)
-        if key is not None:
-            await self._kick_waiters(key, uid, threads, bodies)
+    async def _deleted(self, packed: PackedRun) -> None:
+        await self.reconciler.delete_pods(packed.namespace, packed.name, packed.uid)
+        self.runs.forget(packed.uid)  # everything kept of it: timers, thread, store, name waits, gauges
+        log.info("[%s/%s] deleted: its pods are removed, its thread data is kept", packed.namespace, packed.name)
+        if packed.thread:
+            await self._kick_waiters((packed.namespace, packed.thread), packed.uid)
 
     # -- reconciles --------------------------------------------------------------------------------
 
     async def wake(self, uid: str) -> None:
         """A reconcile that no watch event started: progress, a due deadline (the ttl too), the resync, a retry."""
-        if self.threads is None or self.bodies is None:
-            return
-        if uid not in self.bodies:  # deleted meanwhile (_deleted forgot it): drop what this wake-up made again
+        if not self.ready:
+            return  # not before every listing is complete; then every run is queued (``_check_ready``)
+        packed = self.index.bodies.get(uid)
+        if packed is None:  # deleted meanwhile (_deleted forgot it): drop what this wake-up made again
             self.runs.forget(uid)
             return
-        for packed in list(self.bodies.get(uid, ())):
-            await self._reconcile(packed, self.threads, self.bodies)
+        await self._reconcile(packed)
 
-    async def _reconcile(self, packed: PackedRun, threads: Threads, bodies: Bodies) -> None:
+    async def _reconcile(self, packed: PackedRun) -> None:
         key = (packed.namespace, packed.thread) if packed.thread else None
         uid = packed.uid
         done = await self.reconciler.reconcile(
-            packed, peers=threads.get(key, ()) if key is not None else (), latest=lambda: _latest(bodies, uid)
+            packed, peers=_Peers(self.index, key), latest=lambda: self.index.bodies.get(uid)
         )
-        if uid not in bodies:  # deleted during the reconcile: drop what it kept again, nothing to wake
+        if uid not in self.index.bodies:  # deleted during the reconcile: drop what it kept again, nothing to wake
             self.runs.forget(uid)
             return
         if done.thread is not None:
@@ -301,13 +364,13 @@ class Handlers:
         self.wakeups.after(uid, wake=done.wake, live=done.live, waiting=done.waiting)
         before = done.before.phase if done.before is not None else None
         if key is not None and done.status.phase in TERMINAL and before not in TERMINAL:
-            await self._kick_waiters(key, uid, threads, bodies)
+            await self._kick_waiters(key, uid)
 
-    async def _kick_waiters(self, key: ThreadKey, freed_by: str, threads: Threads, bodies: Bodies) -> None:
+    async def _kick_waiters(self, key: ThreadKey, freed_by: str) -> None:
         """Reconcile the runs that wait for ``key``'s thread now, rather than at their next resync."""
-        for peer in list(threads.get(key, ())):
+        for peer in self.index.peers(key):
             waiting = self.reconciler.fresh(peer)
             if waiting.uid == freed_by or waiting.started or not waiting.live:
                 continue
-            for packed in list(bodies.get(waiting.uid, ())):
-                await self._reconcile(packed, threads, bodies)
+            if (packed := self.index.bodies.get(waiting.uid)) is not None:
+                await self._reconcile(packed)

@@ -15,7 +15,7 @@ status patch is written only after the pod exists.
 Which copy of the run is used. The caller hands in the run as the watch-fed index
 keeps it (``PackedRun``: the JSON text of what a reconcile reads, decoded once through the gate into the
 reconcile's own copy); it is never re-read from the API. Its spec and metadata are as new as the last
-event kopf processed, and reconciles of one run are serialised by a FIFO lock in call order, so a
+watch event indexed, and reconciles of one run are serialised by a FIFO lock in call order, so a
 reconcile never sees an older spec than the one before it. At most
 ``max_concurrent_reconciles`` run at once (a FIFO gate taken under the run's
 lock): a new leader's first pass over thousands of runs is a queue, not a flood. Its *status*,
@@ -25,11 +25,11 @@ transition (a second pod for the same attempt is harmless, a second restart
 counted is not). The operator is the only writer of status and a single
 leader, so the status returned by our last patch is the newest there is:
 it replaces the body's status whenever we have one (``RunRecord.written``, io/runs.py, kept as compact JSON
-text), until the watch delivers that very status: the run's event handler drops it once kopf has indexed the
-echo (io/handlers.py), so a run waiting for a human keeps one copy of its status, not two. That is safe because
+text), until the watch delivers that very status: the run's event handler drops it as it indexes the echo
+(``Handlers.on_run``), so a run waiting for a human keeps one copy of its status, not two. That is safe because
 a reconcile takes the index's latest copy of the run once it holds the run's lock (``latest``), never the one it
 was queued with, and its result is the status it wrote, not one re-read after its awaits. After an operator
-restart there is none, and kopf's freshly listed body is current.
+restart there is none, and the freshly listed body is current.
 The same record freshens the thread index, so a run that just ended frees its
 thread at once for a waiter.
 """

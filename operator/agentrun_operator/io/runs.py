@@ -32,9 +32,8 @@ class RunRecord:
     # -- the reconciler's (io/reconcile.py)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # .status as our last patch left it, compact JSON text (``reconcile.status_text``: a fifth of the decoded
-    # dicts): newer than the watch's copy until the watch delivers it, then dropped (io/handlers.py, ``echo``)
+    # dicts): newer than the watch's copy until the watch delivers it, then dropped (``Handlers.on_run``)
     written: str | None = None
-    echo: str | None = None  # ``written`` itself once kopf indexed its echo: the run's event handler drops both
     phase: str | None = None  # for the runs-by-phase gauge
     namespace: str = ""
     deferred: datetime | None = None  # when a held-back (quiet) status patch is due (decide.verdict)
