@@ -88,7 +88,7 @@ class Informer:
             except Gone:
                 log.info("%s: the watch's version expired; listing again", self.path)
                 self.version = None
-            except (ConnectionError, TimeoutError, ApiError) as e:
+            except Exception as e:  # no answer, an error answer, a garbled event: never a watch that stops for good
                 failures += 1
                 delay = BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS)) - 1]
                 log.warning("%s: %s; again in %gs", self.path, e, delay)
