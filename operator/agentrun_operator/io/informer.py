@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from typing import Any, Protocol
 
 from .kube import ApiError, KubeClient
@@ -32,6 +33,7 @@ from .kube import ApiError, KubeClient
 log = logging.getLogger("agentrun_operator.informer")
 
 BACKOFF_SECONDS = (1.0, 2.0, 5.0, 10.0)  # after 1, 2, 3, 4+ failures in a row
+WATCH_SECONDS = 600
 
 
 class Feed(Protocol):
@@ -111,8 +113,7 @@ class Informer:
                     continue
                 raise
             for body in page.get("items") or []:
-                self._typed(body)
-                self.feed.event(None, body)
+                self._deliver(None, body)
             meta = page.get("metadata") or {}
             if not meta.get("continue"):
                 self.feed.listed()
@@ -122,7 +123,10 @@ class Informer:
 
     async def _watch(self) -> None:
         """Watch from ``self.version`` until the server ends the stream (``Gone``: the version expired)."""
-        params = {**self._params(), "watch": "true", "allowWatchBookmarks": "true"}
+        # The server ends the watch after timeoutSeconds (5-10 min, as client-go's): a connection that died
+        # without a word (a node's NAT, a proxy) would otherwise be waited on forever.
+        timeout = str(random.randint(WATCH_SECONDS // 2, WATCH_SECONDS))
+        params = {**self._params(), "watch": "true", "allowWatchBookmarks": "true", "timeoutSeconds": timeout}
         if self.version:
             params["resourceVersion"] = self.version
         try:
@@ -135,14 +139,21 @@ class Informer:
                     raise ApiError(code, str(body.get("reason") or ""), str(body.get("message") or ""))
                 self.version = str((body.get("metadata") or {}).get("resourceVersion") or "") or self.version
                 if type_ in ("ADDED", "MODIFIED", "DELETED"):
-                    self._typed(body)
-                    self.feed.event(type_, body)
+                    self._deliver(type_, body)
         except ApiError as e:
             if e.status == 410:
                 raise Gone from e
             raise
 
-    def _typed(self, body: dict[str, Any]) -> None:
+    def _deliver(self, type_: str | None, body: dict[str, Any]) -> None:
         # A list's items carry no apiVersion and kind on a real API server (a watch's objects do).
         body.setdefault("apiVersion", self.api_version)
         body.setdefault("kind", self.kind)
+        try:
+            self.feed.event(type_, body)
+        except Exception:
+            # One object the feed cannot take is skipped (its next event tries again), as a failed kopf handler
+            # was: retrying the watch would meet it again first, and a listing that never completes would keep
+            # every other run from being reconciled.
+            meta = body.get("metadata") or {}
+            log.exception("%s: %s %s/%s skipped", self.path, type_ or "LISTED", meta.get("namespace"), meta.get("name"))
