@@ -30,10 +30,11 @@ What is kept per run (its timers, retries, whether a reconcile is queued or runn
 its ``RunRecord`` (``io/runs.py``), shared with the rest of the operator and dropped with it.
 
 Every timer and task here runs in an empty ``contextvars.Context``, not in the
-caller's: the caller is often a kopf handler, whose context holds kopf's cause
-(the watch event and the object's full body), and a run's timer lives until
-its next reconcile: a copied context kept every run's last pod or AgentRun
-event alive (about half the operator's memory per run).
+caller's: a caller may be a kopf handler (a Secret's event), whose context
+holds kopf's cause (the watch event and the object's full body), and a run's
+timer lives until its next reconcile: a copied context kept every run's last pod
+or AgentRun event alive when kopf delivered those (about half the operator's
+memory per run; now io/informer.py does).
 """
 
 from __future__ import annotations
