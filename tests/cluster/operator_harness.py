@@ -109,6 +109,16 @@ def pods_of(cluster: EmulatedCluster, run: str) -> list[str]:
     )
 
 
+def operator_pods(cluster: EmulatedCluster) -> dict[str, list[str]]:
+    """Run name -> its pods, in namespace default."""
+    pods: dict[str, list[str]] = {}
+    for pod in cluster.list_objects("pods", "default"):
+        run = pod["metadata"].get("labels", {}).get("agentrun.dev/run")
+        if run:
+            pods.setdefault(run, []).append(pod["metadata"]["name"])
+    return pods
+
+
 def wait_node(dsn: str, thread: str, node: str, timeout: float = 30) -> None:
     """Returns once the thread runs ``node`` (its store progress says so)."""
     deadline = time.monotonic() + timeout

@@ -20,7 +20,7 @@ from agentrun_dev.kubeload import RunningHolder
 from agentrun_operator.decide.podspec import MANAGED_BY
 from kubesim import EmulatedCluster
 from kubesim.testing import python_pod
-from tests.cluster.operator_harness import OperatorProcess, agentrun, start_operator
+from tests.cluster.operator_harness import OperatorProcess, agentrun, operator_pods, start_operator
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -38,15 +38,6 @@ def store(cluster: EmulatedCluster, dsn: str) -> str:
 
 def _runs(cluster: EmulatedCluster) -> dict[str, dict[str, object]]:
     return {r["metadata"]["name"]: r.get("status") or {} for r in cluster.list_objects("agentruns", "default")}
-
-
-def _pods(cluster: EmulatedCluster) -> dict[str, list[str]]:
-    pods: dict[str, list[str]] = {}
-    for pod in cluster.list_objects("pods", "default"):
-        run = pod["metadata"].get("labels", {}).get("agentrun.dev/run")
-        if run:
-            pods.setdefault(run, []).append(pod["metadata"]["name"])
-    return pods
 
 
 def _holder(cluster: EmulatedCluster) -> RunningHolder:
@@ -98,7 +89,7 @@ def test_a_restarted_operator_listing_one_object_a_page_reconciles_nothing_befor
             interval=0.5,
             message="the second run on the thread waits",
         )
-        assert "a-waiting" not in _pods(cluster)
+        assert "a-waiting" not in operator_pods(cluster)
     finally:
         first.stop()
     for i in range(FILLER_PODS):  # listed before every run's pod ("0" sorts before letters)
@@ -115,7 +106,7 @@ def test_a_restarted_operator_listing_one_object_a_page_reconciles_nothing_befor
             message=f"the new operator reconciled all {count} runs",
         )
         time.sleep(3)  # what a reconcile on an incomplete index would still do (start a pod, a second attempt)
-        runs, pods = _runs(cluster), _pods(cluster)
+        runs, pods = _runs(cluster), operator_pods(cluster)
         assert "a-waiting" not in pods and runs["a-waiting"].get("phase") == "Pending", (
             f"GUARANTEE BROKEN: a thread with two active runs: {runs['a-waiting']}, pods {pods.get('a-waiting')}\n"
             + second.log()[-3000:]

@@ -29,7 +29,15 @@ import yaml
 
 from agentrun_dev.kubeload import CountingProxy, RunningHolder
 from kubesim import EmulatedCluster, KubeletThread, write_kubeconfig
-from tests.cluster.operator_harness import OperatorProcess, agentrun, progress, start_operator, status, wait_phase
+from tests.cluster.operator_harness import (
+    OperatorProcess,
+    agentrun,
+    operator_pods,
+    progress,
+    start_operator,
+    status,
+    wait_phase,
+)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -67,16 +75,6 @@ def phases(cluster: EmulatedCluster) -> dict[str, str]:
         r["metadata"]["name"]: (r.get("status") or {}).get("phase", "")
         for r in cluster.list_objects("agentruns", "default")
     }
-
-
-def operator_pods(cluster: EmulatedCluster) -> dict[str, list[str]]:
-    """Run name -> its pods."""
-    pods: dict[str, list[str]] = {}
-    for pod in cluster.list_objects("pods", "default"):
-        run = pod["metadata"].get("labels", {}).get("agentrun.dev/run")
-        if run:
-            pods.setdefault(run, []).append(pod["metadata"]["name"])
-    return pods
 
 
 def all_running(cluster: EmulatedCluster, count: int, operator: OperatorProcess, timeout: float = 120) -> None:
