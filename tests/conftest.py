@@ -33,8 +33,12 @@ if str(ROOT) not in sys.path:
 # The store contract's tests live in a support module that two tiers collect (unit, and postgres with Redis):
 # pytest rewrites their asserts as a test module's, so a failure shows its values.
 pytest.register_assert_rewrite("tests.support.checkpointer_contract")
+from agentrun_dev import ast_race  # noqa: E402
 from agentrun_dev.databases import throwaway_database  # noqa: E402
 from tests.support.checkpointers import BACKENDS, Backend, postgres_unavailable  # noqa: E402
+
+# CPython 3.11.7's ast.parse races with another thread's (gh-106905): pytest showing a failure then crashed.
+ast_race.install()
 
 _TIERS = {
     "unit": "unit",
