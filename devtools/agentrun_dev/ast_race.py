@@ -47,5 +47,5 @@ def install() -> bool:
     """Make ``ast.parse`` atomic where the interpreter has the race; whether it did."""
     if not (3, 11) <= sys.version_info[:3] < (3, 11, 8) or ast.parse is _parse:
         return False
-    ast.parse = _parse  # type: ignore[assignment]
+    ast.parse = _parse
     return True
