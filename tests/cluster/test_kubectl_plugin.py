@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -91,7 +92,8 @@ def test_a_crash_and_a_replay_show_in_list_describe_logs_and_watch(
         "replayed",
         thread="replayed",
         effects=effects,
-        env={"SUPPORT_TOOL_DELAY": "0.2", "SUPPORT_TOOL_DELAY_SEND_RECEIPT": "4"},
+        # The receipt is sent slowly (8 s): the SIGKILL lands while it is, however late the watch shows attempt 1.
+        env={"SUPPORT_TOOL_DELAY": "0.2", "SUPPORT_TOOL_DELAY_SEND_RECEIPT": "8"},
         restartPolicy={"maxRestarts": 3, "backoffSeconds": 1},
     )
     apply(cluster, manifest)
@@ -102,17 +104,38 @@ def test_a_crash_and_a_replay_show_in_list_describe_logs_and_watch(
         text=True,
         env=plugin_env(cluster),
     )
+    lines: list[str] = []
+
+    def read() -> None:
+        assert watch.stdout is not None
+        for line in watch.stdout:
+            lines.append(line)
+
+    reading = threading.Thread(target=read, daemon=True)
+    reading.start()
     try:
-        # The card is charged (and recorded); the receipt is still being sent: a SIGKILL now.
+        # The card is charged (and recorded) and the watch shows attempt 1 running (its start, two kubectl
+        # processes, took seconds on a loaded CI machine); the receipt is still being sent: a SIGKILL now.
         cluster.wait_for(lambda: count_effects(str(effects))["charges"] == 1, timeout=60, message="the charge")
+        cluster.wait_for(
+            lambda: any("Running" in line and "attempt=1" in line for line in lines),
+            timeout=60,
+            message=f"the watch to show attempt 1 running: {lines}",
+        )
         time.sleep(0.3)
         kubelet.kill("replayed-1")
         wait_phase(cluster, operator, "replayed", "Succeeded", timeout=90)
-        out, err = watch.communicate(timeout=30)
+        watch.wait(timeout=30)
+        reading.join(timeout=30)
+        err = watch.stderr.read()  # type: ignore[union-attr]
     finally:
         if watch.poll() is None:
             watch.kill()
             watch.wait()
+        for stream in (watch.stdout, watch.stderr):
+            if stream is not None:
+                stream.close()
+    out = "".join(lines)
     assert watch.returncode == 0, f"watch must exit 0 on Succeeded: {out}{err}"
     shown = out.splitlines()
     assert any("Running" in line and "attempt=1" in line for line in shown), out
