@@ -59,6 +59,12 @@ GRAPH = textwrap.dedent(
 )
 
 
+def sigint_as_in_a_terminal() -> None:
+    """In the child: SIGINT's default action, as a terminal's foreground job has it. A suite started as a
+    background job (a CI runner, nohup) hands its children SIGINT ignored, and a Ctrl-C test then tests that."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def path_without_venv() -> str:
     return os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep) if p and Path(p) != BIN)
 
@@ -108,6 +114,7 @@ class DevCluster:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=sigint_as_in_a_terminal,
         )
 
     def read_until(self, pattern: str, timeout: float = 90) -> re.Match[str]:
@@ -398,7 +405,11 @@ def closed_a_live_view_in_ui(kubeconfig: str, tmp_path: Path) -> None:
     env.update(KUBECONFIG=kubeconfig, PATH=os.pathsep.join([str(BIN), path_without_venv()]))
     with log.open("wb") as out:
         ui = subprocess.Popen(
-            [KUBECTL, "agentrun", "ui", "--port", "0", "--no-browser"], env=env, stdout=out, stderr=subprocess.STDOUT
+            [KUBECTL, "agentrun", "ui", "--port", "0", "--no-browser"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            preexec_fn=sigint_as_in_a_terminal,
         )
     try:
         deadline = time.monotonic() + 60
