@@ -77,6 +77,18 @@ async def stopped_within(task: asyncio.Task[Any], seconds: float) -> float:
     return time.monotonic() - started
 
 
+async def settled(runner: CountingPg) -> None:
+    """Until the run's listener has swept: no stop check for a whole second (a polling run checks every 0.5 s,
+    so it never settles and its test fails as before)."""
+
+    async def quiet_for_a_second() -> bool:
+        seen = runner.checks
+        await asyncio.sleep(1)
+        return runner.checks == seen
+
+    await wait_until(quiet_for_a_second, what="the run to stop checking once its listener swept")
+
+
 async def test_a_listening_run_asks_the_store_only_when_a_stop_is_notified(pg_dsn: str) -> None:
     runner = CountingPg(pg_dsn)
     operator = PgCheckpointer(pg_dsn, listen_for_stops=False)
@@ -87,14 +99,8 @@ async def test_a_listening_run_asks_the_store_only_when_a_stop_is_notified(pg_ds
             return bool(await listeners(pg_dsn))
 
         await wait_until(listening, what="the runner to LISTEN for stop requests")
-
-        async def settled() -> bool:  # the listener's first sweep ran: no check for a whole second (a poll: 0.5 s)
-            seen = runner.checks
-            await asyncio.sleep(1)
-            return runner.checks == seen
-
         # Not a fixed 0.3 s: on a loaded machine the first sweep came later, and a check before it was counted.
-        await wait_until(settled, what="the run to stop checking once its listener swept")
+        await settled(runner)
         before = runner.checks
         await asyncio.sleep(3)
         quiet = runner.checks - before
@@ -220,7 +226,7 @@ async def test_a_lost_listener_falls_back_to_polling_and_listens_again(pg_dsn: s
             return bool(pids) and pids != [first]
 
         await wait_until(relistening, within=10, what="the listener to reconnect")
-        await asyncio.sleep(0.3)
+        await settled(runner)  # not a fixed 0.3 s (CI, stop 40: the sweep after the reconnect came later)
         before = runner.checks
         await asyncio.sleep(2)
         assert runner.checks - before == 0, "the run kept polling after the listener reconnected"
