@@ -96,3 +96,36 @@ def _feeds(handlers: Any) -> tuple[Any, Any]:
     if not handlers.feeds:
         handlers.informers()  # makes the feeds: runs then pods for each scope
     return handlers.feeds[0], handlers.feeds[1]
+
+
+def evicted(pod_body: dict[str, Any]) -> dict[str, Any]:
+    terminated = {"exitCode": 6, "reason": "Error"}
+    pod_body["status"] = {
+        "phase": "Failed",
+        "conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}],
+        "containerStatuses": [{"name": "runner", "state": {"terminated": terminated}}],
+    }
+    return pod_body
+
+
+async def test_a_pod_deleted_right_after_it_ended_is_read_once_as_it_ended(monkeypatch: pytest.MonkeyPatch) -> None:
+    # An eviction: the runner's exit, then the pod's deletion, back to back on the watch. The reconcile the exit
+    # queued runs after both were indexed; it must still see how the attempt ended (Disrupted, not Deleted).
+    parts, _, _ = spied(monkeypatch)
+    handlers = parts.handlers
+    runs, pods = _feeds(handlers)
+    runs.listing()
+    runs.event(None, run("a", "u1"))
+    runs.listed()
+    pods.listing()
+    pods.event(None, pod("a-1", "u1"))
+    pods.listed()
+    pods.event("MODIFIED", evicted(pod("a-1", "u1")))
+    pods.event("DELETED", evicted(pod("a-1", "u1")))
+    cache = parts.reconciler.pods
+    seen = await cache.get("shop", "a-1")
+    assert seen is not None and (seen.exit_code, seen.disruption) == (6, "EvictionByEvictionAPI"), seen
+    assert await cache.get("shop", "a-1") is None, "read once: the next reconcile sees the pod gone"
+    assert ("shop", "a-1") not in cache.index and cache.of_owner("shop", "u1") == []
+    pods.event("DELETED", pod("a-2", "u1"))  # deleted while running (no exit): gone at once, as before
+    assert await cache.get("shop", "a-2") is None

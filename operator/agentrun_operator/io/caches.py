@@ -40,6 +40,7 @@ from .kube import KubeClient, NotFound, pod_path, secret_path
 
 STORE_KEYS = OPERATOR_STORE_KEYS
 ASSUME_SECONDS = 30.0
+ENDED_KEPT = 1000  # deleted pods' last views kept at most (``PodCache.ended``)
 
 SecretKey = tuple[str, str]  # (namespace, name)
 PodKey = tuple[str, str]
@@ -124,15 +125,30 @@ class PodCache:
         self.kube = kube
         self.index: dict[PodKey, PodView] = {}  # fed by Handlers' pod informer (``put``, ``drop``)
         self._assumed: dict[PodKey, tuple[PodView, float]] = {}
+        # Deleted pods whose last view had ended, until their run's next read (``ended``, ``get``).
+        self._ended: dict[PodKey, tuple[PodView, float]] = {}
         self.reads = 0
 
     def put(self, namespace: str, view: PodView) -> None:
         """A pod as the watch (or a list) showed it."""
         self.index[(namespace, view.name)] = view
+        self._ended.pop((namespace, view.name), None)
 
     def drop(self, namespace: str, name: str) -> PodView | None:
         """A pod the watch saw deleted (or a list no longer showed); what was kept of it."""
         return self.index.pop((namespace, name), None)
+
+    def ended(self, namespace: str, final: PodView) -> None:
+        """A pod deleted right after it ended (an eviction: its exit, then its deletion, one event after the
+        other): its last view is what its run's next reconcile reads, once (``get``), as if that reconcile had
+        run between the two events. Without it, a reconcile queued by the exit and run after the deletion read
+        no pod, and an evicted attempt was recorded as Deleted, not Disrupted."""
+        if final.exit_code is None and final.disruption is None and final.phase not in ("Succeeded", "Failed"):
+            return
+        now = time.monotonic()
+        if len(self._ended) >= ENDED_KEPT:  # runs deleted meanwhile never read theirs
+            self._ended = {k: v for k, v in self._ended.items() if now - v[1] < ASSUME_SECONDS}
+        self._ended[(namespace, final.name)] = (final, now)
 
     def assume(self, namespace: str, manifest: Mapping[str, Any]) -> None:
         """The pod the operator just created (the API's answer), until the watch reports it."""
@@ -145,6 +161,8 @@ class PodCache:
         if (indexed := self.index.get(key)) is not None:
             self._assumed.pop(key, None)
             return indexed
+        if (ended := self._ended.pop(key, None)) is not None and time.monotonic() - ended[1] < ASSUME_SECONDS:
+            return ended[0]
         assumed = self._assumed.get(key)
         if assumed is None:
             return None

@@ -300,6 +300,7 @@ class Handlers:
         namespace, name = str(body["metadata"]["namespace"]), str(body["metadata"]["name"])
         if type == "DELETED":
             self.pods.drop(namespace, name)
+            self.pods.ended(namespace, PodView.from_manifest(dict(body)))
             self._pod_gone(namespace, name)
         else:
             self.pods.put(namespace, PodView.from_manifest(dict(body)))
