@@ -60,7 +60,10 @@ def looping_graph(delay: float, steps: int = 100_000) -> StateGraph:
 
 
 async def listeners(dsn: str) -> list[int]:
-    rows = await fetch(dsn, "SELECT pid FROM pg_stat_activity WHERE application_name = $1", LISTENER)
+    # This test's database only: other streams' runners listen on theirs at the same time (CI, stop 40).
+    rows = await fetch(
+        dsn, "SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND datname = current_database()", LISTENER
+    )
     return [r["pid"] for r in rows]
 
 
