@@ -497,8 +497,14 @@ def test_a_default_added_to_a_crd_later_shows_on_objects_stored_before(
     old = real_cluster.wait_for(defaulted, message="the new default on the old object")
     assert old["status"] == {"phase": "Pending"}
     assert old["metadata"]["resourceVersion"] == created.body["metadata"]["resourceVersion"]
-    listed = real_cluster.api("GET", gadgets).body["items"]
-    assert [(g["spec"], g["status"]) for g in listed] == [({"size": 3}, {"phase": "Pending"})]
+
+    def listed() -> list[Any] | None:
+        # Right after the CRD's update the list's storage may still be the old one's: an error, or no default.
+        answer = real_cluster.api("GET", gadgets)
+        found = [(g["spec"], g["status"]) for g in answer.body.get("items", [])] if answer.status == 200 else None
+        return found if found == [({"size": 3}, {"phase": "Pending"})] else None
+
+    real_cluster.wait_for(listed, message="the new default on the old object in a list")
 
 
 def test_delete_answers_a_pod_with_its_deletion_stamp_other_kinds_a_status(
