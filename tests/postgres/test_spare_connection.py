@@ -10,6 +10,7 @@ next write still lands (the run goes on, every step committed once).
 
 from __future__ import annotations
 
+import asyncio
 import operator
 from typing import Annotated, Any, TypedDict
 
@@ -139,3 +140,46 @@ async def test_a_spare_the_server_ended_is_replaced(pg_dsn: str) -> None:
         assert [r["version"] for r in rows] == list(range(1, 2 * (STEPS + 1) + 1)), "every write once, in order"
     finally:
         await store.aclose()
+
+
+async def test_a_call_that_ends_while_its_store_closes_keeps_no_spare(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A run's step still running when its store is closed under it: its call ends while aclose gives the spare
+    # back. Kept then, the connection stayed the store's spare after its pool closed, and the next call took it:
+    # "connection has been released back to the pool", retried as an outage (seen in a failing test's teardown).
+    store = PgCheckpointer(pg_dsn, min_pool_size=1, max_pool_size=2)
+    await store.setup()
+    may_end = asyncio.Event()
+
+    async def slow(conn: Any) -> Any:
+        await may_end.wait()
+        return await conn.fetchval("SELECT 1")
+
+    running = asyncio.create_task(store._read("running", slow))
+    await wait_until(lambda: _in_use(store), what="the running call to hold its connection")
+    await store._read("kept", lambda conn: conn.fetchval("SELECT 2"))  # leaves a spare for aclose to give back
+    assert store._spare is not None
+    give_back = store._release
+    kept_while_closing: list[Any] = []
+
+    async def give_back_while_the_call_ends(conn: Any) -> None:
+        may_end.set()
+        assert await running == 1
+        kept_while_closing.append(store._spare)
+        await give_back(conn)
+
+    monkeypatch.setattr(store, "_release", give_back_while_the_call_ends)
+    await store.aclose()
+    assert kept_while_closing == [None], "a call that ended while its store closed kept its connection as the spare"
+    assert store._spare is None, "a call that ended while its store closed kept its connection as the spare"
+    monkeypatch.undo()
+    try:
+        assert await store._read("after", lambda conn: conn.fetchval("SELECT 3")) == 3
+    finally:
+        await store.aclose()
+
+
+async def _in_use(store: PgCheckpointer) -> bool:
+    pool = store._pool
+    return pool is not None and pool.get_size() - pool.get_idle_size() >= 1

@@ -263,6 +263,7 @@ class PgConnection(Checkpointer):
     _spare: PoolConnectionProxy[asyncpg.Record] | None = None
     _spare_uses = 0
     _spare_timer: asyncio.TimerHandle | None = None
+    _closing = False  # aclose is under way: no call keeps a spare
     _releasing: asyncio.Future[None] | None = None  # the timer's release in flight (a reference keeps it alive)
 
     # -- plumbing ------------------------------------------------------------------------
@@ -420,10 +421,10 @@ class PgConnection(Checkpointer):
                     yield conn
             clean = True
         finally:
-            if not (clean and self._keep_spare(conn)):
+            if not (clean and self._keep_spare(conn, pool)):
                 await pool.release(conn)
 
-    def _keep_spare(self, conn: PoolConnectionProxy[asyncpg.Record]) -> bool:
+    def _keep_spare(self, conn: PoolConnectionProxy[asyncpg.Record], pool: asyncpg.Pool) -> bool:
         """Keep ``conn`` out of the pool for the next call, when it is clean and no other is kept.
 
         Why: asyncpg's ``Pool.acquire`` and ``release`` are Python (a holder, a proxy, a future, a shielded
@@ -433,8 +434,14 @@ class PgConnection(Checkpointer):
         care of idle connections (lifetime, expiry, close) applies. Only a connection that finished its
         call without an error, outside a transaction and open is kept; at most one, so the pool's other
         connections serve everything else (nothing here waits for the spare).
+
+        Never while the store closes, nor from a pool that is no longer the store's: a call still running
+        then (a run's step while its store was closed under it) kept a connection its pool had already let go,
+        and the next call took it and failed ("released back to the pool"), retried as an outage.
         """
-        if self._spare is not None or self._pool is None or conn.is_in_transaction() or conn.is_closed():
+        if self._spare is not None or self._closing or pool is not self._pool:
+            return False
+        if conn.is_in_transaction() or conn.is_closed():
             return False
         self._spare = conn
         self._spare_uses += 1
@@ -504,6 +511,13 @@ class PgConnection(Checkpointer):
 
     @override
     async def aclose(self) -> None:
+        self._closing = True
+        try:
+            await self._aclose()
+        finally:
+            self._closing = False
+
+    async def _aclose(self) -> None:
         await self._progress.aclose()  # before the pool goes: the last steps' notifications
         if self._stop_listener is not None:
             listener, self._stop_listener = self._stop_listener, None
