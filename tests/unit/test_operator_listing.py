@@ -51,12 +51,8 @@ async def test_nothing_is_reconciled_before_every_listing_is_whole_then_every_ru
     parts, kicked, _ = spied(monkeypatch)
     handlers = parts.handlers
     runs, pods = _feeds(handlers)
-    runs.listing()
-    runs.event(None, run("a", "u1"))
-    runs.event(None, run("b", "u2"))
-    runs.listed()
-    pods.listing()
-    pods.event(None, pod("a-1", "u1"))
+    _list(runs, [run("a", "u1"), run("b", "u2")])
+    _list(pods, [pod("a-1", "u1")], whole=False)
     assert kicked == [] and not handlers.ready, "a run was reconciled before the pods' listing was whole"
     await handlers.wake("u1")  # a wake-up from elsewhere (a timer, a store) does nothing yet
     assert parts.runs.get("u1") is not None and parts.runs.get("u1").reconciled is False  # type: ignore[union-attr]
@@ -72,14 +68,8 @@ async def test_a_relist_prunes_a_run_and_a_pod_it_no_longer_shows_as_deleted(mon
     parts, _, deleted = spied(monkeypatch)
     handlers = parts.handlers
     runs, pods = _feeds(handlers)
-    runs.listing()
-    runs.event(None, run("a", "u1"))
-    runs.event(None, run("b", "u2"))
-    runs.listed()
-    pods.listing()
-    pods.event(None, pod("a-1", "u1"))
-    pods.event(None, pod("b-1", "u2"))
-    pods.listed()
+    _list(runs, [run("a", "u1"), run("b", "u2")])
+    _list(pods, [pod("a-1", "u1"), pod("b-1", "u2")])
     runs.listing()  # the watch's version expired: listed again, b was deleted meanwhile (no DELETED seen)
     runs.event(None, run("a", "u1"))
     runs.listed()
@@ -90,6 +80,15 @@ async def test_a_relist_prunes_a_run_and_a_pod_it_no_longer_shows_as_deleted(mon
     pods.event(None, pod("a-1", "u1"))
     pods.listed()
     assert ("shop", "b-1") not in parts.reconciler.pods.index, "a pod the relist no longer showed was kept"
+
+
+def _list(feed: Any, bodies: list[dict[str, Any]], *, whole: bool = True) -> None:
+    """A listing of ``bodies`` handed to ``feed`` (``whole``: and completed)."""
+    feed.listing()
+    for body in bodies:
+        feed.event(None, body)
+    if whole:
+        feed.listed()
 
 
 def _feeds(handlers: Any) -> tuple[Any, Any]:
@@ -112,14 +111,9 @@ async def test_a_pod_deleted_right_after_it_ended_is_read_once_as_it_ended(monke
     # An eviction: the runner's exit, then the pod's deletion, back to back on the watch. The reconcile the exit
     # queued runs after both were indexed; it must still see how the attempt ended (Disrupted, not Deleted).
     parts, _, _ = spied(monkeypatch)
-    handlers = parts.handlers
-    runs, pods = _feeds(handlers)
-    runs.listing()
-    runs.event(None, run("a", "u1"))
-    runs.listed()
-    pods.listing()
-    pods.event(None, pod("a-1", "u1"))
-    pods.listed()
+    runs, pods = _feeds(parts.handlers)
+    _list(runs, [run("a", "u1")])
+    _list(pods, [pod("a-1", "u1")])
     pods.event("MODIFIED", evicted(pod("a-1", "u1")))
     pods.event("DELETED", evicted(pod("a-1", "u1")))
     cache = parts.reconciler.pods
