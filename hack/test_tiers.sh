@@ -4,8 +4,8 @@
 # Why four: one pytest took 57 min and two (the cluster tier beside the rest) 35.5, each tier about as long as alone;
 # so the cluster tier is cut in two (the operator's scenarios, faults, scale and chaos; the clients: kubectl, the
 # plugin, Helm, the history server, the local cluster) and the rest in two (the real node and kubesim's self-tests,
-# with the integration tier; the postgres, bad-input, unit and chart tiers, in the foreground). Measured: 21.7 min
-# for 2,182 tests (37 min before the real server's teardowns were cut). Both cores are
+# with the integration tier; the postgres, bad-input, unit and chart tiers, in the foreground). Measured: 21.5 min
+# for 2,209 tests (37 min before the real server's teardowns were cut). Both cores are
 # saturated now (tests/README.md, "How long"): less CPU per test is what shortens it further.
 # They share nothing: every cluster test has its own kubesim, or its process's session real plane on loopback, and
 # a database of its own; the node tier's plane listens on the node's host address in a network namespace of its own.
