@@ -34,10 +34,12 @@ if ! grep -qF "$marker" "$conf/pg_hba.conf"; then
     pg_ctlcluster --skip-systemctl-redirect "$version" main reload 2>/dev/null || true
 fi
 mkdir -p "$conf/conf.d"
-# Loopback only; room for the cluster tier's runner pods (each a pool plus a LISTEN connection); no TLS on
-# loopback (Debian's cluster has ssl = on with a snakeoil cert: clients would pay a handshake per connection
-# and the benchmarks would measure TLS).
+# Loopback only, on 5432 (pg_createcluster takes the next free port, 5433, when 5432 was busy as the cluster was
+# made, and the tests connect to 5432); room for the cluster tier's runner pods (each a pool plus a LISTEN
+# connection); no TLS on loopback (Debian's cluster has ssl = on with a snakeoil cert: clients would pay a
+# handshake per connection and the benchmarks would measure TLS).
 settings="listen_addresses = 'localhost'
+port = 5432
 max_connections = 300
 ssl = off"
 if [ "$(cat "$conf/conf.d/agentrun.conf" 2>/dev/null)" != "$settings" ]; then
