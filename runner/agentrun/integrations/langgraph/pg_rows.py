@@ -403,16 +403,7 @@ class PgRows(RowStore):
 def _checkpoint_args(row: CheckpointRow, blobs: list[BlobRow], fence: Fence) -> tuple[Any, ...]:
     """The checkpoint's and its blobs' parameters, in the order both fenced functions (migrations 14, 18) take them."""
     return (
-        row.thread_id,
-        row.checkpoint_ns,
-        row.checkpoint_id,
-        row.parent_checkpoint_id,
-        row.type,
-        row.checkpoint,
-        row.metadata_type,
-        row.metadata,
-        json.dumps(row.channel_versions),
-        row.run_id,
+        *row.stored(),
         fence.attempt,
         fence.run_uid,
         [b.channel for b in blobs],

@@ -13,9 +13,10 @@ blob keyed by ``(channel, version)``, written once when the version is new
 from __future__ import annotations
 
 import abc
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from agentrun.checkpoint.base import Intent, LedgerEntry
 
@@ -75,6 +76,21 @@ class CheckpointRow:
     # channel -> version (as text) of the checkpoint: the blobs it uses.
     channel_versions: dict[str, str]
     run_id: str | None = None
+
+    def stored(self) -> tuple[Any, ...]:
+        """Its values in the order the stores' checkpoint statements take them (the versions as JSON text)."""
+        return (
+            self.thread_id,
+            self.checkpoint_ns,
+            self.checkpoint_id,
+            self.parent_checkpoint_id,
+            self.type,
+            self.checkpoint,
+            self.metadata_type,
+            self.metadata,
+            json.dumps(self.channel_versions),
+            self.run_id,
+        )
 
 
 @dataclass

@@ -190,16 +190,7 @@ class SqliteRows(RowStore):
             conn.execute(
                 _PUT_CHECKPOINT,
                 (
-                    row.thread_id,
-                    row.checkpoint_ns,
-                    row.checkpoint_id,
-                    row.parent_checkpoint_id,
-                    row.type,
-                    row.checkpoint,
-                    row.metadata_type,
-                    row.metadata,
-                    json.dumps(row.channel_versions),
-                    row.run_id,
+                    *row.stored(),
                     fence.attempt,
                     fence.run_uid,
                     time.time(),
