@@ -66,11 +66,6 @@ log = logging.getLogger("agentrun_operator.handlers")
 ThreadKey = tuple[str, str]
 
 
-def _thread_of(body: Mapping[str, Any]) -> ThreadKey | None:
-    thread = (body.get("spec") or {}).get("threadId")
-    return (str(body["metadata"]["namespace"]), str(thread)) if thread else None
-
-
 class RunIndex:
     """The runs as the watch last showed them: each one's packed view by uid, and the runs on each thread."""
 
