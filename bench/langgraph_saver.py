@@ -56,13 +56,17 @@ from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 
 from agentrun.checkpoint.postgres import PgCheckpointer
+from agentrun.config import RunConfig
+from agentrun.integrations.langgraph.run import prepare, run_turn
 from agentrun.integrations.langgraph import AgentrunSaver, LedgerToolNode
 from bench.counting import Counter
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 WORKLOADS = ("step", "tools")
-SIDES = ("agentrun", "langgraph", "memory")  # memory: LangGraph's InMemorySaver, no store at all (the floor)
+# memory: LangGraph's InMemorySaver, no store at all (the floor); run: ours as the runner runs an AgentRun's graph
+# (``run_turn``: the progress mirror, the metering callback and the stop supervisor included)
+SIDES = ("agentrun", "langgraph", "memory", "run")
 
 
 def _dsn(database: str | None = None) -> str:
@@ -144,28 +148,43 @@ class Side:
     transactions: int = 0
     units: int = 0
     commits_before: int = 0
+    store: PgCheckpointer | None = None  # the run side's store (run_turn takes the store, not a saver)
 
 
 async def _commits(admin: asyncpg.Connection, database: str) -> int:
     return int(await admin.fetchval("SELECT xact_commit FROM pg_stat_database WHERE datname = $1", database))
 
 
-async def run_once(app: Any, workload: str, p: Params) -> float:
-    """One run on a fresh thread: ms per step or per tool iteration."""
+@dataclass
+class _NoPreemption:
+    requested: bool = False
+    cancel_now: bool = False
+
+
+async def run_once(app: Any, workload: str, p: Params, store: PgCheckpointer | None = None) -> float:
+    """One run on a fresh thread: ms per step or per tool iteration (``store``: as an AgentRun, ``run_turn``)."""
     config: Any = {"configurable": {"thread_id": uuid.uuid4().hex}, "recursion_limit": 10 * p.steps + 10}
     started = time.perf_counter()
-    await app.ainvoke({"messages": [HumanMessage("go")]}, config, durability="sync")
+    if store is None:
+        await app.ainvoke({"messages": [HumanMessage("go")]}, config, durability="sync")
+    else:
+        cfg = RunConfig.from_any(
+            {"thread_id": uuid.uuid4().hex, "run_uid": "bench", "recursion_limit": 10 * p.steps + 10}
+        )
+        payload = {"messages": [{"role": "user", "content": "go"}]}
+        await run_turn(app, store=store, cfg=cfg, payload=payload, existing=None, preemption=_NoPreemption())
     return (time.perf_counter() - started) / p.units(workload) * 1000
 
 
 @contextlib.asynccontextmanager
 async def saver_for(one: Side) -> AsyncIterator[BaseCheckpointSaver[Any]]:
-    if one.side == "agentrun":
+    if one.side in ("agentrun", "run"):
         one.counter = Counter()
         # sslmode=disable: the wire counter reads a plain TCP transport (as bench.runtime does).
         dsn = _dsn(one.database) + "?sslmode=disable"
         store = PgCheckpointer(dsn, pool_options={"init": one.counter.init})
         await store.setup()
+        one.store = store if one.side == "run" else None
         try:
             yield AgentrunSaver(store)
         finally:
@@ -180,14 +199,17 @@ async def saver_for(one: Side) -> AsyncIterator[BaseCheckpointSaver[Any]]:
 
 
 def _build(one: Side, saver: BaseCheckpointSaver[Any], p: Params) -> Any:
-    graph = step_graph(p.steps) if one.workload == "step" else tools_graph(one.side, p.iterations)
+    side = "agentrun" if one.side == "run" else one.side
+    graph = step_graph(p.steps) if one.workload == "step" else tools_graph(side, p.iterations)
+    if one.side == "run":
+        return prepare(graph.compile(), "bench")  # run_turn gives it AgentrunSaver on the run's store
     return graph.compile(checkpointer=saver)
 
 
 async def _measure_round(one: Side, p: Params) -> None:
     before = one.counter.snapshot() if one.counter else (0, 0)
     cpu = time.process_time()
-    times = [await run_once(one.app, one.workload, p) for _ in range(p.runs)]
+    times = [await run_once(one.app, one.workload, p, one.store) for _ in range(p.runs)]
     one.cpu_ms.append((time.process_time() - cpu) / (p.runs * p.units(one.workload)) * 1000)
     if one.counter:
         one.round_trips += one.counter.round_trips - before[0]
@@ -208,7 +230,7 @@ async def measure(p: Params) -> dict[str, Any]:
                     await admin.execute(f'CREATE DATABASE "{one.database}"')
                 saver = await stack.enter_async_context(saver_for(one))
                 one.app = _build(one, saver, p)
-                await run_once(one.app, one.workload, p)  # warm: pool, prepared statements
+                await run_once(one.app, one.workload, p, one.store)  # warm: pool, prepared statements
             await asyncio.sleep(0.6)  # pg_stat_database is updated when a backend reports
             stored = [one for one in sides if one.side != "memory"]
             for one in stored:
@@ -231,7 +253,7 @@ async def measure(p: Params) -> dict[str, Any]:
 def _summary(sides: list[Side], commits: dict[int, int], p: Params, load_before: tuple[float, ...]) -> dict[str, Any]:
     rows: dict[str, Any] = {}
     for workload in WORKLOADS:
-        ours, theirs, floor = (next(o for o in sides if o.workload == workload and o.side == s) for s in SIDES)
+        ours, theirs, floor, run = (next(o for o in sides if o.workload == workload and o.side == s) for s in SIDES)
         ratios = [t / o for t, o in zip(theirs.ms, ours.ms, strict=True)]
         # The most any store could give: LangGraph's time with no store at all against its time on its own saver.
         ceiling = [t / f for t, f in zip(theirs.ms, floor.ms, strict=True)]
@@ -253,6 +275,11 @@ def _summary(sides: list[Side], commits: dict[int, int], p: Params, load_before:
             "agentrun_transactions_wire": round(ours.transactions / ours.units, 2),
             "agentrun_commits": round(commits[id(ours)] / ours.units, 2),
             "langgraph_commits": round(commits[id(theirs)] / theirs.units, 2),
+            "run_ms": round(statistics.median(run.ms), 3),
+            "langgraph_over_run": round(statistics.median(t / r for t, r in zip(theirs.ms, run.ms, strict=True)), 2),
+            "run_cpu_ms": round(statistics.median(run.cpu_ms), 3),
+            "run_round_trips": round(run.round_trips / run.units, 2),
+            "run_commits": round(commits[id(run)] / run.units, 2),
             "agentrun_ms_per_round": [round(x, 3) for x in ours.ms],
             "langgraph_ms_per_round": [round(x, 3) for x in theirs.ms],
         }
@@ -288,6 +315,18 @@ def table(report: dict[str, Any]) -> str:
             f"| {row['agentrun_cpu_ms']} / {row['langgraph_cpu_ms']} ({row['langgraph_over_agentrun_cpu']}x) "
             f"| {row['agentrun_round_trips']} | {row['agentrun_commits']} | {row['langgraph_commits']} "
             f"| {row['memory_ms']}: {row['ceiling_langgraph_over_memory']}x |"
+        )
+    lines += [
+        "",
+        "As an AgentRun (``run_turn``: the same graph as the runner runs it, our progress row and metering included):",
+        "",
+        "| per | ms | theirs / it | client CPU ms | round trips | commits |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in report["workloads"].values():
+        lines.append(
+            f"| {row['unit']} | {row['run_ms']} | {row['langgraph_over_run']}x | {row['run_cpu_ms']} "
+            f"| {row['run_round_trips']} | {row['run_commits']} |"
         )
     load = report["load_average"]
     return "\n".join(lines) + f"\n\nload average (1, 5, 15 min) before {load['before']}, after {load['after']}"

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Sequence
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -137,10 +137,48 @@ class CachedStore(Checkpointer):
         attempt: int | None = None,
         run_uid: str | None = None,
     ) -> Commit:
+        return await self._committed(
+            thread_id,
+            write,
+            expected_version,
+            attempt,
+            run_uid,
+            self.inner.acommit(thread_id, write, expected_version=expected_version, attempt=attempt, run_uid=run_uid),
+        )
+
+    @property
+    def rides_lg_steps(self) -> bool:
+        """Whether ``acommit_with_lg_step`` is there: the inner store's (PostgreSQL)."""
+        return hasattr(self.inner, "acommit_with_lg_step")
+
+    async def acommit_with_lg_step(
+        self,
+        thread_id: str,
+        write: CheckpointWrite,
+        lg_step: tuple[Any, ...],
+        *,
+        expected_version: int,
+        attempt: int | None = None,
+        run_uid: str | None = None,
+    ) -> Commit:
+        """``acommit`` with a LangGraph super-step in its statement (``PgCheckpointer.acommit_with_lg_step``)."""
+        inner = self.inner.acommit_with_lg_step(  # type: ignore[attr-defined]
+            thread_id, write, lg_step, expected_version=expected_version, attempt=attempt, run_uid=run_uid
+        )
+        return await self._committed(thread_id, write, expected_version, attempt, run_uid, inner)
+
+    async def _committed(
+        self,
+        thread_id: str,
+        write: CheckpointWrite,
+        expected_version: int,
+        attempt: int | None,
+        run_uid: str | None,
+        inner: Awaitable[Commit],
+    ) -> Commit:
+        """Await the inner store's commit, then the cache's copy of it."""
         try:
-            commit = await self.inner.acommit(
-                thread_id, write, expected_version=expected_version, attempt=attempt, run_uid=run_uid
-            )
+            commit = await inner
         except StaleStateError:
             await self.cache.invalidate(thread_id)
             raise

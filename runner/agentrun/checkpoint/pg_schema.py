@@ -985,6 +985,53 @@ MIGRATIONS: list[Migration] = [
         $$;
         """,
     ),
+    Migration(
+        "a LangGraph run's progress row and its super-step in one statement",
+        # A LangGraph graph run as an AgentRun mirrors its progress into our state rows after each super-step
+        # (integrations/langgraph/run.py); the mirror's row rides in the next super-step's statement when that
+        # comes within a few milliseconds: one round trip and one commit per super-step instead of two. Our
+        # row first (its lock FOR UPDATE, fence and version check, migration 11), then, only when it landed
+        # (or had landed: a retry), the super-step (migration 18; it takes the same row FOR SHARE, which this
+        # transaction already holds more strongly). An outcome other than ok or committed writes nothing of
+        # either: the caller sends the super-step alone.
+        """
+        CREATE FUNCTION agentrun_put_checkpoint_and_lg_step(
+            p_thread_id {thread_id_type}, p_expected BIGINT, p_attempt INTEGER, p_run_uid TEXT, p_write_id TEXT,
+            p_current_node TEXT, p_step INTEGER, p_status TEXT, p_values JSON, p_meta JSON, p_message_count INTEGER,
+            p_idx INTEGER[], p_message_ids TEXT[], p_bodies TEXT[],
+            p_turn_key TEXT, p_turn_run_uid TEXT, p_turn_status TEXT, p_turn_error JSON, p_turn_result JSON,
+            p_turn_tool_calls JSON, p_base_version BIGINT, p_incarnation TEXT,
+            p_lg_ns TEXT, p_lg_id TEXT, p_lg_parent TEXT, p_lg_type TEXT, p_lg_checkpoint BYTEA,
+            p_lg_metadata_type TEXT, p_lg_metadata BYTEA, p_lg_versions JSON, p_lg_run_id TEXT, p_lg_attempt INTEGER,
+            p_lg_run_uid TEXT, p_lg_channels TEXT[], p_lg_blob_versions TEXT[], p_lg_blob_types TEXT[],
+            p_lg_blobs BYTEA[], p_lg_writes_id TEXT, p_lg_task_ids TEXT[], p_lg_idx INTEGER[],
+            p_lg_write_channels TEXT[], p_lg_write_types TEXT[], p_lg_values BYTEA[], p_lg_paths TEXT[],
+            OUT o_outcome TEXT, OUT o_version BIGINT, OUT o_incarnation TEXT, OUT o_created_at FLOAT8,
+            OUT o_owner_run_uid TEXT, OUT o_owner_attempt INTEGER, OUT o_lg_outcome TEXT
+        ) LANGUAGE plpgsql AS $$
+        BEGIN
+            SELECT c.o_outcome, c.o_version, c.o_incarnation, c.o_created_at, c.o_owner_run_uid, c.o_owner_attempt
+            INTO o_outcome, o_version, o_incarnation, o_created_at, o_owner_run_uid, o_owner_attempt
+            FROM agentrun_put_checkpoint(p_thread_id, p_expected, p_attempt, p_run_uid, p_write_id, p_current_node,
+                                         p_step, p_status, p_values, p_meta, p_message_count, p_idx, p_message_ids,
+                                         p_bodies, p_turn_key, p_turn_run_uid, p_turn_status, p_turn_error,
+                                         p_turn_result, p_turn_tool_calls, p_base_version, p_incarnation) c;
+            IF o_outcome IN ('ok', 'committed') THEN
+                SELECT s.o_outcome INTO o_lg_outcome
+                FROM agentrun_lg_put_step(p_thread_id, p_lg_ns, p_lg_id, p_lg_parent, p_lg_type, p_lg_checkpoint,
+                                          p_lg_metadata_type, p_lg_metadata, p_lg_versions, p_lg_run_id, p_lg_attempt,
+                                          p_lg_run_uid, p_lg_channels, p_lg_blob_versions, p_lg_blob_types, p_lg_blobs,
+                                          p_lg_writes_id, p_lg_task_ids, p_lg_idx, p_lg_write_channels,
+                                          p_lg_write_types, p_lg_values, p_lg_paths) s;
+                IF o_lg_outcome IS DISTINCT FROM 'ok' THEN
+                    -- Unreachable while this transaction holds the thread row and passed its fence; never half.
+                    RAISE EXCEPTION 'agentrun: the LangGraph step beside the progress row came out %', o_lg_outcome;
+                END IF;
+            END IF;
+        END
+        $$;
+        """,
+    ),
 ]
 
 _CREATE_VERSION_TABLE = """

@@ -50,6 +50,17 @@ _PUT_CHECKPOINT = """
     FROM agentrun_put_checkpoint($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18,
                                  $19, $20, $21::bigint, $22::text)
 """
+_PUT_ARGS = 22
+# The same with a LangGraph super-step in the statement (migration 19: a LangGraph run's progress row riding in
+# its next step's statement, integrations/langgraph/run.py); the step's 22 parameters follow ours.
+_PUT_CHECKPOINT_AND_LG_STEP = (
+    "SELECT o_outcome, o_version, o_incarnation, o_created_at, o_owner_run_uid, o_owner_attempt\n"
+    "FROM agentrun_put_checkpoint_and_lg_step("
+    + ", ".join(f"${i}" for i in range(1, 21))
+    + ", $21::bigint, $22::text, "
+    + ", ".join(f"${i}::json" if i == 30 else f"${i}" for i in range(23, 45))
+    + ")"
+)
 # The cheap head of a thread: what a cache entry must match exactly to be served.
 _HEAD_VERSION = """
     SELECT t.incarnation::text AS incarnation,
@@ -198,6 +209,34 @@ class PgState(PgConnection):
         attempt: int | None = None,
         run_uid: str | None = None,
     ) -> Commit:
+        return await self._commit(thread_id, write, expected_version, attempt, run_uid, None)
+
+    async def acommit_with_lg_step(
+        self,
+        thread_id: str,
+        write: CheckpointWrite,
+        lg_step: tuple[Any, ...],
+        *,
+        expected_version: int,
+        attempt: int | None = None,
+        run_uid: str | None = None,
+    ) -> Commit:
+        """``acommit``, and a LangGraph super-step of the same thread in the same statement and commit.
+
+        ``lg_step``: ``agentrun_lg_put_step``'s parameters after the thread id (``pg_rows.PgRows.step_args``).
+        The step lands exactly when the state row does; any error means neither landed (migration 19).
+        """
+        return await self._commit(thread_id, write, expected_version, attempt, run_uid, lg_step)
+
+    async def _commit(
+        self,
+        thread_id: str,
+        write: CheckpointWrite,
+        expected_version: int,
+        attempt: int | None,
+        run_uid: str | None,
+        lg_step: tuple[Any, ...] | None,
+    ) -> Commit:
         check_thread_id(thread_id)
         # The id lets a retry recognize its own row when the first try's COMMIT went unacknowledged.
         write_id = os.urandom(16).hex()  # 128 random bits, as uuid4 has 122 of, without building a UUID
@@ -244,7 +283,7 @@ class PgState(PgConnection):
                 commit = await self._call(
                     "checkpoint",
                     lambda args=args: self._put_one_statement(  # type: ignore[misc]
-                        thread_id, args, expected_version, attempt, run_uid
+                        thread_id, args if lg_step is None else (*args, *lg_step), expected_version, attempt, run_uid
                     ),
                 )
             except _Rebase:
@@ -299,16 +338,17 @@ class PgState(PgConnection):
         self, thread_id: str, args: tuple[Any, ...], expected_version: int, attempt: int | None, run_uid: str | None
     ) -> Commit:
         """``_PUT_CHECKPOINT`` on a pooled connection (autocommit); the outcome turned into a commit or an error."""
+        sql = _PUT_CHECKPOINT if len(args) == _PUT_ARGS else _PUT_CHECKPOINT_AND_LG_STEP
         async with self._connection() as conn:
             try:
                 if armed("in_checkpoint_txn"):
                     # The crash tests' fault point: killed after the insert, before the commit.
                     async with contextlib.nullcontext() if self.pooler else conn.transaction():
-                        row = await conn.fetchrow(_PUT_CHECKPOINT, *args)
+                        row = await conn.fetchrow(sql, *args)
                         if row is not None and row["o_outcome"] == "ok":
                             fault_point("in_checkpoint_txn", str(row["o_version"]))
                 else:
-                    row = await conn.fetchrow(_PUT_CHECKPOINT, *args)
+                    row = await conn.fetchrow(sql, *args)
             except asyncpg.UniqueViolationError as e:
                 # Unreachable while every writer takes the row lock; kept as the documented backstop.
                 raise StaleStateError(thread_id, expected_version, expected_version + 1) from e

@@ -216,6 +216,7 @@ class PgCheckpointer(PgState, PgLedger, PgHistory):
     """
 
     backend = "postgres"
+    rides_lg_steps = True  # acommit_with_lg_step (pg_state): a LangGraph run's progress row in its step's statement
 
     def __init__(
         self,

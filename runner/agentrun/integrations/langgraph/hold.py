@@ -46,6 +46,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Protocol
+
+from agentrun.checkpoint.base import CheckpointWrite, Commit
 
 from .rows import WriteRow
 
@@ -157,3 +160,25 @@ class WriteHold:
                 raise
             return
         held.settle(None)
+
+
+class Ride(Protocol):
+    """A progress row of ours waiting for the thread's next checkpoint, to go in its statement (``run._Mirror``).
+
+    The saver stores it with the checkpoint (``acommit_with_lg_step``) and calls
+    ``landed`` exactly once: with the commit, or with the error that kept it out
+    (then the checkpoint went alone, unless the error was fatal to both).
+    """
+
+    thread_id: str
+    write: CheckpointWrite
+    expected_version: int
+    attempt: int | None
+    run_uid: str | None
+
+    def landed(self, commit: Commit | None, error: BaseException | None) -> None:
+        """The row's outcome: stored with ``commit``, or kept out by ``error``."""
+
+
+# Gives the saver the progress row waiting for ``thread_id``'s next checkpoint, if one waits.
+Rider = Callable[[str], Ride | None]

@@ -242,11 +242,19 @@ class PgRows(RowStore):
         self, row: CheckpointRow, blobs: list[BlobRow], fence: Fence, writes: Sequence[WriteRow]
     ) -> None:
         await self._fenced(
-            "langgraph step",
-            row.thread_id,
-            fence,
-            _PUT_STEP,
-            *_checkpoint_args(row, blobs, fence),
+            "langgraph step", row.thread_id, fence, _PUT_STEP, row.thread_id, *self.step_args(row, blobs, fence, writes)
+        )
+
+    @staticmethod
+    def step_args(
+        row: CheckpointRow, blobs: list[BlobRow], fence: Fence, writes: Sequence[WriteRow]
+    ) -> tuple[Any, ...]:
+        """A super-step's parameters of ``agentrun_lg_put_step`` after the thread id (migration 18).
+
+        Also what ``acommit_with_lg_step`` carries beside a progress row (migration 19).
+        """
+        return (
+            *_checkpoint_args(row, blobs, fence)[1:],
             row.parent_checkpoint_id,
             [w.task_id for w in writes],
             [w.idx for w in writes],

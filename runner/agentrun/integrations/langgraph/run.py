@@ -52,7 +52,7 @@ from langgraph.pregel import Pregel
 from langgraph.types import Command as LangGraphCommand
 
 from agentrun import structure
-from agentrun.checkpoint.base import Checkpoint, Checkpointer, CheckpointWrite, RunStatus
+from agentrun.checkpoint.base import Checkpoint, Checkpointer, CheckpointWrite, Commit, RunStatus
 from agentrun.config import RunConfig
 from agentrun.constants import END
 from agentrun.context import ToolCounts, executed_since
@@ -64,10 +64,18 @@ from agentrun.result import final_result
 from agentrun.usage import META_KEY as MODEL_USAGE
 from agentrun.usage import ModelUsage
 
+from . import hold
 from .saver import AgentrunSaver
 from .tools import track
 
 log = logging.getLogger("agentrun.integrations.langgraph")
+
+# How long a super-step's progress row waits for the next super-step's statement to carry it (seconds): longer
+# than LangGraph takes from a checkpoint to the next when no node waits on anything, far below what a person
+# watching `kubectl get agentruns` would notice. A node that waits (a model, a tool) lets it go alone.
+MIRROR_WINDOW = 0.002
+# How long the turn's end waits for a progress write in flight before it reads the version back instead.
+DRAIN_SECONDS = 30
 
 # The LangGraph versions this integration is tested with (the saver contract and ToolNode's wrappers).
 SUPPORTED = ((1, 2), (2, 0))
@@ -168,6 +176,14 @@ class _Mirror:
     # there (None: read back from the store) and its stored form; ``pending``: what the next write sends.
     shown: list[tuple[Any, dict[str, Any]]] = field(default_factory=list)
     pending: list[tuple[int, Message]] = field(default_factory=list)
+    # A staged row (``stage``) waits at most ``window`` seconds for the next super-step's statement to carry it.
+    window: float = field(default_factory=lambda: MIRROR_WINDOW)  # read when made: tests widen it
+    _dirty: bool = False  # staged and not yet sent
+    _timer: asyncio.TimerHandle | None = None
+    _flight: asyncio.Future[None] | None = None  # a row of ours in a statement now (riding or alone)
+    _alone: asyncio.Future[None] | None = None
+    _error: BaseException | None = None  # what a staged row met; raised by the next stage()
+    _uncertain: bool = False  # a write cancelled mid-statement may have landed: read the version before the next
 
     def take(self, values: Any) -> None:
         """Queue the messages of LangGraph's ``messages`` channel our table does not hold as they are now.
@@ -196,7 +212,58 @@ class _Mirror:
             self.shown[index : index + 1] = [(message, stored)]
         del self.shown[end:]
 
+    def stage(self) -> None:
+        """The progress after a super-step, written within ``window``: in the next super-step's statement when
+        that comes sooner (``ride``: one round trip and one commit for both), else on its own.
+
+        Raises what an earlier staged write met (it ends the turn, as a failed write did when it was awaited).
+        """
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        self._dirty = True
+        self._arm()
+
+    def ride(self, thread_id: str) -> _Ride | None:
+        """The saver's rider (``hold.Rider``): the staged row, if one waits and nothing of ours is in flight."""
+        if not self._dirty or self._flight is not None or self._error is not None or thread_id != self.cfg.thread_id:
+            return None
+        return _Ride(self, self._take("running"))
+
+    async def settle(self) -> None:
+        """Wait for what is in flight and write what is staged: the progress is stored when this returns."""
+        await self._drain()
+        if self._dirty:
+            await self.write("running")
+
     async def write(self, status: RunStatus) -> None:
+        """Write the progress now with ``status`` (the turn's start and end), after anything in flight."""
+        await self._drain()
+        if self._uncertain:  # a write was cancelled mid-statement: it may have landed, so ask which version is last
+            progress = await self.store.aget_progress(self.cfg.thread_id)
+            if progress is not None:
+                self.version = progress.version
+            self._uncertain = False
+        write = self._take(status)
+        try:
+            commit = await self.store.acommit(
+                self.cfg.thread_id,
+                write,
+                expected_version=self.version,
+                attempt=self.cfg.attempt,
+                run_uid=self.cfg.run_uid,
+            )
+        except BaseException as e:
+            self._failed(write, e)
+            raise
+        self._stored(commit)
+        self._error = None
+
+    def _take(self, status: RunStatus) -> CheckpointWrite:
+        """The row as of now (the pending messages go with it); the turn is recorded at its start and end."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         self.meta["tool_calls"] = self.counts.as_dict()
         if self.counts.last_error is not None:
             self.meta["last_tool_error"] = self.counts.last_error
@@ -207,17 +274,114 @@ class _Mirror:
             current_node=self.node,
             step=self.step,
             status=status,
-            meta=self.meta,
+            meta=dict(self.meta),  # a copy: the row may be encoded after the next super-step changed the meta
             message_count=len(self.shown),
             messages=self.pending,
             record_turn=self.first or status != "running",
             changed=frozenset(),
         )
-        self.version = await self.store.aput(
-            self.cfg.thread_id, write, expected_version=self.version, attempt=self.cfg.attempt, run_uid=self.cfg.run_uid
-        )
         self.pending = []
+        self._dirty = False
+        return write
+
+    def _stored(self, commit: Commit) -> None:
+        self.version = commit.version
         self.first = False
+
+    def _failed(self, write: CheckpointWrite, error: BaseException) -> None:
+        self.pending = [*write.messages, *self.pending]  # sent again with the next row
+        self._dirty = True
+        if isinstance(error, asyncio.CancelledError):
+            self._uncertain = True
+
+    def _landed(self, write: CheckpointWrite, commit: Commit | None, error: BaseException | None) -> None:
+        """A staged row's outcome, riding or alone; then arm the window again if more was staged meanwhile."""
+        flight, self._flight = self._flight, None
+        if commit is not None:
+            self._stored(commit)
+        else:
+            assert error is not None
+            self._failed(write, error)
+            if isinstance(error, Exception):
+                self._error = error  # raised by the next stage(); write() tries again for the turn's end
+        if flight is not None and not flight.done():
+            flight.set_result(None)
+        self._arm()
+
+    def _arm(self) -> None:
+        if self._dirty and self._timer is None and self._flight is None and self._error is None:
+            self._timer = asyncio.get_running_loop().call_later(self.window, self._send_alone)
+
+    def _send_alone(self) -> None:
+        """The window ended and no super-step took the row: it goes on its own statement."""
+        self._timer = None
+        if not self._dirty or self._flight is not None:
+            return
+        self._flight = asyncio.get_running_loop().create_future()
+        write = self._take("running")
+        self._alone = asyncio.ensure_future(self._write_alone(write))  # referenced until it ends
+
+    async def _write_alone(self, write: CheckpointWrite) -> None:
+        try:
+            commit = await self.store.acommit(
+                self.cfg.thread_id,
+                write,
+                expected_version=self.version,
+                attempt=self.cfg.attempt,
+                run_uid=self.cfg.run_uid,
+            )
+        except BaseException as e:
+            self._landed(write, None, e)
+            if not isinstance(e, Exception):
+                raise
+            return
+        self._landed(write, commit, None)
+
+    def close(self) -> None:
+        """The attempt ends without a last row (preempted, cancelled): a staged row is dropped, not sent later.
+
+        Nothing depends on it: the next attempt resumes from LangGraph's checkpoint and mirrors from there.
+        """
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    async def _drain(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        while self._flight is not None:
+            flight = self._flight
+            try:
+                await asyncio.wait_for(asyncio.shield(flight), DRAIN_SECONDS)
+            except TimeoutError:  # its statement never answered (its task was dropped): assume nothing
+                log.warning("thread %s: a progress write did not end in %ds", self.cfg.thread_id, DRAIN_SECONDS)
+                if self._flight is flight:
+                    self._flight = None
+                    self._dirty = True
+                    self._uncertain = True
+
+
+@dataclass
+class _Ride:
+    """A staged progress row on its way in a super-step's statement (``hold.Ride``)."""
+
+    mirror: _Mirror
+    write: CheckpointWrite
+    thread_id: str = field(init=False)
+    expected_version: int = field(init=False)
+    attempt: int | None = field(init=False)
+    run_uid: str | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.expected_version = self.mirror.version
+        self.thread_id = self.mirror.cfg.thread_id
+        self.attempt = self.mirror.cfg.attempt
+        self.run_uid = self.mirror.cfg.run_uid
+        self.mirror._flight = asyncio.get_running_loop().create_future()
+
+    def landed(self, commit: Commit | None, error: BaseException | None) -> None:
+        self.mirror._landed(self.write, commit, error)
 
 
 def _result(values: Any) -> dict[str, Any] | None:
@@ -251,7 +415,8 @@ async def run_turn(  # noqa: C901 -- see the comment above: the turn reads in or
     resumable), ``FencedError``/``StoreUnavailableError`` from the store, and the
     graph's own error after recording the turn as failed.
     """
-    graph = app.copy(update={"checkpointer": AgentrunSaver(store, attempt=cfg.attempt, run_uid=cfg.run_uid)})
+    saver = AgentrunSaver(store, attempt=cfg.attempt, run_uid=cfg.run_uid, hold_writes=hold.WRITE_HOLD_WINDOW)
+    graph = app.copy(update={"checkpointer": saver})
     config: Any = {"configurable": {"thread_id": cfg.thread_id}, "recursion_limit": cfg.recursion_limit}
     meta = {k: v for k, v in (existing.meta if existing else {}).items() if k in ("run_uid", "request_key")}
     if payload is not None:
@@ -267,6 +432,7 @@ async def run_turn(  # noqa: C901 -- see the comment above: the turn reads in or
     usage = ModelUsage.from_meta(existing.meta) if existing is not None and continuing else ModelUsage()
     mirror = _Mirror(store, cfg, existing.version if existing else 0, meta=meta, counts=counts, usage=usage)
     config["callbacks"] = [_Metering(usage)]
+    saver.rider = mirror.ride
     if existing is not None:
         mirror.node, mirror.step = existing.current_node, existing.step
         mirror.shown = [(None, m.to_json()) for m in existing.messages]  # what our messages table holds
@@ -303,9 +469,10 @@ async def run_turn(  # noqa: C901 -- see the comment above: the turn reads in or
             mirror.step = max(0, int((checkpoint.get("metadata") or {}).get("step", mirror.step)))
             mirror.take(checkpoint.get("values"))
             mirror.meta["langgraph_checkpoint_id"] = checkpoint["config"]["configurable"].get("checkpoint_id")
-            await mirror.write("running")
+            mirror.stage()  # stored in the next super-step's statement, or alone within the mirror's window
             heartbeat.restart()
             if preemption.requested and following:
+                await mirror.settle()
                 raise RunPreempted(
                     f"thread {cfg.thread_id!r} preempted before node {mirror.node!r} (LangGraph step {mirror.step}); "
                     "resumable"
@@ -319,6 +486,7 @@ async def run_turn(  # noqa: C901 -- see the comment above: the turn reads in or
         await _fail(mirror, e)
         raise GraphRecursionError(str(e)) from e
     except (RunPreempted, asyncio.CancelledError):
+        mirror.close()
         raise
     except Exception as e:
         if not isinstance(e, RunStopped):

@@ -64,9 +64,10 @@ from typing_extensions import override
 
 from agentrun import blocking
 from agentrun.checkpoint.base import Checkpointer
+from agentrun.errors import FencedError, StoreUnavailableError
 from agentrun.faults import fault_point
 
-from .hold import WRITE_HOLD_WINDOW, Held, WriteHold
+from .hold import WRITE_HOLD_WINDOW, Held, Ride, Rider, WriteHold
 from .rows import EMPTY, ROW_STORES, BlobRow, CheckpointRow, Fence, Loaded, Query, RowStore, WriteRow
 
 
@@ -136,6 +137,9 @@ class AgentrunSaver(BaseCheckpointSaver[str]):
         self.fence = Fence(attempt=attempt, run_uid=run_uid)
         # A task's writes wait up to this long for the checkpoint after them, to share its statement (hold.py).
         self._hold = WriteHold(hold_writes, self._send_writes)
+        # A LangGraph run's progress row (run.py's mirror) that may ride in the next checkpoint's statement: set by
+        # the runner when the store can take both in one (PostgreSQL, ``rides_lg_steps``).
+        self.rider: Rider | None = None
         # The loop the store was last set up in: set up again in another (cheap when current), refused
         # when that loop has closed and the store's connections belonged to it (``_ready``).
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -320,6 +324,8 @@ class AgentrunSaver(BaseCheckpointSaver[str]):
             if held is not None:
                 self._hold.send_alone(held)  # the writes are fine: they go on their own
             raise
+        if (ride := self._ride(row.thread_id)) is not None and await self._put_riding(row, blobs, held, ride):
+            return
         if held is None:
             await self.rows.put(row, blobs, fence=self.fence)
             return
@@ -330,6 +336,48 @@ class AgentrunSaver(BaseCheckpointSaver[str]):
             raise
         fault_point("after_lg_step_commit", ",".join(held.nodes))
         held.settle(None)
+
+    def _ride(self, thread_id: str) -> Ride | None:
+        if self.rider is None or not getattr(self.store, "rides_lg_steps", False):
+            return None
+        return self.rider(thread_id)
+
+    async def _put_riding(self, row: CheckpointRow, blobs: list[BlobRow], held: Held | None, ride: Ride) -> bool:
+        """The checkpoint (with ``held``) and ``ride`` in one statement; ``False``: the ride could not go, the
+        checkpoint still has to (its writes unsettled).
+
+        An error of the ride alone (its version was taken, its values would not encode) leaves the checkpoint to
+        go alone: LangGraph's durability does not wait on our mirror. A fenced writer or a store down stays
+        fatal to both, as the checkpoint alone would meet the same.
+        """
+        try:
+            step = self.rows.step_args(row, blobs, self.fence, held.rows if held is not None else ())  # type: ignore[attr-defined]
+            commit = await self.store.acommit_with_lg_step(  # type: ignore[attr-defined]
+                ride.thread_id,
+                ride.write,
+                step,
+                expected_version=ride.expected_version,
+                attempt=ride.attempt,
+                run_uid=ride.run_uid,
+            )
+        except (FencedError, StoreUnavailableError) as e:
+            ride.landed(None, e)
+            if held is not None:
+                held.settle(e)
+            raise
+        except Exception as e:
+            ride.landed(None, e)
+            return False
+        except BaseException as e:  # cancelled: the statement may or may not have landed
+            ride.landed(None, e)
+            if held is not None:
+                held.settle(e)
+            raise
+        ride.landed(commit, None)
+        if held is not None:
+            fault_point("after_lg_step_commit", ",".join(held.nodes))
+            held.settle(None)
+        return True
 
     def _rows(
         self,
