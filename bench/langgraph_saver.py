@@ -57,8 +57,8 @@ from langgraph.prebuilt import ToolNode, tools_condition
 
 from agentrun.checkpoint.postgres import PgCheckpointer
 from agentrun.config import RunConfig
-from agentrun.integrations.langgraph.run import prepare, run_turn
 from agentrun.integrations.langgraph import AgentrunSaver, LedgerToolNode
+from agentrun.integrations.langgraph.run import prepare, run_turn
 from bench.counting import Counter
 
 ROOT = Path(__file__).resolve().parents[1]

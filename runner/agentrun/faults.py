@@ -33,6 +33,9 @@ would crash every replay in turn until ``maxRestarts`` (the fault campaign,
                            checkpoint after them, not stored; the detail is the task's node
 - ``after_lg_step_commit`` (LangGraph) a checkpoint and the held writes of its parent's tasks
                            committed in one statement; the detail is those tasks' nodes
+- ``after_progress_ride``  (LangGraph run as an AgentRun, PostgreSQL) a run's progress row
+                           committed in the statement of the next checkpoint (with its parent's
+                           held writes); the detail is those writes' nodes
 """
 
 from __future__ import annotations

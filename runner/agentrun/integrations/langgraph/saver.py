@@ -374,8 +374,8 @@ class AgentrunSaver(BaseCheckpointSaver[str]):
                 held.settle(e)
             raise
         ride.landed(commit, None)
+        fault_point("after_progress_ride", ",".join(held.nodes) if held is not None else "")
         if held is not None:
-            fault_point("after_lg_step_commit", ",".join(held.nodes))
             held.settle(None)
         return True
 
