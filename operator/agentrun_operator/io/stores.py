@@ -202,14 +202,6 @@ class StoreRegistry:
             self.listeners.open(config.dsn, pg.watch_progress(name=LISTEN_NAME))
         return _Pool(pg, {None: pg})
 
-    @staticmethod
-    def _listen_dsn(namespace: str, secret: str, dsn: str, direct: str | None, redis_url: str | None) -> str | None:
-        """Where to LISTEN for a store's progress (``decide.storeconfig.listen_plan``); raises ``StoreUnavailable``."""
-        plan = listen_plan(namespace, secret, StoreConfig(dsn, redis_url, direct))
-        if isinstance(plan, StoreProblem):
-            raise StoreUnavailable.of(plan)
-        return plan.dsn
-
     async def sweep(self) -> int:
         """Close the pools no live run has used for ``idle_seconds``; returns how many were closed."""
         now = time.monotonic()
