@@ -7,11 +7,15 @@ the separate lookup and claim kept hold through it: a recorded call replays
 and never starts; an earlier start without a result is in doubt (policy
 ``report``: not run; ``interrupt``: a human decides, ``retry`` runs it with
 the same idempotency key); a call that paused in ``interrupt()`` resumes,
-not in doubt; a superseded attempt starts nothing (``FencedError``).
+not in doubt; a superseded attempt starts nothing (``FencedError``); a
+call's interrupt leaves the node only once its siblings still running
+returned and recorded their results (else the turn ended with a completed
+charge unrecorded, in doubt on resume).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -25,6 +29,8 @@ from langgraph.types import Command, interrupt
 from agentrun.checkpoint.postgres import PgCheckpointer
 from agentrun.errors import FencedError
 from agentrun.integrations.langgraph import AgentrunSaver, LedgerToolNode, current_idempotency_key
+
+from .helpers import fetch
 
 CALLS: list[tuple[str, str | None]] = []
 
@@ -41,6 +47,14 @@ async def lookup(order_id: str) -> str:
     """Look the order up."""
     CALLS.append(("lookup", current_idempotency_key()))
     return f"order {order_id}"
+
+
+@tool
+async def slow_charge(order_id: str) -> str:
+    """Charge the card, slowly (a side effect that is still running when its sibling interrupts)."""
+    await asyncio.sleep(0.5)
+    CALLS.append(("slow_charge", current_idempotency_key()))
+    return f"charged {order_id}"
 
 
 @tool
@@ -150,3 +164,23 @@ async def test_a_superseded_attempt_starts_nothing(store: tuple[PgCheckpointer, 
     assert CALLS == [], f"GUARANTEE BROKEN: a fenced attempt started its tools: {CALLS}"
     intents = await pg.intent_get("t", "ai-1:c1")
     assert intents is None, "a fenced attempt recorded an intent"
+
+
+async def test_an_interrupt_leaves_the_node_only_once_a_running_sibling_recorded_its_result(
+    store: tuple[PgCheckpointer, Statements], pg_dsn: str
+) -> None:
+    pg, _ = store
+    node = LedgerToolNode([slow_charge, approve], side_effects={"slow_charge", "approve"})
+    app = graph(node).compile(checkpointer=AgentrunSaver(pg))
+    config: Any = {"configurable": {"thread_id": "t"}}
+    first = await app.ainvoke({"messages": [HumanMessage("slow_charge,approve")]}, config)
+    assert first["__interrupt__"], "approve did not pause"
+    recorded = await fetch(
+        pg_dsn, "SELECT tool_name FROM tool_executions WHERE thread_id = 't' AND tool_call_id = 'ai-1:c1'"
+    )
+    assert [r["tool_name"] for r in recorded] == ["slow_charge"], (
+        "GUARANTEE BROKEN: the turn paused while a charge that had started was still running, unrecorded"
+    )
+    values = await app.ainvoke(Command(resume="yes"), config)
+    assert [name for name, _ in CALLS] == ["slow_charge", "approve"], f"the charge ran again or was in doubt: {CALLS}"
+    assert _tool_messages(values)["slow_charge"].content == "charged 7"

@@ -118,6 +118,11 @@ _fatal: contextvars.ContextVar[list[BaseException] | None] = contextvars.Context
 # The group commit of the current node execution's parallel calls (``LedgerToolNode._ledger_group``): each call
 # runs in a task of its own with a copy of the node's context, so every sibling sees the one group.
 _group: contextvars.ContextVar[LedgerGroup | None] = contextvars.ContextVar("agentrun_lg_group", default=None)
+# The tasks of the current node execution's calls (ToolNode gathers them): when one call interrupts or fails,
+# ``asyncio.gather`` raises at once and leaves the others running; the node waits for them (``_calls_end``).
+_calls: contextvars.ContextVar[set[asyncio.Task[Any]] | None] = contextvars.ContextVar(
+    "agentrun_lg_calls", default=None
+)
 # The current node execution's ledger entries and intent claims, made in one statement before its calls start
 # (``LedgerToolNode._prefetch``); a key it does not hold (an edited call's) goes to the store as before.
 _prefetched: contextvars.ContextVar[Prefetched | None] = contextvars.ContextVar("agentrun_lg_prefetch", default=None)
@@ -629,6 +634,8 @@ class LedgerToolNode(ToolNode):
         inner_sync = kwargs.pop("wrap_tool_call", None)
 
         async def awrap(request: ToolCallRequest, execute: AsyncExecute) -> ToolMessage | Command[Any]:
+            if (calls := _calls.get()) is not None and (task := asyncio.current_task()) is not None:
+                calls.add(task)
             if inner_async is not None:
                 return await ledger.awrap(request, lambda r: inner_async(r, execute))
             return await ledger.awrap(request, execute)
@@ -718,18 +725,38 @@ class LedgerToolNode(ToolNode):
         fatal: list[BaseException] = []
         token = _fatal.set(fatal)
         grouped = _group.set(self._ledger_group(input, config))
+        calls: set[asyncio.Task[Any]] = set()
+        running = _calls.set(calls)
         try:
             fetched = _prefetched.set(await self._prefetch(input, config))
             try:
                 result = await super()._afunc(input, config, runtime)
+            except (GraphBubbleUp, Exception):
+                await _calls_end(calls)
+                raise
             finally:
                 _prefetched.reset(fetched)
         finally:
+            _calls.reset(running)
             _group.reset(grouped)
             _fatal.reset(token)
         if fatal:
             raise fatal[0]
         return result
+
+
+async def _calls_end(calls: set[asyncio.Task[Any]]) -> None:
+    """Wait for the node's calls still running: one call's interrupt (or error) must not leave them behind.
+
+    Why: ToolNode gathers its calls, and ``asyncio.gather`` raises the first call's ``GraphInterrupt`` while its
+    siblings still run. The node's interrupt would then end the turn (the runner exits) with a sibling that
+    returned but whose result was not yet recorded: on resume that call looked in doubt (a side effect that
+    had in fact completed), or ran again. Waiting lets each record its result first; each is bounded by its
+    own deadline. A cancellation (a stop) does not wait: it cancels them.
+    """
+    others = {task for task in calls if not task.done() and task is not asyncio.current_task()}
+    if others:
+        await asyncio.wait(others)
 
 
 __all__ = ["InDoubtPolicy", "LedgerToolNode", "current_idempotency_key", "track"]
