@@ -129,6 +129,25 @@ async def wait_for_line(process: asyncio.subprocess.Process, prefix: str, *, wit
             return seen
 
 
+async def server_done_with_the_dead(dsn: str) -> None:
+    """Wait until PostgreSQL has no session on ``dsn``'s database but this one: a SIGKILLed child's statement
+    that was on the wire when it died still runs to its commit on the server (autocommitted). Read what the
+    kill left before that and the record (or checkpoint) may land after the read; the resume then sees more
+    than the test did."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        for _ in range(600):
+            others = await conn.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            if others == 0:
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError("the killed child's sessions outlived it on the server for 30 s")
+    finally:
+        await conn.close()
+
+
 async def wait_until(predicate: Any, *, within: float = 20, what: str = "condition") -> None:
     """Poll an async predicate every 20 ms."""
     deadline = time.monotonic() + within

@@ -45,6 +45,7 @@ from .helpers import (
     fetch,
     finish,
     invocations,
+    server_done_with_the_dead,
     spawn,
     wait_for_line,
 )
@@ -119,6 +120,7 @@ async def resume_and_check(
     dsn: str, thread_id: str, effects: Path, reference: Reference, crashed: Driven, cache: Cache
 ) -> dict[str, tuple[int, int]]:
     """Resume in a new process and assert every guarantee; returns {tool: (runs before, runs after)}."""
+    await server_done_with_the_dead(dsn)  # a record on the wire at the kill still commits: read after it
     at_kill = await recorded(dsn, thread_id)
     before = {tool: invocations(str(effects), tool) for tool in SIDE_EFFECT_TOOLS}
     resume = driver_args(dsn, thread_id, auto=REQUEST, redis=cache.url, redis_prefix=cache.prefix)

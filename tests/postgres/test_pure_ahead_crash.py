@@ -21,7 +21,6 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-import asyncpg
 import pytest
 
 from agentrun.checkpoint import Checkpointer
@@ -29,6 +28,7 @@ from agentrun.checkpoint.base import Checkpoint
 from tests.conftest import ROOT
 from tests.postgres.conftest import redis_url
 from tests.postgres.drive_pure import NODES, open_store
+from tests.postgres.helpers import server_done_with_the_dead
 
 THREAD = "default/pure-ahead"
 REFERENCE = list(range(NODES))  # what an uninterrupted run ends with
@@ -73,23 +73,9 @@ def computed(probe: Path) -> Counter[str]:
 
 
 async def server_done_with_the_dead_child(store: Store) -> None:
-    """Wait until PostgreSQL has no session of the killed child left. The statement that was on the wire when the
-    child died still runs to its commit on the server (autocommitted): read the latest checkpoint before that and
-    the resume would start one step later than what was read."""
-    if store.spec.startswith("sqlite:"):
-        return  # in the child's own process: nothing of its write outlives it
-    conn = await asyncpg.connect(store.spec)
-    try:
-        for _ in range(600):
-            others = await conn.fetchval(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            )
-            if others == 0:
-                return
-            await asyncio.sleep(0.05)
-        raise AssertionError("the killed child's sessions outlived it on the server for 30 s")
-    finally:
-        await conn.close()
+    """``server_done_with_the_dead`` for a PostgreSQL store; a SQLite child's writes die with its process."""
+    if not store.spec.startswith("sqlite:"):
+        await server_done_with_the_dead(store.spec)
 
 
 async def latest(store: Store) -> Checkpoint:
