@@ -40,6 +40,12 @@ Per call, around LangGraph's own execution (``awrap_tool_call``):
    ``ledger_group_window``, 2 ms on PostgreSQL, for its siblings; async
    graphs; a sync graph records each call on its own).
 
+When one call pauses in ``interrupt()`` (or fails the node), the node waits
+for its siblings still running before the pause leaves it (``_calls_end``):
+ToolNode's ``asyncio.gather`` would raise at once and leave them running, and
+a charge that completed after the turn paused would be unrecorded, in doubt
+on resume.
+
 HAZARDS
 - The window: a tool that returned but whose result was not yet recorded
   when the process died runs again on resume (with the same idempotency
