@@ -989,7 +989,7 @@ MIGRATIONS: list[Migration] = [
         "a LangGraph run's progress row and its super-step in one statement",
         # A LangGraph graph run as an AgentRun mirrors its progress into our state rows after each super-step
         # (integrations/langgraph/run.py); the mirror's row rides in the next super-step's statement when that
-        # comes within a few milliseconds: one round trip and one commit per super-step instead of two. Our
+        # comes within the mirror's window (50 ms): one round trip and one commit per super-step instead of two. Our
         # row first (its lock FOR UPDATE, fence and version check, migration 11), then, only when it landed
         # (or had landed: a retry), the super-step (migration 18; it takes the same row FOR SHARE, which this
         # transaction already holds more strongly). An outcome other than ok or committed writes nothing of
