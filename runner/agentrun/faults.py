@@ -35,7 +35,8 @@ would crash every replay in turn until ``maxRestarts`` (the fault campaign,
                            committed in one statement; the detail is those tasks' nodes
 - ``after_progress_ride``  (LangGraph run as an AgentRun, PostgreSQL) a run's progress row
                            committed in the statement of the next checkpoint (with its parent's
-                           held writes); the detail is those writes' nodes
+                           held writes); the detail is those writes' nodes and the row's
+                           LangGraph step, e.g. ``model:3``
 """
 
 from __future__ import annotations

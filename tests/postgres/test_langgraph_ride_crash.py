@@ -3,12 +3,14 @@
 Guarantee protected (issue 34 item 1): run as an AgentRun on PostgreSQL, the
 mirror's progress row goes in the statement of the next LangGraph
 checkpoint (``run._Mirror``, migration 19). A real SIGKILL right after the
-statement that carried the tool node's writes, its checkpoint and the row
-naming the tool node committed (``after_progress_ride:tools``): the row and
-the checkpoint are one commit (same transaction id), the card was charged
-once, and the next attempt continues after the tool node, which does not run
-again: the card is still charged ONCE, and the run completes with its
-progress row at ``__end__``.
+statement that carried the model's next checkpoint, its writes and the row
+staged after the tool node's step (``after_progress_ride:model:2``, the ride
+after the charge): the row and the checkpoint are one commit (same
+transaction id), the card was charged once, and the next attempt continues
+after the tool node, which does not run again: the card is still charged
+ONCE, and the run completes with its progress row at ``__end__``. (The row
+naming the tool node itself goes before its calls start, beside its ledger
+prefetch, so the progress shows the node a crash during a side effect hit.)
 """
 
 from __future__ import annotations
@@ -37,9 +39,9 @@ def _turn(env: dict[str, str], dsn: str, attempt: int, fault: str = "") -> subpr
 
 
 async def test_a_sigkill_after_a_ridden_statement_charges_once(pg_dsn: str, subprocess_env: dict[str, str]) -> None:
-    first = _turn(subprocess_env, pg_dsn, 1, "after_progress_ride:tools")
+    first = _turn(subprocess_env, pg_dsn, 1, "after_progress_ride:model:2")
     assert first.returncode == -signal.SIGKILL, f"the turn was supposed to die after the ride:\n{first.stderr[-3000:]}"
-    assert "AGENTRUN-FAULT after_progress_ride:tools" in first.stderr
+    assert "AGENTRUN-FAULT after_progress_ride:model:2" in first.stderr
     assert count_effects(subprocess_env["SUPPORT_EFFECTS_DB"])["charges"] == 1, "the kill came before the charge"
     rows = await fetch(
         pg_dsn,
@@ -50,7 +52,7 @@ async def test_a_sigkill_after_a_ridden_statement_charges_once(pg_dsn: str, subp
         """,
         THREAD,
     )
-    assert rows[0]["current_node"] == "tools" and rows[0]["with_it"] == 1, (
+    assert rows[0]["current_node"] == "model" and rows[0]["with_it"] == 1, (
         f"GUARANTEE BROKEN: the last progress row and its checkpoint were not one commit: {dict(rows[0])}"
     )
 

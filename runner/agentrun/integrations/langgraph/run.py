@@ -240,6 +240,11 @@ class _Mirror:
             return None
         return _Ride(self, self._take("running"))
 
+    async def send_now(self, thread_id: str) -> None:
+        """The saver's ``progress_now``: store the staged row now (a tool node is about to act)."""
+        if thread_id == self.cfg.thread_id:
+            await self.settle()
+
     async def settle(self) -> None:
         """Wait for what is in flight and write what is staged: the progress is stored when this returns."""
         await self._drain()
@@ -256,18 +261,17 @@ class _Mirror:
             self._uncertain = False
         write = self._take(status)
         try:
-            commit = await self.store.acommit(
-                self.cfg.thread_id,
-                write,
-                expected_version=self.version,
-                attempt=self.cfg.attempt,
-                run_uid=self.cfg.run_uid,
-            )
+            commit = await self._commit(write)
         except BaseException as e:
             self._failed(write, e)
             raise
         self._stored(commit)
         self._error = None
+
+    async def _commit(self, write: CheckpointWrite) -> Commit:
+        return await self.store.acommit(
+            self.cfg.thread_id, write, expected_version=self.version, attempt=self.cfg.attempt, run_uid=self.cfg.run_uid
+        )
 
     def _take(self, status: RunStatus) -> CheckpointWrite:
         """The row as of now (the pending messages go with it); the turn is recorded at its start and end."""
@@ -333,13 +337,7 @@ class _Mirror:
 
     async def _write_alone(self, write: CheckpointWrite) -> None:
         try:
-            commit = await self.store.acommit(
-                self.cfg.thread_id,
-                write,
-                expected_version=self.version,
-                attempt=self.cfg.attempt,
-                run_uid=self.cfg.run_uid,
-            )
+            commit = await self._commit(write)
         except BaseException as e:
             self._landed(write, None, e)
             if not isinstance(e, Exception):
@@ -443,6 +441,7 @@ async def run_turn(  # noqa: C901 -- see the comment above: the turn reads in or
     mirror = _Mirror(store, cfg, existing.version if existing else 0, meta=meta, counts=counts, usage=usage)
     config["callbacks"] = [_Metering(usage)]
     saver.rider = mirror.ride
+    saver.progress_now = mirror.send_now
     if existing is not None:
         mirror.node, mirror.step = existing.current_node, existing.step
         mirror.shown = [(None, m.to_json()) for m in existing.messages]  # what our messages table holds

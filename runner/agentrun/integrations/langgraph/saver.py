@@ -140,6 +140,9 @@ class AgentrunSaver(BaseCheckpointSaver[str]):
         # A LangGraph run's progress row (run.py's mirror) that may ride in the next checkpoint's statement: set by
         # the runner when the store can take both in one (PostgreSQL, ``rides_lg_steps``).
         self.rider: Rider | None = None
+        # Stores that row now, whatever is staged (``run._Mirror.send_now``): LedgerToolNode calls it beside its
+        # ledger prefetch, so the progress names the tool node before any of its side effects can happen.
+        self.progress_now: Callable[[str], Awaitable[None]] | None = None
         # The loop the store was last set up in: set up again in another (cheap when current), refused
         # when that loop has closed and the store's connections belonged to it (``_ready``).
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -374,7 +377,8 @@ class AgentrunSaver(BaseCheckpointSaver[str]):
                 held.settle(e)
             raise
         ride.landed(commit, None)
-        fault_point("after_progress_ride", ",".join(held.nodes) if held is not None else "")
+        # The detail: the held writes' nodes, and the row's LangGraph step (a test picks one ride of several).
+        fault_point("after_progress_ride", f"{','.join(held.nodes) if held is not None else ''}:{ride.write.step}")
         if held is not None:
             held.settle(None)
         return True

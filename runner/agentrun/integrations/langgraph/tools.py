@@ -677,6 +677,23 @@ class LedgerToolNode(ToolNode):
             saver.store, thread_id, siblings=calls, window=window, attempt=fence.attempt, run_uid=fence.run_uid
         )
 
+    async def _before_calls(self, input: Any, config: RunnableConfig) -> Prefetched | None:
+        """The prefetch, and beside it (run as an AgentRun) the run's progress row naming this node.
+
+        The row may be waiting to ride in the next super-step's statement (``run._Mirror``); a tool node
+        stores it now, at no wait (the two statements run side by side), so a crash during a side effect
+        finds the progress at the node that did it.
+        """
+        configurable = config.get("configurable") or {}
+        saver = configurable.get(_CHECKPOINTER_KEY)
+        progress_now = saver.progress_now if isinstance(saver, AgentrunSaver) else None
+        if progress_now is None:
+            return await self._prefetch(input, config)
+        prefetched, _ = await asyncio.gather(
+            self._prefetch(input, config), progress_now(str(configurable.get("thread_id")))
+        )
+        return prefetched
+
     async def _prefetch(self, input: Any, config: RunnableConfig) -> Prefetched | None:
         """The message's lookups, and its side-effect calls' intent claims, in one round trip before they start.
 
@@ -734,7 +751,7 @@ class LedgerToolNode(ToolNode):
         calls: set[asyncio.Task[Any]] = set()
         running = _calls.set(calls)
         try:
-            fetched = _prefetched.set(await self._prefetch(input, config))
+            fetched = _prefetched.set(await self._before_calls(input, config))
             try:
                 result = await super()._afunc(input, config, runtime)
             except (GraphBubbleUp, Exception):
