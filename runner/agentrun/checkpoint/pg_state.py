@@ -50,17 +50,16 @@ _PUT_CHECKPOINT = """
     FROM agentrun_put_checkpoint($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18,
                                  $19, $20, $21::bigint, $22::text)
 """
-_PUT_ARGS = 22
 # The same with a LangGraph super-step in the statement (migration 19: a LangGraph run's progress row riding in
 # its next step's statement, integrations/langgraph/run.py); the step's 22 parameters follow ours.
-_PUT_CHECKPOINT_AND_LG_STEP = (
-    "SELECT o_outcome, o_version, o_incarnation, o_created_at, o_owner_run_uid, o_owner_attempt\n"
-    "FROM agentrun_put_checkpoint_and_lg_step("
-    + ", ".join(f"${i}" for i in range(1, 21))
-    + ", $21::bigint, $22::text, "
-    + ", ".join(f"${i}::json" if i == 30 else f"${i}" for i in range(23, 45))
-    + ")"
-)
+_PUT_CHECKPOINT_AND_LG_STEP = """
+    SELECT o_outcome, o_version, o_incarnation, o_created_at, o_owner_run_uid, o_owner_attempt
+    FROM agentrun_put_checkpoint_and_lg_step(
+        $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20,
+        $21::bigint, $22::text,
+        $23, $24, $25, $26, $27, $28, $29, $30::json, $31, $32, $33, $34, $35, $36, $37, $38, $39, $40, $41, $42,
+        $43, $44)
+"""
 # The cheap head of a thread: what a cache entry must match exactly to be served.
 _HEAD_VERSION = """
     SELECT t.incarnation::text AS incarnation,
@@ -258,6 +257,7 @@ class PgState(PgConnection):
         # Taken out while the write is in flight: after any failure the next write is a snapshot.
         chain = self._chains.pop(thread_id, None)
         delta = self._delta(chain, write, expected_version)
+        sql = _PUT_CHECKPOINT if lg_step is None else _PUT_CHECKPOINT_AND_LG_STEP
         while True:
             values = delta if delta is not None else _dumps(write.values, what="state")
             base = (chain.base, chain.incarnation) if delta is not None and chain is not None else (None, None)
@@ -278,12 +278,13 @@ class PgState(PgConnection):
                 [body for _, _, body in bodies],
                 *(turn if turn is not None else (None,) * 6),
                 *base,
+                *(lg_step or ()),
             )
             try:
                 commit = await self._call(
                     "checkpoint",
                     lambda args=args: self._put_one_statement(  # type: ignore[misc]
-                        thread_id, args if lg_step is None else (*args, *lg_step), expected_version, attempt, run_uid
+                        thread_id, sql, args, expected_version, attempt, run_uid
                     ),
                 )
             except _Rebase:
@@ -335,10 +336,16 @@ class PgState(PgConnection):
         return text if chain.delta_bytes + len(text) <= chain.snapshot_bytes else None
 
     async def _put_one_statement(
-        self, thread_id: str, args: tuple[Any, ...], expected_version: int, attempt: int | None, run_uid: str | None
+        self,
+        thread_id: str,
+        sql: str,
+        args: tuple[Any, ...],
+        expected_version: int,
+        attempt: int | None,
+        run_uid: str | None,
     ) -> Commit:
-        """``_PUT_CHECKPOINT`` on a pooled connection (autocommit); the outcome turned into a commit or an error."""
-        sql = _PUT_CHECKPOINT if len(args) == _PUT_ARGS else _PUT_CHECKPOINT_AND_LG_STEP
+        """``sql`` (``_PUT_CHECKPOINT`` or its LangGraph twin) on a pooled connection (autocommit); the outcome
+        turned into a commit or an error."""
         async with self._connection() as conn:
             try:
                 if armed("in_checkpoint_txn"):

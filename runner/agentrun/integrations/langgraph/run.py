@@ -238,7 +238,9 @@ class _Mirror:
         """The saver's rider (``hold.Rider``): the staged row, if one waits and nothing of ours is in flight."""
         if not self._dirty or self._flight is not None or self._error is not None or thread_id != self.cfg.thread_id:
             return None
-        return _Ride(self, self._take("running"))
+        ride = _Ride(self, self._take("running"))
+        self._flight = asyncio.get_running_loop().create_future()
+        return ride
 
     async def send_now(self, thread_id: str) -> None:
         """The saver's ``progress_now``: store the staged row now (a tool node is about to act)."""
@@ -275,9 +277,7 @@ class _Mirror:
 
     def _take(self, status: RunStatus) -> CheckpointWrite:
         """The row as of now (the pending messages go with it); the turn is recorded at its start and end."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._disarm()
         self.meta["tool_calls"] = self.counts.as_dict()
         if self.counts.last_error is not None:
             self.meta["last_tool_error"] = self.counts.last_error
@@ -322,6 +322,11 @@ class _Mirror:
             flight.set_result(None)
         self._arm()
 
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
     def _arm(self) -> None:
         if self._dirty and self._timer is None and self._flight is None and self._error is None:
             self._timer = asyncio.get_running_loop().call_later(self.window, self._send_alone)
@@ -350,14 +355,10 @@ class _Mirror:
 
         Nothing depends on it: the next attempt resumes from LangGraph's checkpoint and mirrors from there.
         """
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._disarm()
 
     async def _drain(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._disarm()
         while self._flight is not None:
             flight = self._flight
             try:
@@ -386,7 +387,6 @@ class _Ride:
         self.thread_id = self.mirror.cfg.thread_id
         self.attempt = self.mirror.cfg.attempt
         self.run_uid = self.mirror.cfg.run_uid
-        self.mirror._flight = asyncio.get_running_loop().create_future()
 
     def landed(self, commit: Commit | None, error: BaseException | None) -> None:
         self.mirror._landed(self.write, commit, error)

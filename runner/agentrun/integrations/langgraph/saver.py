@@ -138,8 +138,9 @@ class AgentrunSaver(BaseCheckpointSaver[str]):
         # A task's writes wait up to this long for the checkpoint after them, to share its statement (hold.py).
         self._hold = WriteHold(hold_writes, self._send_writes)
         # A LangGraph run's progress row (run.py's mirror) that may ride in the next checkpoint's statement: set by
-        # the runner when the store can take both in one (PostgreSQL, ``rides_lg_steps``).
+        # the runner; taken only when the store can take both in one (PostgreSQL, ``rides_lg_steps``).
         self.rider: Rider | None = None
+        self._rides = bool(getattr(store, "rides_lg_steps", False))
         # Stores that row now, whatever is staged (``run._Mirror.send_now``): LedgerToolNode calls it beside its
         # ledger prefetch, so the progress names the tool node before any of its side effects can happen.
         self.progress_now: Callable[[str], Awaitable[None]] | None = None
@@ -341,7 +342,7 @@ class AgentrunSaver(BaseCheckpointSaver[str]):
         held.settle(None)
 
     def _ride(self, thread_id: str) -> Ride | None:
-        if self.rider is None or not getattr(self.store, "rides_lg_steps", False):
+        if self.rider is None or not self._rides:
             return None
         return self.rider(thread_id)
 
@@ -363,17 +364,11 @@ class AgentrunSaver(BaseCheckpointSaver[str]):
                 attempt=ride.attempt,
                 run_uid=ride.run_uid,
             )
-        except (FencedError, StoreUnavailableError) as e:
+        except BaseException as e:
             ride.landed(None, e)
-            if held is not None:
-                held.settle(e)
-            raise
-        except Exception as e:
-            ride.landed(None, e)
-            return False
-        except BaseException as e:  # cancelled: the statement may or may not have landed
-            ride.landed(None, e)
-            if held is not None:
+            if isinstance(e, Exception) and not isinstance(e, FencedError | StoreUnavailableError):
+                return False  # the ride's own error: the checkpoint goes alone
+            if held is not None:  # fatal to both, or cancelled (the statement may or may not have landed)
                 held.settle(e)
             raise
         ride.landed(commit, None)
