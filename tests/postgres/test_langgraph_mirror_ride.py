@@ -34,6 +34,7 @@ from agentrun.errors import StaleStateError
 from agentrun.integrations.langgraph import AgentrunSaver, hold
 from agentrun.integrations.langgraph import run as lg_run
 from agentrun.integrations.langgraph.run import prepare, run_turn
+from bench.langgraph_saver import step_graph
 
 from .conftest import cached_store
 from .helpers import fetch
@@ -43,14 +44,6 @@ from .helpers import fetch
 class _NoPreemption:
     requested: bool = False
     cancel_now: bool = False
-
-
-def _chain(steps: int) -> StateGraph[MessagesState]:
-    graph = StateGraph(MessagesState)
-    graph.add_node("step", lambda state: {"messages": [AIMessage(content="x" * 200)]})
-    graph.add_edge(START, "step")
-    graph.add_conditional_edges("step", lambda state: END if len(state["messages"]) > steps else "step")
-    return graph
 
 
 async def _turn(store: PgCheckpointer | CachedStore, graph: StateGraph[MessagesState], thread_id: str) -> None:
@@ -76,7 +69,7 @@ async def test_a_turn_costs_one_commit_per_super_step_progress_row_included(
     thread_id = f"ride-{uuid.uuid4().hex[:8]}"
     try:
         await store.setup()
-        await _turn(store, _chain(6), thread_id)
+        await _turn(store, step_graph(6), thread_id)
         if isinstance(store, CachedStore):
             # The cache followed every row, riding ones included: it advances only from the version it holds.
             head = await store.inner.ahead(thread_id)

@@ -34,6 +34,7 @@ from langgraph.types import interrupt
 
 from agentrun.checkpoint.postgres import PgCheckpointer
 from agentrun.integrations.langgraph import AgentrunSaver, LedgerToolNode
+from bench.langgraph_saver import step_graph
 
 from .helpers import fetch
 
@@ -63,14 +64,6 @@ async def counted(pg_dsn: str) -> AsyncIterator[tuple[PgCheckpointer, Statements
         await store.aclose()
 
 
-def _chain(steps: int) -> StateGraph[MessagesState]:
-    graph = StateGraph(MessagesState)
-    graph.add_node("step", lambda state: {"messages": [AIMessage(content="x" * 200)]})
-    graph.add_edge(START, "step")
-    graph.add_conditional_edges("step", lambda state: END if len(state["messages"]) > steps else "step")
-    return graph
-
-
 async def _run(app: Any, statements: Statements) -> tuple[int, str]:
     """Statements of one run on a fresh thread, and the thread."""
     before = len(statements.queries)
@@ -98,7 +91,7 @@ async def test_a_super_step_is_one_statement_and_one_commit(
 ) -> None:
     store, statements = counted
     saver = AgentrunSaver(store, hold_writes=0.5)  # far above any scheduling delay: the count must not hinge on load
-    short, long = _chain(3).compile(checkpointer=saver), _chain(9).compile(checkpointer=saver)
+    short, long = step_graph(3).compile(checkpointer=saver), step_graph(9).compile(checkpointer=saver)
     await _run(short, statements)  # warm: the pool and its prepared statements
     del statements.queries[:]
     for app in (short, long):
