@@ -156,6 +156,28 @@ async def wait_until(predicate: Any, *, within: float = 20, what: str = "conditi
         await asyncio.sleep(0.02)
 
 
+async def until_redis_delivers(url: str, channel: str, *, pattern: bool = False) -> None:
+    """Until a message on ``channel`` would reach a subscriber: a fixed sleep was not enough on a loaded CI
+    machine (stop 41: the run's stop subscription came after 1 s, and the stop published before it was lost).
+
+    A channel subscription is counted by ``PUBSUB NUMSUB``; a pattern's only by the receivers of a
+    ``PUBLISH``, so ``pattern`` publishes an empty message on ``channel`` (choose one nobody acts on).
+    """
+    import redis.asyncio as aioredis
+
+    client = aioredis.Redis.from_url(url)
+    try:
+
+        async def delivered() -> bool:
+            if pattern:
+                return bool(await client.publish(channel, ""))
+            return bool(dict(await client.pubsub_numsub(channel)).get(channel.encode()))
+
+        await wait_until(delivered, what=f"a Redis subscriber of {channel}")
+    finally:
+        await client.aclose()
+
+
 def process_state(pid: int) -> str:
     """The kernel's one-letter state of a process (``T`` when stopped by a signal)."""
     with open(f"/proc/{pid}/stat") as f:

@@ -20,7 +20,7 @@ from agentrun_dev.servers import PrivateRedis
 from tests.support.checkpointers import write
 
 from .conftest import cached_store, redis_url
-from .helpers import REQUEST, drive, driver_args, fetch, invocations, spawn, wait_for_line
+from .helpers import REQUEST, drive, driver_args, fetch, invocations, spawn, until_redis_delivers, wait_for_line
 
 
 def counter(metric: Any, **labels: str) -> float:
@@ -298,7 +298,7 @@ async def test_steps_kept_out_of_postgres_are_published_as_non_durable_progress(
 
     task = asyncio.create_task(listen())
     try:
-        await asyncio.sleep(0.2)  # subscribed
+        await until_redis_delivers(redis_url(), listener.cache.channel("t"))
         values = await graph.compile(cached).ainvoke("go", {"thread_id": "t", "durable_checkpoint_every_step": False})
         await asyncio.wait_for(task, 5)
     finally:

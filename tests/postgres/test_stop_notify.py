@@ -24,7 +24,7 @@ from agentrun import END, START, RunStopped, StateGraph
 from agentrun.checkpoint.base import StopWatch
 from agentrun.checkpoint.postgres import PgCheckpointer
 
-from .helpers import fetch, fetchval, wait_until
+from .helpers import fetch, fetchval, until_redis_delivers, wait_until
 
 LISTENER = "agentrun-stop-listener"
 
@@ -363,7 +363,8 @@ async def test_a_stop_published_on_redis_reaches_a_run_whose_store_cannot_tell_i
     )
     try:
         task = await start(looping_graph(0.005).compile(runner), "t", stop_poll_interval=0.2)
-        await asyncio.sleep(1.0)  # past stop_poll_interval: subscribed
+        # Subscribed once the run outlasts stop_poll_interval; a thread nobody runs proves it without a check.
+        await until_redis_delivers(redis_url(), runner.cache.stop_channel("nobody"), pattern=True)
         checks = inner.checks
         await operator.request_stop("t", "redis")
         await stopped_within(task, 5)
