@@ -197,20 +197,16 @@ async def test_stop_requests_and_progress_are_published_to_listeners_at_once(
 ) -> None:
     listener = cached_store(pg_dsn, redis_prefix)
     events: list[dict[str, Any]] = []
-    subscribed = asyncio.Event()
 
     async def listen() -> None:
-        stream = listener.events("t")
-        subscribed.set()
-        async for event in stream:
+        async for event in listener.events("t"):
             events.append(event)
             if len(events) == 3:
                 return
 
     task = asyncio.create_task(listen())
     try:
-        await subscribed.wait()
-        await asyncio.sleep(0.2)  # the SUBSCRIBE reaches Redis
+        await until_redis_delivers(redis_url(), listener.cache.channel("t"))
         await cached.aput("t", write((0, user("a")), count=1, node="tools", step=1), expected_version=0)
         await cached.cache_put("t", write(count=1, node="model", step=2), version=1)  # non-durable step
         await cached.request_stop("t", "user asked")
