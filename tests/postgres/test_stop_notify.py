@@ -234,7 +234,9 @@ async def test_a_lost_listener_falls_back_to_polling_and_listens_again(pg_dsn: s
         await asyncio.sleep(2)
         assert runner.checks - before == 0, "the run kept polling after the listener reconnected"
         await runner.request_stop("u", "after reconnect")
-        await stopped_within(task, 2)
+        # Heard, not timed (the 2 s contract: unit/test_stop.py, make bench): a listening run never polls, so a
+        # notification the new listener missed would leave it running past any bound.
+        await stopped_within(task, 10)
     finally:
         await runner.aclose()
 
@@ -250,7 +252,7 @@ async def test_without_listening_a_run_polls_and_still_stops(pg_dsn: str) -> Non
         await wait_until(polled, within=30, what="a run without a listener to check the store 4 times")
         assert not await listeners(pg_dsn), "listen_for_stops=False opened a listener connection"
         await runner.request_stop("t")
-        await stopped_within(task, 2)
+        await stopped_within(task, 10)  # polling is its only way to hear it; the 2 s contract is timed elsewhere
     finally:
         await runner.aclose()
 
