@@ -19,7 +19,8 @@ Ours is ``AgentrunSaver`` on ``PgCheckpointer`` (asyncpg); theirs
 floor, LangGraph's ``InMemorySaver`` (no store at all): theirs / floor is
 the most any saver could gain on LangGraph's own loop (the ceiling). Each
 (saver, workload) has a database of its own on the server at ``BENCH_DSN``,
-so ``pg_stat_database.xact_commit`` counts its commits alone; our round trips
+so ``pg_stat_database.xact_commit`` counts its commits alone (read once its
+sessions ended, over the rounds and the warm-up run); our round trips
 and transactions are also counted on the wire (``bench.counting``; psycopg's
 cannot be), and this process's CPU per unit (which load does not inflate as
 much as wall time). Each side goes first in turn; the ratio (theirs / ours)
@@ -147,12 +148,26 @@ class Side:
     round_trips: int = 0
     transactions: int = 0
     units: int = 0
-    commits_before: int = 0
+    warm_units: int = 0  # the warm-up run's: its commits are counted with the rounds' (sessions must end first)
     store: PgCheckpointer | None = None  # the run side's store (run_turn takes the store, not a saver)
 
 
-async def _commits(admin: asyncpg.Connection, database: str) -> int:
-    return int(await admin.fetchval("SELECT xact_commit FROM pg_stat_database WHERE datname = $1", database))
+async def _flushed_commits(admin: asyncpg.Connection, databases: list[str]) -> dict[str, int]:
+    """Each database's commits once no session is left on it.
+
+    A session reports its counts to ``pg_stat_database`` at most once a second while busy and only 10 s into
+    idleness (PostgreSQL 15), but always as it exits: read while its sessions live, a count could miss their
+    last second (a quick run's could read 0).
+    """
+    deadline = time.monotonic() + 30
+    while await admin.fetchval("SELECT count(*) FROM pg_stat_activity WHERE datname = ANY($1::text[])", databases):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"sessions on {databases} outlived their stores by 30 s")
+        await asyncio.sleep(0.05)
+    rows = await admin.fetch(
+        "SELECT datname, xact_commit FROM pg_stat_database WHERE datname = ANY($1::text[])", databases
+    )
+    return {row["datname"]: int(row["xact_commit"]) for row in rows}
 
 
 @dataclass
@@ -222,30 +237,31 @@ async def measure(p: Params) -> dict[str, Any]:
     """Every (side, workload) on its own database, rounds alternated; the figures and per-round ratios."""
     admin = await asyncpg.connect(_dsn())
     sides = [Side(s, w, f"lgbench_{s}_{w}_{uuid.uuid4().hex[:6]}") for w in WORKLOADS for s in SIDES]
+    stored = [one for one in sides if one.side != "memory"]
+    databases = [one.database for one in stored]
     load_before = os.getloadavg()
     try:
+        for one in stored:
+            await admin.execute(f'CREATE DATABASE "{one.database}"')
+            async with saver_for(one):  # its schema, in sessions that end before the count starts
+                pass
+        before = await _flushed_commits(admin, databases)
         async with contextlib.AsyncExitStack() as stack:
             for one in sides:
-                if one.side != "memory":
-                    await admin.execute(f'CREATE DATABASE "{one.database}"')
                 saver = await stack.enter_async_context(saver_for(one))
                 one.app = _build(one, saver, p)
                 await run_once(one.app, one.workload, p, one.store)  # warm: pool, prepared statements
-            await asyncio.sleep(0.6)  # pg_stat_database is updated when a backend reports
-            stored = [one for one in sides if one.side != "memory"]
-            for one in stored:
-                one.commits_before = await _commits(admin, one.database)
+                one.warm_units = p.units(one.workload)
             for r in range(p.rounds):
                 for workload in WORKLOADS:
                     trio = [one for one in sides if one.workload == workload]
                     for one in trio[r % len(trio) :] + trio[: r % len(trio)]:  # each side goes first in turn
                         await _measure_round(one, p)
-            await asyncio.sleep(0.6)
-            commits = {id(one): await _commits(admin, one.database) - one.commits_before for one in stored}
+        after = await _flushed_commits(admin, databases)
+        commits = {id(one): after[one.database] - before[one.database] for one in stored}
     finally:
-        for one in sides:
-            if one.side != "memory":
-                await admin.execute(f'DROP DATABASE IF EXISTS "{one.database}" WITH (FORCE)')
+        for one in stored:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{one.database}" WITH (FORCE)')
         await admin.close()
     return _summary(sides, commits, p, load_before)
 
@@ -273,13 +289,13 @@ def _summary(sides: list[Side], commits: dict[int, int], p: Params, load_before:
             ),
             "agentrun_round_trips": round(ours.round_trips / ours.units, 2),
             "agentrun_transactions_wire": round(ours.transactions / ours.units, 2),
-            "agentrun_commits": round(commits[id(ours)] / ours.units, 2),
-            "langgraph_commits": round(commits[id(theirs)] / theirs.units, 2),
+            "agentrun_commits": round(commits[id(ours)] / (ours.units + ours.warm_units), 2),
+            "langgraph_commits": round(commits[id(theirs)] / (theirs.units + theirs.warm_units), 2),
             "run_ms": round(statistics.median(run.ms), 3),
             "langgraph_over_run": round(statistics.median(t / r for t, r in zip(theirs.ms, run.ms, strict=True)), 2),
             "run_cpu_ms": round(statistics.median(run.cpu_ms), 3),
             "run_round_trips": round(run.round_trips / run.units, 2),
-            "run_commits": round(commits[id(run)] / run.units, 2),
+            "run_commits": round(commits[id(run)] / (run.units + run.warm_units), 2),
             "agentrun_ms_per_round": [round(x, 3) for x in ours.ms],
             "langgraph_ms_per_round": [round(x, 3) for x in theirs.ms],
         }
