@@ -37,14 +37,21 @@ from agentrun.checkpoint.base import Progress  # noqa: E402
 from agentrun.checkpoint.postgres import PgCheckpointer  # noqa: E402
 from examples.support_agent import count_effects  # noqa: E402
 
-WORK = ROOT / ".demo"
+# Where it runs: .demo/ and database agentrun_demo, both made anew each time (a test names its own).
+WORK = Path(os.environ.get("AGENTRUN_DEMO_DIR", ROOT / ".demo"))
+DATABASE = os.environ.get("AGENTRUN_DEMO_DATABASE", "agentrun_demo")
 ADMIN_DSN = os.environ.get("AGENTRUN_TEST_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
-DSN = urlunsplit(urlsplit(ADMIN_DSN)._replace(path="/agentrun_demo"))  # the same server, the demo's database
+DSN = urlunsplit(urlsplit(ADMIN_DSN)._replace(path=f"/{DATABASE}"))  # the same server, the demo's database
 RUN = "support-order-4821"
 THREAD = "default/order-4821"
 CRD_FILES = (*sorted((ROOT / "crds").glob("*.yaml")), KOPF_PEERING_CRDS)
 BIN = str(Path(sys.executable).parent)  # kubectl-agentrun is installed next to this Python
 RUNNER_IMAGES = ("ghcr.io/agentrun/agentrun:*",)  # the operator's default image: the kubelet runs it from this venv
+
+
+def shown(path: Path) -> Path:
+    """``path`` as a person in the checkout would type it."""
+    return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
 
 
 def start_operator(cluster: EmulatedCluster) -> OperatorProcess:
@@ -90,8 +97,8 @@ def kubectl(cluster: EmulatedCluster, *args: str, input: str | None = None, show
 async def fresh_database() -> None:
     admin = await asyncpg.connect(ADMIN_DSN)
     try:
-        await admin.execute('DROP DATABASE IF EXISTS "agentrun_demo" WITH (FORCE)')
-        await admin.execute('CREATE DATABASE "agentrun_demo"')
+        await admin.execute(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
+        await admin.execute(f'CREATE DATABASE "{DATABASE}"')
     finally:
         await admin.close()
 
@@ -145,7 +152,7 @@ def show_metrics(port: int, text: str) -> None:
         if line.startswith(wanted) and not line.rstrip().endswith(" 0.0"):
             print("  " + line)
     print(f"the operator served Prometheus metrics at http://127.0.0.1:{port}/metrics during the demo")
-    print(f"  (liveness at /healthz, role at /readyz); what it served at the end: {snapshot.relative_to(ROOT)}")
+    print(f"  (liveness at /healthz, role at /readyz); what it served at the end: {shown(snapshot)}")
     print("  in a cluster: Service agentrun-operator-metrics:8080/metrics (helm value metrics.serviceMonitor.enabled")
     print("  for the Prometheus Operator), Grafana dashboard: helm/agentrun/dashboards/agentrun.json")
 
@@ -166,7 +173,7 @@ def main() -> int:
         kubectl(cluster, "create", "secret", "generic", "agentrun-store", f"--from-literal=postgresDsn={DSN}")
         operator = start_operator(cluster)
         wait(lambda: operator.role() == "leader", 30, "the operator to lead")
-        print(f"operator is {operator.role()} (log: {operator.log_path.relative_to(ROOT)})")
+        print(f"operator is {operator.role()} (log: {shown(operator.log_path)})")
 
         banner("2. kubectl apply -f examples/agentrun.yaml")
         manifest = yaml.safe_load((ROOT / "examples" / "agentrun.yaml").read_text())

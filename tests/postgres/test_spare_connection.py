@@ -68,24 +68,26 @@ def idle(store: PgCheckpointer) -> int:
 
 
 async def test_a_run_keeps_one_connection_and_gives_it_back(pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pg_connection, "SPARE_SECONDS", 0.2)
+    # Not shorter: under CI's load the test's own next query took longer than 0.2 s, time enough for the timer.
+    monkeypatch.setattr(pg_connection, "SPARE_SECONDS", 1.0)
     store = PidCounting(pg_dsn, min_pool_size=2, max_pool_size=4)
     await store.setup()
     try:
         values = await chain(store).ainvoke({"items": []}, {"configurable": {"thread_id": "spare"}})
+        assert store._spare is not None, "the run's connection is kept for the next call"
         assert values["items"] == list(range(STEPS))
         # Every step's write found a connection kept by the call before it: no pool round per step (the
         # opening write's progress notice may take the spare once, so one pool round is allowed).
         assert len(store.pids) >= STEPS - 1, f"{len(store.pids)} of {STEPS + 1} writes found the spare"
         rows = await fetch(pg_dsn, "SELECT step FROM states WHERE thread_id = $1 ORDER BY version", "spare")
         assert [r["step"] for r in rows] == list(range(STEPS + 1)), "each step committed once, in order"
-        assert store._spare is not None, "the run's connection is kept for the next call"
 
         async def given_back() -> bool:
-            return store._spare is None
+            # Both: the spare is let go at once, its release (asyncpg's reset of the session) ends a little later;
+            # reading the pool right after the first failed in CI (stop 42, idle 1 of 2).
+            return store._spare is None and idle(store) == store._pool.get_size()  # type: ignore[union-attr]
 
         await wait_until(given_back, within=10, what="the spare back in the pool")
-        assert idle(store) == store._pool.get_size()  # type: ignore[union-attr]
     finally:
         await store.aclose()
 
@@ -100,8 +102,11 @@ async def test_the_pool_closes_with_a_spare_kept(pg_dsn: str) -> None:
     await store.aclose()
     assert store._spare is None
     # The pool closed the spare's session with the others: nothing of the store is left on the server.
-    gone = await fetchval(pg_dsn, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid)
-    assert gone == 0
+
+    async def gone() -> bool:  # a session ends a little after its client closed it
+        return await fetchval(pg_dsn, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid) == 0
+
+    await wait_until(gone, within=10, what="the spare's session to end")
 
 
 async def test_a_failed_call_is_not_kept(pg_dsn: str) -> None:
