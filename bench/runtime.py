@@ -921,7 +921,13 @@ async def step_split(runs: int, *, pure: bool = False) -> dict[str, float]:
             for _ in range(runs):
                 steps += (await agentrun_run(app, {"items": []}, f"split-{uuid.uuid4().hex}"))["steps"] + 1
             wall, after = time.perf_counter() - started, resource.getrusage(resource.RUSAGE_SELF)
-        await asyncio.sleep(0.5)  # the store's sessions report their function statistics as they close
+        # The store's sessions report their function statistics as they exit (a live one at most once a second,
+        # an idle one after 10 s): read once only this session is left on the database.
+        others = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        for _ in range(600):  # 30 s at most
+            if not await admin.fetchval(others):
+                break
+            await asyncio.sleep(0.05)
         after_stats = await admin.fetchrow(stats)
         floor = statistics.mean(await commit_floor(admin, 300))
     finally:
