@@ -104,6 +104,28 @@ def test_an_eviction_is_recorded_with_the_cluster_reason() -> None:
     assert second["attempt"] == 2 and second["outcome"] == "Pending"
 
 
+def test_an_evicted_pod_gone_before_its_exit_was_seen_is_still_a_disruption() -> None:
+    """A drain on a real node (CI, stop 42): the operator saw the pod Terminating under its DisruptionTarget, then
+    the pod was gone before its exit 6 reached a reconcile. It counted a disruption; the history says the same."""
+    spec = make_spec(restartPolicy={"maxRestarts": 3, "backoffSeconds": 0})
+    status = run_status(
+        RUNNING, attempts=[{"attempt": 1, "podName": pod_name(RUN, 1), "startTime": iso(NOW), "outcome": "Running"}]
+    )
+    evicting = view(running(conditions=[disruption_target()]))
+    status = applied(status, decide(spec, status, evicting, progress(), later(1), LIMITS))
+    assert status["attempts"][0]["outcome"] == "Terminating"
+    d = created(decide(spec, status, None, progress(), later(3), LIMITS))
+    first, second = d.status["attempts"]
+    assert (first["outcome"], first["reason"]) == ("Disrupted", "EvictionByEvictionAPI"), first
+    assert d.status["disruptions"] == 1 and second["attempt"] == 2
+    # Without a disruption seen, a pod that is gone was deleted: said as such.
+    plain = run_status(
+        RUNNING, attempts=[{"attempt": 1, "podName": pod_name(RUN, 1), "startTime": iso(NOW), "outcome": "Running"}]
+    )
+    gone = created(decide(spec, plain, None, progress(), later(3), LIMITS))
+    assert gone.status["attempts"][0]["outcome"] == "Deleted"
+
+
 def test_a_forced_stop_closes_the_attempt_whose_pod_still_runs() -> None:
     status = run_status(
         "Stopping",

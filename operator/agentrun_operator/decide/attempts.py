@@ -93,8 +93,14 @@ def _observed(
     if pod is not None and not out.get("podName"):
         out["podName"] = pod.name
     word = OUTCOME_WORDS[outcome]
+    if outcome is Outcome.GONE and entry.get("outcome") == OUTCOME_WORDS[Outcome.TERMINATING] and entry.get("reason"):
+        # Seen ending by a disruption (an eviction, a drain), then gone before its last status was seen: the
+        # operator counted a disruption, so the history says so too, not a plain deletion (a real node, CI).
+        word = OUTCOME_WORDS[Outcome.DISRUPTED]
     out["outcome"] = word
     if word in OPEN:
+        if pod is not None and pod.disruption:  # remembered for the case above
+            out["reason"] = pod.disruption
         return out
     out["endTime"] = iso(pod.finished_at if pod is not None and pod.finished_at is not None else now)
     if pod is not None:
